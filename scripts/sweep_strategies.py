@@ -1,0 +1,61 @@
+"""Time every strategy forced on every shape of the standard grid (tuning data for plan.py).
+
+    python scripts/sweep_strategies.py [--out sweep.json]
+
+Each timing is the median of triton.testing.do_bench over input buffers rotated so that at least
+400 MB are cycled (no L2-resident numbers); GB/s counts each input read once and each output
+written once, and is set against a device copy measured in the same run.
+"""
+
+import argparse
+import json
+
+import torch
+import triton
+
+import onlinesoftmax
+from onlinesoftmax import plan
+from onlinesoftmax.bench.harness import copy_bandwidth_gbs, rotating_inputs, time_ms
+from onlinesoftmax.bench.softmax_suite import GRID
+
+CASES = [("row_on_chip", "auto"), ("looped", "online"), ("looped", "safe"), ("split_row", "online"),
+         ("split_row", "safe")]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    copy = copy_bandwidth_gbs()
+    print(f"copy bandwidth: {copy:.0f} GB/s")
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for rows, cols in GRID:
+            xs = rotating_inputs((rows, cols), dtype)
+            nbytes = 2 * rows * cols * dtype.itemsize
+            line = [f"{str(dtype)[6:]:8s} {rows:6d}x{cols:<9d}"]
+            candidates = [("torch", lambda x: torch.softmax(x, -1))]
+            for strategy, algorithm in CASES:
+                if strategy == "row_on_chip" and plan.next_power_of_2(cols) > 65536:
+                    continue
+                candidates.append((f"{strategy}/{algorithm}",
+                                   lambda x, s=strategy, a=algorithm: onlinesoftmax.softmax(x, -1, algorithm=a, strategy=s)))
+            candidates.append(("auto", lambda x: onlinesoftmax.softmax(x, -1)))
+            for name, fn in candidates:
+                try:
+                    ms = time_ms(fn, xs)
+                except Exception as exc:  # a row too long for registers fails to compile: report it
+                    line.append(f"{name}=ERR({type(exc).__name__})")
+                    continue
+                gbs = nbytes / ms / 1e6
+                results.append(dict(dtype=str(dtype), rows=rows, cols=cols, impl=name, ms=ms, gbs=gbs, copy_gbs=copy))
+                line.append(f"{name}={gbs:.0f}")
+            print(" ".join(line), flush=True)
+            del xs
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

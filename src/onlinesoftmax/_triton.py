@@ -1,0 +1,172 @@
+"""Shared ``@triton.jit`` helpers: the (m, d) operator, the online update, row addressing and the
+streaming loops every softmax strategy is built from.
+
+Conventions: ``m`` is a running maximum, ``d`` the sum of ``exp(x - m)`` over what has been seen.
+The empty partial is ``(-inf, 0)``. All arithmetic is fp32 whatever the storage dtype.
+Offsets are int64 so tensors over 2**31 elements address correctly.
+"""
+
+import triton
+import triton.language as tl
+
+NEG_INF = float("-inf")
+
+
+@triton.jit
+def nan_max(a, b):
+    # NaN must win the max, as in torch: logsumexp of a row holding NaN and +inf is NaN, not +inf.
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def max_keep_nan(x, axis):
+    # tl.max skips NaN; torch's max keeps it (a NaN logit makes logsumexp NaN even beside +inf).
+    has_nan = tl.max((x != x).to(tl.int32), axis)
+    return tl.where(has_nan > 0, float("nan"), tl.max(x, axis))
+
+
+@triton.jit
+def merge_normalizers(m, d, axis):
+    """Merge partials (m_i, d_i) along ``axis`` with the operator
+
+        (m_a, d_a) (+) (m_b, d_b) = (M, d_a e^(m_a - M) + d_b e^(m_b - M)),  M = max(m_a, m_b),
+
+    applied n ways at once: M = max_i m_i, d = sum_i d_i e^(m_i - M). Empty partials (-inf, 0)
+    would give exp(-inf - -inf) = NaN when every partial is empty, so the reference point falls
+    back to 0 when M is -inf (seed 002's safe_merge, without branches). Built from tl.max and
+    tl.sum, whose reduction order is fixed: the result is bitwise reproducible.
+    """
+    m_row = max_keep_nan(m, axis)
+    m_ref = tl.where(m_row == NEG_INF, 0.0, m_row)
+    return m_row, tl.sum(d * tl.exp(m - tl.expand_dims(m_ref, axis)), axis)
+
+
+@triton.jit
+def online_update(m, d, x):
+    """One step of the recurrence d_j = d_{j-1} e^(m_{j-1} - m_j) + e^(x_j - m_j), per lane.
+
+    Only one exponential: whichever of (m, x) is larger is the reference, so the other side's
+    factor is exp(-|x - m|). A new maximum contributes exp(x - x), which is 1 for finite x and NaN
+    for x = +inf (torch gives NaN rows there); ``x - x`` adds exactly that.
+    """
+    e = tl.exp(-tl.abs(x - m))
+    grows = x > m
+    d = tl.where(grows, d * e + 1.0 + (x - x), d + tl.where(m == NEG_INF, 0.0, e))
+    return nan_max(m, x), d
+
+
+@triton.jit
+def finish_lse(m, d):
+    # m + log(d), with torch.logsumexp's conventions: all -inf -> -inf, +inf -> +inf, NaN -> NaN.
+    return tl.where((m == NEG_INF) | (m == float("inf")), m, m + tl.log(d))
+
+
+@triton.jit
+def row_offset(row, inner, stride_outer, stride_inner):
+    """Element offset of row ``row`` in a (outer, cols, inner) view: row = outer_index * inner + inner_index."""
+    row = row.to(tl.int64)
+    return (row // inner) * stride_outer + (row % inner) * stride_inner
+
+
+@triton.jit
+def col_offset(cols, stride, CONTIGUOUS: tl.constexpr):
+    # A literal unit stride lets Triton prove contiguity and issue 16-byte loads.
+    offs = cols.to(tl.int64) * stride
+    if CONTIGUOUS:
+        offs = cols
+    return offs
+
+
+@triton.jit
+def load_scaled(row_ptr, cols, stride, limit, inv_temperature, CONTIGUOUS: tl.constexpr):
+    x = tl.load(row_ptr + col_offset(cols, stride, CONTIGUOUS), mask=cols < limit, other=NEG_INF)
+    return x.to(tl.float32) * inv_temperature
+
+
+@triton.jit
+def stream_online_normalizer(row_ptr, stride, start, stop, inv_temperature,
+                             BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    """(m, d) of row[start:stop] in one pass: per-lane online updates, lanes merged at the end."""
+    m = tl.full([BLOCK], NEG_INF, tl.float32)
+    d = tl.zeros([BLOCK], tl.float32)
+    for block_start in range(start, stop, BLOCK):
+        cols = block_start + tl.arange(0, BLOCK)
+        m, d = online_update(m, d, load_scaled(row_ptr, cols, stride, stop, inv_temperature, CONTIGUOUS))
+    return merge_normalizers(m, d, 0)
+
+
+@triton.jit
+def stream_max(row_ptr, stride, start, stop, inv_temperature, BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    """Safe softmax, pass 1: the maximum of row[start:stop]."""
+    m = tl.full([BLOCK], NEG_INF, tl.float32)
+    for block_start in range(start, stop, BLOCK):
+        cols = block_start + tl.arange(0, BLOCK)
+        m = nan_max(m, load_scaled(row_ptr, cols, stride, stop, inv_temperature, CONTIGUOUS))
+    return max_keep_nan(m, 0)
+
+
+@triton.jit
+def stream_sum_exp(row_ptr, stride, start, stop, m, inv_temperature, BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    """Safe softmax, pass 2: sum of exp(x - m) over row[start:stop] for a known maximum m."""
+    m_ref = tl.where(m == NEG_INF, 0.0, m)
+    d = tl.zeros([BLOCK], tl.float32)
+    for block_start in range(start, stop, BLOCK):
+        cols = block_start + tl.arange(0, BLOCK)
+        d += tl.exp(load_scaled(row_ptr, cols, stride, stop, inv_temperature, CONTIGUOUS) - m_ref)
+    # An all -inf row sums to 0 here; the write pass turns (-inf, 0) into NaN, as torch does.
+    return tl.sum(d, 0)
+
+
+@triton.jit
+def stream_write_normalized(x_row, y_row, x_stride, y_stride, start, stop, m, d, inv_temperature,
+                            BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr):
+    """Last pass: y = exp(x - m) / d, or (x - m) - log(d) for log-softmax, over row[start:stop]."""
+    scale = 1.0 / d
+    log_d = tl.log(d)
+    for block_start in range(start, stop, BLOCK):
+        cols = block_start + tl.arange(0, BLOCK)
+        x = load_scaled(x_row, cols, x_stride, stop, inv_temperature, CONTIGUOUS)
+        if LOG:
+            y = (x - m) - log_d
+        else:
+            y = tl.exp(x - m) * scale
+        tl.store(y_row + col_offset(cols, y_stride, CONTIGUOUS), y.to(y_row.dtype.element_ty), mask=cols < stop)
+
+
+@triton.jit
+def stream_grad_dot(y_row, dy_row, y_stride, dy_stride, start, stop,
+                    BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr):
+    """Backward reduction over row[start:stop]: sum(dy * y) for softmax, sum(dy) for log-softmax."""
+    acc = tl.zeros([BLOCK], tl.float32)
+    for block_start in range(start, stop, BLOCK):
+        cols = block_start + tl.arange(0, BLOCK)
+        mask = cols < stop
+        dy = tl.load(dy_row + col_offset(cols, dy_stride, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
+        if LOG:
+            acc += dy
+        else:
+            y = tl.load(y_row + col_offset(cols, y_stride, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
+            acc += dy * y
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def grad_from_dot(y, dy, dot, inv_temperature, LOG: tl.constexpr):
+    # softmax: dx = y (dy - <dy, y>); log-softmax: dx = dy - exp(y) <dy, 1>; both times d(x/T)/dx.
+    if LOG:
+        dx = dy - tl.exp(y) * dot
+    else:
+        dx = y * (dy - dot)
+    return dx * inv_temperature
+
+
+@triton.jit
+def stream_write_grad(y_row, dy_row, dx_row, y_stride, dy_stride, dx_stride, start, stop, dot, inv_temperature,
+                      BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr):
+    for block_start in range(start, stop, BLOCK):
+        cols = block_start + tl.arange(0, BLOCK)
+        mask = cols < stop
+        y = tl.load(y_row + col_offset(cols, y_stride, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_row + col_offset(cols, dy_stride, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
+        dx = grad_from_dot(y, dy, dot, inv_temperature, LOG)
+        tl.store(dx_row + col_offset(cols, dx_stride, CONTIGUOUS), dx.to(dx_row.dtype.element_ty), mask=mask)

@@ -1,0 +1,242 @@
+"""One benchmark harness for every op: timing, L2-cold input rotation, byte counting, correctness
+flags, and the outputs (terminal table, JSON, markdown, PNG).
+
+A suite (see :mod:`onlinesoftmax.bench.softmax_suite`) supplies cases (shape, dtype, bytes, a
+float64 reference) and implementations (name, callable or the reason it was skipped); the harness
+runs every implementation on the same inputs in the same process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import platform
+import time
+from typing import Callable, Optional
+
+import torch
+
+# At least this many bytes of distinct inputs are cycled through, so no timing is L2-resident
+# (the H100's L2 is 50 MB).
+ROTATION_BYTES = 400 * 10**6
+COPY_BYTES = 1 << 30
+
+
+@dataclasses.dataclass
+class Implementation:
+    name: str
+    fn: Optional[Callable] = None  # called with the case's inputs (a tuple); returns the output
+    skipped: str = ""  # why it cannot run here (missing package, unsupported shape, ...)
+
+
+@dataclasses.dataclass
+class Case:
+    label: str  # e.g. "1024x32768"
+    dtype: torch.dtype
+    direction: str  # "forward" | "backward"
+    bytes_moved: int  # fewest bytes: each input read once, each output written once
+    make_inputs: Callable[[torch.Generator], tuple]  # fresh random inputs on the device
+    reference: Callable[[tuple], torch.Tensor]  # float64 result for one set of inputs
+
+
+@dataclasses.dataclass
+class Row:
+    case: str
+    dtype: str
+    direction: str
+    impl: str
+    ms: Optional[float] = None
+    gbs: Optional[float] = None
+    pct_of_copy: Optional[float] = None
+    speedup_vs_torch: Optional[float] = None
+    rel_error: Optional[float] = None
+    status: str = "ok"  # ok | WRONG | NaN | skipped: ... | error: ...
+
+
+def gbs(bytes_moved: int, ms: float) -> float:
+    return bytes_moved / (ms * 1e-3) / 1e9
+
+
+def rotation_count(bytes_per_set: int, rotation_bytes: int = ROTATION_BYTES) -> int:
+    """How many input sets to cycle so that at least ``rotation_bytes`` are touched."""
+    return max(2, math.ceil(rotation_bytes / max(bytes_per_set, 1)))
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| over the entries where the reference is finite; NaN if out has NaN there."""
+    out, ref = out.double(), ref.double().to(out.device)
+    finite = torch.isfinite(ref)
+    if torch.isnan(out[finite]).any():
+        return float("nan")
+    return ((out[finite] - ref[finite]).norm() / ref[finite].norm().clamp_min(1e-300)).item()
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}[dtype]
+
+
+def time_ms(fn: Callable, input_sets: list, warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """Median milliseconds of ``fn(*inputs)`` over CUDA events, cycling through ``input_sets``."""
+    import triton.testing
+
+    cycle = itertools.cycle(input_sets)
+    return triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def copy_bandwidth_gbs(device="cuda", nbytes: int = COPY_BYTES) -> float:
+    """Device-to-device copy, counting bytes read plus bytes written: the practical ceiling."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda s: dst.copy_(s), [(src,)])
+    return gbs(2 * nbytes, ms)
+
+
+def environment(command: str) -> dict:
+    import triton
+
+    env = {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(device=props.name, sm_count=props.multi_processor_count,
+                   memory_gb=round(props.total_memory / 2**30, 1))
+        try:
+            import subprocess
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            env["driver"] = "unknown"
+    else:
+        env.update(device=f"CPU ({platform.processor() or platform.machine()})")
+    return env
+
+
+def run_case(case: Case, impls: list[Implementation], gen: torch.Generator, timed: bool = True,
+             rotation_bytes: int = ROTATION_BYTES, progress: Callable[[str], None] = lambda s: None) -> list[Row]:
+    """Check every implementation against float64 on the first input set, then time it."""
+    input_sets = [case.make_inputs(gen) for _ in range(rotation_count(case.bytes_moved, rotation_bytes) if timed else 1)]
+    ref = case.reference(input_sets[0])
+    rows = []
+    for impl in impls:
+        progress(f"{case.direction} {case.label} {str(case.dtype)[6:]} {impl.name}")
+        row = Row(case.label, str(case.dtype).replace("torch.", ""), case.direction, impl.name)
+        rows.append(row)
+        if impl.fn is None:
+            row.status = f"skipped: {impl.skipped}"
+            continue
+        try:
+            out = impl.fn(*input_sets[0])
+            row.rel_error = relative_error(out, ref)
+            if math.isnan(row.rel_error):
+                row.status = "NaN"
+            elif row.rel_error > tolerance(case.dtype):
+                row.status = "WRONG"
+            del out
+            if timed:
+                row.ms = time_ms(impl.fn, input_sets)
+                row.gbs = gbs(case.bytes_moved, row.ms)
+        except Exception as exc:  # a peer failing on a shape is a result to report, not a crash
+            row.status = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+    del input_sets, ref
+    return rows
+
+
+def finish_rows(rows: list[Row], copy_gbs: Optional[float]) -> None:
+    """Fill % of copy bandwidth and speedup vs torch eager (the 'torch' row of the same case)."""
+    torch_ms = {(r.case, r.dtype, r.direction): r.ms for r in rows if r.impl == "torch" and r.ms}
+    for r in rows:
+        if r.gbs and copy_gbs:
+            r.pct_of_copy = 100.0 * r.gbs / copy_gbs
+        base = torch_ms.get((r.case, r.dtype, r.direction))
+        if r.ms and base:
+            r.speedup_vs_torch = base / r.ms
+
+
+def _fmt(value, spec):
+    return "" if value is None else format(value, spec)
+
+
+TABLE_COLUMNS = ("direction", "dtype", "case", "impl", "ms", "GB/s", "% copy", "vs torch", "rel err", "status")
+
+
+def table_rows(rows: list[Row]) -> list[tuple]:
+    return [(r.direction, r.dtype, r.case, r.impl, _fmt(r.ms, ".4f"), _fmt(r.gbs, ".0f"), _fmt(r.pct_of_copy, ".1f"),
+             _fmt(r.speedup_vs_torch, ".2f") + ("x" if r.speedup_vs_torch else ""), _fmt(r.rel_error, ".1e"), r.status)
+            for r in rows]
+
+
+def markdown(rows: list[Row], env: dict, copy_gbs: Optional[float], notes: str = "") -> str:
+    lines = [f"Command: `{env['command']}`", "",
+             f"Device: {env.get('device')} (driver {env.get('driver', 'n/a')}), torch {env['torch']}, "
+             f"triton {env['triton']}, CUDA {env.get('cuda')}, {env['date']}.", ""]
+    if copy_gbs:
+        lines += [f"Device copy bandwidth measured in this run: {copy_gbs:.0f} GB/s (bytes read + written).", ""]
+    if notes:
+        lines += [notes, ""]
+    lines.append("| " + " | ".join(TABLE_COLUMNS) + " |")
+    lines.append("|" + "---|" * len(TABLE_COLUMNS))
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def write_json(path, rows: list[Row], env: dict, copy_gbs: Optional[float], extra: Optional[dict] = None) -> None:
+    payload = {"environment": env, "copy_gbs": copy_gbs, "rows": [dataclasses.asdict(r) for r in rows]}
+    payload.update(extra or {})
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+
+
+def plot(path, rows: list[Row], copy_gbs: Optional[float], title: str) -> None:
+    """GB/s per case and implementation: one panel per (direction, dtype)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r.direction, r.dtype) for r in rows}, key=lambda p: (p[0] != "forward", p[1]))
+    impls = list(dict.fromkeys(r.impl for r in rows))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(13, 3.6 * len(panels)), squeeze=False)
+    for ax, (direction, dtype) in zip(axes[:, 0], panels):
+        sel = [r for r in rows if r.direction == direction and r.dtype == dtype]
+        cases = list(dict.fromkeys(r.case for r in sel))
+        width = 0.8 / max(len(impls), 1)
+        for i, impl in enumerate(impls):
+            values = [next((r.gbs or 0 for r in sel if r.case == c and r.impl == impl and r.status == "ok"), 0)
+                      for c in cases]
+            ax.bar([j + i * width for j in range(len(cases))], values, width, label=impl)
+        if copy_gbs:
+            ax.axhline(copy_gbs, color="black", linestyle="--", linewidth=1, label=f"copy {copy_gbs:.0f} GB/s")
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, fontsize=8)
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"{title}: {direction}, {dtype}")
+    axes[0, 0].legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_table(rows: list[Row], title: str) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # rich is in the [bench] extra; plain text still says everything
+        print(title)
+        for cells in [TABLE_COLUMNS] + table_rows(rows):
+            print("  ".join(f"{c:>10s}" for c in cells))
+        return
+    table = Table(title=title)
+    for col in TABLE_COLUMNS:
+        table.add_column(col, justify="right" if col not in ("impl", "status", "case") else "left")
+    for cells, r in zip(table_rows(rows), rows):
+        style = "red" if r.status in ("WRONG", "NaN") or r.status.startswith("error") else (
+            "dim" if r.status.startswith("skipped") else None)
+        table.add_row(*cells, style=style)
+    Console().print(table)

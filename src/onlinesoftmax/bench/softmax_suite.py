@@ -1,0 +1,123 @@
+"""``onlinesoftmax bench softmax``: forward and backward against every peer, on the standard grid."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import torch
+
+from .harness import Case, Implementation
+
+# The standard grid. (1024, 32768) is the seed work log's shape; (4096, 4096) .. (65536, 256) are
+# the usual training shapes from short to very short rows; the rest are LLM vocabularies
+# (Llama 3 128256, Qwen 151936, Gemma 262144) at decode-sized batches, and one 16M-element row.
+GRID = [(1024, 32768), (4096, 4096), (32768, 1024), (65536, 256), (64, 128256), (256, 151936), (16, 262144),
+        (1, 16777216)]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _label(shape) -> str:
+    return f"{shape[0]}x{shape[1]}"
+
+
+def forward_case(shape, dtype, device="cuda") -> Case:
+    def make(gen):
+        x = torch.randn(shape, generator=gen, dtype=torch.float32) * 2.0
+        return (x.to(device=device, dtype=dtype),)
+
+    def reference(inputs):
+        return torch.softmax(inputs[0].double(), -1)
+
+    numel = shape[0] * shape[1]
+    return Case(_label(shape), dtype, "forward", 2 * numel * dtype.itemsize, make, reference)
+
+
+def backward_case(shape, dtype, device="cuda") -> Case:
+    def make(gen):
+        x = torch.randn(shape, generator=gen, dtype=torch.float32) * 2.0
+        dy = torch.randn(shape, generator=gen, dtype=torch.float32)
+        return (torch.softmax(x, -1).to(device=device, dtype=dtype), dy.to(device=device, dtype=dtype))
+
+    def reference(inputs):
+        y, dy = inputs[0].double(), inputs[1].double()
+        return y * (dy - (dy * y).sum(-1, keepdim=True))
+
+    numel = shape[0] * shape[1]
+    return Case(_label(shape), dtype, "backward", 3 * numel * dtype.itemsize, make, reference)
+
+
+def _optional(module: str) -> tuple[Optional[object], str]:
+    try:
+        return importlib.import_module(module), ""
+    except Exception as exc:  # ImportError, or a peer whose own dependencies fail to load
+        return None, f"{module} not importable ({type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''})"
+
+
+def _compiled(fn):
+    import torch._dynamo
+
+    # One compiled graph per shape: more shapes than dynamo's default recompile limit.
+    for knob in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 256)
+    return torch.compile(fn, dynamic=False)
+
+
+def _torch_backward_formula(y, dy):
+    y32, dy32 = y.float(), dy.float()
+    return (y32 * (dy32 - (dy32 * y32).sum(-1, keepdim=True))).to(y.dtype)
+
+
+def forward_implementations() -> list[Implementation]:
+    import onlinesoftmax
+    from .baselines import tutorial_softmax
+
+    impls = [
+        Implementation("torch", lambda x: torch.softmax(x, -1)),
+        Implementation("torch.compile", _compiled(lambda x: torch.softmax(x, -1))),
+        Implementation("triton-tutorial", tutorial_softmax),
+    ]
+    liger, why = _optional("liger_kernel.ops.softmax")
+    impls.append(Implementation("liger", liger.LigerSoftmaxFunction.apply) if liger else Implementation("liger", skipped=why))
+    quack, why = _optional("quack.softmax")
+    impls.append(Implementation("quack", quack.softmax_fwd) if quack else Implementation("quack", skipped=why))
+    impls.append(Implementation("onlinesoftmax", lambda x: onlinesoftmax.softmax(x, -1)))
+    return impls
+
+
+def backward_implementations() -> list[Implementation]:
+    from ..softmax import launch_backward
+
+    impls = [
+        Implementation("torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)),
+        Implementation("torch.compile", _compiled(_torch_backward_formula)),
+    ]
+    liger, why = _optional("liger_kernel.ops.softmax")
+    if liger:
+        settings = {}
+
+        def liger_backward(y, dy):
+            # Liger's launch settings come from its forward; get them once per row length, on the
+            # untimed correctness call, so the timed calls are backward only.
+            if y.shape[-1] not in settings:
+                settings[y.shape[-1]] = liger._softmax_forward(y)[1:]
+            return liger._softmax_backward(dy, y, *settings[y.shape[-1]])
+
+        impls.append(Implementation("liger", liger_backward))
+    else:
+        impls.append(Implementation("liger", skipped=why))
+    quack, why = _optional("quack.softmax")
+    impls.append(Implementation("quack", lambda y, dy: quack.softmax_bwd(dy, y)) if quack
+                 else Implementation("quack", skipped=why))
+    impls.append(Implementation("onlinesoftmax", lambda y, dy: launch_backward(y, dy, 1, False)))
+    return impls
+
+
+def cases(shapes, dtypes, directions, device="cuda") -> list[Case]:
+    out = []
+    for direction in directions:
+        make = forward_case if direction == "forward" else backward_case
+        for dtype in dtypes:
+            out += [make(shape, dtype, device) for shape in shapes]
+    return out

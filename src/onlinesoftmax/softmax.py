@@ -1,0 +1,639 @@
+"""softmax, log_softmax and logsumexp: Triton kernels, launchers, custom ops, autograd, public functions.
+
+Every strategy computes the online normalizer (m, d) of each row (seed 001): the running maximum
+m and the sum d of exp(x - m), merged with the associative operator
+
+    (m_a, d_a) (+) (m_b, d_b) = (M, d_a e^(m_a - M) + d_b e^(m_b - M)),   M = max(m_a, m_b)
+
+and then writes y = exp(x - m) / d. The strategies differ only in where the row lives while that
+happens (registers, a loop over device memory, or several programs); :mod:`onlinesoftmax.plan`
+chooses between them.
+
+Layout: a row is every index but the softmax dim's. The kernels address rows through two
+(size, stride) levels, row r at (r // inner) * stride_outer + (r % inner) * stride_inner, so
+strided, sliced and transposed tensors are read in place whenever their row dims merge into two
+such levels (slices of a 3-d tensor in every dim do); other views are copied once with
+``.contiguous()``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import cpu, plan as planner
+from ._triton import (
+    NEG_INF,
+    col_offset,
+    finish_lse,
+    grad_from_dot,
+    max_keep_nan,
+    merge_normalizers,
+    row_offset,
+    stream_grad_dot,
+    stream_max,
+    stream_online_normalizer,
+    stream_sum_exp,
+    stream_write_grad,
+    stream_write_normalized,
+)
+
+# --------------------------------------------------------------------------------------------
+# Forward kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def row_on_chip_softmax_kernel(
+    x_ptr, y_ptr, lse_ptr,
+    n_rows, n_cols, inner,
+    x_stride_outer, x_stride_col, x_stride_inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    inv_temperature,
+    BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr,
+    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    # One read and one write per element: the [rows, cols] tile stays in registers between the
+    # max, the sum and the write. Persistent: each program loops over row blocks.
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_COLS)
+    col_mask = cols < n_cols
+    for row_block in range(pid, tl.cdiv(n_rows, ROWS_PER_PROGRAM), tl.num_programs(0)):
+        rows = row_block * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        p_x = x_ptr + row_offset(rows, inner, x_stride_outer, x_stride_inner)[:, None] \
+            + col_offset(cols, x_stride_col, CONTIGUOUS)[None, :]
+        b_x = tl.load(p_x, mask=mask, other=NEG_INF).to(tl.float32) * inv_temperature  # [R, C]
+        b_m = max_keep_nan(b_x, 1)  # [R]
+        b_e = tl.exp(b_x - b_m[:, None])
+        b_d = tl.sum(b_e, 1)  # an all -inf row gives NaN here, as torch.softmax does
+        if WRITE_LSE:
+            tl.store(lse_ptr + rows, finish_lse(b_m, tl.sum(tl.where(mask, b_e, 0.0), 1)), mask=rows < n_rows)
+        if WRITE_Y:
+            if LOG:
+                b_y = (b_x - b_m[:, None]) - tl.log(b_d)[:, None]
+            else:
+                b_y = b_e * (1.0 / b_d)[:, None]
+            p_y = y_ptr + row_offset(rows, inner, y_stride_outer, y_stride_inner)[:, None] \
+                + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :]
+            tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def looped_softmax_kernel(
+    x_ptr, y_ptr, lse_ptr,
+    n_cols, inner,
+    x_stride_outer, x_stride_col, x_stride_inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    inv_temperature,
+    BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, SAFE: tl.constexpr,
+    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    # One program per row. Online: 2 reads of x (normalizer, write). Safe: 3 (max, sum, write).
+    row = tl.program_id(0)
+    x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
+    if SAFE:
+        m = stream_max(x_row, x_stride_col, 0, n_cols, inv_temperature, BLOCK, CONTIGUOUS)
+        d = stream_sum_exp(x_row, x_stride_col, 0, n_cols, m, inv_temperature, BLOCK, CONTIGUOUS)
+    else:
+        m, d = stream_online_normalizer(x_row, x_stride_col, 0, n_cols, inv_temperature, BLOCK, CONTIGUOUS)
+    if WRITE_LSE:
+        tl.store(lse_ptr + row, finish_lse(m, d))
+    if WRITE_Y:
+        y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+        stream_write_normalized(x_row, y_row, x_stride_col, y_stride_col, 0, n_cols, m, d, inv_temperature,
+                                BLOCK, CONTIGUOUS, LOG)
+
+
+# split_row passes for the partials kernel
+PARTIAL_ONLINE = 0  # (m, d) of the chunk in one read
+PARTIAL_MAX = 1  # safe, pass 1: the chunk's maximum
+PARTIAL_SUM = 2  # safe, pass 2: sum of exp(x - M) with M the row maximum merged from pass 1
+
+
+@triton.jit
+def split_row_partials_kernel(
+    x_ptr, part_m_ptr, part_d_ptr, part_max_ptr,
+    n_cols, inner, x_stride_outer, x_stride_col, x_stride_inner,
+    chunk_size, num_chunks, inv_temperature,
+    BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, PASS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    start = chunk * chunk_size
+    stop = tl.minimum(start + chunk_size, n_cols)
+    x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
+    part = row.to(tl.int64) * num_chunks + chunk
+    if PASS == 0:
+        m, d = stream_online_normalizer(x_row, x_stride_col, start, stop, inv_temperature, BLOCK, CONTIGUOUS)
+        tl.store(part_m_ptr + part, m)
+        tl.store(part_d_ptr + part, d)
+    elif PASS == 1:
+        tl.store(part_max_ptr + part, stream_max(x_row, x_stride_col, start, stop, inv_temperature, BLOCK, CONTIGUOUS))
+    else:
+        # Every chunk sums against the row maximum, so the merge that follows only adds the d's.
+        idx = tl.arange(0, CHUNKS_POW2)
+        row_maxes = tl.load(part_max_ptr + row.to(tl.int64) * num_chunks + idx, mask=idx < num_chunks, other=NEG_INF)
+        m = max_keep_nan(row_maxes, 0)
+        tl.store(part_m_ptr + part, m)
+        tl.store(part_d_ptr + part, stream_sum_exp(x_row, x_stride_col, start, stop, m, inv_temperature,
+                                                   BLOCK, CONTIGUOUS))
+
+
+@triton.jit
+def split_row_normalize_kernel(
+    x_ptr, y_ptr, lse_ptr, part_m_ptr, part_d_ptr,
+    n_cols, inner,
+    x_stride_outer, x_stride_col, x_stride_inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    chunk_size, num_chunks, inv_temperature,
+    BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr,
+    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    # Every program merges all of its row's partials itself (at most SPLIT_MAX_CHUNKS, from L2,
+    # in the same fixed tree order), which saves a launch and keeps the result deterministic.
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    idx = tl.arange(0, CHUNKS_POW2)
+    parts = row.to(tl.int64) * num_chunks + idx
+    part_mask = idx < num_chunks
+    m, d = merge_normalizers(tl.load(part_m_ptr + parts, mask=part_mask, other=NEG_INF),
+                             tl.load(part_d_ptr + parts, mask=part_mask, other=0.0), 0)
+    if WRITE_LSE:
+        tl.store(lse_ptr + row, finish_lse(m, d))
+    if WRITE_Y:
+        start = chunk * chunk_size
+        stop = tl.minimum(start + chunk_size, n_cols)
+        x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
+        y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+        stream_write_normalized(x_row, y_row, x_stride_col, y_stride_col, start, stop, m, d, inv_temperature,
+                                BLOCK, CONTIGUOUS, LOG)
+
+
+# --------------------------------------------------------------------------------------------
+# Backward kernels: dx = (y * (dy - sum(dy * y))) / T, or (dy - exp(y) * sum(dy)) / T for log
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def row_on_chip_backward_kernel(
+    y_ptr, dy_ptr, dx_ptr,
+    n_rows, n_cols, inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    dy_stride_outer, dy_stride_col, dy_stride_inner,
+    dx_stride_outer, dx_stride_col, dx_stride_inner,
+    inv_temperature,
+    BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_COLS)
+    col_mask = cols < n_cols
+    for row_block in range(pid, tl.cdiv(n_rows, ROWS_PER_PROGRAM), tl.num_programs(0)):
+        rows = row_block * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        p_y = y_ptr + row_offset(rows, inner, y_stride_outer, y_stride_inner)[:, None] \
+            + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :]
+        p_dy = dy_ptr + row_offset(rows, inner, dy_stride_outer, dy_stride_inner)[:, None] \
+            + col_offset(cols, dy_stride_col, CONTIGUOUS)[None, :]
+        b_y = tl.load(p_y, mask=mask, other=0.0).to(tl.float32)  # [R, C]
+        b_dy = tl.load(p_dy, mask=mask, other=0.0).to(tl.float32)
+        if LOG:
+            b_dot = tl.sum(b_dy, 1)
+        else:
+            b_dot = tl.sum(b_dy * b_y, 1)
+        b_dx = grad_from_dot(b_y, b_dy, b_dot[:, None], inv_temperature, LOG)
+        p_dx = dx_ptr + row_offset(rows, inner, dx_stride_outer, dx_stride_inner)[:, None] \
+            + col_offset(cols, dx_stride_col, CONTIGUOUS)[None, :]
+        tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def looped_backward_kernel(
+    y_ptr, dy_ptr, dx_ptr,
+    n_cols, inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    dy_stride_outer, dy_stride_col, dy_stride_inner,
+    dx_stride_outer, dx_stride_col, dx_stride_inner,
+    inv_temperature,
+    BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+):
+    row = tl.program_id(0)
+    y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+    dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
+    dx_row = dx_ptr + row_offset(row, inner, dx_stride_outer, dx_stride_inner)
+    dot = stream_grad_dot(y_row, dy_row, y_stride_col, dy_stride_col, 0, n_cols, BLOCK, CONTIGUOUS, LOG)
+    stream_write_grad(y_row, dy_row, dx_row, y_stride_col, dy_stride_col, dx_stride_col, 0, n_cols, dot,
+                      inv_temperature, BLOCK, CONTIGUOUS, LOG)
+
+
+@triton.jit
+def split_row_backward_dot_kernel(
+    y_ptr, dy_ptr, part_ptr,
+    n_cols, inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    dy_stride_outer, dy_stride_col, dy_stride_inner,
+    chunk_size, num_chunks,
+    BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    start = chunk * chunk_size
+    stop = tl.minimum(start + chunk_size, n_cols)
+    y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+    dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
+    dot = stream_grad_dot(y_row, dy_row, y_stride_col, dy_stride_col, start, stop, BLOCK, CONTIGUOUS, LOG)
+    tl.store(part_ptr + row.to(tl.int64) * num_chunks + chunk, dot)
+
+
+@triton.jit
+def split_row_backward_apply_kernel(
+    y_ptr, dy_ptr, dx_ptr, part_ptr,
+    n_cols, inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    dy_stride_outer, dy_stride_col, dy_stride_inner,
+    dx_stride_outer, dx_stride_col, dx_stride_inner,
+    chunk_size, num_chunks, inv_temperature,
+    BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    idx = tl.arange(0, CHUNKS_POW2)
+    dot = tl.sum(tl.load(part_ptr + row.to(tl.int64) * num_chunks + idx, mask=idx < num_chunks, other=0.0), 0)
+    start = chunk * chunk_size
+    stop = tl.minimum(start + chunk_size, n_cols)
+    y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+    dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
+    dx_row = dx_ptr + row_offset(row, inner, dx_stride_outer, dx_stride_inner)
+    stream_write_grad(y_row, dy_row, dx_row, y_stride_col, dy_stride_col, dx_stride_col, start, stop, dot,
+                      inv_temperature, BLOCK, CONTIGUOUS, LOG)
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
+
+
+def _stride_groups(sizes, strides):
+    """Merge adjacent dims whose strides chain (stride[i] == stride[i+1] * size[i+1]) into
+    (size, stride) groups, outermost first; size-1 dims carry no stride and are dropped."""
+    groups = []
+    for size, stride in reversed([(sz, st) for sz, st in zip(sizes, strides) if sz != 1]):
+        if groups and stride == groups[-1][1] * groups[-1][0]:
+            groups[-1] = (groups[-1][0] * size, groups[-1][1])
+        else:
+            groups.append((size, stride))
+    return groups[::-1]
+
+
+def _row_layout(t: torch.Tensor, dim: int):
+    """Describe the rows of ``t`` (every index but ``dim``) with at most two (size, stride) levels.
+
+    Returns ``(t, inner, strides, side)``: row r sits at ``(r // inner) * stride_outer +
+    (r % inner) * stride_inner`` and its columns ``stride_col`` apart; ``side`` says where the
+    two levels come from ("both" sides of ``dim``, or all "before" / "after" it), which fixes the
+    matching strides of a contiguous output. Views that need three or more levels are copied.
+    """
+    before = _stride_groups(t.shape[:dim], t.stride()[:dim])
+    after = _stride_groups(t.shape[dim + 1:], t.stride()[dim + 1:])
+    groups = before + after
+    if len(groups) > 2:
+        return _row_layout(t.contiguous(), dim)
+    side = "both" if before and after else ("after" if after else "before")
+    col_stride = t.stride(dim) if t.shape[dim] > 1 else 1
+    if len(groups) == 2:
+        return t, groups[1][0], (groups[0][1], col_stride, groups[1][1]), side
+    return t, 1, (groups[0][1] if groups else 0, col_stride, 0), side
+
+
+def _contiguous_row_strides(shape, dim: int, inner: int, side: str):
+    """Strides of a contiguous tensor of ``shape`` under the row split ``inner`` of another tensor."""
+    cols = shape[dim]
+    inner_total = math.prod(shape[dim + 1:])
+    if side == "both":
+        return cols * inner_total, inner_total, 1
+    unit = 1 if side == "after" else cols  # distance between consecutive rows
+    return inner * unit, inner_total, unit
+
+
+def _empty(shape, dtype, device):
+    # Every output and scratch buffer comes from here, so tests can poison them with NaN.
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _shape_rows(shape, dim):
+    return math.prod(shape[:dim]) * math.prod(shape[dim + 1:]), shape[dim]
+
+
+def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
+                   out_dtype: Optional[torch.dtype] = None, algorithm: str = "auto",
+                   strategy: Optional[str] = None) -> torch.Tensor:
+    """Run ``op`` over ``dim`` of ``x``: softmax / log_softmax return y (dtype ``out_dtype``);
+    logsumexp returns the fp32 log-sum-exp with ``dim`` removed. Inputs are validated by callers."""
+    n_rows, n_cols = _shape_rows(x.shape, dim)
+    chosen = planner.choose(op, n_rows, n_cols, x.dtype, x.device, algorithm, strategy)
+    planner.record(chosen)
+    out_dtype = out_dtype or x.dtype
+    lse_shape = x.shape[:dim] + x.shape[dim + 1:]
+    write_lse = op == "logsumexp"
+    if chosen.strategy == "torch":
+        return cpu.forward(x, dim, op, 1.0 / temperature, out_dtype, chosen.algorithm)
+    y = _empty(x.shape if not write_lse else (0,), out_dtype, x.device)
+    lse = _empty(lse_shape if write_lse else (0,), torch.float32, x.device)
+    if x.numel() == 0:
+        if write_lse:
+            lse.fill_(NEG_INF)
+        return lse if write_lse else y
+    x, inner, x_strides, side = _row_layout(x, dim)
+    y_strides = _contiguous_row_strides(x.shape, dim, inner, side)
+    contiguous = x_strides[1] == 1 and y_strides[1] == 1
+    common = dict(LOG=op == "log_softmax", WRITE_Y=not write_lse, WRITE_LSE=write_lse, CONTIGUOUS=contiguous)
+    inv_t = 1.0 / temperature
+    if chosen.strategy == "row_on_chip":
+        row_on_chip_softmax_kernel[chosen.grid](
+            x, y, lse, n_rows, n_cols, inner, *x_strides, *y_strides, inv_t,
+            BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
+            num_warps=chosen.num_warps, **common)
+    elif chosen.strategy == "looped":
+        looped_softmax_kernel[chosen.grid](
+            x, y, lse, n_cols, inner, *x_strides, *y_strides, inv_t,
+            BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", num_warps=chosen.num_warps, **common)
+    else:
+        parts = _empty((3, n_rows, chosen.num_chunks), torch.float32, x.device)
+        chunks_pow2 = planner.next_power_of_2(chosen.num_chunks)
+        passes = (PARTIAL_MAX, PARTIAL_SUM) if chosen.algorithm == "safe" else (PARTIAL_ONLINE,)
+        for partial_pass in passes:
+            split_row_partials_kernel[chosen.grid](
+                x, parts[0], parts[1], parts[2], n_cols, inner, *x_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
+                BLOCK=chosen.block_cols, CHUNKS_POW2=chunks_pow2, CONTIGUOUS=contiguous, PASS=partial_pass,
+                num_warps=chosen.num_warps)
+        split_row_normalize_kernel[(n_rows, 1 if write_lse else chosen.num_chunks)](
+            x, y, lse, parts[0], parts[1], n_cols, inner, *x_strides, *y_strides,
+            chosen.chunk_size, chosen.num_chunks, inv_t,
+            BLOCK=chosen.block_cols, CHUNKS_POW2=chunks_pow2, num_warps=chosen.num_warps, **common)
+    return lse if write_lse else y
+
+
+def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temperature: float = 1.0,
+                    out_dtype: Optional[torch.dtype] = None, strategy: Optional[str] = None) -> torch.Tensor:
+    """dx for y = softmax(x / T) (or log_softmax) given the upstream gradient dy."""
+    n_rows, n_cols = _shape_rows(y.shape, dim)
+    op = "log_softmax_backward" if log else "softmax_backward"
+    chosen = planner.choose(op, n_rows, n_cols, y.dtype, y.device, "auto", strategy)
+    planner.record(chosen)
+    out_dtype = out_dtype or y.dtype
+    if chosen.strategy == "torch":
+        return cpu.backward(y, dy, dim, log, 1.0 / temperature, out_dtype)
+    dx = _empty(y.shape, out_dtype, y.device)
+    if y.numel() == 0:
+        return dx
+    # dy (from upstream) can be any view; y and dx are contiguous in practice (y is our output).
+    dy, inner, dy_strides, side = _row_layout(dy, dim)
+    y_strides = dx_strides = _contiguous_row_strides(y.shape, dim, inner, side)
+    y = y.contiguous()
+    contiguous = y_strides[1] == 1 and dy_strides[1] == 1 and dx_strides[1] == 1
+    inv_t = 1.0 / temperature
+    if chosen.strategy == "row_on_chip":
+        row_on_chip_backward_kernel[chosen.grid](
+            y, dy, dx, n_rows, n_cols, inner, *y_strides, *dy_strides, *dx_strides, inv_t,
+            BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program, CONTIGUOUS=contiguous,
+            LOG=log, num_warps=chosen.num_warps)
+    elif chosen.strategy == "looped":
+        looped_backward_kernel[chosen.grid](
+            y, dy, dx, n_cols, inner, *y_strides, *dy_strides, *dx_strides, inv_t,
+            BLOCK=chosen.block_cols, CONTIGUOUS=contiguous, LOG=log, num_warps=chosen.num_warps)
+    else:
+        parts = _empty((n_rows, chosen.num_chunks), torch.float32, y.device)
+        split_row_backward_dot_kernel[chosen.grid](
+            y, dy, parts, n_cols, inner, *y_strides, *dy_strides, chosen.chunk_size, chosen.num_chunks,
+            BLOCK=chosen.block_cols, CONTIGUOUS=contiguous, LOG=log, num_warps=chosen.num_warps)
+        split_row_backward_apply_kernel[chosen.grid](
+            y, dy, dx, parts, n_cols, inner, *y_strides, *dy_strides, *dx_strides,
+            chosen.chunk_size, chosen.num_chunks, inv_t,
+            BLOCK=chosen.block_cols, CHUNKS_POW2=planner.next_power_of_2(chosen.num_chunks),
+            CONTIGUOUS=contiguous, LOG=log, num_warps=chosen.num_warps)
+    return dx
+
+
+# --------------------------------------------------------------------------------------------
+# Custom ops: torch.compile sees two opaque ops with fake (shape-only) implementations
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("onlinesoftmax::forward", mutates_args=())
+def _forward_op(x: torch.Tensor, dim: int, op: str, temperature: float, out_dtype: Optional[torch.dtype],
+                algorithm: str, strategy: Optional[str]) -> torch.Tensor:
+    return launch_forward(x, dim, op, temperature, out_dtype, algorithm, strategy)
+
+
+@_forward_op.register_fake
+def _(x, dim, op, temperature, out_dtype, algorithm, strategy):
+    if op == "logsumexp":
+        return x.new_empty(x.shape[:dim] + x.shape[dim + 1:], dtype=torch.float32)
+    return x.new_empty(x.shape, dtype=out_dtype or x.dtype)
+
+
+@torch.library.custom_op("onlinesoftmax::backward", mutates_args=())
+def _backward_op(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temperature: float,
+                 out_dtype: Optional[torch.dtype], strategy: Optional[str]) -> torch.Tensor:
+    return launch_backward(y, dy, dim, log, temperature, out_dtype, strategy)
+
+
+@_backward_op.register_fake
+def _(y, dy, dim, log, temperature, out_dtype, strategy):
+    return y.new_empty(y.shape, dtype=out_dtype or y.dtype)
+
+
+def _forward(*args):
+    # The custom-op dispatcher costs tens of microseconds per call in eager mode, as much as the
+    # kernel itself on decode-sized inputs; only torch.compile needs the op boundary.
+    if torch.compiler.is_compiling():
+        return _forward_op(*args)
+    return launch_forward(*args)
+
+
+def _backward(*args):
+    if torch.compiler.is_compiling():
+        return _backward_op(*args)
+    return launch_backward(*args)
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd
+# --------------------------------------------------------------------------------------------
+
+
+class _SoftmaxFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, log, temperature, out_dtype, algorithm, strategy):
+        y = _forward(x, dim, "log_softmax" if log else "softmax", temperature, out_dtype, algorithm, strategy)
+        ctx.save_for_backward(y)
+        ctx.config = (dim, log, temperature, x.dtype, strategy)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        dim, log, temperature, x_dtype, strategy = ctx.config
+        return _backward(y, dy, dim, log, temperature, x_dtype, strategy), None, None, None, None, None, None
+
+
+class _LogSumExpFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, strategy):
+        lse = _forward(x, dim, "logsumexp", 1.0, None, "auto", strategy)
+        ctx.save_for_backward(x, lse)
+        ctx.dim = dim
+        return lse.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dlse):
+        # d lse / dx = softmax(x): one elementwise expression in torch, from the fp32 lse.
+        x, lse = ctx.saved_tensors
+        grad = dlse.float().unsqueeze(ctx.dim) * torch.exp(x.float() - lse.unsqueeze(ctx.dim))
+        return grad.to(x.dtype), None, None
+
+
+# --------------------------------------------------------------------------------------------
+# Public functions
+# --------------------------------------------------------------------------------------------
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class DimensionError(IndexError, ValueError):
+    """``dim`` out of range. An IndexError like torch's, and a ValueError like our other argument errors."""
+
+
+def _check(x, dim, temperature=1.0, dtype=None, algorithm="auto", strategy=None, name="softmax"):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} expects a torch.Tensor, got {type(x).__name__}")
+    if dtype is not None and dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name}: dtype must be one of float32, float16, bfloat16 or None, got {dtype}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        if x.dtype.is_floating_point or x.dtype.is_complex:
+            raise TypeError(f"{name} supports float32, float16 and bfloat16 tensors, got {x.dtype}; "
+                            "cast it, or use torch for this dtype")
+        if dtype is None:
+            raise TypeError(f"{name} needs a floating-point tensor, got {x.dtype}; pass dtype=torch.float32 "
+                            "to compute in float32 (as torch.softmax(x, dim, dtype=...) does)")
+        x = x.to(dtype)
+    if x.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{name} runs on CUDA and CPU tensors, got a tensor on {x.device}")
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{name}: dim must be an int, got {type(dim).__name__}")
+    ndim = max(x.dim(), 1)
+    if not -ndim <= dim < ndim:
+        raise DimensionError(f"{name}: dim {dim} is out of range for a tensor of {x.dim()} dims "
+                             f"(expected in [{-ndim}, {ndim - 1}])")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"{name}: temperature must be a real number, got {type(temperature).__name__}")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"{name}: temperature must be finite and > 0, got {temperature}")
+    if algorithm not in planner.ALGORITHMS:
+        raise ValueError(f"{name}: algorithm must be one of {planner.ALGORITHMS}, got {algorithm!r}")
+    if strategy is not None and strategy not in planner.STRATEGIES:
+        raise ValueError(f"{name}: strategy must be None or one of {planner.STRATEGIES}, got {strategy!r}")
+    # A downcast (say float32 -> bfloat16) rounds the input first, as torch does.
+    if dtype is not None and torch.finfo(dtype).bits < torch.finfo(x.dtype).bits:
+        x = x.to(dtype)
+    return x, dim % ndim
+
+
+def _softmax_like(x, dim, temperature, dtype, algorithm, strategy, log):
+    name = "log_softmax" if log else "softmax"
+    x, dim = _check(x, dim, temperature, dtype, algorithm, strategy, name)
+    if x.dim() == 0:
+        return _softmax_like(x.reshape(1), 0, temperature, dtype, algorithm, strategy, log).reshape(())
+    return _SoftmaxFunction.apply(x, dim, log, float(temperature), dtype, algorithm, strategy)
+
+
+def softmax(x: torch.Tensor, dim: int = -1, *, temperature: float = 1.0, algorithm: str = "auto",
+            dtype: Optional[torch.dtype] = None, strategy: Optional[str] = None) -> torch.Tensor:
+    """Softmax of ``x / temperature`` along ``dim``, computed with the online normalizer.
+
+    Parameters
+    ----------
+    x : Tensor
+        float32, float16 or bfloat16, any shape (0-d included) and any strides, on CUDA or CPU.
+        Integer input needs ``dtype``.
+    dim : int
+        The dimension to normalize over (negative counts from the end).
+    temperature : float
+        Divides the logits before the softmax; finite and > 0.
+    algorithm : {"auto", "online", "safe"}
+        ``"safe"``: three passes over memory (max, sum, write), as in the seeds. ``"online"``: two
+        (the (m, d) recurrence, then the write). ``"auto"``: the fastest strategy for the shape,
+        one pass when the row fits on chip.
+    dtype : torch.dtype, optional
+        Output dtype (float32, float16 or bfloat16); defaults to ``x.dtype``. Accumulation is
+        float32 in every case. A narrower dtype than ``x``'s rounds the input first, like torch.
+    strategy : str, optional
+        Expert/testing override of the memory strategy: ``"row_on_chip"``, ``"looped"``,
+        ``"split_row"`` or ``"torch"`` (see :mod:`onlinesoftmax.plan`).
+
+    Returns
+    -------
+    Tensor
+        Same shape as ``x``, contiguous, dtype ``dtype or x.dtype``.
+
+    Notes
+    -----
+    Semantics follow ``torch.softmax``: ``-inf`` entries give 0, a row that is all ``-inf`` gives
+    NaN, any NaN or ``+inf`` in a row makes the whole row NaN. Differentiable (Triton backward
+    kernels) and traceable by ``torch.compile(fullgraph=True)``. CPU tensors run the same split
+    and merge algorithm in vectorized PyTorch, or the Triton kernels when ``TRITON_INTERPRET=1``.
+
+    Raises
+    ------
+    TypeError
+        Non-tensor input, integer/bool/float64 input (without ``dtype``), a non-float ``dtype``.
+    ValueError
+        ``temperature`` <= 0 or not finite, unknown ``algorithm`` or ``strategy``, a device other
+        than CUDA or CPU, ``dim`` out of range (:class:`DimensionError`, also an IndexError).
+
+    Examples
+    --------
+    >>> import torch, onlinesoftmax
+    >>> onlinesoftmax.softmax(torch.tensor([1.0, 2.0, 3.0]))
+    tensor([0.0900, 0.2447, 0.6652])
+    """
+    return _softmax_like(x, dim, temperature, dtype, algorithm, strategy, log=False)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1, *, temperature: float = 1.0, dtype: Optional[torch.dtype] = None,
+                algorithm: str = "auto", strategy: Optional[str] = None) -> torch.Tensor:
+    """Log-softmax of ``x / temperature`` along ``dim``: ``(x - m) - log(d)`` from the online normalizer.
+
+    Same arguments, dtypes, layouts and errors as :func:`softmax`. ``-inf`` entries give ``-inf``;
+    all ``-inf`` rows, NaN and ``+inf`` give NaN rows, as ``torch.log_softmax``.
+
+    Examples
+    --------
+    >>> import torch, onlinesoftmax
+    >>> onlinesoftmax.log_softmax(torch.tensor([1.0, 2.0, 3.0]))
+    tensor([-2.4076, -1.4076, -0.4076])
+    """
+    return _softmax_like(x, dim, temperature, dtype, algorithm, strategy, log=True)
+
+
+def logsumexp(x: torch.Tensor, dim: int = -1, *, strategy: Optional[str] = None) -> torch.Tensor:
+    """``log(sum(exp(x), dim))`` as ``m + log(d)`` from the online normalizer: the primitive behind softmax.
+
+    Returns a tensor with ``dim`` removed, in ``x.dtype`` (computed in float32). Conventions of
+    ``torch.logsumexp``: an all ``-inf`` (or empty) row gives ``-inf``, a ``+inf`` gives ``+inf``,
+    NaN gives NaN. Errors as :func:`softmax`. Differentiable (the gradient is ``softmax(x)``).
+
+    Examples
+    --------
+    >>> import torch, onlinesoftmax
+    >>> onlinesoftmax.logsumexp(torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
+    tensor([0.6931, 1.6931])
+    """
+    x, dim = _check(x, dim, strategy=strategy, name="logsumexp")
+    if x.dim() == 0:
+        return logsumexp(x.reshape(1), 0, strategy=strategy).reshape(())
+    return _LogSumExpFunction.apply(x, dim, strategy)

@@ -1,0 +1,92 @@
+"""Shared test machinery: the one tolerance table, fresh seeded inputs, poisoned outputs, devices.
+
+CI runs this suite with TRITON_INTERPRET=1 on CPU tensors, so the Triton kernels themselves run;
+on a GPU machine the same tests run the compiled kernels on CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import secrets
+
+import pytest
+import torch
+
+from onlinesoftmax import plan
+
+# The one tolerance table: bound on ||out - ref|| / ||ref|| against a float64 reference, by the
+# dtype the result is stored in. float32 accumulates and stores in fp32 (a few ulps per element);
+# half types are limited by rounding the output (2^-11 for fp16, 2^-8 for bf16).
+TOLERANCE = {
+    torch.float32: 1e-5,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1e-2,
+}
+DTYPES = tuple(TOLERANCE)
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda") if ON_GPU else torch.device("cpu")
+TRITON_RUNS = ON_GPU or os.environ.get("TRITON_INTERPRET", "0") == "1"
+needs_triton = pytest.mark.skipif(not TRITON_RUNS, reason="Triton kernels need CUDA or TRITON_INTERPRET=1")
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+
+
+def strategies_here():
+    """Every strategy that can run on this machine: all four with Triton, only 'torch' without."""
+    return plan.STRATEGIES if TRITON_RUNS else ("torch",)
+
+
+@pytest.fixture
+def gen():
+    """A generator with a fresh seed per test; the seed is printed so a failure can be replayed."""
+    seed = int(os.environ.get("ONLINESOFTMAX_TEST_SEED", secrets.randbits(63)))
+    print(f"seed: {seed} (replay with ONLINESOFTMAX_TEST_SEED={seed})")
+    return torch.Generator().manual_seed(seed)
+
+
+def make_logits(shape, dtype=torch.float32, gen=None, scale=3.0, device=DEVICE):
+    """Random logits with outliers (a few entries x20), so near-uniform wrong answers fail."""
+    x = torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+    if x.numel():
+        flat = x.view(-1)
+        idx = torch.randint(0, flat.numel(), (max(1, flat.numel() // 50),), generator=gen)
+        flat[idx] *= 20
+    return x.to(dtype).to(device)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double().cpu(), ref.double().cpu()
+    finite = torch.isfinite(ref)
+    diff = (out[finite] - ref[finite]).norm()
+    return (diff / ref[finite].norm().clamp_min(1e-300)).item()
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = ""):
+    """Same shape, same NaN and +-inf placement, and relative error within the dtype's tolerance.
+
+    The placement is that of the reference rounded to the output dtype: a float16 log-softmax of
+    -65504 - 65504 is -inf in any correct float16 implementation.
+    """
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    out_c, ref_c = out.double().cpu(), ref.to(out.dtype).double().cpu()
+    nan_out, nan_ref = torch.isnan(out_c), torch.isnan(ref_c)
+    if not torch.equal(nan_out, nan_ref):
+        bad = (nan_out != nan_ref).nonzero()[:5].tolist()
+        raise AssertionError(f"{what}: NaN placement differs at {bad} (out NaN: {nan_out.sum()}, ref NaN: {nan_ref.sum()})")
+    inf_ref = torch.isinf(ref_c)
+    assert torch.equal(torch.isinf(out_c), inf_ref), f"{what}: inf placement differs"
+    assert torch.equal(out_c[inf_ref], ref_c[inf_ref]), f"{what}: inf signs differ"
+    err = relative_error(out_c, ref_c)
+    assert err <= TOLERANCE[dtype], f"{what}: relative error {err:.3e} > {TOLERANCE[dtype]:.0e} ({dtype})"
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every buffer the launchers allocate starts as NaN, so an element no kernel wrote fails."""
+    softmax_module = importlib.import_module("onlinesoftmax.softmax")
+
+    def nan_filled(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(softmax_module, "_empty", nan_filled)

@@ -1,0 +1,377 @@
+"""softmax / log_softmax / logsumexp against float64 torch, every strategy forced and asserted."""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import onlinesoftmax
+from onlinesoftmax import plan
+softmax_module = importlib.import_module("onlinesoftmax.softmax")
+
+from conftest import (DEVICE, DTYPES, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, gpu_only, make_logits,
+                      needs_triton, strategies_here)
+
+OPS = {
+    "softmax": (onlinesoftmax.softmax, torch.softmax),
+    "log_softmax": (onlinesoftmax.log_softmax, torch.log_softmax),
+}
+# (strategy, algorithm) pairs: row_on_chip is one pass by construction, the streaming ones take both.
+STRATEGY_ALGORITHMS = [("row_on_chip", "auto"), ("looped", "online"), ("looped", "safe"),
+                       ("split_row", "online"), ("split_row", "safe"), ("torch", "online"), ("torch", "safe")]
+
+
+def runnable(strategy):
+    return strategy in strategies_here()
+
+
+def strategy_params():
+    return [pytest.param(s, a, id=f"{s}-{a}",
+                         marks=[] if s == "torch" else [needs_triton]) for s, a in STRATEGY_ALGORITHMS]
+
+
+def layout(x: torch.Tensor, kind: str, dim: int) -> torch.Tensor:
+    """The same logical values as ``x`` in three memory layouts."""
+    if kind == "contiguous":
+        return x
+    if kind == "transposed":
+        # Stored with the first and last dims swapped, viewed back: strides are not row-major.
+        return x.transpose(0, -1).contiguous().transpose(0, -1)
+    # sliced: a view into a larger buffer, every dim strided (the softmax dim by 1 when it is last)
+    big = torch.empty([s * 2 if i != x.dim() - 1 else s + 3 for i, s in enumerate(x.shape)], dtype=x.dtype,
+                      device=x.device).normal_()
+    view = big[tuple(slice(None, None, 2) if i != x.dim() - 1 else slice(1, s + 1) for i, s in enumerate(x.shape))]
+    view.copy_(x)
+    return view
+
+
+# Three dims so that last, first and middle dims each have rows on both sides; 5, 3 and 37 are not
+# powers of two, so every tile has a masked tail.
+SHAPE = (5, 3, 37)
+
+
+@pytest.mark.parametrize("strategy, algorithm", strategy_params())
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("kind", ["contiguous", "transposed", "sliced"])
+@pytest.mark.parametrize("dim", [-1, 0, 1], ids=["last", "first", "middle"])
+@pytest.mark.parametrize("op", list(OPS))
+def test_matches_float64(op, dim, kind, dtype, strategy, algorithm, gen):
+    ours, ref = OPS[op]
+    x = layout(make_logits(SHAPE, dtype, gen), kind, dim)
+    out = ours(x, dim, algorithm=algorithm, strategy=strategy)
+    assert plan.last_plan().strategy == strategy
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_matches(out, ref(x.double(), dim), dtype, f"{op} {strategy}/{algorithm} {kind} dim={dim}")
+
+
+@pytest.mark.parametrize("strategy, algorithm", strategy_params())
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_long_rows_span_many_blocks_and_chunks(strategy, algorithm, dtype, gen):
+    # Long enough for several loop iterations and several split chunks with a ragged last one.
+    if strategy == "row_on_chip":
+        cols = plan.ROW_ON_CHIP_MAX_COLS[dtype.itemsize] - 5
+    else:
+        cols = 3 * plan.STREAM_BLOCK[dtype.itemsize] + 17
+    x = make_logits((2, cols), dtype, gen)
+    for op, (ours, ref) in OPS.items():
+        out = ours(x, -1, algorithm=algorithm, strategy=strategy)
+        chosen = plan.last_plan()
+        assert chosen.strategy == strategy
+        if strategy == "split_row":
+            assert chosen.num_chunks > 1 and cols % chosen.chunk_size != 0
+        assert_matches(out, ref(x.double(), -1), dtype, f"{op} {strategy}")
+    lse = onlinesoftmax.logsumexp(x, -1, strategy=strategy)
+    assert_matches(lse, torch.logsumexp(x.double(), -1), dtype, f"logsumexp {strategy}")
+
+
+@needs_triton
+def test_row_on_chip_packs_rows_and_loops_persistently(gen):
+    # Short rows: several per program; more row blocks than programs: the persistent loop turns.
+    rows = 5123
+    x = make_logits((rows, 24), torch.float32, gen)
+    out = onlinesoftmax.softmax(x, strategy="row_on_chip")
+    chosen = plan.last_plan()
+    assert chosen.rows_per_program > 1
+    assert chosen.grid[0] * chosen.rows_per_program < rows
+    assert_matches(out, torch.softmax(x.double(), -1), torch.float32)
+
+
+@pytest.mark.parametrize("strategy", strategies_here())
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_special_values_match_torch(op, strategy):
+    ninf, inf, nan = float("-inf"), float("inf"), float("nan")
+    rows = [
+        [1.0, ninf, 3.0, ninf, -2.0],  # some -inf
+        [ninf] * 5,  # all -inf: softmax NaN, logsumexp -inf
+        [1.0, nan, 0.0, 2.0, 1.0],  # NaN poisons the row
+        [1.0, inf, 0.0, 2.0, 1.0],  # +inf: softmax NaN, logsumexp +inf
+        [inf, nan, ninf, 0.0, 1.0],  # NaN beats +inf in logsumexp
+        [ninf, ninf, 7.0, ninf, ninf],  # one finite entry
+        [1e4, -1e4, 1e4 - 1, 0.0, -3.0],  # huge magnitudes
+    ]
+    x = torch.tensor(rows, dtype=torch.float32, device=DEVICE)
+    if op == "logsumexp":
+        out = onlinesoftmax.logsumexp(x, -1, strategy=strategy)
+        ref = torch.logsumexp(x.double(), -1)
+    else:
+        out = OPS[op][0](x, -1, strategy=strategy, algorithm="auto" if strategy == "row_on_chip" else "online")
+        ref = OPS[op][1](x.double(), -1)
+    assert plan.last_plan().strategy == strategy
+    assert_matches(out, ref, torch.float32, f"{op} {strategy}")
+
+
+@pytest.mark.parametrize("strategy", strategies_here())
+def test_half_precision_extremes(strategy):
+    big = torch.finfo(torch.float16).max
+    x = torch.tensor([[big, -big, 0.0, big], [-big, -big, -big, 1.0], [6e-8, -6e-8, 0.0, 1e-4]],
+                     dtype=torch.float16, device=DEVICE)
+    for op, (ours, ref) in OPS.items():
+        assert_matches(ours(x, strategy=strategy), ref(x.double(), -1), torch.float16, f"{op} {strategy}")
+
+
+@pytest.mark.parametrize("strategy", strategies_here())
+@pytest.mark.parametrize("shape, dim", [((0, 5), -1), ((4, 0), -1), ((4, 0), 0), ((0,), 0), ((2, 0, 3), 1)])
+def test_empty_tensors(shape, dim, strategy):
+    x = torch.randn(shape, device=DEVICE)
+    for op, (ours, ref) in OPS.items():
+        out = ours(x, dim, strategy=strategy)
+        assert out.shape == x.shape and out.dtype == x.dtype
+    lse = onlinesoftmax.logsumexp(x, dim, strategy=strategy)
+    assert_matches(lse, torch.logsumexp(x.double(), dim), torch.float32, "logsumexp of empty")
+
+
+@pytest.mark.parametrize("strategy", strategies_here())
+def test_size_one_dims_and_scalars(strategy, gen):
+    for shape, dim in [((7, 1), -1), ((1, 7), -1), ((1, 1, 1), 1), ((5, 1, 9), 1), ((1,), 0)]:
+        x = make_logits(shape, torch.float32, gen)
+        for op, (ours, ref) in OPS.items():
+            assert_matches(ours(x, dim, strategy=strategy), ref(x.double(), dim), torch.float32, f"{op} {shape}")
+    scalar = torch.tensor(2.5, device=DEVICE)
+    assert onlinesoftmax.softmax(scalar, strategy=strategy).item() == 1.0
+    assert onlinesoftmax.log_softmax(scalar, 0, strategy=strategy).item() == 0.0
+    assert onlinesoftmax.logsumexp(scalar, strategy=strategy).item() == 2.5
+
+
+@pytest.mark.parametrize("strategy", strategies_here())
+@pytest.mark.parametrize("temperature", [0.25, 3.0])
+def test_temperature(temperature, strategy, gen):
+    x = make_logits((6, 50), torch.float32, gen)
+    for op, (ours, ref) in OPS.items():
+        assert_matches(ours(x, temperature=temperature, strategy=strategy),
+                       ref(x.double() / temperature, -1), torch.float32, op)
+
+
+@pytest.mark.parametrize("strategy", strategies_here())
+def test_output_dtype(strategy, gen):
+    x16 = make_logits((4, 70), torch.bfloat16, gen)
+    up = onlinesoftmax.softmax(x16, dtype=torch.float32, strategy=strategy)
+    assert up.dtype == torch.float32
+    assert_matches(up, torch.softmax(x16.double(), -1), torch.float32, "bf16 -> fp32")
+    x32 = make_logits((4, 70), torch.float32, gen)
+    down = onlinesoftmax.log_softmax(x32, dtype=torch.bfloat16, strategy=strategy)
+    assert down.dtype == torch.bfloat16
+    # torch rounds the input to the output dtype first; so do we.
+    assert_matches(down, torch.log_softmax(x32.to(torch.bfloat16).double(), -1), torch.bfloat16, "fp32 -> bf16")
+    ints = torch.randint(-5, 5, (3, 9), device=DEVICE)
+    assert_matches(onlinesoftmax.softmax(ints, dtype=torch.float32, strategy=strategy),
+                   torch.softmax(ints.double(), -1), torch.float32, "int with dtype")
+
+
+@needs_triton
+@pytest.mark.parametrize("kind, dim", [("sliced", -1), ("transposed", -1), ("transposed", 0), ("sliced", 1)])
+def test_strided_views_are_read_in_place(kind, dim, gen):
+    x = layout(make_logits(SHAPE, torch.float32, gen), kind, dim)
+    viewed = softmax_module._row_layout(x, dim % x.dim())[0]
+    assert viewed.data_ptr() == x.data_ptr(), "a hidden .contiguous() copy was made"
+    assert_matches(onlinesoftmax.softmax(x, dim), torch.softmax(x.double(), dim), torch.float32)
+
+
+def test_uncollapsible_view_is_copied_and_correct(gen):
+    # Rows that need three strides (a permuted 4-d tensor) fall back to one documented copy.
+    x = make_logits((4, 5, 6, 7), torch.float32, gen).permute(2, 0, 3, 1)
+    viewed = softmax_module._row_layout(x, 1)[0]
+    assert viewed.data_ptr() != x.data_ptr()
+    assert_matches(onlinesoftmax.softmax(x, 1), torch.softmax(x.double(), 1), torch.float32)
+
+
+@pytest.mark.parametrize("strategy, algorithm", strategy_params())
+def test_bitwise_deterministic(strategy, algorithm, gen):
+    x = make_logits((3, 3 * plan.STREAM_BLOCK[4] + 1), torch.float32, gen)
+    first = onlinesoftmax.softmax(x, algorithm=algorithm, strategy=strategy)
+    second = onlinesoftmax.softmax(x, algorithm=algorithm, strategy=strategy)
+    assert torch.equal(first, second)
+
+
+# ----------------------------------------------------------------------------------------------
+# Gradients
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", strategies_here())
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dim, kind", [(-1, "contiguous"), (0, "transposed"), (1, "sliced")])
+def test_gradients_match_float64_autograd(op, dtype, strategy, dim, kind, gen):
+    ours, ref = OPS[op]
+    x = layout(make_logits(SHAPE, dtype, gen, scale=2.0), kind, dim).requires_grad_()
+    dy = make_logits(SHAPE, dtype, gen, scale=1.0)
+    out = ours(x, dim, temperature=1.5, strategy=strategy)
+    (dx,) = torch.autograd.grad(out, x, dy)
+    assert plan.last_plan().strategy == strategy and plan.last_plan().op == f"{op}_backward"
+    x64 = x.detach().double().requires_grad_()
+    (dx64,) = torch.autograd.grad(ref(x64 / 1.5, dim), x64, dy.double())
+    assert dx.dtype == dtype
+    assert_matches(dx, dx64, dtype, f"d{op} {strategy}")
+
+
+@needs_triton
+@pytest.mark.parametrize("strategy", ["looped", "split_row"])
+def test_gradients_of_long_rows(strategy, gen):
+    cols = 3 * plan.STREAM_BLOCK[4] + 17
+    x = make_logits((2, cols), torch.float32, gen).requires_grad_()
+    dy = make_logits((2, cols), torch.float32, gen, scale=1.0)
+    for op, (ours, ref) in OPS.items():
+        (dx,) = torch.autograd.grad(ours(x, strategy=strategy), x, dy)
+        chosen = plan.last_plan()
+        assert chosen.strategy == strategy and (strategy != "split_row" or chosen.num_chunks > 1)
+        x64 = x.detach().double().requires_grad_()
+        (dx64,) = torch.autograd.grad(ref(x64, -1), x64, dy.double())
+        assert_matches(dx, dx64, torch.float32, f"d{op} {strategy}")
+
+
+def test_logsumexp_gradient_is_softmax(gen):
+    x = make_logits((5, 33), torch.float32, gen).requires_grad_()
+    dy = make_logits((5,), torch.float32, gen, scale=1.0)
+    (dx,) = torch.autograd.grad(onlinesoftmax.logsumexp(x, -1), x, dy)
+    x64 = x.detach().double().requires_grad_()
+    (dx64,) = torch.autograd.grad(torch.logsumexp(x64, -1), x64, dy.double())
+    assert_matches(dx, dx64, torch.float32, "dlogsumexp")
+
+
+def test_torch_compile_fullgraph_forward_and_backward(gen):
+    # aot_eager runs dynamo and AOT autograd (the fake implementations, the autograd.Function)
+    # without compiling C++; the GPU suite runs the same test under the default inductor.
+    backend = "inductor" if ON_GPU else "aot_eager"
+    torch._dynamo.reset()
+
+    def f(x):
+        return (onlinesoftmax.softmax(x * 2.0, -1) * onlinesoftmax.log_softmax(x, 0)).sum() \
+            + onlinesoftmax.logsumexp(x, 1).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    x = make_logits((8, 40), torch.float32, gen).requires_grad_()
+    out = compiled(x)
+    (dx,) = torch.autograd.grad(out, x)
+    x64 = x.detach().double().requires_grad_()
+    ref = (torch.softmax(x64 * 2.0, -1) * torch.log_softmax(x64, 0)).sum() + torch.logsumexp(x64, 1).sum()
+    (dx64,) = torch.autograd.grad(ref, x64)
+    assert_matches(out.detach().reshape(1), ref.detach().reshape(1), torch.float32, "compiled forward")
+    assert_matches(dx, dx64, torch.float32, "compiled backward")
+
+
+def test_custom_ops_pass_opcheck(gen):
+    x = make_logits((4, 20), torch.float32, gen)
+    torch.library.opcheck(softmax_module._forward_op, (x, 1, "softmax", 1.0, None, "auto", None))
+    torch.library.opcheck(softmax_module._forward_op, (x, 0, "logsumexp", 1.0, None, "auto", None))
+    y = torch.softmax(x, 1)
+    torch.library.opcheck(softmax_module._backward_op, (y, torch.randn_like(y), 1, False, 1.0, None, None))
+
+
+# ----------------------------------------------------------------------------------------------
+# Property test
+# ----------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=30 if TRITON_RUNS else 60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=3), data=st.data(),
+       dtype=st.sampled_from(DTYPES), log_scale=st.floats(-3, 3), op=st.sampled_from(sorted(OPS)))
+def test_property_random_shapes_dims_dtypes_scales(shape, data, dtype, log_scale, op):
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1), label="dim")
+    seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
+    x = make_logits(shape, dtype, torch.Generator().manual_seed(seed), scale=10.0 ** log_scale)
+    ours, ref = OPS[op]
+    assert_matches(ours(x, dim), ref(x.double(), dim), dtype, f"{op} {shape} dim={dim}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fn", [onlinesoftmax.softmax, onlinesoftmax.log_softmax, onlinesoftmax.logsumexp])
+def test_bad_input_raises_clear_errors(fn):
+    x = torch.randn(3, 4)
+    with pytest.raises(TypeError, match="floating-point"):
+        fn(torch.ones(3, 4, dtype=torch.int64))
+    with pytest.raises(TypeError, match="floating-point"):
+        fn(torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match="float64"):
+        fn(x.double())
+    with pytest.raises(TypeError, match="Tensor"):
+        fn([1.0, 2.0])
+    with pytest.raises(ValueError, match="out of range"):
+        fn(x, 2)
+    with pytest.raises(IndexError):
+        fn(x, -3)
+    with pytest.raises(ValueError, match="CUDA and CPU"):
+        fn(torch.randn(3, 4, device="meta"))
+    with pytest.raises(ValueError, match="strategy"):
+        fn(x, strategy="fastest")
+
+
+@pytest.mark.parametrize("fn", [onlinesoftmax.softmax, onlinesoftmax.log_softmax])
+def test_bad_options_raise(fn):
+    x = torch.randn(3, 4)
+    for temperature in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="temperature"):
+            fn(x, temperature=temperature)
+    with pytest.raises(TypeError, match="temperature"):
+        fn(x, temperature="hot")
+    with pytest.raises(ValueError, match="algorithm"):
+        fn(x, algorithm="two-pass")
+    with pytest.raises(TypeError, match="dtype"):
+        fn(x, dtype=torch.int32)
+
+
+@needs_triton
+def test_row_on_chip_refuses_multi_pass_algorithms():
+    with pytest.raises(ValueError, match="reads the row once"):
+        onlinesoftmax.softmax(torch.randn(3, 4, device=DEVICE), algorithm="safe", strategy="row_on_chip")
+
+
+def test_triton_strategy_on_cpu_without_interpreter_says_what_to_do(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        onlinesoftmax.softmax(torch.randn(3, 4), strategy="looped")
+    onlinesoftmax.softmax(torch.randn(3, 4))
+    assert plan.last_plan().strategy == "torch"
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU only: int64 offsets
+# ----------------------------------------------------------------------------------------------
+
+
+@gpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("shape, strategy", [((2**16 + 1, 2**15), "looped"), ((2**24 + 5, 128), "row_on_chip"),
+                                             ((2, 2**30 + 3), "split_row")])
+def test_more_than_2_31_elements(shape, strategy):
+    # bf16 keeps these at 4 GiB; torch's fp32-accumulating softmax is the reference here.
+    assert math.prod(shape) > 2**31
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    out = onlinesoftmax.softmax(x, strategy=strategy)
+    assert plan.last_plan().strategy == strategy
+    ref = torch.softmax(x, -1)
+    # Last rows are where a 32-bit offset would wrap.
+    assert torch.equal(out[-3:].isnan(), ref[-3:].isnan()) and not out.isnan().any()
+    err = ((out[-3:].float() - ref[-3:].float()).norm() / ref[-3:].float().norm()).item()
+    assert err < TOLERANCE[torch.bfloat16]
+    del out, ref, x
+    torch.cuda.empty_cache()

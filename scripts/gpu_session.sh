@@ -6,10 +6,28 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages"
+# Peers arrive as wheels (no registry there). A wheel over the per-call transfer limit comes split:
+# the 'stash' stage keeps .peers1/ (wheels and the first part) on the machine, a following call
+# carries .peers2/ (the rest) and the parts are joined before installing.
+install_peers() {
+    local dir=/root/peers
+    mkdir -p "$dir"
+    for d in .peers1 .peers2 .whl; do [ -d "$d" ] && cp "$d"/* "$dir"/ 2>/dev/null; done
+    if ls "$dir"/part_* >/dev/null 2>&1; then
+        cat "$dir"/part_* > "$dir/nvidia_cutlass_dsl_libs_cu12-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl"
+        python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).testzip()" "$dir"/nvidia_cutlass_dsl_libs_cu12*.whl \
+            || { echo "joined wheel is incomplete"; rm "$dir"/nvidia_cutlass_dsl_libs_cu12*.whl; }
+    fi
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$dir"/*.whl
+}
+if [ "${1:-}" = "stash" ]; then
+    mkdir -p /root/peers && cp .peers1/* /root/peers/ && echo "stashed $(ls /root/peers | wc -l) files"; shift
+else
+    install_peers 2>&1 | tail -3
 fi
+export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages:/tmp/site/nvidia_cutlass_dsl/dsl_packages"
+python3 -c "import liger_kernel; print('liger importable')" 2>&1 | tail -1
+python3 -c "import quack.softmax; print('quack importable')" 2>&1 | tail -1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 status=0

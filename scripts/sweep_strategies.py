@@ -15,7 +15,8 @@ import triton
 
 import onlinesoftmax
 from onlinesoftmax import plan
-from onlinesoftmax.bench.harness import copy_bandwidth_gbs, rotating_inputs, time_ms
+from onlinesoftmax.softmax import launch_backward
+from onlinesoftmax.bench.harness import copy_bandwidth_gbs, rotation_count, time_ms
 from onlinesoftmax.bench.softmax_suite import GRID
 
 CASES = [("row_on_chip", "auto"), ("looped", "online"), ("looped", "safe"), ("split_row", "online"),
@@ -31,8 +32,8 @@ def main():
     results = []
     for dtype in (torch.float32, torch.bfloat16):
         for rows, cols in GRID:
-            xs = rotating_inputs((rows, cols), dtype)
             nbytes = 2 * rows * cols * dtype.itemsize
+            xs = [(torch.randn(rows, cols, device="cuda", dtype=dtype),) for _ in range(rotation_count(nbytes))]
             line = [f"{str(dtype)[6:]:8s} {rows:6d}x{cols:<9d}"]
             candidates = [("torch", lambda x: torch.softmax(x, -1))]
             for strategy, algorithm in CASES:
@@ -52,6 +53,26 @@ def main():
                 line.append(f"{name}={gbs:.0f}")
             print(" ".join(line), flush=True)
             del xs
+            # backward: (y, dy) -> dx with each strategy forced
+            sets = [(torch.softmax(torch.randn(rows, cols, device="cuda"), -1).to(dtype),
+                     torch.randn(rows, cols, device="cuda", dtype=dtype)) for _ in range(rotation_count(3 * nbytes // 2))]
+            line = [f"  bwd {str(dtype)[6:]:8s} {rows:6d}x{cols:<9d}"]
+            bwd = [("torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype))]
+            for strategy in ("row_on_chip", "looped", "split_row", None):
+                if strategy == "row_on_chip" and plan.next_power_of_2(cols) > 32768:
+                    continue
+                bwd.append((str(strategy), lambda y, dy, s=strategy: launch_backward(y, dy, 1, False, strategy=s)))
+            for name, fn in bwd:
+                try:
+                    ms = time_ms(fn, sets)
+                except Exception as exc:
+                    line.append(f"{name}=ERR({type(exc).__name__})")
+                    continue
+                results.append(dict(dtype=str(dtype), rows=rows, cols=cols, impl="bwd:" + name, ms=ms,
+                                    gbs=1.5 * nbytes / ms / 1e6, copy_gbs=copy))
+                line.append(f"{name}={1.5 * nbytes / ms / 1e6:.0f}")
+            print(" ".join(line), flush=True)
+            del sets
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -9,7 +9,8 @@ Offsets are int64 so tensors over 2**31 elements address correctly.
 import triton
 import triton.language as tl
 
-NEG_INF = float("-inf")
+# A module-level constant must be a tl.constexpr for compiled kernels to read it.
+NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit

@@ -68,7 +68,11 @@ def row_on_chip_softmax_kernel(
         p_x = x_ptr + row_offset(rows, inner, x_stride_outer, x_stride_inner)[:, None] \
             + col_offset(cols, x_stride_col, CONTIGUOUS)[None, :]
         b_x = tl.load(p_x, mask=mask, other=NEG_INF).to(tl.float32) * inv_temperature  # [R, C]
-        b_m = max_keep_nan(b_x, 1)  # [R]
+        if WRITE_LSE:
+            b_m = max_keep_nan(b_x, 1)  # [R]
+        else:
+            # A NaN already turns the sum, and so the whole row, into NaN: the plain max will do.
+            b_m = tl.max(b_x, 1)
         b_e = tl.exp(b_x - b_m[:, None])
         b_d = tl.sum(b_e, 1)  # an all -inf row gives NaN here, as torch.softmax does
         if WRITE_LSE:
@@ -341,11 +345,12 @@ def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
     write_lse = op == "logsumexp"
     if chosen.strategy == "torch":
         return cpu.forward(x, dim, op, 1.0 / temperature, out_dtype, chosen.algorithm)
-    y = _empty(x.shape if not write_lse else (0,), out_dtype, x.device)
-    lse = _empty(lse_shape if write_lse else (0,), torch.float32, x.device)
+    # The output a launch does not write is passed as x: a valid pointer that is never stored to.
+    y = x if write_lse else _empty(x.shape, out_dtype, x.device)
+    lse = _empty(lse_shape, torch.float32, x.device) if write_lse else x
     if x.numel() == 0:
         if write_lse:
-            lse.fill_(NEG_INF)
+            lse.fill_(float("-inf"))
         return lse if write_lse else y
     x, inner, x_strides, side = _row_layout(x, dim)
     y_strides = _contiguous_row_strides(x.shape, dim, inner, side)
@@ -487,7 +492,9 @@ class _LogSumExpFunction(torch.autograd.Function):
         lse = _forward(x, dim, "logsumexp", 1.0, None, "auto", strategy)
         ctx.save_for_backward(x, lse)
         ctx.dim = dim
-        return lse.to(x.dtype)
+        # A fresh tensor even for float32: returning the saved tensor itself gave a wrong gradient
+        # under torch.compile on CUDA (torch 2.11; the copy is one float per row).
+        return lse.to(x.dtype, copy=True)
 
     @staticmethod
     def backward(ctx, dlse):
@@ -548,6 +555,8 @@ def _softmax_like(x, dim, temperature, dtype, algorithm, strategy, log):
     x, dim = _check(x, dim, temperature, dtype, algorithm, strategy, name)
     if x.dim() == 0:
         return _softmax_like(x.reshape(1), 0, temperature, dtype, algorithm, strategy, log).reshape(())
+    if not (x.requires_grad and torch.is_grad_enabled()):
+        return _forward(x, dim, "log_softmax" if log else "softmax", float(temperature), dtype, algorithm, strategy)
     return _SoftmaxFunction.apply(x, dim, log, float(temperature), dtype, algorithm, strategy)
 
 
@@ -636,4 +645,6 @@ def logsumexp(x: torch.Tensor, dim: int = -1, *, strategy: Optional[str] = None)
     x, dim = _check(x, dim, strategy=strategy, name="logsumexp")
     if x.dim() == 0:
         return logsumexp(x.reshape(1), 0, strategy=strategy).reshape(())
+    if not (x.requires_grad and torch.is_grad_enabled()):
+        return _forward(x, dim, "logsumexp", 1.0, None, "auto", strategy).to(x.dtype)
     return _LogSumExpFunction.apply(x, dim, strategy)

@@ -49,6 +49,7 @@ class Row:
     impl: str
     ms: Optional[float] = None
     gbs: Optional[float] = None
+    graph_ms: Optional[float] = None  # the same call replayed from a CUDA graph: no launch overhead
     pct_of_copy: Optional[float] = None
     speedup_vs_torch: Optional[float] = None
     rel_error: Optional[float] = None
@@ -83,6 +84,20 @@ def time_ms(fn: Callable, input_sets: list, warmup_ms: int = 25, rep_ms: int = 1
 
     cycle = itertools.cycle(input_sets)
     return triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def graph_time_ms(fn: Callable, inputs: tuple) -> Optional[float]:
+    """Median milliseconds of ``fn(*inputs)`` replayed from a CUDA graph (None if it cannot be captured).
+
+    Decode loops in serving engines run under CUDA graphs, so this is the time such a user sees;
+    the eager time adds the host's launch overhead.
+    """
+    import triton.testing
+
+    try:
+        return triton.testing.do_bench_cudagraph(lambda: fn(*inputs), rep=50, return_mode="median")
+    except Exception:  # peers that synchronize or allocate in ways capture forbids
+        return None
 
 
 def copy_bandwidth_gbs(device="cuda", nbytes: int = COPY_BYTES) -> float:
@@ -120,7 +135,8 @@ def environment(command: str) -> dict:
 
 
 def run_case(case: Case, impls: list[Implementation], gen: torch.Generator, timed: bool = True,
-             rotation_bytes: int = ROTATION_BYTES, progress: Callable[[str], None] = lambda s: None) -> list[Row]:
+             rotation_bytes: int = ROTATION_BYTES, progress: Callable[[str], None] = lambda s: None,
+             graph_timing: bool = False) -> list[Row]:
     """Check every implementation against float64 on the first input set, then time it."""
     input_sets = [case.make_inputs(gen) for _ in range(rotation_count(case.bytes_moved, rotation_bytes) if timed else 1)]
     ref = case.reference(input_sets[0])
@@ -143,6 +159,8 @@ def run_case(case: Case, impls: list[Implementation], gen: torch.Generator, time
             if timed:
                 row.ms = time_ms(impl.fn, input_sets)
                 row.gbs = gbs(case.bytes_moved, row.ms)
+                if graph_timing:
+                    row.graph_ms = graph_time_ms(impl.fn, input_sets[-1])
         except Exception as exc:  # a peer failing on a shape is a result to report, not a crash
             row.status = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
     del input_sets, ref
@@ -164,12 +182,14 @@ def _fmt(value, spec):
     return "" if value is None else format(value, spec)
 
 
-TABLE_COLUMNS = ("direction", "dtype", "case", "impl", "ms", "GB/s", "% copy", "vs torch", "rel err", "status")
+TABLE_COLUMNS = ("direction", "dtype", "case", "impl", "ms", "GB/s", "% copy", "vs torch", "graph ms",
+                 "rel err", "status")
 
 
 def table_rows(rows: list[Row]) -> list[tuple]:
     return [(r.direction, r.dtype, r.case, r.impl, _fmt(r.ms, ".4f"), _fmt(r.gbs, ".0f"), _fmt(r.pct_of_copy, ".1f"),
-             _fmt(r.speedup_vs_torch, ".2f") + ("x" if r.speedup_vs_torch else ""), _fmt(r.rel_error, ".1e"), r.status)
+             _fmt(r.speedup_vs_torch, ".2f") + ("x" if r.speedup_vs_torch else ""), _fmt(r.graph_ms, ".4f"),
+             _fmt(r.rel_error, ".1e"), r.status)
             for r in rows]
 
 

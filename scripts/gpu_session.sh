@@ -6,7 +6,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-# Peers arrive as wheels (no registry there). A wheel over the per-call transfer limit comes split:
+# Peers arrive as wheels (no registry there). Quack needs nvidia-cutlass-dsl's libs-base, libs-core
+# (the cutlass Python package) and libs-cu13 (the torch there is cu130), whose 92 MB wheel is over
+# the per-call transfer limit and comes split:
 # the 'stash' stage keeps .peers1/ (wheels and the first part) on the machine, a following call
 # carries .peers2/ (the rest) and the parts are joined before installing.
 install_peers() {
@@ -14,10 +16,11 @@ install_peers() {
     mkdir -p "$dir"
     for d in .peers1 .peers2 .whl; do [ -d "$d" ] && cp "$d"/* "$dir"/ 2>/dev/null; done
     if ls "$dir"/part_* >/dev/null 2>&1; then
-        cat "$dir"/part_* > "$dir/nvidia_cutlass_dsl_libs_cu12-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl"
-        python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).testzip()" "$dir"/nvidia_cutlass_dsl_libs_cu12*.whl \
-            || { echo "joined wheel is incomplete"; rm "$dir"/nvidia_cutlass_dsl_libs_cu12*.whl; }
+        cat "$dir"/part_* > "$dir/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl"
+        python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).testzip()" "$dir"/nvidia_cutlass_dsl_libs_cu13*.whl \
+            || { echo "joined wheel is incomplete"; rm "$dir"/nvidia_cutlass_dsl_libs_cu13*.whl; }
     fi
+    rm -f "$dir"/part_*
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$dir"/*.whl
 }
 if [ "${1:-}" = "stash" ]; then
@@ -25,9 +28,10 @@ if [ "${1:-}" = "stash" ]; then
 else
     install_peers 2>&1 | tail -3
 fi
-export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages:/tmp/site/nvidia_cutlass_dsl/dsl_packages"
+export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages"
 python3 -c "import liger_kernel; print('liger importable')" 2>&1 | tail -1
-python3 -c "import quack.softmax; print('quack importable')" 2>&1 | tail -1
+python3 -c "import quack.softmax; print('quack importable')" 2>&1 | tail -3
+python3 -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -2  # the console script
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 status=0
@@ -46,6 +50,11 @@ for stage in "$@"; do
             python3 scripts/sweep_strategies.py --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
         bench)
             python3 -m onlinesoftmax bench softmax --out "$OUT" --name h100 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+        overhead)
+            python3 scripts/launch_overhead.py 2>&1 | tee "$OUT/launch_overhead.log" ;;
+        topk|attention|ladder)
+            timeout 560 bash "scripts/gpu_$stage.sh" "$OUT" > "$OUT/gpu_$stage.log" 2>&1; echo "gpu_$stage exit $?"
+            tail -40 "$OUT/gpu_$stage.log" ;;
         *) echo "unknown stage $stage"; status=1 ;;
     esac
 done

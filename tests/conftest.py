@@ -87,10 +87,11 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, wha
 
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
-    """Every buffer the launchers allocate starts as NaN, so an element no kernel wrote fails."""
-    softmax_module = importlib.import_module("onlinesoftmax.softmax")
+    """Every buffer the launchers of every op allocate (onlinesoftmax._buffers.empty) starts as NaN,
+    so an element no kernel wrote fails."""
+    buffers = importlib.import_module("onlinesoftmax._buffers")
 
     def nan_filled(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
-    monkeypatch.setattr(softmax_module, "_empty", nan_filled)
+    monkeypatch.setattr(buffers, "empty", nan_filled)

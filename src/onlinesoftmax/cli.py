@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
+import importlib
 import statistics
 import sys
 import time
@@ -15,6 +14,12 @@ import torch
 DEFAULT_BANDWIDTH_GBS = 3000.0
 DEFAULT_SMS = 132
 
+# `onlinesoftmax bench SUITE`: each suite is a module of onlinesoftmax.bench with a run(args) -> int
+# that reads the shared options below (--dtype, --shape, --out, --name, --seed, ...).
+SUITES = {
+    "softmax": ".bench.softmax_suite:run",
+}
+
 
 def _parse_shape(text: str) -> tuple[int, int]:
     try:
@@ -24,100 +29,6 @@ def _parse_shape(text: str) -> tuple[int, int]:
     if rows < 1 or cols < 1:
         raise argparse.ArgumentTypeError("rows and cols must be positive")
     return rows, cols
-
-
-def _progress():
-    try:
-        from rich.progress import Progress
-        return Progress(transient=True)
-    except ImportError:
-        return None
-
-
-def bench_softmax(args) -> int:
-    from .bench import harness, softmax_suite
-
-    command = "onlinesoftmax " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    if not torch.cuda.is_available():
-        print("No CUDA GPU found: running the CPU correctness-and-timing demo instead (no results written).")
-        return cpu_demo()
-    dtypes = [softmax_suite.DTYPES[d] for d in args.dtype.split(",")]
-    shapes = args.shape or softmax_suite.GRID
-    directions = ["forward"] + ([] if args.no_backward else ["backward"])
-    gen = torch.Generator().manual_seed(args.seed)
-    print(f"seed {args.seed}; measuring device copy bandwidth ...", flush=True)
-    copy_gbs = harness.copy_bandwidth_gbs()
-    impls = {"forward": softmax_suite.forward_implementations(), "backward": softmax_suite.backward_implementations()}
-    all_cases = softmax_suite.cases(shapes, dtypes, directions)
-    rows = []
-    progress = _progress()
-    if progress:
-        with progress:
-            task = progress.add_task("bench softmax", total=len(all_cases))
-            for case in all_cases:
-                rows += harness.run_case(case, impls[case.direction], gen, graph_timing=not args.no_graph,
-                                         progress=lambda s: progress.update(task, description=s))
-                progress.advance(task)
-    else:
-        for case in all_cases:
-            rows += harness.run_case(case, impls[case.direction], gen, graph_timing=not args.no_graph,
-                                     progress=lambda s: print(s, flush=True))
-    harness.finish_rows(rows, copy_gbs)
-    env = harness.environment(command)
-    title = f"softmax on {env['device']} (copy {copy_gbs:.0f} GB/s)"
-    harness.print_table(rows, title)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, args.name)
-    summary = softmax_summary(rows, copy_gbs)
-    harness.write_json(stem + ".json", rows, env, copy_gbs, {"summary": summary, "seed": args.seed})
-    with open(stem + ".md", "w") as f:
-        f.write(f"# softmax benchmark: {env['device']}\n\n" + harness.markdown(rows, env, copy_gbs, summary_text(summary)))
-    harness.plot(stem + ".png", rows, copy_gbs, "softmax")
-    print(summary_text(summary))
-    print(f"wrote {stem}.json, {stem}.md, {stem}.png")
-    return 0
-
-
-def softmax_summary(rows, copy_gbs) -> dict:
-    """Per case: ours vs the best peer, % of copy; geometric-mean speedup over torch eager."""
-    out = {"cases": [], "copy_gbs": copy_gbs}
-    keys = list(dict.fromkeys((r.direction, r.dtype, r.case) for r in rows))
-    speedups = {"forward": [], "backward": []}
-    for key in keys:
-        sel = [r for r in rows if (r.direction, r.dtype, r.case) == key]
-        ours = next((r for r in sel if r.impl == "onlinesoftmax"), None)
-        peers = [r for r in sel if r.impl != "onlinesoftmax" and r.status == "ok" and r.ms]
-        best = min(peers, key=lambda r: r.ms, default=None)
-        entry = {"direction": key[0], "dtype": key[1], "case": key[2],
-                 "ours_gbs": ours.gbs if ours else None, "ours_pct_copy": ours.pct_of_copy if ours else None,
-                 "best_peer": best.impl if best else None, "best_peer_gbs": best.gbs if best else None,
-                 "ours_vs_best_peer": (best.ms / ours.ms) if (best and ours and ours.ms) else None}
-        graph_peers = [r for r in peers if r.graph_ms]
-        best_graph = min(graph_peers, key=lambda r: r.graph_ms, default=None)
-        if best_graph and ours and ours.graph_ms:
-            entry.update(best_peer_graph=best_graph.impl, ours_graph_vs_best_peer_graph=best_graph.graph_ms / ours.graph_ms)
-        out["cases"].append(entry)
-        if ours and ours.speedup_vs_torch:
-            speedups[key[0]].append(ours.speedup_vs_torch)
-    for direction, values in speedups.items():
-        if values:
-            out[f"{direction}_geomean_speedup_vs_torch"] = statistics.geometric_mean(values)
-    return out
-
-
-def summary_text(summary) -> str:
-    lines = []
-    for direction in ("forward", "backward"):
-        key = f"{direction}_geomean_speedup_vs_torch"
-        if key in summary:
-            lines.append(f"{direction}: geometric-mean speedup over torch eager {summary[key]:.2f}x")
-    behind = [c for c in summary["cases"] if c["ours_vs_best_peer"] is not None and c["ours_vs_best_peer"] < 1.0]
-    for c in behind:
-        graph = c.get("ours_graph_vs_best_peer_graph")
-        lines.append(f"behind the best peer: {c['direction']} {c['dtype']} {c['case']}: {c['ours_vs_best_peer']:.2f}x "
-                     f"of {c['best_peer']} ({c['best_peer_gbs']:.0f} GB/s vs ours {c['ours_gbs']:.0f})"
-                     + (f"; under CUDA graphs {graph:.2f}x of {c['best_peer_graph']}" if graph else ""))
-    return "\n".join(lines)
 
 
 def cpu_demo() -> int:
@@ -194,13 +105,14 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     bench = sub.add_parser("bench", help="benchmark against every peer (GPU); a CPU demo without one")
-    bench.add_argument("suite", nargs="?", default="softmax", choices=["softmax"])
+    bench.add_argument("suite", nargs="?", default="softmax", choices=list(SUITES))
     bench.add_argument("--dtype", default="fp32,bf16", help="comma-separated: fp32,bf16,fp16")
-    bench.add_argument("--shape", type=_parse_shape, action="append", help="ROWSxCOLS (repeatable); default: the grid")
+    bench.add_argument("--shape", action="append",
+                       help="one case, dims joined by x as the suite takes them (softmax: ROWSxCOLS); repeatable; default: the grid")
     bench.add_argument("--no-backward", action="store_true")
     bench.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replay timings")
     bench.add_argument("--out", default="benchmarks/results")
-    bench.add_argument("--name", default="h100", help="file stem of the results")
+    bench.add_argument("--name", default="h100", help="results go to OUT/NAME.* for softmax, OUT/SUITE-NAME.* for the other suites")
     bench.add_argument("--seed", type=int, default=int(time.time()) % 100000)
 
     exp = sub.add_parser("explain", help="print the launch plan for a shape")
@@ -217,7 +129,8 @@ def main(argv=None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "bench":
-        return bench_softmax(args)
+        module_name, function = SUITES[args.suite].split(":")
+        return getattr(importlib.import_module(module_name, __package__), function)(args)
     if args.command == "explain":
         return explain(args)
     return check(args)

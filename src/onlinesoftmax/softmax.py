@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import cpu, plan as planner
+from . import _buffers, cpu, plan as planner
 from ._triton import (
     NEG_INF,
     col_offset,
@@ -323,11 +323,6 @@ def _contiguous_row_strides(shape, dim: int, inner: int, side: str):
     return inner * unit, inner_total, unit
 
 
-def _empty(shape, dtype, device):
-    # Every output and scratch buffer comes from here, so tests can poison them with NaN.
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
 def _shape_rows(shape, dim):
     return math.prod(shape[:dim]) * math.prod(shape[dim + 1:]), shape[dim]
 
@@ -346,8 +341,8 @@ def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
     if chosen.strategy == "torch":
         return cpu.forward(x, dim, op, 1.0 / temperature, out_dtype, chosen.algorithm)
     # The output a launch does not write is passed as x: a valid pointer that is never stored to.
-    y = x if write_lse else _empty(x.shape, out_dtype, x.device)
-    lse = _empty(lse_shape, torch.float32, x.device) if write_lse else x
+    y = x if write_lse else _buffers.empty(x.shape, out_dtype, x.device)
+    lse = _buffers.empty(lse_shape, torch.float32, x.device) if write_lse else x
     if x.numel() == 0:
         if write_lse:
             lse.fill_(float("-inf"))
@@ -367,7 +362,7 @@ def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
             x, y, lse, n_cols, inner, *x_strides, *y_strides, inv_t,
             BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", num_warps=chosen.num_warps, **common)
     else:
-        parts = _empty((3, n_rows, chosen.num_chunks), torch.float32, x.device)
+        parts = _buffers.empty((3, n_rows, chosen.num_chunks), torch.float32, x.device)
         chunks_pow2 = planner.next_power_of_2(chosen.num_chunks)
         passes = (PARTIAL_MAX, PARTIAL_SUM) if chosen.algorithm == "safe" else (PARTIAL_ONLINE,)
         for partial_pass in passes:
@@ -392,7 +387,7 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temp
     out_dtype = out_dtype or y.dtype
     if chosen.strategy == "torch":
         return cpu.backward(y, dy, dim, log, 1.0 / temperature, out_dtype)
-    dx = _empty(y.shape, out_dtype, y.device)
+    dx = _buffers.empty(y.shape, out_dtype, y.device)
     if y.numel() == 0:
         return dx
     # dy (from upstream) can be any view; y and dx are contiguous in practice (y is our output).
@@ -411,7 +406,7 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temp
             y, dy, dx, n_cols, inner, *y_strides, *dy_strides, *dx_strides, inv_t,
             BLOCK=chosen.block_cols, CONTIGUOUS=contiguous, LOG=log, num_warps=chosen.num_warps)
     else:
-        parts = _empty((n_rows, chosen.num_chunks), torch.float32, y.device)
+        parts = _buffers.empty((n_rows, chosen.num_chunks), torch.float32, y.device)
         split_row_backward_dot_kernel[chosen.grid](
             y, dy, parts, n_cols, inner, *y_strides, *dy_strides, chosen.chunk_size, chosen.num_chunks,
             BLOCK=chosen.block_cols, CONTIGUOUS=contiguous, LOG=log, num_warps=chosen.num_warps)

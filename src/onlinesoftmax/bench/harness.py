@@ -12,7 +12,10 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import platform
+import shlex
+import sys
 import time
 from typing import Callable, Optional
 
@@ -260,3 +263,62 @@ def print_table(rows: list[Row], title: str) -> None:
             "dim" if r.status.startswith("skipped") else None)
         table.add_row(*cells, style=style)
     Console().print(table)
+
+
+def parse_dims(text: str, count: int) -> tuple[int, ...]:
+    """``"16x262144"`` -> ``(16, 262144)``: a --shape value with exactly ``count`` positive dims."""
+    try:
+        dims = tuple(int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--shape {text!r}: expected {count} integers joined by 'x'") from None
+    if len(dims) != count or min(dims) < 1:
+        raise SystemExit(f"--shape {text!r}: expected {count} positive integers joined by 'x'")
+    return dims
+
+
+def _progress_bar():
+    try:
+        from rich.progress import Progress
+    except ImportError:  # rich is in the [bench] extra: without it, progress goes to stdout as lines
+        return None
+    return Progress(transient=True)
+
+
+def run_cases(suite: str, cases: list[Case], impls: dict[str, list[Implementation]], gen: torch.Generator,
+              graph_timing: bool = False) -> list[Row]:
+    """Run every case against the implementations of its direction, with a progress bar."""
+    rows: list[Row] = []
+    progress = _progress_bar()
+    if progress is None:
+        for case in cases:
+            rows += run_case(case, impls[case.direction], gen, graph_timing=graph_timing,
+                             progress=lambda s: print(s, flush=True))
+        return rows
+    with progress:
+        task = progress.add_task(f"bench {suite}", total=len(cases))
+        for case in cases:
+            rows += run_case(case, impls[case.direction], gen, graph_timing=graph_timing,
+                             progress=lambda s: progress.update(task, description=s))
+            progress.advance(task)
+    return rows
+
+
+def write_results(args, suite: str, rows: list[Row], copy_gbs: Optional[float], notes: str = "",
+                  extra: Optional[dict] = None) -> str:
+    """Print the table and write the results; returns the path stem.
+
+    The main job's files are ``{out}/{name}.json|md|png`` (``benchmarks/results/h100.*``); every
+    other suite writes ``{out}/{suite}-{name}.*`` beside them.
+    """
+    env = environment("onlinesoftmax " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    print_table(rows, f"{suite} on {env['device']}" + (f" (copy {copy_gbs:.0f} GB/s)" if copy_gbs else ""))
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, args.name if suite == "softmax" else f"{suite}-{args.name}")
+    write_json(stem + ".json", rows, env, copy_gbs, {"seed": args.seed, **(extra or {})})
+    with open(stem + ".md", "w") as f:
+        f.write(f"# {suite} benchmark: {env['device']}\n\n" + markdown(rows, env, copy_gbs, notes))
+    plot(stem + ".png", rows, copy_gbs, suite)
+    if notes:
+        print(notes)
+    print(f"wrote {stem}.json, {stem}.md, {stem}.png")
+    return stem

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import statistics
 from typing import Optional
 
 import torch
 
+from . import harness
 from .harness import Case, Implementation
 
 # The standard grid. (1024, 32768) is the seed work log's shape; (4096, 4096) .. (65536, 256) are
@@ -121,3 +123,65 @@ def cases(shapes, dtypes, directions, device="cuda") -> list[Case]:
         for dtype in dtypes:
             out += [make(shape, dtype, device) for shape in shapes]
     return out
+
+
+def run(args) -> int:
+    """``onlinesoftmax bench softmax``: the grid, every peer, forward and backward; writes the results."""
+    if not torch.cuda.is_available():
+        print("No CUDA GPU found: running the CPU correctness-and-timing demo instead (no results written).")
+        from ..cli import cpu_demo
+        return cpu_demo()
+    dtypes = [DTYPES[d] for d in args.dtype.split(",")]
+    directions = ["forward"] + ([] if args.no_backward else ["backward"])
+    gen = torch.Generator().manual_seed(args.seed)
+    print(f"seed {args.seed}; measuring device copy bandwidth ...", flush=True)
+    copy_gbs = harness.copy_bandwidth_gbs()
+    impls = {"forward": forward_implementations(), "backward": backward_implementations()}
+    rows = harness.run_cases("softmax", cases([harness.parse_dims(t, 2) for t in args.shape] if args.shape else GRID, dtypes, directions), impls, gen,
+                             graph_timing=not args.no_graph)
+    harness.finish_rows(rows, copy_gbs)
+    summary = softmax_summary(rows, copy_gbs)
+    harness.write_results(args, "softmax", rows, copy_gbs, summary_text(summary), {"summary": summary})
+    return 0
+
+
+def softmax_summary(rows, copy_gbs) -> dict:
+    """Per case: ours vs the best peer, % of copy; geometric-mean speedup over torch eager."""
+    out = {"cases": [], "copy_gbs": copy_gbs}
+    keys = list(dict.fromkeys((r.direction, r.dtype, r.case) for r in rows))
+    speedups = {"forward": [], "backward": []}
+    for key in keys:
+        sel = [r for r in rows if (r.direction, r.dtype, r.case) == key]
+        ours = next((r for r in sel if r.impl == "onlinesoftmax"), None)
+        peers = [r for r in sel if r.impl != "onlinesoftmax" and r.status == "ok" and r.ms]
+        best = min(peers, key=lambda r: r.ms, default=None)
+        entry = {"direction": key[0], "dtype": key[1], "case": key[2],
+                 "ours_gbs": ours.gbs if ours else None, "ours_pct_copy": ours.pct_of_copy if ours else None,
+                 "best_peer": best.impl if best else None, "best_peer_gbs": best.gbs if best else None,
+                 "ours_vs_best_peer": (best.ms / ours.ms) if (best and ours and ours.ms) else None}
+        graph_peers = [r for r in peers if r.graph_ms]
+        best_graph = min(graph_peers, key=lambda r: r.graph_ms, default=None)
+        if best_graph and ours and ours.graph_ms:
+            entry.update(best_peer_graph=best_graph.impl, ours_graph_vs_best_peer_graph=best_graph.graph_ms / ours.graph_ms)
+        out["cases"].append(entry)
+        if ours and ours.speedup_vs_torch:
+            speedups[key[0]].append(ours.speedup_vs_torch)
+    for direction, values in speedups.items():
+        if values:
+            out[f"{direction}_geomean_speedup_vs_torch"] = statistics.geometric_mean(values)
+    return out
+
+
+def summary_text(summary) -> str:
+    lines = []
+    for direction in ("forward", "backward"):
+        key = f"{direction}_geomean_speedup_vs_torch"
+        if key in summary:
+            lines.append(f"{direction}: geometric-mean speedup over torch eager {summary[key]:.2f}x")
+    behind = [c for c in summary["cases"] if c["ours_vs_best_peer"] is not None and c["ours_vs_best_peer"] < 1.0]
+    for c in behind:
+        graph = c.get("ours_graph_vs_best_peer_graph")
+        lines.append(f"behind the best peer: {c['direction']} {c['dtype']} {c['case']}: {c['ours_vs_best_peer']:.2f}x "
+                     f"of {c['best_peer']} ({c['best_peer_gbs']:.0f} GB/s vs ours {c['ours_gbs']:.0f})"
+                     + (f"; under CUDA graphs {graph:.2f}x of {c['best_peer_graph']}" if graph else ""))
+    return "\n".join(lines)

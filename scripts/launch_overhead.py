@@ -1,0 +1,72 @@
+"""Host-side cost per call (GPU): where the microseconds go when the kernel itself is tiny.
+
+Back-to-back calls with no synchronization measure how fast the host can issue work; the GPU time
+of these inputs is far below it. Then a cProfile of the split-row path names the expensive frames.
+"""
+
+import cProfile
+import pstats
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+import onlinesoftmax
+from onlinesoftmax import softmax as softmax_module
+
+
+@triton.jit
+def one_arg_kernel(x_ptr):
+    tl.store(x_ptr + tl.program_id(0), 1.0)
+
+
+@triton.jit
+def many_args_kernel(x_ptr, y_ptr, z_ptr, a, b, c, d, e, f, g, h, i, j, k, inv_t,
+                     BLOCK: tl.constexpr, LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
+                     CONTIGUOUS: tl.constexpr):
+    tl.store(x_ptr + tl.program_id(0), 1.0)
+
+
+def per_call_us(fn, calls=3000):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    issued = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return issued
+
+
+def main():
+    x_small = torch.randn(4, 1024, device="cuda")
+    x_long = torch.randn(16, 262144, device="cuda")
+    buf = torch.empty(1024, device="cuda")
+    cases = {
+        "torch.softmax 4x1024": lambda: torch.softmax(x_small, -1),
+        "triton launch, 1 arg": lambda: one_arg_kernel[(1,)](buf),
+        "triton launch, 15 args + 5 constexpr": lambda: many_args_kernel[(1,)](
+            buf, buf, buf, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1.0, BLOCK=16, LOG=False, WRITE_Y=True, WRITE_LSE=False,
+            CONTIGUOUS=True),
+        "onlinesoftmax.softmax 4x1024 (row_on_chip)": lambda: onlinesoftmax.softmax(x_small),
+        "launch_forward 4x1024 (row_on_chip)": lambda: softmax_module.launch_forward(x_small, 1, "softmax"),
+        "torch.softmax 16x262144": lambda: torch.softmax(x_long, -1),
+        "onlinesoftmax.softmax 16x262144 (split_row)": lambda: onlinesoftmax.softmax(x_long),
+        "onlinesoftmax.softmax 16x262144 looped": lambda: onlinesoftmax.softmax(x_long, strategy="looped"),
+        "torch.empty 16x262144": lambda: torch.empty_like(x_long),
+    }
+    for name, fn in cases.items():
+        print(f"{name:48s} {per_call_us(fn, 3000 if 'x262144' not in name else 300):8.1f} us issued per call")
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(300):
+        onlinesoftmax.softmax(x_long)
+    profile.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The benchmark harness's logic on CPU: byte and bandwidth math, rotation, correctness flags,
+speedups, and the files it writes (the timings themselves need a GPU and are not tests)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+
+from onlinesoftmax import cli
+from onlinesoftmax.bench import harness, softmax_suite
+from onlinesoftmax.bench.harness import Case, Implementation, Row
+
+
+def test_bandwidth_counts_bytes_per_second():
+    # 3 GB in 1 ms is 3000 GB/s; softmax of a 1024x32768 fp32 matrix moves 2 * 128 MiB.
+    assert harness.gbs(3 * 10**9, 1.0) == pytest.approx(3000.0)
+    case = softmax_suite.forward_case((1024, 32768), torch.float32, device="cpu")
+    assert case.bytes_moved == 2 * 1024 * 32768 * 4
+    back = softmax_suite.backward_case((16, 262144), torch.bfloat16, device="cpu")
+    assert back.bytes_moved == 3 * 16 * 262144 * 2
+
+
+@pytest.mark.parametrize("bytes_per_set, expected", [(1, 400 * 10**6), (10**6, 400), (134 * 10**6, 3),
+                                                      (10**9, 2)])
+def test_rotation_cycles_at_least_400_mb_and_two_sets(bytes_per_set, expected):
+    count = harness.rotation_count(bytes_per_set)
+    assert count == expected
+    assert count * bytes_per_set >= harness.ROTATION_BYTES and count >= 2
+
+
+def test_relative_error_ignores_reference_infinities_and_reports_nan():
+    ref = torch.tensor([0.5, 0.25, float("-inf")], dtype=torch.float64)
+    assert harness.relative_error(torch.tensor([0.5, 0.25, float("-inf")]), ref) == 0.0
+    assert harness.relative_error(torch.tensor([0.5, 0.30, float("-inf")]), ref) == pytest.approx(
+        0.05 / math.hypot(0.5, 0.25))
+    assert math.isnan(harness.relative_error(torch.tensor([float("nan"), 0.25, 0.0]), ref))
+
+
+def _case():
+    def make(gen):
+        return (torch.randn(3, 7, generator=gen),)
+
+    return Case("3x7", torch.float32, "forward", 2 * 3 * 7 * 4, make, lambda xs: torch.softmax(xs[0].double(), -1))
+
+
+def test_run_case_flags_wrong_nan_errors_and_skips_instead_of_hiding_them():
+    def broken(x):
+        raise RuntimeError("unsupported shape\nsecond line")
+
+    impls = [Implementation("torch", lambda x: torch.softmax(x, -1)),
+             Implementation("wrong", lambda x: torch.softmax(2 * x, -1)),
+             Implementation("nan", lambda x: torch.full_like(x, float("nan"))),
+             Implementation("broken", broken),
+             Implementation("absent", skipped="No module named 'absent'")]
+    rows = harness.run_case(_case(), impls, torch.Generator().manual_seed(0), timed=False)
+    status = {r.impl: r.status for r in rows}
+    assert status == {"torch": "ok", "wrong": "WRONG", "nan": "NaN",
+                      "broken": "error: RuntimeError: unsupported shape",
+                      "absent": "skipped: No module named 'absent'"}
+    assert rows[0].rel_error < 1e-6 and rows[1].rel_error > harness.tolerance(torch.float32)
+
+
+def test_finish_rows_fills_percent_of_copy_and_speedup_against_torch_of_the_same_case():
+    rows = [Row("a", "float32", "forward", "torch", ms=2.0, gbs=1000.0),
+            Row("a", "float32", "forward", "ours", ms=0.5, gbs=4000.0),
+            Row("a", "bfloat16", "forward", "ours", ms=1.0, gbs=500.0),
+            Row("a", "float32", "forward", "peer", status="skipped: x")]
+    harness.finish_rows(rows, copy_gbs=2000.0)
+    assert rows[0].speedup_vs_torch == 1.0 and rows[1].speedup_vs_torch == 4.0
+    assert rows[1].pct_of_copy == 200.0 and rows[0].pct_of_copy == 50.0
+    assert rows[2].speedup_vs_torch is None  # no torch row for bfloat16: no made-up baseline
+    assert rows[3].pct_of_copy is None
+
+
+def test_softmax_summary_geomean_and_best_peer():
+    rows = [Row("a", "float32", "forward", "torch", ms=4.0, gbs=100.0),
+            Row("a", "float32", "forward", "peer", ms=1.0, gbs=400.0),
+            Row("a", "float32", "forward", "onlinesoftmax", ms=2.0, gbs=200.0),
+            Row("b", "float32", "forward", "torch", ms=1.0, gbs=100.0),
+            Row("b", "float32", "forward", "onlinesoftmax", ms=0.25, gbs=400.0)]
+    harness.finish_rows(rows, 1000.0)
+    summary = softmax_suite.softmax_summary(rows, 1000.0)
+    assert summary["forward_geomean_speedup_vs_torch"] == pytest.approx(math.sqrt(2.0 * 4.0))
+    first = summary["cases"][0]
+    assert first["best_peer"] == "peer" and first["ours_vs_best_peer"] == pytest.approx(0.5)
+    text = softmax_suite.summary_text(summary)
+    assert "behind the best peer: forward float32 a: 0.50x of peer" in text
+
+
+def test_results_files_carry_the_command_environment_and_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["onlinesoftmax", "bench", "softmax", "--name", "unit"])
+    rows = [Row("3x7", "float32", "forward", "torch", ms=1.0, gbs=10.0, rel_error=0.0),
+            Row("3x7", "float32", "forward", "onlinesoftmax", ms=0.5, gbs=20.0, rel_error=1e-7)]
+    harness.finish_rows(rows, 40.0)
+    args = argparse.Namespace(out=str(tmp_path), name="unit", seed=7)
+    stem = harness.write_results(args, "softmax", rows, 40.0, "a note")
+    assert stem == str(tmp_path / "unit")
+    payload = json.loads((tmp_path / "unit.json").read_text())
+    assert payload["environment"]["command"] == "onlinesoftmax bench softmax --name unit"
+    assert payload["seed"] == 7 and payload["copy_gbs"] == 40.0
+    assert [r["impl"] for r in payload["rows"]] == ["torch", "onlinesoftmax"]
+    assert payload["rows"][1]["speedup_vs_torch"] == 2.0
+    md = (tmp_path / "unit.md").read_text()
+    assert "Command: `onlinesoftmax bench softmax --name unit`" in md and "a note" in md
+    assert "| forward | float32 | 3x7 | onlinesoftmax | 0.5000 | 20 | 50.0 | 2.00x |" in md
+    assert (tmp_path / "unit.png").read_bytes()[:4] == b"\x89PNG"
+    # Suites other than the main job write beside it under their own name.
+    assert harness.write_results(args, "topk", rows, 40.0) == str(tmp_path / "topk-unit")
+
+
+@pytest.mark.parametrize("text, count, expected", [("16x262144", 2, (16, 262144)), ("1X25000X5", 3, (1, 25000, 5))])
+def test_parse_dims(text, count, expected):
+    assert harness.parse_dims(text, count) == expected
+
+
+@pytest.mark.parametrize("text", ["16", "16x0", "axb", "1x2x3"])
+def test_parse_dims_rejects_bad_shapes(text):
+    with pytest.raises(SystemExit, match="--shape"):
+        harness.parse_dims(text, 2)
+
+
+def test_explain_prints_the_plan_without_a_gpu(capsys):
+    assert cli.main(["explain", "1x16777216", "--dtype", "bf16", "--sms", "132"]) == 0
+    out = capsys.readouterr().out
+    assert "strategy:    split_row" in out and "bytes moved: 67.11 MB" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU demo runs only where there is no GPU")
+def test_bench_without_a_gpu_runs_the_cpu_demo(capsys, tmp_path):
+    assert cli.main(["bench", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "No CUDA GPU found" in out and "1x262144" in out
+    assert not list(tmp_path.iterdir())  # no GPU, no results files

@@ -39,8 +39,8 @@ for stage in "$@"; do
     echo "=== $stage ==="
     case "$stage" in
         tests)
-            python3 -m pytest tests -q -p no:cacheprovider -n 8 -m "not slow" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 || status=1
-            python3 -m pytest tests -q -p no:cacheprovider -m slow 2>&1 | tee "$OUT/gpu_tests_slow.log" | tail -8 || status=1 ;;
+            timeout 420 python3 -m pytest tests -q -p no:cacheprovider -n 8 -m "not slow" --durations=15 -ra 2>&1 | tee "$OUT/gpu_tests.log" | tail -45 || status=1
+            timeout 150 python3 -m pytest tests -q -p no:cacheprovider -m slow -ra 2>&1 | tee "$OUT/gpu_tests_slow.log" | tail -8 || status=1 ;;
         sanitize)
             for tool in memcheck racecheck; do
                 compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/exercise_kernels.py > "$OUT/sanitizer_$tool.log" 2>&1
@@ -49,13 +49,18 @@ for stage in "$@"; do
         sweep)
             python3 scripts/sweep_strategies.py --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
         bench)
-            python3 -m onlinesoftmax bench softmax --out "$OUT" --name h100 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+            timeout 510 python3 -m onlinesoftmax bench softmax --out "$OUT" --name h100 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+        tune)
+            timeout 400 python3 scripts/tune_softmax.py --out "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | grep -v "^  [A-Z]" ;;
         overhead)
             python3 scripts/launch_overhead.py 2>&1 | tee "$OUT/launch_overhead.log" ;;
-        topk|attention|ladder)
-            timeout 560 bash "scripts/gpu_$stage.sh" "$OUT" > "$OUT/gpu_$stage.log" 2>&1; echo "gpu_$stage exit $?"
-            tail -40 "$OUT/gpu_$stage.log" ;;
+        topk*|attention*|ladder*)  # op[:stage,stage...], e.g. topk:bench,paper
+            op=${stage%%:*}; sub=""; [ "$op" != "$stage" ] && sub=${stage#*:}
+            timeout 560 bash "scripts/gpu_$op.sh" "$OUT" ${sub//,/ } > "$OUT/gpu_$op.log" 2>&1; echo "gpu_$op exit $?"
+            tail -40 "$OUT/gpu_$op.log" ;;
         *) echo "unknown stage $stage"; status=1 ;;
     esac
 done
+# The device tool brings back a limited number of files: bundle them into one archive.
+(cd "$OUT" && tar czf /tmp/results.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/")
 exit $status

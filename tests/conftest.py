@@ -92,6 +92,8 @@ def poisoned_outputs(monkeypatch):
     buffers = importlib.import_module("onlinesoftmax._buffers")
 
     def nan_filled(shape, dtype, device):
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+        # Integer buffers (softmax_topk's indices) get their most negative value: never a valid index.
+        poison = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
+        return torch.full(shape, poison, dtype=dtype, device=device)
 
     monkeypatch.setattr(buffers, "empty", nan_filled)

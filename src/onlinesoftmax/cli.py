@@ -18,6 +18,11 @@ DEFAULT_SMS = 132
 # that reads the shared options below (--dtype, --shape, --out, --name, --seed, ...).
 SUITES = {
     "softmax": ".bench.softmax_suite:run",
+    "attention": ".bench.attention_suite:run",
+    "distributed": ".bench.distributed_suite:run",  # under torchrun, one GPU per rank
+    "ladder": ".bench.ladder_suite:run",
+    "topk": ".bench.topk_suite:run",
+    "topk_paper": ".bench.topk_suite:run_paper",
 }
 
 

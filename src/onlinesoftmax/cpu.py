@@ -63,3 +63,117 @@ def backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, inv_tempera
     else:
         dx = y32 * (dy32 - (dy32 * y32).sum(dim, keepdim=True))
     return (dx * inv_temperature).to(out_dtype).contiguous()
+
+
+# --------------------------------------------------------------------------------------------
+# Attention (seed 004): the blockwise online algorithm of attention.py, a block of keys at a time
+# --------------------------------------------------------------------------------------------
+
+# Keys per block: bounds the (B, H, Sq, block) score tile in memory; the result does not depend on it
+# beyond rounding.
+ATTENTION_KEY_BLOCK = 1024
+
+
+def _attention_visible(n_queries: int, start: int, stop: int, n_keys: int, mode: str, device) -> torch.Tensor | None:
+    """[Sq, stop - start] mask of visible keys (key j seen by query i when j <= i + offset), None if all."""
+    if mode == "none":
+        return None
+    offset = n_keys - n_queries if mode == "bottom_right" else 0
+    rows = torch.arange(n_queries, device=device)[:, None]
+    cols = torch.arange(start, stop, device=device)[None, :]
+    return cols <= rows + offset
+
+
+def _expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
+    return t.float().repeat_interleave(group, dim=1) if group > 1 else t.float()
+
+
+def attention_forward(q, k, v, mode: str, scale: float):
+    """(out, lse) of softmax(scale q k^T + mask) v: running max, sum and rescaled accumulator per row."""
+    batch, n_heads, n_queries, head_dim = q.shape
+    n_keys = k.shape[2]
+    group = n_heads // k.shape[1]
+    qf, kf, vf = q.float(), _expand_kv(k, group), _expand_kv(v, group)
+    m = torch.full((batch, n_heads, n_queries), float("-inf"), device=q.device)
+    l = torch.zeros_like(m)
+    acc = torch.zeros((batch, n_heads, n_queries, head_dim), device=q.device)
+    for start in range(0, n_keys, ATTENTION_KEY_BLOCK):
+        stop = min(start + ATTENTION_KEY_BLOCK, n_keys)
+        s = (qf @ kf[:, :, start:stop].transpose(-1, -2)) * scale
+        mask = _attention_visible(n_queries, start, stop, n_keys, mode, q.device)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        m_ref = _reference_point(m_new)
+        p = torch.exp(s - m_ref.unsqueeze(-1))
+        alpha = torch.exp(m - m_ref)
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha.unsqueeze(-1) + p @ vf[:, :, start:stop]
+        m = m_new
+    # Rows with no visible key: output 0 and lse -inf, as the kernels.
+    has_keys = l > 0
+    out = torch.where(has_keys.unsqueeze(-1), acc / torch.where(has_keys, l, 1.0).unsqueeze(-1), 0.0)
+    lse = torch.where(has_keys, m + torch.log(torch.where(has_keys, l, 1.0)), float("-inf"))
+    return out.to(q.dtype), lse
+
+
+def attention_backward(do, q, k, v, out, lse, mode: str, scale: float):
+    """(dq, dk, dv) from P = exp(scale q k^T - lse) recomputed a key block at a time."""
+    batch, n_heads, n_queries, head_dim = q.shape
+    n_heads_kv, n_keys = k.shape[1], k.shape[2]
+    group = n_heads // n_heads_kv
+    qf, kf, vf, dof = q.float(), _expand_kv(k, group), _expand_kv(v, group), do.float()
+    delta = (dof * out.float()).sum(-1, keepdim=True)
+    lse_ref = torch.where(lse == float("-inf"), float("inf"), lse).unsqueeze(-1)
+    dq = torch.zeros_like(qf)
+    dk = torch.zeros((batch, n_heads_kv, n_keys, head_dim), device=q.device)
+    dv = torch.zeros_like(dk)
+    for start in range(0, n_keys, ATTENTION_KEY_BLOCK):
+        stop = min(start + ATTENTION_KEY_BLOCK, n_keys)
+        kc, vc = kf[:, :, start:stop], vf[:, :, start:stop]
+        p = torch.exp((qf @ kc.transpose(-1, -2)) * scale - lse_ref)
+        mask = _attention_visible(n_queries, start, stop, n_keys, mode, q.device)
+        if mask is not None:
+            p = p.masked_fill(~mask, 0.0)
+        ds = p * (dof @ vc.transpose(-1, -2) - delta)
+        dq += ds @ kc
+        # The GQA sum over each group of query heads.
+        dv[:, :, start:stop] = (p.transpose(-1, -2) @ dof).reshape(batch, n_heads_kv, group, stop - start, head_dim).sum(2)
+        dk[:, :, start:stop] = (ds.transpose(-1, -2) @ qf).reshape(batch, n_heads_kv, group, stop - start, head_dim).sum(2)
+    return (dq * scale).to(q.dtype), (dk * scale).to(k.dtype), dv.to(v.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Fused softmax + top-k (onlinesoftmax.topk): the same results in vectorized torch
+# --------------------------------------------------------------------------------------------
+
+
+def softmax_topk(x2: torch.Tensor, k: int, inv_temperature: float, values: torch.Tensor, indices: torch.Tensor,
+                 lse: torch.Tensor) -> None:
+    """Fill ``values``, ``indices`` (rows, k) and ``lse`` (rows,) for the rows of ``x2`` (rows, cols).
+
+    The kernels' semantics: ranking by x / T in float32 with the lower index winning ties (a stable
+    descending sort; -0.0 made +0.0 first), rows that softmax turns into NaN give NaN values and
+    indices 0..k-1. Also the path for CUDA tensors when k exceeds the kernels' list size.
+    """
+    scaled = x2.float() * inv_temperature
+    scaled = torch.where(scaled == 0, 0.0, scaled)
+    row_lse = torch.logsumexp(scaled, -1)
+    row_max = scaled.amax(-1) if scaled.shape[-1] else torch.full_like(row_lse, float("-inf"))
+    nan_row = ~torch.isfinite(row_max)
+    order = torch.sort(scaled, dim=-1, descending=True, stable=True).indices[:, :k]
+    probs = torch.exp(scaled.gather(-1, order) - row_lse.unsqueeze(-1))
+    values.copy_(torch.where(nan_row.unsqueeze(-1), float("nan"), probs))
+    slots = torch.arange(k, device=x2.device).expand_as(order)
+    indices.copy_(torch.where(nan_row.unsqueeze(-1), slots, order))
+    lse.copy_(row_lse)
+
+
+def softmax_topk_backward(x2, lse, indices, dv, dlse, inv_temperature: float) -> torch.Tensor:
+    """dx = (scatter(dv * y_c) - y * (<dv, y_c> - dlse)) / T with y = exp(x / T - lse), in float32."""
+    y = torch.exp(x2.float() * inv_temperature - lse.unsqueeze(-1))
+    y_chosen = y.gather(-1, indices)
+    s = (dv.float() * y_chosen).sum(-1, keepdim=True) - dlse.float().unsqueeze(-1)
+    dx = -y * s
+    dx.scatter_(-1, indices, y_chosen * (dv.float() - s))
+    return dx * inv_temperature

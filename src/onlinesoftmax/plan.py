@@ -38,9 +38,9 @@ FORWARD_OPS = ("softmax", "log_softmax", "logsumexp")
 BACKWARD_OPS = ("softmax_backward", "log_softmax_backward")
 
 # Largest row (a power of two, in elements) that row_on_chip keeps in registers, by element size.
-# Measured on the H100 (scripts/sweep_strategies.py): at 32768 columns fp32 one pass runs at
-# 2236 GB/s against 1880 for the looped two-pass; bf16 rows of 32768 go the other way (1664 vs 2059).
-ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 16384}
+# Measured on the H100 (scripts/tune_softmax.py, CUDA-graph replays over rotated inputs): bf16
+# 1024x32768 runs at 2415 GB/s in one pass against 2177 for the looped two-pass.
+ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
 # Backward holds two tiles (y and dy) on chip, so it stops a factor of two earlier.
 BACKWARD_ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
 # row_on_chip packs short rows until a program's tile has about this many elements.
@@ -53,9 +53,13 @@ MAX_PROGRAMS_PER_SM = 8
 # looped and split_row stream blocks of this many elements per iteration (16 KB in flight).
 STREAM_BLOCK = {4: 4096, 2: 8192}
 STREAM_WARPS = 8
-# split_row: programs aimed at per SM, the most chunks a row is cut into (the merge loads all of
-# a row's partials in one tile), and the row count under which rows alone cannot fill the GPU.
-SPLIT_PROGRAMS_PER_SM = 4
+# split_row: programs aimed at per SM and their warps, the most chunks a row is cut into (the
+# merge loads all of a row's partials in one tile), and the row count under which rows alone
+# cannot fill the GPU. Fewer, wider programs won on the H100 (scripts/tune_softmax.py): 2 per SM
+# with 16 warps against 4 with 8 took bf16 64x128256 from 1515 to 1771 GB/s, bf16 16x262144 from
+# 1211 to 1279 and fp32 256x151936 from 1696 to 1767.
+SPLIT_PROGRAMS_PER_SM = 2
+SPLIT_WARPS = 16
 SPLIT_MAX_CHUNKS = 1024
 SPLIT_BELOW_ROWS_PER_SM = 2
 
@@ -220,7 +224,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
     chunk = max(chunk, _cdiv(_cdiv(cols, SPLIT_MAX_CHUNKS), block) * block)
     num_chunks = _cdiv(cols, chunk)
     launches = 3 if (resolved == "safe" and not backward) else 2
-    return Plan(op, strategy, resolved, rows, cols, dtype, block, 1, STREAM_WARPS, (rows, num_chunks),
+    return Plan(op, strategy, resolved, rows, cols, dtype, block, 1, SPLIT_WARPS, (rows, num_chunks),
                 chunk_size=chunk, num_chunks=num_chunks, launches=launches)
 
 
@@ -235,3 +239,225 @@ def record(plan: Plan) -> None:
 def last_plan() -> Plan | None:
     """The plan of the most recent launch in this process (tests assert which path ran)."""
     return _last_plan
+
+
+# ============================================================================================
+# Attention (attention.py): launch configurations by kernel, head dim and causality
+# ============================================================================================
+#
+# A config is (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). Rows are (largest head dim,
+# non-causal config, causal config); the first row whose head dim is >= D applies, D being padded
+# to a power of two inside the kernels (80 -> 128, 96 -> 128, 192 -> 256).
+#
+# Forward: BLOCK_M = 128 with 8 warps gives each warpgroup 64 query rows for Hopper's wgmma;
+# num_stages = 3 keeps two K/V tiles in flight behind the one being multiplied (TMA loads). Causal
+# programs cross the diagonal (a BLOCK_N of 64 would halve the masked work, but 128 measured
+# faster: 395 TFLOP/s causal at D = 128). Head dim 256 halves
+# BLOCK_M: a 128 x 256 fp32 accumulator alone would take 128 registers per thread at 8 warps.
+# Backward dK/dV: one program holds a key block's K, V, dK and dV ([BLOCK_N, D] each, two in fp32)
+# and streams query blocks, so BLOCK_N is the large side. Backward dQ: the mirror image.
+# Every row compiles for sm_90 (Triton 3.6, checked ahead of time with ptxas -v) to wgmma and TMA
+# loads without register spills, except the causal dK/dV at head dims 128 (16 bytes) and 256 (96
+# bytes); BLOCK_M = 64 in dK/dV spilled 140-870 bytes at D = 128.
+# Head dims 64 and 128 are the best of scripts/sweep_attention.py on the H100 (2026-11-23; D = 64
+# from one shape, D = 128 the geometric mean of four); head dim 256 was not swept and keeps the
+# starting point above.
+ATTENTION_CONFIGS = {
+    "forward": ((64, (64, 64, 4, 4), (64, 64, 4, 4)),
+                (128, (128, 128, 8, 3), (128, 128, 8, 3)),
+                (256, (64, 64, 4, 2), (64, 64, 4, 2))),
+    "backward_dkdv": ((64, (32, 64, 4, 3), (32, 64, 4, 3)),
+                      (128, (32, 128, 8, 3), (32, 128, 8, 3)),
+                      (256, (32, 64, 8, 2), (32, 64, 8, 1))),
+    "backward_dq": ((64, (64, 64, 4, 3), (64, 64, 4, 3)),
+                    (128, (128, 64, 8, 2), (128, 64, 8, 2)),
+                    (256, (64, 32, 4, 2), (64, 32, 4, 2))),
+}
+# Whether a kernel loads through TMA descriptors when the layout allows it. The same sweep: the
+# forward at head dim 128 ran at 460 TFLOP/s (geometric mean of 4 shapes) with pointer loads
+# against 446 at best with descriptors; both backward kernels were fastest with descriptors.
+ATTENTION_USE_DESCRIPTOR = {"forward": False, "backward_dkdv": True, "backward_dq": True}
+# The interpreter runs at test sizes: small, unequal blocks so that every loop runs several
+# iterations and the causal diagonal falls inside and across blocks.
+ATTENTION_INTERPRETER_CONFIGS = {
+    "forward": (16, 32, 4, 1),
+    "backward_dkdv": (16, 32, 4, 1),
+    "backward_dq": (32, 16, 4, 1),
+}
+ATTENTION_KERNELS = tuple(ATTENTION_CONFIGS)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionPlan:
+    """One attention launch decision. ``path`` is "triton" or "torch" (CPU tensors, no interpreter)."""
+
+    kernel: str
+    path: str
+    head_dim: int
+    dtype: torch.dtype
+    causal: bool
+    use_descriptor: bool = False
+    block_m: int = 0
+    block_n: int = 0
+    block_d: int = 0
+    num_warps: int = 0
+    num_stages: int = 0
+
+    def describe(self) -> str:
+        if self.path == "torch":
+            return f"attention {self.kernel}: torch (blockwise online, CPU), head dim {self.head_dim}"
+        loads = "TMA tensor descriptors" if self.use_descriptor else "masked pointer loads"
+        return (f"attention {self.kernel}: BLOCK_M {self.block_m}, BLOCK_N {self.block_n}, head dim "
+                f"{self.head_dim} padded to {self.block_d}, {self.num_warps} warps, {self.num_stages} stages, "
+                f"{'causal' if self.causal else 'non-causal'}, {loads}")
+
+
+def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device,
+                   n_queries: int = 0, n_keys: int = 0, descriptor_ok: bool = True) -> AttentionPlan:
+    """Block sizes, warps and stages for one attention kernel; ``descriptor_ok`` says whether the
+    tensors' layout allows TMA (the launcher checks strides and alignment)."""
+    if kernel not in ATTENTION_CONFIGS:
+        raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS}")
+    device = torch.device(device)
+    interpreting = interpreter_active()
+    if device.type != "cuda" and not interpreting:
+        return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
+    block_d = next_power_of_2(head_dim)
+    if interpreting:
+        block_m, block_n, warps, stages = ATTENTION_INTERPRETER_CONFIGS[kernel]
+    else:
+        row = next((r for r in ATTENTION_CONFIGS[kernel] if block_d <= r[0]), ATTENTION_CONFIGS[kernel][-1])
+        block_m, block_n, warps, stages = row[2] if causal else row[1]
+    use_descriptor = bool(descriptor_ok) and (interpreting or ATTENTION_USE_DESCRIPTOR[kernel])
+    return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, block_m, block_n,
+                         block_d, warps, stages)
+
+
+_last_attention_plan: AttentionPlan | None = None
+
+
+def record_attention(chosen: AttentionPlan) -> None:
+    global _last_attention_plan
+    _last_attention_plan = chosen
+
+
+def last_attention_plan() -> AttentionPlan | None:
+    """The plan of the most recent attention launch (forward, or backward's dK/dV kernel)."""
+    return _last_attention_plan
+
+
+# ============================================================================================
+# Fused softmax + top-k (onlinesoftmax.topk)
+# ============================================================================================
+
+TOPK_STRATEGIES = ("single", "split")
+# Largest K the Triton kernels keep on chip (a power-of-two candidate list in registers);
+# larger K goes through the vectorized torch path.
+TOPK_MAX_K = 256
+# Elements per streamed block by element size. Smaller than the softmax stream on purpose: a
+# block pays for a merge only when it holds an element above the K-th best so far, and with more,
+# smaller blocks a larger share of them is filtered out (about K ln(blocks / K) blocks merge).
+# A block is never smaller than the candidate list: the block's own top-K is taken with tl.topk.
+TOPK_BLOCK = {4: 2048, 2: 2048, 1: 2048}
+TOPK_WARPS = 8
+# A block that would insert at most this many elements (its survivors above the list's threshold,
+# at most K_POW2 of them) inserts them one by one (a max reduction and a log2(K)-stage merge each)
+# rather than taking the block's top-K with tl.topk (a sorting network over the whole block of
+# 64-bit keys). At 4 the H100 spent 0.216 ms on 1024x25000 fp32, k=5, against a 0.034 ms floor:
+# the first blocks of every row, 8+ survivors each, went through the sorting network.
+TOPK_FEW_SURVIVORS = 16
+# Split a row across programs when the rows alone give fewer than this many programs per SM.
+TOPK_SPLIT_BELOW_ROWS_PER_SM = 2
+# Programs aimed at per SM when splitting, the fewest blocks a chunk streams (below that the
+# per-chunk fixed cost, one merge and the partial's store, dominates), and a cap on chunks per
+# row (the merge launch folds a row's chunks one sorted list at a time).
+TOPK_SPLIT_PROGRAMS_PER_SM = 4
+TOPK_MIN_BLOCKS_PER_CHUNK = 2
+TOPK_MAX_CHUNKS = 128
+# The merge launch takes one tl.topk over all of a row's chunk lists at once: at most this many
+# 64-bit keys (64 KB) per program, which caps the chunks at TOPK_MERGE_MAX_KEYS / K_POW2.
+TOPK_MERGE_MAX_KEYS = 8192
+TOPK_MERGE_WARPS = 8
+# Interpreter runs: blocks small enough that test rows span several blocks and chunks.
+TOPK_INTERPRETER_BLOCK = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class TopkPlan:
+    """One softmax_topk launch decision."""
+
+    strategy: str  # "single": one program per row, one launch; "split": chunks + a merge launch
+    rows: int
+    cols: int
+    k: int
+    k_pow2: int
+    dtype: torch.dtype
+    block: int
+    num_warps: int
+    chunk_size: int
+    num_chunks: int
+
+    @property
+    def launches(self) -> int:
+        return 1 if self.strategy == "single" else 2
+
+    def bytes_moved(self) -> int:
+        """x read once; values, int64 indices and the fp32 lse written once."""
+        return self.rows * (self.cols * self.dtype.itemsize + self.k * (self.dtype.itemsize + 8) + 4)
+
+    def describe(self, bandwidth_gbs: float | None = None) -> str:
+        lines = [
+            f"op:          softmax_topk  ({self.rows} rows x {self.cols} cols, k={self.k} "
+            f"(list of {self.k_pow2}), {str(self.dtype).replace('torch.', '')})",
+            f"strategy:    {self.strategy}  ({self.launches} launch(es), {self.num_warps} warps/program)",
+            f"blocks:      {self.block} cols per block; {self.num_chunks} chunk(s) of {self.chunk_size} per row",
+            f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (x read once, outputs written once)",
+        ]
+        if bandwidth_gbs:
+            lines.append(f"floor:       {self.bytes_moved() / bandwidth_gbs / 1e6 * 1e3:.2f} us at {bandwidth_gbs:.0f} GB/s")
+        return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=4096)  # on every call's path; a frozen result, so sharing it is safe
+def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.device,
+              strategy: str | None = None, block: int | None = None, num_chunks: int | None = None,
+              sms: int | None = None) -> TopkPlan:
+    """Choose single (one program per row) or split (chunks of each row, then a merge) for softmax_topk.
+
+    ``strategy``, ``block`` and ``num_chunks`` force a choice (tests and sweeps)."""
+    if strategy is not None and strategy not in TOPK_STRATEGIES:
+        raise ValueError(f"softmax_topk: strategy must be None or one of {TOPK_STRATEGIES}, got {strategy!r}")
+    k_pow2 = max(2, next_power_of_2(k))
+    if block is None:
+        block = TOPK_BLOCK[dtype.itemsize] if device.type == "cuda" else TOPK_INTERPRETER_BLOCK
+    block = max(next_power_of_2(block), k_pow2)
+    sms = sms or sm_count(device)
+    if num_chunks is None:
+        if strategy == "single" or (strategy is None and rows >= TOPK_SPLIT_BELOW_ROWS_PER_SM * sms):
+            num_chunks = 1
+        else:
+            wanted = _cdiv(TOPK_SPLIT_PROGRAMS_PER_SM * sms, max(rows, 1))
+            fit = _cdiv(cols, block * TOPK_MIN_BLOCKS_PER_CHUNK)
+            num_chunks = max(1, min(wanted, fit, TOPK_MAX_CHUNKS, TOPK_MERGE_MAX_KEYS // k_pow2))
+    if num_chunks * k_pow2 > TOPK_MERGE_MAX_KEYS:
+        raise ValueError(f"softmax_topk: {num_chunks} chunks of a {k_pow2}-entry list exceed the merge's "
+                         f"{TOPK_MERGE_MAX_KEYS} keys")
+    chunk_blocks = _cdiv(_cdiv(max(cols, 1), num_chunks), block)
+    chunk_size = chunk_blocks * block
+    num_chunks = _cdiv(max(cols, 1), chunk_size)  # every chunk holds at least one column
+    if strategy is None:
+        strategy = "single" if num_chunks == 1 else "split"
+    return TopkPlan(strategy, rows, cols, k, k_pow2, dtype, block, TOPK_WARPS, chunk_size, num_chunks)
+
+
+_last_topk_plan: TopkPlan | None = None
+
+
+def record_topk(chosen: TopkPlan) -> None:
+    global _last_topk_plan
+    _last_topk_plan = chosen
+
+
+def last_topk_plan() -> TopkPlan | None:
+    """The plan of the most recent softmax_topk launch in this process (tests assert which path ran)."""
+    return _last_topk_plan

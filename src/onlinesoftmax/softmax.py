@@ -18,6 +18,7 @@ such levels (slices of a 3-d tensor in every dim do); other views are copied onc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -26,6 +27,7 @@ import triton
 import triton.language as tl
 
 from . import _buffers, cpu, plan as planner
+from ._launch import Launcher, aligned
 from ._triton import (
     NEG_INF,
     col_offset,
@@ -121,7 +123,7 @@ PARTIAL_SUM = 2  # safe, pass 2: sum of exp(x - M) with M the row maximum merged
 
 @triton.jit
 def split_row_partials_kernel(
-    x_ptr, part_m_ptr, part_d_ptr, part_max_ptr,
+    x_ptr, parts_ptr,
     n_cols, inner, x_stride_outer, x_stride_col, x_stride_inner,
     chunk_size, num_chunks, inv_temperature,
     BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, PASS: tl.constexpr,
@@ -131,6 +133,9 @@ def split_row_partials_kernel(
     start = chunk * chunk_size
     stop = tl.minimum(start + chunk_size, n_cols)
     x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
+    # parts holds three [rows, chunks] planes: m, d and (safe algorithm) the chunk maxima.
+    n_parts = tl.num_programs(0).to(tl.int64) * num_chunks
+    part_m_ptr, part_d_ptr, part_max_ptr = parts_ptr, parts_ptr + n_parts, parts_ptr + 2 * n_parts
     part = row.to(tl.int64) * num_chunks + chunk
     if PASS == 0:
         m, d = stream_online_normalizer(x_row, x_stride_col, start, stop, inv_temperature, BLOCK, CONTIGUOUS)
@@ -150,7 +155,7 @@ def split_row_partials_kernel(
 
 @triton.jit
 def split_row_normalize_kernel(
-    x_ptr, y_ptr, lse_ptr, part_m_ptr, part_d_ptr,
+    x_ptr, y_ptr, lse_ptr, parts_ptr,
     n_cols, inner,
     x_stride_outer, x_stride_col, x_stride_inner,
     y_stride_outer, y_stride_col, y_stride_inner,
@@ -160,13 +165,16 @@ def split_row_normalize_kernel(
 ):
     # Every program merges all of its row's partials itself (at most SPLIT_MAX_CHUNKS, from L2,
     # in the same fixed tree order), which saves a launch and keeps the result deterministic.
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
+    # Programs run in the reverse of the partials launch's order: the chunks that launch read
+    # last are the ones still in L2, so they are read again first.
+    row = tl.num_programs(0) - 1 - tl.program_id(0)
+    chunk = tl.num_programs(1) - 1 - tl.program_id(1)
     idx = tl.arange(0, CHUNKS_POW2)
     parts = row.to(tl.int64) * num_chunks + idx
     part_mask = idx < num_chunks
-    m, d = merge_normalizers(tl.load(part_m_ptr + parts, mask=part_mask, other=NEG_INF),
-                             tl.load(part_d_ptr + parts, mask=part_mask, other=0.0), 0)
+    n_parts = tl.num_programs(0).to(tl.int64) * num_chunks  # the planes of split_row_partials_kernel
+    m, d = merge_normalizers(tl.load(parts_ptr + parts, mask=part_mask, other=NEG_INF),
+                             tl.load(parts_ptr + n_parts + parts, mask=part_mask, other=0.0), 0)
     if WRITE_LSE:
         tl.store(lse_ptr + row, finish_lse(m, d))
     if WRITE_Y:
@@ -263,8 +271,9 @@ def split_row_backward_apply_kernel(
     chunk_size, num_chunks, inv_temperature,
     BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
+    # Reverse order, as in split_row_normalize_kernel: what the dot launch read last is in L2.
+    row = tl.num_programs(0) - 1 - tl.program_id(0)
+    chunk = tl.num_programs(1) - 1 - tl.program_id(1)
     idx = tl.arange(0, CHUNKS_POW2)
     dot = tl.sum(tl.load(part_ptr + row.to(tl.int64) * num_chunks + idx, mask=idx < num_chunks, other=0.0), 0)
     start = chunk * chunk_size
@@ -327,51 +336,105 @@ def _shape_rows(shape, dim):
     return math.prod(shape[:dim]) * math.prod(shape[dim + 1:]), shape[dim]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: one object per signature
+class _Recipe:
+    """Everything about a launch that the input's shape, strides, dtype and options decide.
+
+    Built once per distinct call signature and reused, so that a repeated call (a decode loop, a
+    training step) costs a dictionary lookup, an allocation and the launches. The recipe's own
+    identity, with the input pointer's alignment, is the compiled-kernel key (see ``_launch``).
+    """
+
+    plan: planner.Plan
+    copy_input: bool  # the row dims do not merge into two (size, stride) levels: copy once
+    inner: int
+    in_strides: tuple
+    out_strides: tuple
+    contiguous: bool
+    lse_shape: tuple
+
+
+_RECIPES: dict = {}
+_MAX_RECIPES = 4096  # distinct (shape, strides, dtype, options) signatures kept; then start over
+
+
+def _recipe(key, t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: Optional[str]) -> _Recipe:
+    recipe = _RECIPES.get(key)
+    if recipe is None:
+        n_rows, n_cols = _shape_rows(t.shape, dim)
+        chosen = planner.choose(op, n_rows, n_cols, t.dtype, t.device, algorithm, strategy)
+        laid_out, inner, in_strides, side = _row_layout(t, dim)
+        out_strides = _contiguous_row_strides(t.shape, dim, inner, side)
+        recipe = _Recipe(chosen, laid_out is not t, inner, in_strides, out_strides,
+                         in_strides[1] == 1 and out_strides[1] == 1, t.shape[:dim] + t.shape[dim + 1:])
+        if len(_RECIPES) >= _MAX_RECIPES:
+            _RECIPES.clear()
+        _RECIPES[key] = recipe
+    return recipe
+
+
+_row_on_chip_softmax = Launcher(row_on_chip_softmax_kernel)
+_looped_softmax = Launcher(looped_softmax_kernel)
+_split_row_partials = Launcher(split_row_partials_kernel)
+_split_row_normalize = Launcher(split_row_normalize_kernel)
+_row_on_chip_backward = Launcher(row_on_chip_backward_kernel)
+_looped_backward = Launcher(looped_backward_kernel)
+_split_row_backward_dot = Launcher(split_row_backward_dot_kernel)
+_split_row_backward_apply = Launcher(split_row_backward_apply_kernel)
+
+
 def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
                    out_dtype: Optional[torch.dtype] = None, algorithm: str = "auto",
                    strategy: Optional[str] = None) -> torch.Tensor:
     """Run ``op`` over ``dim`` of ``x``: softmax / log_softmax return y (dtype ``out_dtype``);
     logsumexp returns the fp32 log-sum-exp with ``dim`` removed. Inputs are validated by callers."""
-    n_rows, n_cols = _shape_rows(x.shape, dim)
-    chosen = planner.choose(op, n_rows, n_cols, x.dtype, x.device, algorithm, strategy)
-    planner.record(chosen)
     out_dtype = out_dtype or x.dtype
-    lse_shape = x.shape[:dim] + x.shape[dim + 1:]
+    key = (x.shape, x.stride(), x.dtype, x.device, dim, op, out_dtype, algorithm, strategy,
+           planner.interpreter_active())
+    recipe = _recipe(key, x, dim, op, algorithm, strategy)
+    chosen = recipe.plan
+    planner.record(chosen)
     write_lse = op == "logsumexp"
     if chosen.strategy == "torch":
         return cpu.forward(x, dim, op, 1.0 / temperature, out_dtype, chosen.algorithm)
     # The output a launch does not write is passed as x: a valid pointer that is never stored to.
     y = x if write_lse else _buffers.empty(x.shape, out_dtype, x.device)
-    lse = _buffers.empty(lse_shape, torch.float32, x.device) if write_lse else x
+    lse = _buffers.empty(recipe.lse_shape, torch.float32, x.device) if write_lse else x
     if x.numel() == 0:
         if write_lse:
             lse.fill_(float("-inf"))
         return lse if write_lse else y
-    x, inner, x_strides, side = _row_layout(x, dim)
-    y_strides = _contiguous_row_strides(x.shape, dim, inner, side)
-    contiguous = x_strides[1] == 1 and y_strides[1] == 1
-    common = dict(LOG=op == "log_softmax", WRITE_Y=not write_lse, WRITE_LSE=write_lse, CONTIGUOUS=contiguous)
+    if recipe.copy_input:
+        x = x.contiguous()
+        y = x if write_lse else y
+    launch_key = (recipe, aligned(x))
+    common = dict(LOG=op == "log_softmax", WRITE_Y=not write_lse, WRITE_LSE=write_lse, CONTIGUOUS=recipe.contiguous)
     inv_t = 1.0 / temperature
+    n_cols, inner = chosen.cols, recipe.inner
     if chosen.strategy == "row_on_chip":
-        row_on_chip_softmax_kernel[chosen.grid](
-            x, y, lse, n_rows, n_cols, inner, *x_strides, *y_strides, inv_t,
-            BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
+        _row_on_chip_softmax(
+            chosen.grid, launch_key, x, y, lse, chosen.rows, n_cols, inner, *recipe.in_strides, *recipe.out_strides,
+            inv_t, BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
             num_warps=chosen.num_warps, **common)
     elif chosen.strategy == "looped":
-        looped_softmax_kernel[chosen.grid](
-            x, y, lse, n_cols, inner, *x_strides, *y_strides, inv_t,
+        _looped_softmax(
+            chosen.grid, launch_key, x, y, lse, n_cols, inner, *recipe.in_strides, *recipe.out_strides, inv_t,
             BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", num_warps=chosen.num_warps, **common)
     else:
-        parts = _buffers.empty((3, n_rows, chosen.num_chunks), torch.float32, x.device)
+        # One buffer for the three planes, no views of it: on the H100 machine's host each tensor
+        # view cost about 5 us per call, as much as a launch.
+        parts = _buffers.empty((3, chosen.rows, chosen.num_chunks), torch.float32, x.device)
         chunks_pow2 = planner.next_power_of_2(chosen.num_chunks)
         passes = (PARTIAL_MAX, PARTIAL_SUM) if chosen.algorithm == "safe" else (PARTIAL_ONLINE,)
         for partial_pass in passes:
-            split_row_partials_kernel[chosen.grid](
-                x, parts[0], parts[1], parts[2], n_cols, inner, *x_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
-                BLOCK=chosen.block_cols, CHUNKS_POW2=chunks_pow2, CONTIGUOUS=contiguous, PASS=partial_pass,
+            _split_row_partials(
+                chosen.grid, (launch_key, partial_pass), x, parts, n_cols, inner,
+                *recipe.in_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
+                BLOCK=chosen.block_cols, CHUNKS_POW2=chunks_pow2, CONTIGUOUS=recipe.contiguous, PASS=partial_pass,
                 num_warps=chosen.num_warps)
-        split_row_normalize_kernel[(n_rows, 1 if write_lse else chosen.num_chunks)](
-            x, y, lse, parts[0], parts[1], n_cols, inner, *x_strides, *y_strides,
+        _split_row_normalize(
+            (chosen.rows, 1 if write_lse else chosen.num_chunks), launch_key,
+            x, y, lse, parts, n_cols, inner, *recipe.in_strides, *recipe.out_strides,
             chosen.chunk_size, chosen.num_chunks, inv_t,
             BLOCK=chosen.block_cols, CHUNKS_POW2=chunks_pow2, num_warps=chosen.num_warps, **common)
     return lse if write_lse else y
@@ -380,41 +443,47 @@ def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
 def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temperature: float = 1.0,
                     out_dtype: Optional[torch.dtype] = None, strategy: Optional[str] = None) -> torch.Tensor:
     """dx for y = softmax(x / T) (or log_softmax) given the upstream gradient dy."""
-    n_rows, n_cols = _shape_rows(y.shape, dim)
     op = "log_softmax_backward" if log else "softmax_backward"
-    chosen = planner.choose(op, n_rows, n_cols, y.dtype, y.device, "auto", strategy)
-    planner.record(chosen)
     out_dtype = out_dtype or y.dtype
+    # dy (from upstream) can be any view and is laid out by the recipe; y (our own output) and dx
+    # are contiguous, so y's shape and dtype complete the key.
+    key = (dy.shape, dy.stride(), dy.dtype, y.dtype, y.device, dim, op, out_dtype, strategy,
+           planner.interpreter_active())
+    recipe = _recipe(key, dy, dim, op, "auto", strategy)
+    chosen = recipe.plan
+    planner.record(chosen)
     if chosen.strategy == "torch":
         return cpu.backward(y, dy, dim, log, 1.0 / temperature, out_dtype)
     dx = _buffers.empty(y.shape, out_dtype, y.device)
     if y.numel() == 0:
         return dx
-    # dy (from upstream) can be any view; y and dx are contiguous in practice (y is our output).
-    dy, inner, dy_strides, side = _row_layout(dy, dim)
-    y_strides = dx_strides = _contiguous_row_strides(y.shape, dim, inner, side)
+    if recipe.copy_input:
+        dy = dy.contiguous()
     y = y.contiguous()
-    contiguous = y_strides[1] == 1 and dy_strides[1] == 1 and dx_strides[1] == 1
+    y_strides = dx_strides = recipe.out_strides
+    launch_key = (recipe, aligned(dy), aligned(y))
     inv_t = 1.0 / temperature
+    n_cols, inner, dy_strides = chosen.cols, recipe.inner, recipe.in_strides
     if chosen.strategy == "row_on_chip":
-        row_on_chip_backward_kernel[chosen.grid](
-            y, dy, dx, n_rows, n_cols, inner, *y_strides, *dy_strides, *dx_strides, inv_t,
-            BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program, CONTIGUOUS=contiguous,
-            LOG=log, num_warps=chosen.num_warps)
+        _row_on_chip_backward(
+            chosen.grid, launch_key, y, dy, dx, chosen.rows, n_cols, inner, *y_strides, *dy_strides, *dx_strides,
+            inv_t, BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
+            CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
     elif chosen.strategy == "looped":
-        looped_backward_kernel[chosen.grid](
-            y, dy, dx, n_cols, inner, *y_strides, *dy_strides, *dx_strides, inv_t,
-            BLOCK=chosen.block_cols, CONTIGUOUS=contiguous, LOG=log, num_warps=chosen.num_warps)
+        _looped_backward(
+            chosen.grid, launch_key, y, dy, dx, n_cols, inner, *y_strides, *dy_strides, *dx_strides, inv_t,
+            BLOCK=chosen.block_cols, CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
     else:
-        parts = _buffers.empty((n_rows, chosen.num_chunks), torch.float32, y.device)
-        split_row_backward_dot_kernel[chosen.grid](
-            y, dy, parts, n_cols, inner, *y_strides, *dy_strides, chosen.chunk_size, chosen.num_chunks,
-            BLOCK=chosen.block_cols, CONTIGUOUS=contiguous, LOG=log, num_warps=chosen.num_warps)
-        split_row_backward_apply_kernel[chosen.grid](
-            y, dy, dx, parts, n_cols, inner, *y_strides, *dy_strides, *dx_strides,
+        parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, y.device)
+        _split_row_backward_dot(
+            chosen.grid, launch_key, y, dy, parts, n_cols, inner, *y_strides, *dy_strides,
+            chosen.chunk_size, chosen.num_chunks,
+            BLOCK=chosen.block_cols, CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
+        _split_row_backward_apply(
+            chosen.grid, launch_key, y, dy, dx, parts, n_cols, inner, *y_strides, *dy_strides, *dx_strides,
             chosen.chunk_size, chosen.num_chunks, inv_t,
             BLOCK=chosen.block_cols, CHUNKS_POW2=planner.next_power_of_2(chosen.num_chunks),
-            CONTIGUOUS=contiguous, LOG=log, num_warps=chosen.num_warps)
+            CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
     return dx
 
 

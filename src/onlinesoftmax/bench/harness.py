@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 from typing import Callable, Optional
@@ -32,6 +33,8 @@ class Implementation:
     name: str
     fn: Optional[Callable] = None  # called with the case's inputs (a tuple); returns the output
     skipped: str = ""  # why it cannot run here (missing package, unsupported shape, ...)
+    # (output, inputs) -> the tensor compared with the case's reference, untimed; None: the output itself
+    check: Optional[Callable] = None
 
 
 @dataclasses.dataclass
@@ -42,6 +45,7 @@ class Case:
     bytes_moved: int  # fewest bytes: each input read once, each output written once
     make_inputs: Callable[[torch.Generator], tuple]  # fresh random inputs on the device
     reference: Callable[[tuple], torch.Tensor]  # float64 result for one set of inputs
+    flops: int = 0  # for compute-bound ops (attention): floating-point operations per call; 0 = not counted
 
 
 @dataclasses.dataclass
@@ -57,6 +61,7 @@ class Row:
     speedup_vs_torch: Optional[float] = None
     rel_error: Optional[float] = None
     status: str = "ok"  # ok | WRONG | NaN | skipped: ... | error: ...
+    tflops: Optional[float] = None  # only for cases that count FLOPs
 
 
 def gbs(bytes_moved: int, ms: float) -> float:
@@ -89,17 +94,38 @@ def time_ms(fn: Callable, input_sets: list, warmup_ms: int = 25, rep_ms: int = 1
     return triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
-def graph_time_ms(fn: Callable, inputs: tuple) -> Optional[float]:
-    """Median milliseconds of ``fn(*inputs)`` replayed from a CUDA graph (None if it cannot be captured).
+def graph_time_ms(fn: Callable, input_sets: list, replays: int = 10) -> Optional[float]:
+    """Median milliseconds per call of ``fn`` replayed from a CUDA graph (None if it cannot be captured).
 
     Decode loops in serving engines run under CUDA graphs, so this is the time such a user sees;
-    the eager time adds the host's launch overhead.
+    the eager time adds the host's launch overhead. The graph holds one call per input set, so a
+    replay cycles through all of them (at least ROTATION_BYTES): a call never finds its input in L2
+    from the call before (triton.testing.do_bench_cudagraph repeats one input and would).
     """
-    import triton.testing
-
     try:
-        return triton.testing.do_bench_cudagraph(lambda: fn(*inputs), rep=50, return_mode="median")
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for inputs in input_sets[:2]:  # warm up: compile, allocate, outside the capture
+                fn(*inputs)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for inputs in input_sets:
+                    fn(*inputs)
+            graph.replay()  # the first replay uploads the graph
+            stream.synchronize()
+            times = []
+            for _ in range(replays):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(stream)
+                graph.replay()
+                end.record(stream)
+                end.synchronize()
+                times.append(start.elapsed_time(end) / len(input_sets))
+        torch.cuda.current_stream().wait_stream(stream)
+        return statistics.median(times)
     except Exception:  # peers that synchronize or allocate in ways capture forbids
+        torch.cuda.synchronize()
         return None
 
 
@@ -153,7 +179,7 @@ def run_case(case: Case, impls: list[Implementation], gen: torch.Generator, time
             continue
         try:
             out = impl.fn(*input_sets[0])
-            row.rel_error = relative_error(out, ref)
+            row.rel_error = relative_error(impl.check(out, input_sets[0]) if impl.check else out, ref)
             if math.isnan(row.rel_error):
                 row.status = "NaN"
             elif row.rel_error > tolerance(case.dtype):
@@ -162,8 +188,10 @@ def run_case(case: Case, impls: list[Implementation], gen: torch.Generator, time
             if timed:
                 row.ms = time_ms(impl.fn, input_sets)
                 row.gbs = gbs(case.bytes_moved, row.ms)
+                if case.flops:
+                    row.tflops = case.flops / (row.ms * 1e-3) / 1e12
                 if graph_timing:
-                    row.graph_ms = graph_time_ms(impl.fn, input_sets[-1])
+                    row.graph_ms = graph_time_ms(impl.fn, input_sets)
         except Exception as exc:  # a peer failing on a shape is a result to report, not a crash
             row.status = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
     del input_sets, ref
@@ -189,10 +217,24 @@ TABLE_COLUMNS = ("direction", "dtype", "case", "impl", "ms", "GB/s", "% copy", "
                  "rel err", "status")
 
 
+def _counts_flops(rows: list[Row]) -> bool:
+    return any(r.tflops is not None for r in rows)
+
+
+def table_columns(rows: list[Row]) -> tuple:
+    """TABLE_COLUMNS, with a TFLOP/s column after GB/s when the suite counts FLOPs."""
+    if not _counts_flops(rows):
+        return TABLE_COLUMNS
+    at = TABLE_COLUMNS.index("GB/s") + 1
+    return TABLE_COLUMNS[:at] + ("TFLOP/s",) + TABLE_COLUMNS[at:]
+
+
 def table_rows(rows: list[Row]) -> list[tuple]:
-    return [(r.direction, r.dtype, r.case, r.impl, _fmt(r.ms, ".4f"), _fmt(r.gbs, ".0f"), _fmt(r.pct_of_copy, ".1f"),
-             _fmt(r.speedup_vs_torch, ".2f") + ("x" if r.speedup_vs_torch else ""), _fmt(r.graph_ms, ".4f"),
-             _fmt(r.rel_error, ".1e"), r.status)
+    flops = _counts_flops(rows)
+    return [(r.direction, r.dtype, r.case, r.impl, _fmt(r.ms, ".4f"), _fmt(r.gbs, ".0f"))
+            + ((_fmt(r.tflops, ".1f"),) if flops else ())
+            + (_fmt(r.pct_of_copy, ".1f"), _fmt(r.speedup_vs_torch, ".2f") + ("x" if r.speedup_vs_torch else ""),
+               _fmt(r.graph_ms, ".4f"), _fmt(r.rel_error, ".1e"), r.status)
             for r in rows]
 
 
@@ -204,8 +246,9 @@ def markdown(rows: list[Row], env: dict, copy_gbs: Optional[float], notes: str =
         lines += [f"Device copy bandwidth measured in this run: {copy_gbs:.0f} GB/s (bytes read + written).", ""]
     if notes:
         lines += [notes, ""]
-    lines.append("| " + " | ".join(TABLE_COLUMNS) + " |")
-    lines.append("|" + "---|" * len(TABLE_COLUMNS))
+    columns = table_columns(rows)
+    lines.append("| " + " | ".join(columns) + " |")
+    lines.append("|" + "---|" * len(columns))
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
     return "\n".join(lines) + "\n"
 
@@ -218,7 +261,7 @@ def write_json(path, rows: list[Row], env: dict, copy_gbs: Optional[float], extr
 
 
 def plot(path, rows: list[Row], copy_gbs: Optional[float], title: str) -> None:
-    """GB/s per case and implementation: one panel per (direction, dtype)."""
+    """GB/s (TFLOP/s for suites that count FLOPs) per case and implementation: one panel per (direction, dtype)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -226,19 +269,21 @@ def plot(path, rows: list[Row], copy_gbs: Optional[float], title: str) -> None:
 
     panels = sorted({(r.direction, r.dtype) for r in rows}, key=lambda p: (p[0] != "forward", p[1]))
     impls = list(dict.fromkeys(r.impl for r in rows))
+    flops = _counts_flops(rows)
     fig, axes = plt.subplots(len(panels), 1, figsize=(13, 3.6 * len(panels)), squeeze=False)
     for ax, (direction, dtype) in zip(axes[:, 0], panels):
         sel = [r for r in rows if r.direction == direction and r.dtype == dtype]
         cases = list(dict.fromkeys(r.case for r in sel))
         width = 0.8 / max(len(impls), 1)
         for i, impl in enumerate(impls):
-            values = [next((r.gbs or 0 for r in sel if r.case == c and r.impl == impl and r.status == "ok"), 0)
+            values = [next(((r.tflops if flops else r.gbs) or 0 for r in sel
+                            if r.case == c and r.impl == impl and r.status == "ok"), 0)
                       for c in cases]
             ax.bar([j + i * width for j in range(len(cases))], values, width, label=impl)
-        if copy_gbs:
+        if copy_gbs and not flops:
             ax.axhline(copy_gbs, color="black", linestyle="--", linewidth=1, label=f"copy {copy_gbs:.0f} GB/s")
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, fontsize=8)
-        ax.set_ylabel("GB/s")
+        ax.set_ylabel("TFLOP/s" if flops else "GB/s")
         ax.set_title(f"{title}: {direction}, {dtype}")
     axes[0, 0].legend(fontsize=7, ncol=4)
     fig.tight_layout()
@@ -252,11 +297,11 @@ def print_table(rows: list[Row], title: str) -> None:
         from rich.table import Table
     except ImportError:  # rich is in the [bench] extra; plain text still says everything
         print(title)
-        for cells in [TABLE_COLUMNS] + table_rows(rows):
+        for cells in [table_columns(rows)] + table_rows(rows):
             print("  ".join(f"{c:>10s}" for c in cells))
         return
     table = Table(title=title)
-    for col in TABLE_COLUMNS:
+    for col in table_columns(rows):
         table.add_column(col, justify="right" if col not in ("impl", "status", "case") else "left")
     for cells, r in zip(table_rows(rows), rows):
         style = "red" if r.status in ("WRONG", "NaN") or r.status.startswith("error") else (

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# softmax_topk on the GPU: bash scripts/gpu_topk.sh OUTDIR [tests] [sanitize] [bench] [paper]
+# (no stage named: all four). Expected on an H100 (cold Triton cache; compiles dominate): tests ~2 min,
+# sanitize ~2 min (both tools), bench ~2.5 min, paper ~1 min; each stage has its own time limit.
+set -uo pipefail
+OUT=${1:?usage: gpu_topk.sh OUTDIR [tests sanitize bench paper]}
+shift
+STAGES=${*:-tests sanitize bench paper}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+python3 -c "import onlinesoftmax" 2>/dev/null || python3 -m pip install -q -e . --no-deps --no-build-isolation
+status=0
+for stage in $STAGES; do
+    echo "=== topk $stage ($(date +%T)) ==="
+    case "$stage" in
+        tests)
+            timeout 200 python3 -m pytest tests/test_topk.py -q -p no:cacheprovider -n 0 --durations=8 \
+                > "$OUT/topk_tests.log" 2>&1 || status=1
+            tail -25 "$OUT/topk_tests.log" ;;
+        sanitize)
+            for tool in memcheck racecheck; do
+                timeout 100 compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/exercise_topk.py \
+                    > "$OUT/topk_sanitizer_$tool.log" 2>&1
+                rc=$?; [ $rc -eq 0 ] || status=1
+                echo "compute-sanitizer $tool exit $rc"
+                grep -E "ERROR SUMMARY|RACECHECK SUMMARY|NON-FINITE|Error" "$OUT/topk_sanitizer_$tool.log" | tail -4
+            done ;;
+        bench)
+            timeout 300 python3 -m onlinesoftmax bench topk --out "$OUT" --name h100 \
+                > "$OUT/topk_bench.log" 2>&1 || status=1
+            tail -60 "$OUT/topk_bench.log" ;;
+        paper)
+            timeout 120 python3 -m onlinesoftmax bench topk_paper --out "$OUT" --name h100 \
+                > "$OUT/topk_paper.log" 2>&1 || status=1
+            tail -30 "$OUT/topk_paper.log" ;;
+        *) echo "unknown stage $stage"; status=1 ;;
+    esac
+done
+echo "=== done ($(date +%T)), status $status ==="
+exit $status

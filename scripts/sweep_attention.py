@@ -1,0 +1,184 @@
+"""Sweep attention launch configs on the GPU and print plan.py's ATTENTION_CONFIGS rows, ready to paste.
+
+For each benchmark shape (bf16, causal and not), every candidate (BLOCK_M, BLOCK_N, num_warps,
+num_stages, TMA descriptors on/off) of the forward and of the backward (a dK/dV config paired with a
+dQ config) is checked once against SDPA and then timed with triton.testing.do_bench. SDPA's FLASH and
+CUDNN backends are timed on the same inputs for reference. TFLOP/s: 4*B*Hq*S^2*D per forward (half
+for causal), 2.5x that per backward.
+
+Budget: about 4 minutes on an H100, most of it compiling (each candidate compiles once per head dim
+and causality); candidates past DEADLINE_S are skipped and reported as such.
+
+    python scripts/sweep_attention.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+import time
+
+import torch
+import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from onlinesoftmax import plan
+
+attention_module = importlib.import_module("onlinesoftmax.attention")
+
+SHAPES = [(8, 16, 16, 1024, 128), (4, 16, 16, 4096, 128), (1, 16, 16, 16384, 128), (4, 32, 32, 4096, 64),
+          (2, 32, 8, 8192, 128)]
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, use_descriptor). The first is plan.py's current choice
+# for head dim 128 non-causal; the last repeats the best guess without TMA to show what it is worth.
+FORWARD_CANDIDATES = {
+    128: [(128, 128, 8, 3, True), (128, 64, 8, 3, True), (128, 128, 8, 2, True), (128, 64, 4, 4, True),
+          (128, 128, 8, 3, False)],
+    64: [(128, 64, 4, 4, True), (128, 128, 8, 3, True), (128, 64, 8, 3, True), (64, 64, 4, 4, True)],
+}
+# ((dK/dV config), (dQ config), use_descriptor), configs as (BLOCK_M, BLOCK_N, num_warps, num_stages).
+BACKWARD_CANDIDATES = {
+    128: [((32, 128, 8, 3), (128, 64, 8, 2), True), ((32, 128, 8, 2), (128, 32, 8, 3), True),
+          ((64, 64, 8, 2), (64, 64, 4, 3), True), ((32, 128, 8, 3), (128, 64, 8, 2), False)],
+    64: [((32, 128, 8, 3), (128, 64, 4, 3), True), ((64, 128, 8, 3), (128, 64, 8, 3), True),
+         ((32, 64, 4, 3), (64, 64, 4, 3), True)],
+}
+DEADLINE_S = 170
+TOLERANCE = 2e-2  # relative error against SDPA in bf16
+
+
+def flops(shape, causal):
+    batch, heads_q, _, seq, head_dim = shape
+    f = 4 * batch * heads_q * seq * seq * head_dim
+    return f // 2 if causal else f
+
+
+def label(shape, causal):
+    batch, hq, hkv, seq, d = shape
+    return f"B{batch}-H{hq if hq == hkv else f'{hq}/{hkv}'}-S{seq}-D{d}" + ("-causal" if causal else "")
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def force(kernel, config):
+    # The sweep replaces the kernel's table with one row covering every head dim.
+    plan.ATTENTION_CONFIGS[kernel] = ((1 << 30, config, config),)
+
+
+def sdpa(q, k, v, causal, backend):
+    with sdpa_kernel(backend):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                enable_gqa=q.shape[1] != k.shape[1])
+
+
+def time_ms(fn):
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="first two shapes only")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU")
+        return 1
+    start = time.time()
+    saved = {k: v for k, v in plan.ATTENTION_CONFIGS.items()}
+    best_rows = {}  # (kernel, head_dim, causal) -> {candidate: [tflops per shape]}
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for shape in SHAPES[:2] if args.quick else SHAPES:
+        batch, heads_q, heads_kv, seq, head_dim = shape
+        q = torch.randn(batch, heads_q, seq, head_dim, device="cuda", generator=gen).bfloat16()
+        k = torch.randn(batch, heads_kv, seq, head_dim, device="cuda", generator=gen).bfloat16()
+        v = torch.randn(batch, heads_kv, seq, head_dim, device="cuda", generator=gen).bfloat16()
+        d_out = torch.randn(batch, heads_q, seq, head_dim, device="cuda", generator=gen).bfloat16()
+        for causal in (False, True):
+            mode = "top_left" if causal else "none"
+            scale = head_dim ** -0.5
+            f = flops(shape, causal)
+            name = label(shape, causal)
+            print(f"\n== {name}")
+            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+            # The reference: whichever fused SDPA backend takes this shape (GQA included).
+            ref_out = sdpa(qg, kg, vg, causal, [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                                SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH])
+            ref_grads = torch.autograd.grad(ref_out, (qg, kg, vg), d_out)
+            for backend_name, backend in (("sdpa FLASH", SDPBackend.FLASH_ATTENTION), ("sdpa CUDNN", SDPBackend.CUDNN_ATTENTION)):
+                try:
+                    fwd_ms = time_ms(lambda: sdpa(q, k, v, causal, backend))
+                    out = sdpa(qg, kg, vg, causal, backend)
+                    bwd_ms = time_ms(lambda: torch.autograd.grad(out, (qg, kg, vg), d_out, retain_graph=True))
+                    print(f"  {backend_name:12s} fwd {f / fwd_ms / 1e9:6.1f} TFLOP/s   bwd {2.5 * f / bwd_ms / 1e9:6.1f} TFLOP/s")
+                except RuntimeError as exc:
+                    print(f"  {backend_name:12s} unavailable: {str(exc).splitlines()[0][:100]}")
+            for candidate in FORWARD_CANDIDATES[head_dim]:
+                if time.time() - start > DEADLINE_S:
+                    print(f"  fwd {candidate}: skipped (past the {DEADLINE_S} s budget)")
+                    continue
+                force("forward", candidate[:4])
+                try:
+                    out, lse = attention_module.launch_forward(q, k, v, mode, scale, use_descriptor=candidate[4])
+                    err = rel(out, ref_out)
+                    ms = time_ms(lambda: attention_module.launch_forward(q, k, v, mode, scale, use_descriptor=candidate[4]))
+                    tflops = f / ms / 1e9
+                    status = "ok" if err <= TOLERANCE else f"WRONG ({err:.1e})"
+                    print(f"  fwd {candidate}: {tflops:6.1f} TFLOP/s  rel err {err:.1e}  {status}")
+                    if status == "ok":
+                        best_rows.setdefault(("forward", head_dim, causal), {}).setdefault(candidate, []).append(tflops)
+                except Exception as exc:  # a config that does not compile (shared memory, registers)
+                    print(f"  fwd {candidate}: error {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}")
+            plan.ATTENTION_CONFIGS.update(saved)
+            out, lse = attention_module.launch_forward(q, k, v, mode, scale)
+            for dkdv, dq_config, use_descriptor in BACKWARD_CANDIDATES[head_dim]:
+                candidate = (dkdv, dq_config, use_descriptor)
+                if time.time() - start > DEADLINE_S:
+                    print(f"  bwd {candidate}: skipped (past the {DEADLINE_S} s budget)")
+                    continue
+                force("backward_dkdv", dkdv)
+                force("backward_dq", dq_config)
+                try:
+                    def backward():
+                        return attention_module.launch_backward(d_out, q, k, v, out, lse, mode, scale,
+                                                                use_descriptor=use_descriptor)
+                    grads = backward()
+                    err = max(rel(g, r) for g, r in zip(grads, ref_grads))
+                    ms = time_ms(backward)
+                    tflops = 2.5 * f / ms / 1e9
+                    status = "ok" if err <= TOLERANCE else f"WRONG ({err:.1e})"
+                    print(f"  bwd {candidate}: {tflops:6.1f} TFLOP/s  max rel err {err:.1e}  {status}")
+                    if status == "ok":
+                        best_rows.setdefault(("backward", head_dim, causal), {}).setdefault(candidate, []).append(tflops)
+                except Exception as exc:
+                    print(f"  bwd {candidate}: error {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}")
+            plan.ATTENTION_CONFIGS.update(saved)
+            del qg, kg, vg, ref_out, ref_grads
+    print(f"\nbest per (kernel, head dim, causal), geometric mean over the shapes ({time.time() - start:.0f} s):")
+    table = {}
+    for (kernel, head_dim, causal), results in sorted(best_rows.items()):
+        best = max(results, key=lambda c: statistics.geometric_mean(results[c]))
+        print(f"  {kernel:8s} D={head_dim:3d} {'causal    ' if causal else 'non-causal'} {best}: "
+              f"{statistics.geometric_mean(results[best]):.1f} TFLOP/s over {len(results[best])} shape(s)")
+        table[(kernel, head_dim, causal)] = best
+    print("\n# paste into plan.py ATTENTION_CONFIGS (rows not measured keep their current values):")
+    for kernel, parts in (("forward", (0,)), ("backward_dkdv", (0,)), ("backward_dq", (1,))):
+        rows = []
+        for limit, non_causal, causal in saved[kernel]:
+            picked = []
+            for is_causal, current in ((False, non_causal), (True, causal)):
+                best = table.get(("forward" if kernel == "forward" else "backward", limit, is_causal))
+                if best is None:
+                    picked.append(current)
+                else:
+                    picked.append(tuple(best[:4]) if kernel == "forward" else tuple(best[parts[0]]))
+            rows.append(f"({limit}, {picked[0]}, {picked[1]})")
+        print(f'    "{kernel}": (' + ",\n                 ".join(rows) + "),")
+    print("TMA descriptors won wherever the best candidate ends with True." if table else "nothing measured")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

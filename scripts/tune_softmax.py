@@ -1,0 +1,123 @@
+"""Tuning data for plan.py's constants (GPU): time the forward softmax on the shapes where a setting
+is in doubt, under alternative values of the constants, in one process.
+
+    python scripts/tune_softmax.py [--out tune.json]
+
+Each line is one shape and one constant set; GB/s counts x read once and y written once. Times are
+CUDA-graph replays (the kernels' own cost, without host launch overhead) over rotated inputs.
+"""
+
+import argparse
+import contextlib
+import importlib
+import itertools
+import json
+
+import torch
+
+import onlinesoftmax
+from onlinesoftmax import plan
+from onlinesoftmax.bench.harness import copy_bandwidth_gbs, graph_time_ms, rotation_count
+
+softmax_module = importlib.import_module("onlinesoftmax.softmax")
+
+
+@contextlib.contextmanager
+def constants(**values):
+    saved = {name: getattr(plan, name) for name in values}
+    for name, value in values.items():
+        setattr(plan, name, value)
+    plan._choose.cache_clear()
+    softmax_module._RECIPES.clear()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(plan, name, value)
+        plan._choose.cache_clear()
+        softmax_module._RECIPES.clear()
+
+
+def split_variants():
+    for programs, warps, block_scale in itertools.product((2, 4, 8), (4, 8, 16), (1, 2)):
+        yield dict(SPLIT_PROGRAMS_PER_SM=programs, SPLIT_WARPS=warps,
+                   STREAM_BLOCK={4: 4096 * block_scale, 2: 8192 * block_scale})
+
+
+def looped_variants():
+    for warps, block_scale in itertools.product((4, 8, 16), (1, 2)):
+        yield dict(STREAM_WARPS=warps, STREAM_BLOCK={4: 4096 * block_scale, 2: 8192 * block_scale})
+
+
+def on_chip_variants(max_cols):
+    base = plan.WARPS_BY_TILE_ELEMENTS
+    for tile, per_sm in itertools.product((2048, 4096, 8192, 16384), (4, 8)):
+        for warps_scale in (0.5, 1, 2):
+            table = tuple((limit, max(1, min(32, int(w * warps_scale)))) for limit, w in base)
+            yield dict(ROW_TILE_ELEMENTS=tile, MAX_PROGRAMS_PER_SM=per_sm, WARPS_BY_TILE_ELEMENTS=table,
+                       ROW_ON_CHIP_MAX_COLS=max_cols)
+
+
+CASES = [
+    # (dtype, rows, cols, strategy, variants)
+    (torch.float32, 64, 128256, "split_row", split_variants),
+    (torch.bfloat16, 64, 128256, "split_row", split_variants),
+    (torch.float32, 16, 262144, "split_row", split_variants),
+    (torch.bfloat16, 16, 262144, "split_row", split_variants),
+    (torch.float32, 256, 151936, "split_row", split_variants),
+    (torch.float32, 256, 151936, "looped", looped_variants),
+    (torch.bfloat16, 1024, 32768, "looped", looped_variants),
+    (torch.bfloat16, 1024, 32768, "row_on_chip", lambda: on_chip_variants({4: 32768, 2: 32768})),
+    (torch.bfloat16, 4096, 4096, "row_on_chip", lambda: on_chip_variants(plan.ROW_ON_CHIP_MAX_COLS)),
+    (torch.float32, 32768, 1024, "row_on_chip", lambda: on_chip_variants(plan.ROW_ON_CHIP_MAX_COLS)),
+    (torch.bfloat16, 65536, 256, "row_on_chip", lambda: on_chip_variants(plan.ROW_ON_CHIP_MAX_COLS)),
+]
+
+
+def describe(values):
+    parts = []
+    for name, value in values.items():
+        if name == "WARPS_BY_TILE_ELEMENTS":
+            value = "/".join(str(w) for _, w in value)
+        elif isinstance(value, dict):
+            value = value.get(2)
+        parts.append(f"{name}={value}")
+    return " ".join(parts)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    copy = copy_bandwidth_gbs()
+    print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
+    results = []
+    for dtype, rows, cols, strategy, variants in CASES:
+        nbytes = 2 * rows * cols * dtype.itemsize
+        xs = [(torch.randn(rows, cols, device="cuda", dtype=dtype),) for _ in range(rotation_count(nbytes))]
+        best = None
+        for values in [{}] + list(variants()):
+            with constants(**values):
+                try:
+                    ms = graph_time_ms(lambda x: onlinesoftmax.softmax(x, strategy=strategy), xs)
+                except Exception as exc:  # too many registers for a tile, say: report and go on
+                    print(f"  {describe(values)}: {type(exc).__name__}", flush=True)
+                    continue
+            if ms is None:
+                continue
+            gbs = nbytes / ms / 1e6
+            results.append(dict(dtype=str(dtype), rows=rows, cols=cols, strategy=strategy,
+                                constants=describe(values) or "current", ms=ms, gbs=gbs, copy_gbs=copy))
+            if best is None or gbs > best[0]:
+                best = (gbs, describe(values) or "current")
+            if not values:
+                print(f"{str(dtype)[6:]} {rows}x{cols} {strategy}: current {gbs:.0f} GB/s", flush=True)
+        print(f"  best {best[0]:.0f} GB/s with {best[1]}", flush=True)
+        del xs
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Kernel launches with a per-launcher cache of compiled kernels, skipping Triton's per-call binding.
+
+``kernel[grid](*args, **meta)`` re-derives, on every call, the specialization of each argument (int
+equal to 1, divisible by 16, 32 or 64 bits; pointer 16-byte aligned), the cache key, the current
+device and stream, and checks the kernel's globals. On the H100 machine's host that cost 10.6 us for
+a one-argument kernel and 19.6 us for one shaped like ours (scripts/launch_overhead.py), more than
+the GPU needs for a decode-sized softmax (a 16x262144 bf16 row set moves 16 MB: 6 us at 3 TB/s).
+
+Callers already know everything that decides the specialization: the op's launch recipe is cached
+by shape, strides, dtypes and options, which fix every integer argument and every constexpr. They
+pass that knowledge as ``key`` (plus what varies per call: the input pointer's alignment), and a
+repeated key goes straight to the compiled kernel's launcher. A new key takes Triton's own path
+once, which compiles (or finds) the kernel and launches it; its result is remembered under the key.
+
+The key contract: two calls with equal keys must give Triton equal specializations. Outputs come
+from the caching allocator (aligned to 512 bytes), so only caller-owned tensors' alignment needs to
+be in the key. Under the interpreter, or with launch hooks installed (a profiler such as proton), every call
+takes Triton's path; without any, the fast path hands the launcher None for the hooks.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton import knobs
+from triton.runtime.jit import JITFunction
+
+
+MAX_KEYS = 8192  # compiled-kernel entries per launcher before the table starts over
+
+
+class Launcher:
+    """``Launcher(jit_fn)(grid, key, *args, num_warps=..., **constexprs)`` launches ``jit_fn``.
+
+    Positional ``args`` are the kernel's runtime arguments, in order; keyword arguments its
+    constexprs and launch options, as for ``jit_fn[grid]``.
+    """
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.compiled: dict = {}
+        self.fast = isinstance(fn, JITFunction)  # the interpreter wraps kernels in another type
+        if self.fast:
+            self.arg_names = list(fn.arg_names)
+            self.defaults = {p.name: p.default for p in fn.params}
+
+    def __call__(self, grid, key, *args, **meta):
+        hooks = knobs.runtime
+        if not self.fast or hooks.launch_enter_hook.calls or hooks.launch_exit_hook.calls:
+            self.fn[grid](*args, **meta)
+            return
+        device = torch._C._cuda_getDevice()
+        entry = self.compiled.get((device, key))
+        if entry is None:
+            kernel = self.fn[grid](*args, **meta)  # compiles on first use, launches
+            # The compiled launcher takes every parameter, constexprs included, in signature order.
+            tail = tuple(meta[name] if name in meta else self.defaults[name]
+                         for name in self.arg_names[len(args):])
+            if len(self.compiled) >= MAX_KEYS:
+                self.compiled.clear()
+            self.compiled[(device, key)] = (kernel.run, kernel.function, kernel.packed_metadata, tail)
+            return
+        run, function, metadata, tail = entry
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream, function,
+            metadata, None, None, None, *args, *tail)
+
+
+def aligned(t: torch.Tensor) -> bool:
+    """Whether Triton sees ``t``'s pointer as 16-byte aligned (part of its specialization)."""
+    return t.data_ptr() % 16 == 0

@@ -1,0 +1,247 @@
+"""``onlinesoftmax bench attention``: flash attention against SDPA's backends and FlexAttention, in TFLOP/s.
+
+FLOPs: the two matrix products of the forward cost 2 * Sq * Sk * D each per (batch, head), so a
+forward is 4 * B * Hq * Sq * Sk * D, half of it when causal (the masked half of the score matrix is
+skipped by every implementation here). A backward counts as 2.5 forwards (five products instead of
+two), so forward+backward is 3.5 forwards. Peers: SDPA with each backend forced (FLASH =
+FlashAttention-2, CUDNN, EFFICIENT), FlexAttention compiled, ours.
+
+Correctness is checked on the first input set of each case against a float32 blockwise torch
+evaluation (:mod:`onlinesoftmax.cpu`'s algorithm run on the GPU): a float64 score matrix of the
+16384-long case would need 34 GB. The forward+backward rows are checked on dQ.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import harness
+from .harness import Case, Implementation
+
+# (batch, query heads, key/value heads, sequence length, head dim), bf16, each causal and not:
+# training shapes from short to long sequences, a head dim of 64, and grouped-query attention.
+GRID = [(8, 16, 16, 1024, 128), (4, 16, 16, 4096, 128), (1, 16, 16, 16384, 128), (4, 32, 32, 4096, 64),
+        (2, 32, 8, 8192, 128)]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+FORWARD, FORWARD_BACKWARD = "forward", "fwd+bwd"
+# Targets from issue 5, as ratios of ours to the peer's TFLOP/s.
+TARGET_VS_CUDNN = 0.9
+TARGET_VS_FLASH = {FORWARD: 1.3, FORWARD_BACKWARD: 1.2}
+
+
+def forward_flops(batch, heads_q, n_queries, n_keys, head_dim, causal) -> int:
+    flops = 4 * batch * heads_q * n_queries * n_keys * head_dim
+    return flops // 2 if causal else flops
+
+
+def label(shape, causal) -> str:
+    batch, heads_q, heads_kv, seq, head_dim = shape
+    heads = f"{heads_q}" if heads_q == heads_kv else f"{heads_q}/{heads_kv}"
+    return f"B{batch}-H{heads}-S{seq}-D{head_dim}" + ("-causal" if causal else "")
+
+
+def _reference_forward(q, k, v, causal):
+    from .. import cpu
+
+    out, lse = cpu.attention_forward(q, k, v, "top_left" if causal else "none", q.shape[-1] ** -0.5)
+    return out.float(), lse
+
+
+def make_case(shape, dtype, causal, direction, device="cuda") -> Case:
+    batch, heads_q, heads_kv, seq, head_dim = shape
+    element = dtype.itemsize
+    qo_bytes = batch * heads_q * seq * head_dim * element
+    kv_bytes = batch * heads_kv * seq * head_dim * element
+
+    def make(gen):
+        tensors = [torch.randn((batch, h, seq, head_dim), generator=gen).to(device=device, dtype=dtype)
+                   for h in (heads_q, heads_kv, heads_kv)]
+        if direction == FORWARD:
+            return (*tensors, causal)
+        d_out = torch.randn((batch, heads_q, seq, head_dim), generator=gen).to(device=device, dtype=dtype)
+        return (*[t.requires_grad_() for t in tensors], d_out, causal)
+
+    def reference(inputs):
+        from .. import cpu
+
+        q, k, v = (t.detach() for t in inputs[:3])
+        out, lse = _reference_forward(q, k, v, causal)
+        if direction == FORWARD:
+            return out
+        mode = "top_left" if causal else "none"
+        return cpu.attention_backward(inputs[3], q, k, v, out.to(q.dtype), lse, mode, head_dim ** -0.5)[0].float()
+
+    flops = forward_flops(batch, heads_q, seq, seq, head_dim, causal)
+    if direction == FORWARD:
+        # q, k, v read once, out written once: the floor, not what a tiled kernel moves.
+        return Case(label(shape, causal), dtype, direction, 2 * qo_bytes + 2 * kv_bytes, make, reference, flops=flops)
+    # Backward also reads out and dO and writes dQ, dK, dV.
+    return Case(label(shape, causal), dtype, direction, 5 * qo_bytes + 4 * kv_bytes, make, reference,
+                flops=int(3.5 * flops))
+
+
+def _with_backward(forward):
+    """(q, k, v, dO, causal) -> dQ of one forward and backward through ``forward``."""
+    def run(q, k, v, d_out, causal):
+        out = forward(q, k, v, causal)
+        return torch.autograd.grad(out, (q, k, v), d_out)[0]
+    return run
+
+
+class SdpaBackend:
+    """SDPA with one backend forced. GQA goes through ``enable_gqa=True`` when the backend takes it,
+    else through K and V expanded to Hq heads (forward: once per input set, untimed; forward+backward:
+    inside the timed call, as training would); ``gqa`` records which, for the notes."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.gqa: Optional[str] = None
+        self._expanded = {}
+
+    def __call__(self, q, k, v, causal):
+        from torch.nn.attention import sdpa_kernel
+
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        with sdpa_kernel(self.backend):
+            if q.shape[1] == k.shape[1]:
+                return sdpa(q, k, v, is_causal=causal)
+            if self.gqa != "expanded K/V":
+                try:
+                    out = sdpa(q, k, v, is_causal=causal, enable_gqa=True)
+                    self.gqa = "enable_gqa=True"
+                    return out
+                except RuntimeError:
+                    self.gqa = "expanded K/V"
+            group = q.shape[1] // k.shape[1]
+            if k.requires_grad:
+                # Through autograd, inside the timed call, so dK and dV flow back to the shared heads.
+                return sdpa(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), is_causal=causal)
+            key = (k.data_ptr(), v.data_ptr())
+            if key not in self._expanded:
+                # Forward only: expanded once per input set, outside the timing.
+                self._expanded[key] = (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+            ek, ev = self._expanded[key]
+            return sdpa(q, ek, ev, is_causal=causal)
+
+
+class FlexAttention:
+    """torch.compile'd FlexAttention; the causal block mask is built once per length."""
+
+    def __init__(self):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        import torch._dynamo
+
+        for knob in ("cache_size_limit", "recompile_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, 256)
+        self.flex = torch.compile(flex_attention, dynamic=False)
+        self.masks = {}
+
+    def __call__(self, q, k, v, causal):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        mask = None
+        if causal:
+            key = (q.shape[2], k.shape[2])
+            if key not in self.masks:
+                self.masks[key] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, key[0], key[1],
+                                                    device=q.device)
+            mask = self.masks[key]
+        return self.flex(q, k, v, block_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def implementations() -> tuple[dict[str, list[Implementation]], list]:
+    import onlinesoftmax
+    from torch.nn.attention import SDPBackend
+
+    sdpa = [(name, SdpaBackend(backend)) for name, backend in
+            (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+             ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION))]
+    peers = list(sdpa)
+    try:
+        peers.append(("flex-compiled", FlexAttention()))
+    except Exception as exc:  # an older torch without FlexAttention
+        peers.append(("flex-compiled", f"FlexAttention unavailable ({type(exc).__name__}: {exc})"))
+
+    def ours(q, k, v, causal):
+        return onlinesoftmax.attention(q, k, v, causal=causal)
+
+    impls = {FORWARD: [], FORWARD_BACKWARD: []}
+    for name, fn in peers + [("onlinesoftmax", ours)]:
+        if isinstance(fn, str):
+            impls[FORWARD].append(Implementation(name, skipped=fn))
+            impls[FORWARD_BACKWARD].append(Implementation(name, skipped=fn))
+            continue
+        impls[FORWARD].append(Implementation(name, fn))
+        impls[FORWARD_BACKWARD].append(Implementation(name, _with_backward(fn)))
+    return impls, sdpa
+
+
+def cases(shapes, dtypes, directions, device="cuda") -> list[Case]:
+    return [make_case(shape, dtype, causal, direction, device)
+            for direction in directions for dtype in dtypes for shape in shapes for causal in (False, True)]
+
+
+def summary(rows) -> dict:
+    """Per case: ours against cuDNN and FLASH, and whether the issue's targets are met."""
+    out = []
+    keys = list(dict.fromkeys((r.direction, r.dtype, r.case) for r in rows))
+    for key in keys:
+        sel = {r.impl: r for r in rows if (r.direction, r.dtype, r.case) == key and r.status == "ok" and r.tflops}
+        ours = sel.get("onlinesoftmax")
+        entry = {"direction": key[0], "dtype": key[1], "case": key[2], "ours_tflops": ours.tflops if ours else None}
+        for peer in ("sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex-compiled"):
+            if peer in sel:
+                entry[f"{peer}_tflops"] = sel[peer].tflops
+                if ours:
+                    entry[f"ours_vs_{peer}"] = ours.tflops / sel[peer].tflops
+        misses = []
+        if entry.get("ours_vs_sdpa-cudnn") is not None and entry["ours_vs_sdpa-cudnn"] < TARGET_VS_CUDNN:
+            misses.append(f"{entry['ours_vs_sdpa-cudnn']:.2f}x cuDNN < {TARGET_VS_CUDNN}")
+        flash_target = TARGET_VS_FLASH[key[0]]
+        if entry.get("ours_vs_sdpa-flash") is not None and entry["ours_vs_sdpa-flash"] < flash_target:
+            misses.append(f"{entry['ours_vs_sdpa-flash']:.2f}x FLASH < {flash_target}")
+        entry["misses"] = misses
+        out.append(entry)
+    return {"cases": out}
+
+
+def summary_text(result: dict, sdpa) -> str:
+    lines = ["TFLOP/s = 4*B*Hq*Sq*Sk*D (half for causal) per forward; forward+backward counts 3.5 forwards. "
+             "fwd+bwd rows are checked on dQ against a float32 blockwise evaluation."]
+    for name, backend in sdpa:
+        if backend.gqa:
+            lines.append(f"{name} ran GQA through {backend.gqa}.")
+    for c in result["cases"]:
+        if c["ours_tflops"] is None:
+            lines.append(f"{c['direction']} {c['case']}: ours has no timing")
+            continue
+        ratios = ", ".join(f"{c[k]:.2f}x {k[8:]}" for k in c if k.startswith("ours_vs_"))
+        lines.append(f"{c['direction']} {c['dtype']} {c['case']}: ours {c['ours_tflops']:.0f} TFLOP/s ({ratios})"
+                     + (f"  MISS: {'; '.join(c['misses'])}" if c["misses"] else ""))
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    """``onlinesoftmax bench attention``: the grid, causal and not, forward and forward+backward."""
+    if not torch.cuda.is_available():
+        print("No CUDA GPU found: the attention benchmark needs one (the tests cover correctness on CPU).")
+        return 0
+    names = [d for d in args.dtype.split(",") if d in DTYPES]
+    dropped = [d for d in args.dtype.split(",") if d not in DTYPES]
+    if dropped:
+        print(f"attention runs in fp16 and bf16; not benchmarking {', '.join(dropped)}")
+    dtypes = [DTYPES[d] for d in names] or [torch.bfloat16]
+    directions = [FORWARD] + ([] if args.no_backward else [FORWARD_BACKWARD])
+    shapes = [harness.parse_dims(t, 5) for t in args.shape] if args.shape else GRID
+    gen = torch.Generator().manual_seed(args.seed)
+    impls, sdpa = implementations()
+    # CUDA-graph replays add nothing for kernels of milliseconds: --no-graph is implied.
+    rows = harness.run_cases("attention", cases(shapes, dtypes, directions), impls, gen, graph_timing=False)
+    harness.finish_rows(rows, None)
+    result = summary(rows)
+    harness.write_results(args, "attention", rows, None, summary_text(result, sdpa), {"summary": result})
+    return 0

@@ -1,0 +1,161 @@
+"""Benchmark of the sharded ops: softmax and softmax_topk over a dimension split across GPUs.
+
+Run under torchrun, one GPU per rank (rank 0 writes the results)::
+
+    torchrun --nproc-per-node 2 -m onlinesoftmax bench distributed --dtype bf16 --name h200x2
+
+For each shape, every rank holds an even shard of the last dim and these are timed (CUDA events
+around a loop of calls, ranks started together by a barrier; the slowest rank's mean counts):
+
+* ``sharded total``: :func:`onlinesoftmax.distributed.softmax` (or ``softmax_topk``) end to end,
+  one collective per call (``validate=False``);
+* ``local kernels``: the same call's per-rank compute alone (the partials kernel, the merge and
+  the normalize kernel fed with every rank's pair; for top-k, the single-GPU op on the shard);
+* ``collective``: the all_gather of the same payload alone (8 bytes per row for softmax);
+* ``gather + single-GPU``: all_gather the shards, then the single-GPU op on the whole row;
+* ``single-GPU whole``: the single-GPU op on the whole tensor on one GPU (no communication).
+
+Targets (issue 7): the collective adds <= 30 us per call, and ``sharded total`` beats
+``gather + single-GPU``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import harness
+
+DEFAULT_SHAPES = [(64, 262144), (8, 1048576)]
+TOPK_K = 50
+# Keep NVLink multicast off (the lent machines require it; harmless elsewhere).
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _init() -> bool:
+    if dist.is_initialized():
+        return True
+    if "RANK" not in os.environ or not torch.cuda.is_available():
+        print("the distributed suite runs under torchrun with one GPU per rank, e.g.\n"
+              "  torchrun --nproc-per-node 2 -m onlinesoftmax bench distributed --dtype bf16")
+        return False
+    for key, value in NCCL_ENV.items():
+        os.environ.setdefault(key, value)
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=120),
+                            device_id=torch.device("cuda", local_rank))
+    return True
+
+
+def _timed_ms(fn, reps: int = 50, warmup: int = 10) -> float:
+    """Mean ms per call on the slowest rank, the ranks released together by a barrier."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    ms = torch.tensor([start.elapsed_time(end) / reps], device="cuda")
+    dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+    return ms.item()
+
+
+def _rows_for(label, dtype, op, x_full, shard, world, rank):
+    import onlinesoftmax
+    from onlinesoftmax import distributed
+
+    topk_ops = importlib.import_module("onlinesoftmax.topk")
+    rows_n, n_local = shard.shape
+
+    def gather_then_single():
+        whole = distributed._all_gather(shard, None).permute(1, 0, 2).reshape(rows_n, world * n_local)
+        return onlinesoftmax.softmax(whole) if op == "softmax" else onlinesoftmax.softmax_topk(whole, TOPK_K)
+
+    if op == "softmax":
+        x2 = shard.contiguous()
+        pairs = distributed._all_gather(torch.stack(distributed._local_normalizer(x2, "split_row")), None)
+        payload = torch.empty(2 * rows_n, dtype=torch.float32, device="cuda")
+
+        def local_kernels():
+            distributed._local_normalizer(x2, "split_row")
+            return distributed._write_normalized(x2, pairs, False, "split_row")
+
+        impls = {
+            "sharded total": lambda: distributed.softmax(shard, -1, validate=False),
+            "local kernels": local_kernels,
+            "single-GPU whole": lambda: onlinesoftmax.softmax(x_full),
+        }
+        out = distributed.softmax(shard, -1)
+        ref = torch.softmax(x_full.double(), -1).narrow(1, rank * n_local, n_local)
+        err = harness.relative_error(out, ref)
+        moved = x_full.numel() * dtype.itemsize * 2  # read x and write y once, over all ranks
+    else:
+        payload = torch.empty(8 + rows_n * (TOPK_K + 1) * 4 + rows_n * TOPK_K * 8, dtype=torch.uint8, device="cuda")
+        impls = {
+            "sharded total": lambda: distributed.softmax_topk(shard, TOPK_K, -1, validate=False),
+            "local kernels": lambda: topk_ops.softmax_topk(shard, TOPK_K, -1, return_lse=True),
+            "single-GPU whole": lambda: onlinesoftmax.softmax_topk(x_full, TOPK_K),
+        }
+        values, indices = distributed.softmax_topk(shard, TOPK_K, -1)
+        probs = torch.softmax(x_full.double(), -1)
+        err = harness.relative_error(values, probs.gather(-1, indices))
+        moved = x_full.numel() * dtype.itemsize
+    impls["collective"] = lambda: distributed._all_gather(payload, None)
+    impls["gather + single-GPU"] = gather_then_single
+    status = "ok" if err <= harness.tolerance(dtype) else "WRONG"
+    rows = []
+    for name, fn in impls.items():
+        ms = _timed_ms(fn)
+        counts_bytes = name not in ("collective",)
+        rows.append(harness.Row(case=f"{op} {label}", dtype=str(dtype).replace("torch.", ""), direction="forward",
+                                impl=name, ms=ms, gbs=harness.gbs(moved, ms) if counts_bytes else None,
+                                rel_error=err if name == "sharded total" else None, status=status))
+    return rows
+
+
+def run(args) -> int:
+    if not _init():
+        return 2
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shapes = [harness.parse_dims(s, 2) for s in args.shape] if args.shape else DEFAULT_SHAPES
+    dtypes = [DTYPES[d] for d in args.dtype.split(",")]
+    rows = []
+    for dtype in dtypes:
+        for n_rows, n_cols in shapes:
+            if n_cols % world:
+                raise ValueError(f"the benchmark splits the columns evenly: {n_cols} is not a multiple of {world}")
+            gen = torch.Generator(device="cuda").manual_seed(args.seed)
+            x_full = (torch.randn((n_rows, n_cols), generator=gen, device="cuda") * 3).to(dtype)
+            n_local = n_cols // world
+            shard = x_full[:, rank * n_local:(rank + 1) * n_local].contiguous()
+            for op in ("softmax", "softmax_topk"):
+                rows += _rows_for(f"{n_rows}x{n_cols}", dtype, op, x_full, shard, world, rank)
+    by_case = {}
+    for r in rows:
+        by_case.setdefault((r.case, r.dtype), {})[r.impl] = r.ms
+    summary = {f"{case} {dt}": {"collective_us": 1e3 * t["collective"],
+                                "sharded_total_us": 1e3 * t["sharded total"],
+                                "gather_single_us": 1e3 * t["gather + single-GPU"],
+                                "collective_le_30us": t["collective"] * 1e3 <= 30.0,
+                                "sharded_beats_gather": t["sharded total"] < t["gather + single-GPU"]}
+               for (case, dt), t in by_case.items()}
+    if rank == 0:
+        notes = (f"{world} ranks, even shards of the last dim, NCCL; k = {TOPK_K} for top-k. GB/s counts one read "
+                 "of the whole input (and one write of the output for softmax) over all ranks.\n\n"
+                 + "\n".join(f"- {case}: collective {s['collective_us']:.1f} us, sharded total "
+                             f"{s['sharded_total_us']:.1f} us, gather + single-GPU {s['gather_single_us']:.1f} us"
+                             for case, s in summary.items()))
+        harness.write_results(args, "distributed", rows, None, notes, {"world_size": world, "summary": summary})
+    dist.barrier()
+    dist.destroy_process_group()
+    return 1 if any(r.status != "ok" for r in rows) else 0

@@ -1,0 +1,310 @@
+"""attention: outputs, log-sum-exp and gradients against float64 and SDPA, both load paths forced.
+
+CI runs the Triton kernels under TRITON_INTERPRET=1 at small sizes (the interpreter uses blocks
+of 16 and 32, so lengths like 17, 37, 50 and 130 cross several blocks and end mid-block); the GPU
+runs the same tests on CUDA tensors plus the long lengths and every head dim at full size.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+
+import onlinesoftmax
+from onlinesoftmax import cpu, plan
+
+from conftest import (DEVICE, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, gpu_only, make_logits,
+                      relative_error)
+
+attention_module = importlib.import_module("onlinesoftmax.attention")
+attention = onlinesoftmax.attention
+MODES = ("none", "top_left", "bottom_right")
+CAUSAL_ARG = {"none": False, "top_left": "top_left", "bottom_right": "bottom_right"}
+
+
+def reference(q, k, v, mode, scale=None):
+    """float64 (out, lse) from the full score matrix; rows without visible keys give 0 and -inf."""
+    q, k, v = q.double(), k.double(), v.double()
+    n_queries, n_keys, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    seen = torch.ones(n_queries, n_keys, dtype=torch.bool, device=q.device)
+    if mode != "none":
+        offset = n_keys - n_queries if mode == "bottom_right" else 0
+        seen = torch.arange(n_keys, device=q.device)[None, :] <= torch.arange(n_queries, device=q.device)[:, None] + offset
+    has_keys = seen.any(-1)[:, None]
+    # All-masked rows get finite dummy scores, then zero weight: no NaN in the values or gradients.
+    s = torch.where(has_keys, s.masked_fill(~seen, float("-inf")), 0.0)
+    p = torch.softmax(s, -1) * has_keys
+    lse = torch.where(has_keys[:, 0], torch.logsumexp(s, -1), float("-inf"))
+    return p @ v, lse
+
+
+def make_qkv(gen, batch, heads_q, heads_kv, n_queries, n_keys, head_dim, dtype, requires_grad=False):
+    q = make_logits((batch, heads_q, n_queries, head_dim), dtype, gen, scale=1.0, outliers=False)
+    k = make_logits((batch, heads_kv, n_keys, head_dim), dtype, gen, scale=1.0, outliers=False)
+    v = make_logits((batch, heads_kv, n_keys, head_dim), dtype, gen, scale=1.0, outliers=False)
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)]
+
+
+def reference_grads(q, k, v, d_out, mode, scale=None):
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out, _ = reference(*leaves, mode, scale)
+    out.backward(d_out.double())
+    return [t.grad for t in leaves]
+
+
+def force_descriptor(monkeypatch, use_descriptor: bool):
+    monkeypatch.setattr(attention_module, "descriptor_ok", lambda *tensors: use_descriptor)
+    # Where the layout allows it, the plan still picks per kernel (the forward prefers pointer
+    # loads on the H100); forcing descriptors on covers every kernel's TMA path.
+    monkeypatch.setattr(plan, "ATTENTION_USE_DESCRIPTOR", dict.fromkeys(plan.ATTENTION_USE_DESCRIPTOR, True))
+
+
+def expected_path():
+    return "triton" if TRITON_RUNS else "torch"
+
+
+def check_all(q, k, v, mode, dtype, what, gen, scale=None):
+    """Forward, lse and gradients of the public function against float64."""
+    out, lse = attention(q, k, v, causal=CAUSAL_ARG[mode], scale=scale, return_lse=True)
+    ref_out, ref_lse = reference(q, k, v, mode, scale)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert_matches(out, ref_out, dtype, f"{what} out")
+    # The lse never passes through the half-precision output: it is held to the fp32 tolerance.
+    assert_matches(lse, ref_lse, torch.float32, f"{what} lse")
+    d_out = torch.randn(out.shape, generator=gen).to(dtype=dtype, device=out.device)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), d_out)
+    for name, got, ref in zip("qkv", (dq, dk, dv), reference_grads(q, k, v, d_out, mode, scale)):
+        assert_grad_matches(got, ref, dtype, f"{what} d{name}")
+
+
+def assert_grad_matches(got, ref, dtype, what):
+    # A query that sees a single key has P = 1 and dq = 0 exactly; a relative error means nothing
+    # there, so such gradients are held to an absolute bound of the dtype's tolerance.
+    if ref.norm() == 0:
+        assert got.float().abs().max().item() <= TOLERANCE[dtype], f"{what}: expected zeros"
+    else:
+        assert_matches(got, ref, dtype, what)
+
+
+# (batch, Hq, Hkv, Sq, Sk, D): why each is here.
+SHAPES = {
+    "self-17": (1, 2, 2, 17, 17, 32),  # odd length, shorter than one key block's worth of rows
+    "gqa-37x50": (1, 4, 2, 37, 50, 64),  # GQA group 2, Sq < Sk, both end mid-block
+    "mqa-50x37": (2, 3, 1, 50, 37, 32),  # MQA, Sq > Sk: bottom-right leaves 13 rows with no key
+    "decode-1x40": (1, 2, 2, 1, 40, 64),  # one query (decoding): top-left sees 1 key, bottom-right all
+    "len-130": (1, 1, 1, 130, 130, 32),  # several query and key blocks, 130 = 4 * 32 + 2
+}
+
+
+@pytest.mark.parametrize("dtype, use_descriptor", [(torch.bfloat16, True), (torch.float16, False)],
+                         ids=["bf16-descriptor", "fp16-pointer"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
+def test_matches_float64(shape, mode, dtype, use_descriptor, gen, monkeypatch):
+    force_descriptor(monkeypatch, use_descriptor)
+    q, k, v = make_qkv(gen, *SHAPES[shape], dtype, requires_grad=True)
+    check_all(q, k, v, mode, dtype, f"{shape} {mode}", gen)
+    chosen = plan.last_attention_plan()
+    assert chosen.path == expected_path()
+    if TRITON_RUNS:
+        assert chosen.use_descriptor == use_descriptor and chosen.kernel == "backward_dkdv"
+
+
+@pytest.mark.parametrize("head_dim", attention_module.SUPPORTED_HEAD_DIMS)
+def test_every_head_dim(head_dim, gen):
+    # 80, 96 and 192 are padded to 128 and 256 inside the kernels, with the padding masked.
+    q, k, v = make_qkv(gen, 1, 2, 1, 20, 23, head_dim, torch.bfloat16, requires_grad=True)
+    check_all(q, k, v, "top_left", torch.bfloat16, f"D={head_dim}", gen)
+    if TRITON_RUNS:
+        assert plan.last_attention_plan().block_d == plan.next_power_of_2(head_dim)
+
+
+@pytest.mark.parametrize("n_queries, n_keys", [(20, 33), (33, 20), (24, 24)])
+def test_causal_true_is_sdpa_is_causal(n_queries, n_keys, gen):
+    """causal=True is SDPA's is_causal (top-left) for any Sq, Sk; bottom-right is its tril shifted by Sk - Sq."""
+    q, k, v = make_qkv(gen, 2, 4, 2, n_queries, n_keys, 64, torch.float16)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    qd, kd, vd = q.double(), k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1)
+    assert_matches(attention(q, k, v, causal=True), sdpa(qd, kd, vd, is_causal=True), torch.float16, "top_left")
+    assert_matches(attention(q, k, v, causal="top_left"), sdpa(qd, kd, vd, is_causal=True), torch.float16, "top_left")
+    if n_queries <= n_keys:  # SDPA gives NaN rows where bottom-right leaves a row no key
+        tril = torch.ones(n_queries, n_keys, dtype=torch.bool, device=q.device).tril(n_keys - n_queries)
+        assert_matches(attention(q, k, v, causal="bottom_right"), sdpa(qd, kd, vd, attn_mask=tril), torch.float16,
+                       "bottom_right")
+    assert_matches(attention(q, k, v), sdpa(qd, kd, vd), torch.float16, "non-causal")
+
+
+def test_scale_argument(gen):
+    q, k, v = make_qkv(gen, 1, 2, 2, 19, 21, 32, torch.float16, requires_grad=True)
+    check_all(q, k, v, "none", torch.float16, "scale=0.3", gen, scale=0.3)
+
+
+def test_rows_without_keys_are_zero(gen):
+    """Bottom-right with Sq > Sk leaves the first Sq - Sk rows no key: output 0, lse -inf, zero dq."""
+    q, k, v = make_qkv(gen, 1, 2, 2, 40, 9, 32, torch.bfloat16, requires_grad=True)
+    out, lse = attention(q, k, v, causal="bottom_right", return_lse=True)
+    assert torch.equal(out[:, :, :31].float().cpu(), torch.zeros(1, 2, 31, 32))
+    assert torch.isneginf(lse[:, :, :31]).all() and torch.isfinite(lse[:, :, 31:]).all()
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert torch.equal(dq[:, :, :31].float().cpu(), torch.zeros(1, 2, 31, 32))
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+
+
+def test_zero_keys_and_empty(gen):
+    q, k, v = make_qkv(gen, 1, 2, 1, 5, 0, 64, torch.float16, requires_grad=True)
+    out, lse = attention(q, k, v, return_lse=True)
+    assert torch.equal(out.float().cpu(), torch.zeros(1, 2, 5, 64)) and torch.isneginf(lse).all()
+    (dq,) = torch.autograd.grad(out, (q,), torch.ones_like(out))
+    assert torch.equal(dq.float().cpu(), torch.zeros(1, 2, 5, 64))
+    q, k, v = make_qkv(gen, 0, 2, 1, 5, 7, 64, torch.float16)
+    assert attention(q, k, v).shape == (0, 2, 5, 64)
+    q, k, v = make_qkv(gen, 1, 2, 1, 0, 7, 64, torch.float16)
+    assert attention(q, k, v, causal=True).shape == (1, 2, 0, 64)
+
+
+@pytest.mark.parametrize("layout", ["bshd-transposed", "head-dim-strided"])
+def test_strided_inputs(layout, gen):
+    """A (B, S, H, D) buffer viewed as (B, H, S, D) is read in place through pointer loads (its batch and
+    head dims do not merge into one TMA dim); so is a head dim with stride 2."""
+    q, k, v = make_qkv(gen, 2, 4, 2, 21, 29, 32, torch.bfloat16)
+    if layout == "bshd-transposed":
+        views = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    else:
+        views = []
+        for t in (q, k, v):
+            big = torch.zeros(*t.shape[:3], 2 * t.shape[3], dtype=t.dtype, device=t.device)
+            big[..., ::2] = t
+            views.append(big[..., ::2])
+    views = [t.requires_grad_() for t in views]
+    check_all(*views, "top_left", torch.bfloat16, layout, gen)
+    assert not attention_module.descriptor_ok(*views)
+    assert attention_module.descriptor_ok(q, k, v)
+    if TRITON_RUNS:
+        assert not plan.last_attention_plan().use_descriptor
+
+
+def test_backward_is_deterministic(gen):
+    # GQA with a group of 3: dK and dV sum over three query heads, in a fixed order, without atomics.
+    q, k, v = make_qkv(gen, 1, 6, 2, 45, 45, 32, torch.bfloat16, requires_grad=True)
+    d_out = torch.randn(1, 6, 45, 32, generator=gen).to(torch.bfloat16).to(DEVICE)
+    first = torch.autograd.grad(attention(q, k, v, causal=True), (q, k, v), d_out)
+    second = torch.autograd.grad(attention(q, k, v, causal=True), (q, k, v), d_out)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_lse_merges_partial_attentions(gen):
+    """Two attentions over disjoint halves of the keys, merged through their lse, give the full one."""
+    q, k, v = make_qkv(gen, 1, 2, 2, 18, 40, 64, torch.float16)
+    out_a, lse_a = attention(q, k[:, :, :23], v[:, :, :23], return_lse=True)
+    out_b, lse_b = attention(q, k[:, :, 23:], v[:, :, 23:], return_lse=True)
+    lse = torch.logaddexp(lse_a, lse_b)
+    merged = torch.exp(lse_a - lse)[..., None] * out_a.float() + torch.exp(lse_b - lse)[..., None] * out_b.float()
+    ref_out, ref_lse = reference(q, k, v, "none")
+    assert_matches(merged, ref_out, torch.float16, "merged out")
+    assert_matches(lse, ref_lse, torch.float32, "merged lse")
+
+
+def test_compile_fullgraph(gen):
+    q, k, v = make_qkv(gen, 1, 4, 2, 19, 19, 32, torch.float16, requires_grad=True)
+    backend = "inductor" if ON_GPU else "aot_eager"
+    compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, return_lse=True), fullgraph=True,
+                             backend=backend)
+    out, lse = compiled(q, k, v)
+    eager_out, eager_lse = attention(q, k, v, causal=True, return_lse=True)
+    assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+    d_out = torch.randn(out.shape, generator=gen).to(torch.float16).to(DEVICE)
+    grads = torch.autograd.grad(out, (q, k, v), d_out)
+    eager_grads = torch.autograd.grad(eager_out, (q, k, v), d_out)
+    assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cpu_path_matches_float64(mode, gen):
+    """The blockwise torch implementation (CPU tensors without the interpreter), run directly, with a
+    key block smaller than Sk so the online rescaling across blocks happens."""
+    q, k, v = make_qkv(gen, 1, 4, 2, 30, 37, 32, torch.bfloat16)
+    q, k, v = q.cpu(), k.cpu(), v.cpu()
+    old = cpu.ATTENTION_KEY_BLOCK
+    try:
+        cpu.ATTENTION_KEY_BLOCK = 16
+        out, lse = cpu.attention_forward(q, k, v, mode, 1 / math.sqrt(32))
+        d_out = torch.randn(out.shape, generator=gen).to(torch.bfloat16)
+        grads = cpu.attention_backward(d_out, q, k, v, out, lse, mode, 1 / math.sqrt(32))
+    finally:
+        cpu.ATTENTION_KEY_BLOCK = old
+    ref_out, ref_lse = reference(q, k, v, mode)
+    assert_matches(out, ref_out, torch.bfloat16, "cpu out")
+    assert_matches(lse, ref_lse, torch.bfloat16, "cpu lse")
+    for name, got, ref in zip("qkv", grads, reference_grads(q, k, v, d_out, mode)):
+        assert_grad_matches(got, ref, torch.bfloat16, f"cpu d{name}")
+
+
+def _qkv(shape_q=(1, 2, 8, 64), shape_kv=(1, 2, 8, 64), dtype=torch.float16):
+    return (torch.zeros(shape_q, dtype=dtype), torch.zeros(shape_kv, dtype=dtype), torch.zeros(shape_kv, dtype=dtype))
+
+
+@pytest.mark.parametrize("args, kwargs, error, words", [
+    (_qkv(dtype=torch.float32), {}, TypeError, "cast"),
+    ((_qkv()[0], _qkv()[1].bfloat16(), _qkv()[2]), {}, TypeError, "share a dtype"),
+    (_qkv((1, 3, 8, 64), (1, 2, 8, 64)), {}, ValueError, "multiple"),
+    (_qkv((1, 2, 8, 48), (1, 2, 8, 48)), {}, ValueError, "head dim 48"),
+    (_qkv((1, 2, 8, 64), (1, 2, 8, 32)), {}, ValueError, "head dims differ"),
+    (_qkv((2, 2, 8, 64), (1, 2, 8, 64)), {}, ValueError, "batch"),
+    ((_qkv()[0], _qkv()[1], torch.zeros(1, 2, 9, 64, dtype=torch.float16)), {}, ValueError, "same shape"),
+    ((torch.zeros(2, 8, 64, dtype=torch.float16),) + _qkv()[1:], {}, ValueError, "4-D"),
+    (_qkv(), {"causal": "bottom"}, ValueError, "bottom_right"),
+    (_qkv(), {"scale": float("nan")}, ValueError, "scale"),
+    (_qkv(), {"scale": -0.5}, ValueError, "> 0"),
+    (_qkv(), {"scale": "0.1"}, TypeError, "scale"),
+    (([1.0],) + _qkv()[1:], {}, TypeError, "torch.Tensor"),
+    (_qkv((65536, 1, 1, 32), (65536, 1, 1, 32)), {}, ValueError, "split the batch"),
+])
+def test_errors(args, kwargs, error, words):
+    with pytest.raises(error, match=words):
+        attention(*args, **kwargs)
+
+
+@gpu_only
+@pytest.mark.parametrize("head_dim", attention_module.SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n_queries, n_keys", [(1000, 1000), (4097, 4097), (1, 4097), (4097, 1000)])
+def test_long_sequences_gpu(n_queries, n_keys, mode, head_dim, gen):
+    """Full-size blocks, the configured launch parameters and TMA, at lengths that end mid-block."""
+    q, k, v = make_qkv(gen, 1, 4, 2, n_queries, n_keys, head_dim, torch.bfloat16, requires_grad=True)
+    check_all(q, k, v, mode, torch.bfloat16, f"{n_queries}x{n_keys} D={head_dim} {mode}", gen)
+    assert plan.last_attention_plan().use_descriptor
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_matches_sdpa_math_gpu(dtype, gen):
+    """Within the error of SDPA's math backend in the same dtype (both against float64)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = make_qkv(gen, 2, 8, 8, 2048, 2048, 128, dtype)
+    ref, _ = reference(q, k, v, "top_left")
+    with sdpa_kernel(SDPBackend.MATH):
+        math_out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ours = attention(q, k, v, causal=True)
+    assert relative_error(ours, ref) <= max(TOLERANCE[dtype], 1.5 * relative_error(math_out, ref))
+
+
+def test_broadcast_upstream_gradient(gen):
+    """dO with stride 0 everywhere (what out.sum().backward() sends) takes the pointer loads and gives
+    the gradients of the materialized dO (through TMA on the GPU)."""
+    q, k, v = make_qkv(gen, 1, 2, 1, 20, 27, 32, torch.bfloat16, requires_grad=True)
+    out = attention(q, k, v, causal=True)
+    broadcast = torch.ones((), dtype=out.dtype, device=out.device).expand(out.shape)
+    grads = torch.autograd.grad(out, (q, k, v), broadcast, retain_graph=True)
+    if TRITON_RUNS:
+        assert not plan.last_attention_plan().use_descriptor
+    materialized = torch.autograd.grad(out, (q, k, v), broadcast.contiguous())
+    for name, a, b in zip("qkv", grads, materialized):
+        assert_grad_matches(a, b, torch.bfloat16, f"d{name}")

@@ -1,0 +1,353 @@
+"""distributed: sharded softmax family, top-k and context-parallel attention against the single-process ops.
+
+Each multi-process test spawns one world (gloo on CPU, NCCL with one GPU per rank on a GPU
+machine) and runs a group of checks in it, so that the suite pays for few process starts. Every
+rank builds the same global tensor from the printed seed, takes its uneven shard, and compares
+its result with a float64 reference on the whole tensor (outputs and gradients) and, where the
+single-process op is exact enough to be a reference (float32 softmax, top-k indices, attention
+forward), with that op too. Process-group init and the joins carry timeouts: a collective that
+hangs fails the test instead of CI.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import onlinesoftmax
+from onlinesoftmax import distributed
+
+from conftest import DEVICE, ON_GPU, TRITON_RUNS, assert_matches, make_logits
+
+# Seconds: process-group init, and the whole world (spawn, imports, checks). A hang fails here.
+INIT_TIMEOUT_S = 60
+WORLD_TIMEOUT_S = 150
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+STRATEGIES = ("split_row", "torch") if TRITON_RUNS and not ON_GPU else (("split_row",) if ON_GPU else ("torch",))
+
+
+def _has_module(name):
+    try:
+        importlib.import_module(name)
+        return True
+    except ImportError:
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# World machinery
+# --------------------------------------------------------------------------------------------
+
+
+def _worker(rank, world, init_file, seed, checks):
+    for key, value in NCCL_ENV.items():
+        os.environ.setdefault(key, value)
+    buffers = importlib.import_module("onlinesoftmax._buffers")
+    # The autouse poisoning fixture does not reach spawned processes: poison here too.
+    buffers.empty = lambda shape, dtype, device: torch.full(
+        shape, float("nan") if dtype.is_floating_point else torch.iinfo(dtype).max, dtype=dtype, device=device)
+    if ON_GPU:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if ON_GPU else "gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
+    try:
+        for check in checks:
+            globals()[check](rank, world, torch.Generator().manual_seed(seed))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_world(world, checks, seed):
+    """Run the named check functions on every rank of a fresh world; fail on error or timeout."""
+    if ON_GPU and torch.cuda.device_count() < world:
+        pytest.skip(f"NCCL needs one GPU per rank: {world} ranks, {torch.cuda.device_count()} GPUs")
+    with tempfile.TemporaryDirectory() as tmp:
+        context = mp.start_processes(_worker, args=(world, os.path.join(tmp, "init"), seed, checks),
+                                     nprocs=world, join=False, start_method="spawn")
+        deadline = time.monotonic() + WORLD_TIMEOUT_S
+        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    if process.is_alive():
+                        process.terminate()
+                pytest.fail(f"world of {world} did not finish {checks} in {WORLD_TIMEOUT_S} s (hang?)")
+
+
+def shard_bounds(total, world, rank):
+    """Uneven contiguous shards: rank r gets about (r + 1) parts, the middle rank of 3 gets none."""
+    weights = [r + 1 for r in range(world)]
+    if world == 3:
+        weights[1] = 0
+    cuts = [0]
+    for w in weights:
+        cuts.append(cuts[-1] + total * w // sum(weights))
+    cuts[-1] = total
+    return cuts[rank], cuts[rank + 1]
+
+
+def take_shard(t, dim, world, rank):
+    start, stop = shard_bounds(t.shape[dim], world, rank)
+    return t.narrow(dim, start, stop - start)
+
+
+def bits(t):
+    """The tensor's bit patterns as integers: NaN compares equal to the same NaN."""
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def bitwise_equal(a, b):
+    return a.dtype == b.dtype and torch.equal(bits(a), bits(b))
+
+
+def gathered_equal_everywhere(t):
+    """True when every rank holds bitwise the same tensor."""
+    out = [torch.empty_like(bits(t)) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, bits(t))
+    return all(torch.equal(o, out[0]) for o in out)
+
+
+def edge_logits(shape, dtype, gen, world):
+    """Logits with the rows that break naive merges: -inf on the first shard, all -inf, +inf, NaN, x+1000."""
+    x = make_logits(shape, torch.float32, gen, device="cpu")
+    n = shape[-1]
+    first_stop = shard_bounds(n, world, 0)[1]
+    x[0, :first_stop] = float("-inf")  # one rank's pair is (-inf, 0)
+    x[1] = float("-inf")  # every pair empty: softmax NaN, lse -inf
+    x[2, n - 1] = float("inf")
+    x[3, n // 2] = float("nan")
+    x[4] += 1000.0  # the merge must not lose precision to a large maximum
+    return x.to(dtype).to(DEVICE)
+
+
+# --------------------------------------------------------------------------------------------
+# Checks run inside the worlds
+# --------------------------------------------------------------------------------------------
+
+
+def check_softmax_family(rank, world, gen):
+    for strategy in STRATEGIES:
+        for dtype in (torch.float32, torch.bfloat16):
+            for shape, dim in (((7, 37), 1), ((3, 29, 5), 1), ((6, 300), -1)):
+                x = make_logits(shape, dtype, gen) if len(shape) == 3 else edge_logits(shape, dtype, gen, world)
+                shard = take_shard(x, dim, world, rank)
+                what = f"rank {rank}/{world} {strategy} {dtype} {shape} dim {dim}"
+                y = distributed.softmax(shard, dim, strategy=strategy)
+                assert distributed.last_strategy() == strategy
+                ref = torch.softmax(x.double(), dim)
+                assert_matches(y, take_shard(ref, dim, world, rank), dtype, f"softmax {what}")
+                if dtype == torch.float32:
+                    # In bf16 the single-process op carries its own rounding (up to the whole
+                    # tolerance); the float64 reference above is the stricter check there.
+                    assert_matches(y, take_shard(onlinesoftmax.softmax(x, dim), dim, world, rank).double(), dtype,
+                                   f"softmax vs single-process {what}")
+                assert bitwise_equal(y, distributed.softmax(shard, dim, strategy=strategy, validate=False)), \
+                    f"softmax not bitwise reproducible {what}"
+                logy = distributed.log_softmax(shard, dim, strategy=strategy)
+                assert_matches(logy, take_shard(torch.log_softmax(x.double(), dim), dim, world, rank), dtype,
+                               f"log_softmax {what}")
+                lse = distributed.logsumexp(shard, dim, strategy=strategy)
+                assert_matches(lse, torch.logsumexp(x.double(), dim), dtype, f"logsumexp {what}")
+                assert gathered_equal_everywhere(lse), f"logsumexp differs across ranks {what}"
+
+
+def check_gradients(rank, world, gen):
+    for strategy in STRATEGIES:
+        for dtype in (torch.float32, torch.bfloat16):
+            # Flat rows and 120 columns: bf16 gradients y * (dy - dot) cancel where dy ~ dot, and
+            # the interpreter's bf16 stores (like the single-process op's) leave ~7e-3 of the 1e-2 budget.
+            shape, dim = (5, 120), -1
+            x = make_logits(shape, dtype, gen, scale=1.5, outliers=False)
+            dy = torch.randn(shape, generator=gen, dtype=torch.float64).to(DEVICE)
+            w = torch.randn(shape[0], generator=gen, dtype=torch.float64).to(DEVICE)
+            dy_shard = take_shard(dy, dim, world, rank).to(dtype)
+            for name, ours, ref_fn in (("softmax", distributed.softmax, torch.softmax),
+                                       ("log_softmax", distributed.log_softmax, torch.log_softmax)):
+                shard = take_shard(x, dim, world, rank).clone().requires_grad_()
+                ours(shard, dim, strategy=strategy).backward(dy_shard)
+                x64 = x.double().requires_grad_()
+                ref_fn(x64, dim).backward(dy.to(dtype).double())
+                assert_matches(shard.grad, take_shard(x64.grad, dim, world, rank), dtype,
+                               f"{name} grad rank {rank} {strategy} {dtype}")
+            shard = take_shard(x, dim, world, rank).clone().requires_grad_()
+            (distributed.logsumexp(shard, dim, strategy=strategy).double() * w).sum().backward()
+            x64 = x.double().requires_grad_()
+            (torch.logsumexp(x64, dim) * w).sum().backward()
+            assert_matches(shard.grad, take_shard(x64.grad, dim, world, rank), dtype,
+                           f"logsumexp grad rank {rank} {strategy} {dtype}")
+
+
+def check_topk(rank, world, gen):
+    # (3, 8): k exceeds some shards
+    for dtype, shape, k in ((torch.float32, (6, 50), 5), (torch.bfloat16, (4, 9), 4), (torch.float32, (3, 8), 8)):
+        x = make_logits(shape, dtype, gen)
+        x[0] = 1.0  # a tied row: lower global index first
+        shard = take_shard(x, -1, world, rank)
+        values, indices, lse = distributed.softmax_topk(shard, k, -1, temperature=0.7, return_lse=True)
+        ref_values, ref_indices, ref_lse = onlinesoftmax.softmax_topk(x, k, -1, temperature=0.7, return_lse=True)
+        what = f"rank {rank}/{world} {dtype} {shape} k {k}"
+        assert torch.equal(indices.cpu(), ref_indices.cpu()), f"topk indices {what}: {indices} vs {ref_indices}"
+        assert torch.equal(indices[0].cpu(), torch.arange(k)), f"topk ties {what}"
+        probs = torch.softmax(x.double() / 0.7, -1)
+        assert_matches(values, probs.gather(-1, ref_indices), dtype, f"topk values {what}")
+        assert_matches(lse, ref_lse.double(), torch.float32, f"topk lse {what}")
+        assert gathered_equal_everywhere(values) and gathered_equal_everywhere(indices)
+
+
+def attention_reference(q, k, v, mode):
+    q, k, v = q.double(), k.double(), v.double()
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    sq, sk = s.shape[-2:]
+    if mode != "none":
+        offset = sk - sq if mode == "bottom_right" else 0
+        visible = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + offset
+        s = s.masked_fill(~visible.to(s.device), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    return p @ v, lse
+
+
+def check_attention(rank, world, gen):
+    dtype = torch.bfloat16
+    for n_queries, n_keys in ((5, 13), (13, 6)):
+        q = torch.randn(1, 4, n_queries, 32, generator=gen).to(dtype).to(DEVICE)
+        k = torch.randn(1, 2, n_keys, 32, generator=gen).to(dtype).to(DEVICE)
+        v = torch.randn(1, 2, n_keys, 32, generator=gen).to(dtype).to(DEVICE)
+        for mode, causal in (("none", False), ("top_left", True), ("bottom_right", "bottom_right")):
+            what = f"rank {rank}/{world} Sq {n_queries} Sk {n_keys} {mode}"
+            with torch.no_grad():
+                out, lse = distributed.attention(q, take_shard(k, 2, world, rank), take_shard(v, 2, world, rank),
+                                                 causal=causal, return_lse=True)
+                single_out, single_lse = onlinesoftmax.attention(q, k, v, causal=causal, return_lse=True)
+            ref_out, ref_lse = attention_reference(q, k, v, mode)
+            assert not torch.isnan(out).any(), f"attention NaN {what}"
+            assert_matches(out, ref_out, dtype, f"attention out {what}")
+            assert_matches(out, single_out.double(), dtype, f"attention vs single-process {what}")
+            assert_matches(lse, ref_lse, dtype, f"attention lse {what}")
+            assert_matches(lse, single_lse.double(), dtype, f"attention lse vs single-process {what}")
+            assert gathered_equal_everywhere(out)
+        # Gradients against float64 autograd (one size per mode keeps the interpreter time down):
+        # dq is the sum of every rank's share, dk and dv this rank's slice of the full gradients.
+        if (n_queries, n_keys) != (13, 6):
+            continue
+        d_out = torch.randn(q.shape, generator=gen).to(dtype).to(DEVICE)
+        for causal in (False, True, "bottom_right"):
+            leaves = [q.clone().requires_grad_(), take_shard(k, 2, world, rank).clone().requires_grad_(),
+                      take_shard(v, 2, world, rank).clone().requires_grad_()]
+            distributed.attention(*leaves, causal=causal).backward(d_out)
+            full = [t.double().requires_grad_() for t in (q, k, v)]
+            mode = {False: "none", True: "top_left", "bottom_right": "bottom_right"}[causal]
+            attention_reference(*full, mode)[0].backward(d_out.double())
+            what = f"rank {rank}/{world} Sq {n_queries} Sk {n_keys} causal {causal}"
+            assert_matches(leaves[0].grad, full[0].grad, dtype, f"attention dq {what}")
+            for i, name in ((1, "dk"), (2, "dv")):
+                assert_matches(leaves[i].grad, take_shard(full[i].grad, 2, world, rank), dtype,
+                               f"attention {name} {what}")
+
+
+def check_bad_input(rank, world, gen):
+    full = make_logits((4, 10 + 11 * world), torch.float32, gen)
+    x = take_shard(full, 1, world, rank)
+    with pytest.raises(ValueError, match="sharded dim 0"):  # uneven shards of dim 1 reduced over dim 0
+        distributed.softmax(x, dim=0)
+    with pytest.raises(ValueError, match="same size on every rank"):  # rank 1 holds other rows
+        distributed.logsumexp(make_logits((4 + rank, 10), torch.float32, gen), dim=-1)
+    with pytest.raises(ValueError, match="disagree"):  # dtypes differ
+        distributed.softmax(x.to(torch.bfloat16) if rank else x, dim=-1)
+    with pytest.raises(ValueError, match="cannot communicate"):
+        distributed.check_group(torch.device("cpu" if ON_GPU else "cuda"))
+    if ON_GPU:
+        with pytest.raises(ValueError, match="cannot communicate"):
+            distributed.softmax(x.cpu(), dim=-1)
+    # After the errors the group still works (nobody is stuck in a half-finished collective).
+    assert_matches(distributed.softmax(x, dim=-1), take_shard(torch.softmax(full.double(), -1), 1, world, rank),
+                   torch.float32, "after errors")
+
+
+# --------------------------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------------------------
+
+TOPK_CHECKS = ["check_topk"] if _has_module("onlinesoftmax.topk") else []
+
+
+def test_topk_module_present():
+    assert _has_module("onlinesoftmax.topk"), "onlinesoftmax.topk is missing: the distributed top-k is untested"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_ops(world, gen):
+    seed = int(gen.initial_seed())
+    run_world(world, ["check_softmax_family", "check_gradients", *TOPK_CHECKS, "check_attention"], seed)
+
+
+def test_bad_input_errors_without_hanging(gen):
+    run_world(2, ["check_bad_input"], int(gen.initial_seed()))
+
+
+def test_not_initialized_is_a_clear_error():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        distributed.softmax(torch.zeros(2, 3))
+
+
+@pytest.mark.parametrize("backend, device, usable", [
+    ("gloo", "cpu", True), ("gloo", "cuda", False), ("nccl", "cuda", True), ("nccl", "cpu", False),
+    ("cpu:gloo,cuda:nccl", "cpu", True), ("cpu:gloo,cuda:nccl", "cuda", True), ("cuda:nccl", "cpu", False),
+])
+def test_backend_device_table(backend, device, usable):
+    assert (distributed._backend_for(torch.device(device), backend) is not None) == usable
+
+
+def test_local_pieces_cover_exactly_the_visible_pairs():
+    """Every (query, global key) pair the causal mask allows is computed exactly once across shards."""
+    for n_queries in (1, 4, 9):
+        for sizes in ((3, 5), (4, 0, 6), (1, 1, 1, 9), (9, 2)):
+            total = sum(sizes)
+            for mode in ("none", "top_left", "bottom_right"):
+                shift = {"none": total, "top_left": 0, "bottom_right": total - n_queries}[mode]
+                expected = torch.arange(total)[None, :] <= torch.arange(n_queries)[:, None] + shift
+                covered = torch.zeros(n_queries, total, dtype=torch.int64)
+                offset = 0
+                for size in sizes:
+                    for q0, k0, k1, piece in distributed._local_pieces(n_queries, size, offset, total, mode):
+                        c = {"none": size, "top_left": 0, "bottom_right": (k1 - k0) - (n_queries - q0)}[piece]
+                        rows = torch.arange(q0, n_queries)[:, None] - q0
+                        cols = torch.arange(k0, k1)[None, :] - k0
+                        covered[q0:, offset + k0:offset + k1] += (cols <= rows + c).long()
+                    offset += size
+                assert torch.equal(covered, expected.long()), f"Sq {n_queries} shards {sizes} {mode}"
+
+
+def test_merge_attention_matches_full_softmax(gen):
+    """Two partials from a float64 softmax over disjoint keys merge to the full one, in fp32."""
+    scores = torch.randn(3, 5, 12, generator=gen, dtype=torch.float64) * 4
+    scores[0, 0, :7] = float("-inf")  # partial a empty on this row
+    scores[1, 1] = float("-inf")  # both empty: zeros and -inf, no NaN
+    values = torch.randn(3, 12, 8, generator=gen, dtype=torch.float64)
+
+    def partial(cols):
+        s = scores[..., cols]
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+        return (p @ values[:, cols]).float(), lse.float()
+
+    out_a, lse_a = partial(slice(0, 7))
+    out_b, lse_b = partial(slice(7, 12))
+    out, lse = distributed.merge_attention(out_a, lse_a, out_b, lse_b)
+    full_out, full_lse = partial(slice(0, 12))
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert torch.equal(out[1, 1], torch.zeros(8)) and lse[1, 1] == float("-inf")
+    assert_matches(out, full_out.double(), torch.float32, "merged out")
+    assert_matches(lse, full_lse.double(), torch.float32, "merged lse")
+    with pytest.raises(ValueError, match="merge_attention"):
+        distributed.merge_attention(out_a, lse_a, out_b[:, :2], lse_b)

@@ -1,0 +1,277 @@
+"""softmax_topk: values and indices against float64 references, every launch path forced, ties,
+-inf / NaN rows, k edge cases, gradients, torch.compile, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import onlinesoftmax
+from onlinesoftmax import plan, reference
+from onlinesoftmax import topk as topk_module
+
+from conftest import DEVICE, DTYPES, assert_matches, make_logits, needs_triton
+
+# (forced strategy, num_chunks, block): one program per row; several chunks merged by the second
+# launch; a split with a single chunk (the merge folds nothing); a block larger than the row.
+# Blocks are forced too, so rows of 300 span several blocks on the GPU as in the interpreter.
+PATHS = [("single", None, 64), ("split", 3, 64), ("split", 1, 64), ("single", None, 1024)]
+PATH_IDS = ["single", "split3", "split1", "bigblock"]
+
+
+def expected(x2: torch.Tensor, k: int, temperature: float = 1.0):
+    """float64 probabilities and indices under our ranking: x / T in float32, lower index on ties."""
+    scaled = x2.float().cpu() * (1.0 / temperature)
+    scaled = torch.where(scaled == 0, 0.0, scaled)
+    order = torch.sort(scaled, dim=-1, descending=True, stable=True).indices[:, :k]
+    probs = torch.softmax(scaled.double(), -1)
+    return probs.gather(-1, order), order, torch.logsumexp(scaled.double(), -1)
+
+
+def run(x2, k, path, temperature=1.0):
+    strategy, num_chunks, block = path
+    values, indices, lse = topk_module.launch_forward(x2, k, temperature, strategy, block, num_chunks)
+    chosen = plan.last_topk_plan()
+    assert chosen.strategy == strategy, chosen
+    if num_chunks is not None:
+        assert chosen.num_chunks == num_chunks, chosen
+    return values, indices, lse
+
+
+@needs_triton
+# Every dtype on the two main paths; the two corner paths in float32.
+@pytest.mark.parametrize("path, dtype", [(path, dtype) for path in PATHS[:2] for dtype in DTYPES]
+                         + [(path, torch.float32) for path in PATHS[2:]],
+                         ids=[f"{p}-{str(d)[6:]}" for p in PATH_IDS[:2] for d in DTYPES] + PATH_IDS[2:])
+# k: 1 (greedy decode), 37 (not a power of two; 64 = the list = the block is in the next test)
+@pytest.mark.parametrize("k", [1, 37])
+def test_matches_reference(path, dtype, k, gen):
+    # 300 columns: not a power of two, several blocks of 64 per chunk and a ragged last block.
+    x2 = make_logits((3, 300), dtype, gen)
+    values, indices, lse = run(x2, k, path, temperature=0.7)
+    ref_values, ref_indices, ref_lse = expected(x2, k, 0.7)
+    assert values.dtype == dtype and indices.dtype == torch.int64
+    assert torch.equal(indices.cpu(), ref_indices)
+    assert_matches(values, ref_values, dtype, "values")
+    assert_matches(lse, ref_lse, torch.float32, "lse")
+
+
+@needs_triton
+def test_torch_topk_agrees_on_distinct_values(gen):
+    # Without ties the fused result is exactly torch.topk(torch.softmax(x / T)); k = 64 makes the
+    # candidate list as large as the interpreter's block.
+    x = make_logits((2, 300), torch.float32, gen)
+    values, indices = onlinesoftmax.softmax_topk(x, 64, temperature=1.5)
+    ref_values, ref_indices = torch.topk(torch.softmax(x.double() / 1.5, -1), 64)
+    assert torch.equal(indices.cpu(), ref_indices.cpu())
+    assert_matches(values, ref_values, torch.float32, "values")
+
+
+@needs_triton
+@pytest.mark.parametrize("path", PATHS[:2], ids=PATH_IDS[:2])
+def test_numpy_insertion_loop_agrees(path, gen):
+    x2 = make_logits((2, 257), torch.float32, gen)
+    values, indices, _ = run(x2, 7, path)
+    for row in range(2):
+        ref_values, ref_indices = reference.softmax_topk(x2[row].cpu().numpy(), 7)
+        np.testing.assert_array_equal(indices[row].cpu().numpy(), ref_indices)
+        # Below float32's normal range (1.2e-38) a subnormal holds fewer digits: compare those absolutely.
+        np.testing.assert_allclose(values[row].cpu().numpy(), ref_values, rtol=1e-5, atol=np.finfo(np.float32).tiny)
+
+
+@needs_triton
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+def test_ties_lower_index_wins(path):
+    # Constant rows tie everywhere; the second row ties across the chunk boundaries, with -0.0
+    # against +0.0; the third repeats the maximum late in the row.
+    x2 = torch.zeros(3, 300, device=DEVICE)
+    x2[1, ::2] = -0.0
+    x2[1, 250:] = -1.0
+    x2[2] = torch.arange(300, device=DEVICE) % 7
+    values, indices, _ = run(x2, 9, path)
+    assert torch.equal(indices[0].cpu(), torch.arange(9))
+    assert torch.equal(indices[1].cpu(), torch.arange(9))
+    assert torch.equal(indices[2].cpu(), torch.tensor([6, 13, 20, 27, 34, 41, 48, 55, 62]))
+    assert torch.allclose(values[0].cpu(), torch.full((9,), 1 / 300))
+
+
+@needs_triton
+def test_block_merge_paths():
+    # Ascending row: every block beats the list entirely (the block top-k path each time);
+    # descending: nothing after the first block; a few late outliers: the one-by-one insertion.
+    x2 = torch.stack([torch.arange(300.0), -torch.arange(300.0), torch.zeros(300)]).to(DEVICE)
+    x2[2, [100, 170, 299]] = torch.tensor([1.0, 3.0, 2.0], device=DEVICE)
+    values, indices, _ = run(x2, 12, PATHS[0])
+    assert torch.equal(indices[0].cpu(), torch.arange(299, 287, -1))
+    assert torch.equal(indices[1].cpu(), torch.arange(12))
+    assert torch.equal(indices[2].cpu(), torch.tensor([170, 299, 100, 0, 1, 2, 3, 4, 5, 6, 7, 8]))
+
+
+@needs_triton
+@pytest.mark.parametrize("path", PATHS[:2], ids=PATH_IDS[:2])
+def test_neg_inf_entries_and_nan_rows(path):
+    x2 = torch.full((5, 150), float("-inf"), device=DEVICE)
+    x2[0, [3, 140]] = torch.tensor([1.0, 2.0], device=DEVICE)  # 2 finite, k = 4: then -inf by index
+    x2[2] = 1.0
+    x2[2, 77] = float("nan")
+    x2[3] = 1.0
+    x2[3, 100] = float("inf")
+    x2[4] = torch.linspace(-5, 5, 150, device=DEVICE)  # row 1 stays all -inf
+    values, indices, lse = run(x2, 4, path)
+    p = torch.softmax(torch.tensor([1.0, 2.0], dtype=torch.float64), 0)
+    assert torch.equal(indices[0].cpu(), torch.tensor([140, 3, 0, 1]))
+    assert torch.allclose(values[0].cpu().double(), torch.tensor([p[1], p[0], 0.0, 0.0], dtype=torch.float64))
+    for row in (1, 2, 3):  # torch.softmax gives NaN rows: NaN values, all tie, indices 0..k-1
+        assert torch.isnan(values[row]).all()
+        assert torch.equal(indices[row].cpu(), torch.arange(4))
+    assert torch.equal(indices[4].cpu(), torch.tensor([149, 148, 147, 146]))
+    assert lse[1].item() == float("-inf") and torch.isnan(lse[2]) and lse[3].item() == float("inf")
+
+
+@needs_triton
+def test_k_edge_cases_and_errors(gen):
+    x = make_logits((2, 17), torch.float32, gen)
+    values, indices = onlinesoftmax.softmax_topk(x, 17)  # k == size
+    assert torch.equal(indices.cpu(), expected(x, 17)[1])
+    values, indices, lse = onlinesoftmax.softmax_topk(x, 0, return_lse=True)
+    assert values.shape == (2, 0) and indices.shape == (2, 0) and indices.dtype == torch.int64
+    assert_matches(lse, expected(x, 0)[2], torch.float32, "lse for k=0")
+    with pytest.raises(ValueError, match="k must be in"):
+        onlinesoftmax.softmax_topk(x, 18)
+    with pytest.raises(ValueError, match="k must be in"):
+        onlinesoftmax.softmax_topk(x, -1)
+    with pytest.raises(TypeError):
+        onlinesoftmax.softmax_topk(x, 2.0)
+    with pytest.raises(TypeError):
+        onlinesoftmax.softmax_topk(x.double(), 2)
+    with pytest.raises(ValueError, match="temperature"):
+        onlinesoftmax.softmax_topk(x, 2, temperature=0.0)
+    with pytest.raises(IndexError):
+        onlinesoftmax.softmax_topk(x, 2, dim=2)
+    with pytest.raises(ValueError, match="strategy"):
+        onlinesoftmax.softmax_topk(x, 2, strategy="nope")
+    empty_values, empty_indices = onlinesoftmax.softmax_topk(x[:0], 3)
+    assert empty_values.shape == (0, 3) and empty_indices.shape == (0, 3)
+    scalar_values, scalar_indices = onlinesoftmax.softmax_topk(torch.tensor(2.0, device=DEVICE), 1)
+    assert scalar_values.item() == 1.0 and scalar_indices.item() == 0
+
+
+@needs_triton
+def test_large_k_uses_torch_path(gen):
+    # K above the kernels' list (256) runs the vectorized torch path with the same semantics.
+    x = make_logits((2, 400), torch.float32, gen)
+    values, indices = onlinesoftmax.softmax_topk(x, 300)
+    ref_values, ref_indices, _ = expected(x, 300)
+    assert torch.equal(indices.cpu(), ref_indices)
+    assert_matches(values, ref_values, torch.float32, "values")
+
+
+@needs_triton
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_any_dim_and_strided_views(dim, gen):
+    base = make_logits((2, 24, 5), torch.float32, gen)
+    x = base[:, ::2, :].transpose(0, 2) if dim != 1 else base[::2]  # (5, 12, 2) or (1, 24, 5)
+    values, indices, lse = onlinesoftmax.softmax_topk(x, 2, dim=dim, return_lse=True)
+    moved = x.movedim(dim, -1).reshape(-1, x.shape[dim])
+    ref_values, ref_indices, ref_lse = expected(moved, 2)
+    shape = x.movedim(dim, -1).shape[:-1]
+    assert values.shape == x.shape[:dim] + (2,) + x.shape[dim + 1:]
+    assert torch.equal(indices.movedim(dim, -1).reshape(-1, 2).cpu(), ref_indices)
+    assert_matches(values.movedim(dim, -1).reshape(-1, 2), ref_values, torch.float32, "values")
+    assert_matches(lse, ref_lse.reshape(shape), torch.float32, "lse")
+
+
+@needs_triton
+@pytest.mark.parametrize("path", PATHS[:2], ids=PATH_IDS[:2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradient(path, dtype, gen):
+    strategy, num_chunks, block = path
+    x = make_logits((3, 300), dtype, gen, outliers=False).requires_grad_()
+    values, indices, lse = topk_module._SoftmaxTopkFunction.apply(x, 6, 0.8, strategy, block, num_chunks)
+    dv = torch.randn(values.shape, generator=gen, dtype=torch.float64).to(DEVICE)
+    dlse = torch.randn(lse.shape, generator=gen, dtype=torch.float64).to(DEVICE)
+    ((values.double() * dv).sum() + (lse.double() * dlse).sum()).backward()
+    x64 = x.detach().double().requires_grad_()
+    y = torch.softmax(x64 / 0.8, -1)
+    ((y.gather(-1, indices) * dv).sum() + (torch.logsumexp(x64 / 0.8, -1) * dlse).sum()).backward()
+    assert x.grad.dtype == dtype
+    assert_matches(x.grad, x64.grad, dtype, "dx")
+
+
+@needs_triton
+def test_gradient_through_public_function_any_dim(gen):
+    x = make_logits((5, 3, 70), torch.float32, gen, outliers=False).transpose(0, 2).requires_grad_()
+    values, _ = onlinesoftmax.softmax_topk(x, 4, dim=0)
+    values.sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    torch.topk(torch.softmax(x64, 0), 4, 0).values.sum().backward()
+    assert_matches(x.grad, x64.grad, torch.float32, "dx")
+
+
+@needs_triton
+def test_deterministic(gen):
+    x = make_logits((2, 400), torch.float32, gen)
+    first = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5)
+    second = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@needs_triton
+def test_auto_plan_splits_few_rows_only(gen):
+    sms = plan.sm_count(DEVICE)
+    few = make_logits((1, 5000), torch.float32, gen)  # 2 chunks of 2 blocks even with the GPU's blocks
+    onlinesoftmax.softmax_topk(few, 3)
+    assert plan.last_topk_plan().strategy == "split" and plan.last_topk_plan().num_chunks > 1
+    many = make_logits((2 * sms, 100), torch.float32, gen)
+    onlinesoftmax.softmax_topk(many, 3)
+    assert plan.last_topk_plan().strategy == "single"
+
+
+def test_plan_table_for_the_gpu():
+    # What the H100 (132 SMs) gets for the issue's shapes: decode rows split, batches do not.
+    device = torch.device("cuda")
+    assert plan.topk_plan(1, 151936, 1, torch.float32, device, sms=132).num_chunks > 16
+    assert plan.topk_plan(1024, 25000, 5, torch.float32, device, sms=132).strategy == "single"
+    assert plan.topk_plan(256, 151936, 5, torch.float32, device, sms=132).num_chunks >= 2
+    chosen = plan.topk_plan(64, 128256, 50, torch.float32, device, sms=132)
+    assert chosen.strategy == "split" and chosen.k_pow2 == 64
+    assert "softmax_topk" in chosen.describe(3000.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_path(dtype, gen, monkeypatch):
+    # The vectorized torch path that CPU tensors take without the interpreter.
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x = make_logits((4, 333), dtype, gen, device="cpu")
+    x[1, 5] = float("nan")
+    values, indices, lse = onlinesoftmax.softmax_topk(x, 12, temperature=2.0, return_lse=True)
+    ref_values, ref_indices, ref_lse = expected(x, 12, 2.0)
+    ref_values[1], ref_indices[1] = float("nan"), torch.arange(12)
+    assert torch.equal(indices, ref_indices)
+    assert_matches(values, ref_values, dtype, "values")
+    assert_matches(lse, ref_lse, torch.float32, "lse")
+    x = make_logits((4, 333), torch.float32, gen, device="cpu", outliers=False).requires_grad_()
+    onlinesoftmax.softmax_topk(x, 3)[0].sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    torch.topk(torch.softmax(x64, -1), 3).values.sum().backward()
+    assert_matches(x.grad, x64.grad, torch.float32, "dx")
+
+
+def test_compile_fullgraph(gen):
+    x = make_logits((3, 200), torch.float32, gen, outliers=False).requires_grad_()
+
+    def f(t):
+        values, indices, lse = onlinesoftmax.softmax_topk(t, 5, return_lse=True)
+        return values.sum() + lse.sum(), indices
+
+    backend = "inductor" if DEVICE.type == "cuda" else "aot_eager"
+    loss, indices = torch.compile(f, fullgraph=True, backend=backend)(x)
+    loss.backward()
+    x64 = x.detach().double().requires_grad_()
+    (torch.topk(torch.softmax(x64, -1), 5).values.sum() + torch.logsumexp(x64, -1).sum()).backward()
+    assert torch.equal(indices.cpu(), expected(x.detach(), 5)[1])
+    assert_matches(x.grad, x64.grad, torch.float32, "dx under compile")
+
+

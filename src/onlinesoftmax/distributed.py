@@ -183,9 +183,10 @@ def _local_normalizer(x2: torch.Tensor, strategy: str) -> tuple[torch.Tensor, to
     if strategy == "torch":
         return cpu.normalizer(x2.float())
     chosen, _ = _split_plan("logsumexp", x2, 1)
+    # The kernel's (m, d) planes; the third (chunk maxima) is for the safe algorithm only.
     parts = _buffers.empty((2, rows, chosen.num_chunks), torch.float32, x2.device)
     softmax_ops.split_row_partials_kernel[(rows, chosen.num_chunks)](
-        x2, parts[0], parts[1], parts[0], n, 1, n, 1, 0, chosen.chunk_size, chosen.num_chunks, 1.0,
+        x2, parts, n, 1, n, 1, 0, chosen.chunk_size, chosen.num_chunks, 1.0,
         BLOCK=chosen.block_cols, CHUNKS_POW2=planner.next_power_of_2(chosen.num_chunks), CONTIGUOUS=True,
         PASS=softmax_ops.PARTIAL_ONLINE, num_warps=chosen.num_warps)
     return _merge_normalizers(parts[0], parts[1], 1)
@@ -213,10 +214,10 @@ def _write_normalized(x2: torch.Tensor, pairs: torch.Tensor, log: bool, strategy
         return y
     chosen, num_chunks = _split_plan("softmax", x2, world)
     # Every program merges the world's pairs itself, in the same order on every rank.
-    part_m = _padded_partials(pairs[:, 0], num_chunks, float("-inf"))
-    part_d = _padded_partials(pairs[:, 1], num_chunks, 0.0)
+    parts = torch.stack([_padded_partials(pairs[:, 0], num_chunks, float("-inf")),
+                         _padded_partials(pairs[:, 1], num_chunks, 0.0)])  # the kernel's (m, d) planes
     softmax_ops.split_row_normalize_kernel[(rows, num_chunks)](
-        x2, y, x2, part_m, part_d, n, 1, n, 1, 0, n, 1, 0, chosen.chunk_size, num_chunks, 1.0,
+        x2, y, x2, parts, n, 1, n, 1, 0, n, 1, 0, chosen.chunk_size, num_chunks, 1.0,
         BLOCK=chosen.block_cols, CHUNKS_POW2=planner.next_power_of_2(num_chunks), CONTIGUOUS=True,
         LOG=log, WRITE_Y=True, WRITE_LSE=False, num_warps=chosen.num_warps)
     return y

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Device-machine driver (one call of the lent GPU runs one or more stages):
-#   bash scripts/gpu_session.sh tests sanitize sweep bench
-# Peers' wheels, if carried in .whl/, are installed into /tmp/site first. Logs go to $OUT.
+#   bash scripts/gpu_session.sh tests sanitize tune bench overhead topk:bench,paper attention:sweep ladder
+# Stages: tests (whole suite, then the slow ones), sanitize (memcheck + racecheck over every softmax
+# kernel), sweep / tune (strategy and constant sweeps for plan.py), bench (the softmax bench with
+# peers), overhead (host cost per call); OP[:STAGE,...] runs scripts/gpu_OP.sh for topk, attention
+# or ladder. Peers' wheels, if carried in .whl/, are installed into /tmp/site first. Logs and
+# results go to $OUT, bundled into one results.tgz at the end.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

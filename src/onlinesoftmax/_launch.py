@@ -31,8 +31,8 @@ MAX_KEYS = 8192  # compiled-kernel entries per launcher before the table starts 
 class Launcher:
     """``Launcher(jit_fn)(grid, key, *args, num_warps=..., **constexprs)`` launches ``jit_fn``.
 
-    Positional ``args`` are the kernel's runtime arguments, in order; keyword arguments its
-    constexprs and launch options, as for ``jit_fn[grid]``.
+    Positional ``args`` are the kernel's runtime arguments, in order, the first a tensor (it names
+    the device); keyword arguments its constexprs and launch options, as for ``jit_fn[grid]``.
     """
 
     def __init__(self, fn):
@@ -49,6 +49,10 @@ class Launcher:
             self.fn[grid](*args, **meta)
             return
         device = torch._C._cuda_getDevice()
+        if args[0].device.index != device:
+            # Triton launches on the current device; run where the tensors are, as torch ops do.
+            with torch.cuda.device(args[0].device):
+                return self(grid, key, *args, **meta)
         entry = self.compiled.get((device, key))
         if entry is None:
             kernel = self.fn[grid](*args, **meta)  # compiles on first use, launches

@@ -1,5 +1,5 @@
-"""onlinesoftmax: softmax, log-softmax and logsumexp for PyTorch as Triton kernels built on the
-online normalizer (Milakov & Gimelshein, 2018)."""
+"""onlinesoftmax: softmax, log-softmax, logsumexp, fused softmax + top-k and attention for PyTorch as
+Triton kernels built on the online normalizer (Milakov & Gimelshein, 2018)."""
 
 from .attention import attention
 from .softmax import DimensionError, log_softmax, logsumexp, softmax

@@ -218,7 +218,7 @@ def attention_reference(q, k, v, mode):
 
 def check_attention(rank, world, gen):
     dtype = torch.bfloat16
-    for n_queries, n_keys in ((5, 13), (13, 6)):
+    for n_queries, n_keys in ((5, 13), (13, 6), (13, 20)):
         q = torch.randn(1, 4, n_queries, 32, generator=gen).to(dtype).to(DEVICE)
         k = torch.randn(1, 2, n_keys, 32, generator=gen).to(dtype).to(DEVICE)
         v = torch.randn(1, 2, n_keys, 32, generator=gen).to(dtype).to(DEVICE)
@@ -237,7 +237,10 @@ def check_attention(rank, world, gen):
             assert gathered_equal_everywhere(out)
         # Gradients against float64 autograd (one size per mode keeps the interpreter time down):
         # dq is the sum of every rank's share, dk and dv this rank's slice of the full gradients.
-        if (n_queries, n_keys) != (13, 6):
+        # The size gives every rank 6-10 keys: on slices of 2-3 keys (13x6) the norm-wise error of
+        # a correct bf16 backward scattered up to 1.2e-2 (the single-process op's, on whole tensors,
+        # up to 0.83e-2 over 36 seeds), so a bound of 1e-2 measured the sample, not the kernel.
+        if (n_queries, n_keys) != (13, 20):
             continue
         d_out = torch.randn(q.shape, generator=gen).to(dtype).to(DEVICE)
         for causal in (False, True, "bottom_right"):

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from . import _buffers, cpu, plan as planner
+from ._launch import op_when_compiling
 from ._triton import NEG_INF
 
 LOG2E = 1.4426950408889634  # scores go to exp2 as scale * log2(e) * q.k
@@ -613,17 +614,8 @@ def _(do, q, k, v, out, lse, mode, scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _forward(*args):
-    # As in softmax.py: the custom-op dispatch costs tens of microseconds in eager mode.
-    if torch.compiler.is_compiling():
-        return _forward_op(*args)
-    return launch_forward(*args)
-
-
-def _backward(*args):
-    if torch.compiler.is_compiling():
-        return _backward_op(*args)
-    return launch_backward(*args)
+_forward = op_when_compiling(_forward_op, launch_forward)
+_backward = op_when_compiling(_backward_op, launch_backward)
 
 
 # --------------------------------------------------------------------------------------------

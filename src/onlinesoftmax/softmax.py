@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from . import _buffers, cpu, plan as planner
-from ._launch import Launcher, aligned
+from ._launch import Launcher, aligned, op_when_compiling
 from ._triton import (
     NEG_INF,
     col_offset,
@@ -516,18 +516,8 @@ def _(y, dy, dim, log, temperature, out_dtype, strategy):
     return y.new_empty(y.shape, dtype=out_dtype or y.dtype)
 
 
-def _forward(*args):
-    # The custom-op dispatcher costs tens of microseconds per call in eager mode, as much as the
-    # kernel itself on decode-sized inputs; only torch.compile needs the op boundary.
-    if torch.compiler.is_compiling():
-        return _forward_op(*args)
-    return launch_forward(*args)
-
-
-def _backward(*args):
-    if torch.compiler.is_compiling():
-        return _backward_op(*args)
-    return launch_backward(*args)
+_forward = op_when_compiling(_forward_op, launch_forward)
+_backward = op_when_compiling(_backward_op, launch_backward)
 
 
 # --------------------------------------------------------------------------------------------

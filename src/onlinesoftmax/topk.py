@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from . import _buffers, cpu, plan as planner
-from ._launch import Launcher, aligned
+from ._launch import Launcher, aligned, op_when_compiling
 from ._triton import NEG_INF, finish_lse, load_scaled, merge_normalizers, online_update
 
 # Below every packed key of a real element (whose low word is at least 2**31 - 1 - column > 0).
@@ -308,18 +308,8 @@ def _(x2, lse, indices, dv, dlse, temperature, strategy, block, num_chunks):
     return x2.new_empty(x2.shape)
 
 
-def _forward(*args):
-    # The custom-op dispatcher costs tens of microseconds per call in eager mode; only
-    # torch.compile needs the op boundary.
-    if torch.compiler.is_compiling():
-        return _forward_op(*args)
-    return launch_forward(*args)
-
-
-def _backward(*args):
-    if torch.compiler.is_compiling():
-        return _backward_op(*args)
-    return launch_backward(*args)
+_forward = op_when_compiling(_forward_op, launch_forward)
+_backward = op_when_compiling(_backward_op, launch_backward)
 
 
 # --------------------------------------------------------------------------------------------

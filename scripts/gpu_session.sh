@@ -5,7 +5,8 @@
 # kernel), sweep / tune (strategy and constant sweeps for plan.py), bench (the softmax bench with
 # peers), overhead (host cost per call); OP[:STAGE,...] runs scripts/gpu_OP.sh for topk, attention
 # or ladder. Peers' wheels, if carried in .whl/, are installed into /tmp/site first. Logs and
-# results go to $OUT, bundled into one results.tgz at the end.
+# results go to $OUT, bundled into one results.tgz at the end. SANITIZE_TIMEOUT (s, default 600) caps
+# each compute-sanitizer tool in the sanitize stage.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -47,7 +48,7 @@ for stage in "$@"; do
             timeout 150 python3 -m pytest tests -q -p no:cacheprovider -m slow -ra 2>&1 | tee "$OUT/gpu_tests_slow.log" | tail -8 || status=1 ;;
         sanitize)
             for tool in memcheck racecheck; do
-                compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/exercise_kernels.py > "$OUT/sanitizer_$tool.log" 2>&1
+                timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/exercise_kernels.py > "$OUT/sanitizer_$tool.log" 2>&1
                 echo "compute-sanitizer $tool exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|failures" "$OUT/sanitizer_$tool.log" | tail -3
             done ;;
         sweep)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# softmax_topk on the GPU: bash scripts/gpu_topk.sh OUTDIR [tests] [sanitize] [bench] [paper]
-# (no stage named: all four). Expected on an H100 (cold Triton cache; compiles dominate): tests ~2 min,
+# softmax_topk on the GPU: bash scripts/gpu_topk.sh OUTDIR [tests] [sanitize] [bench] [paper] [sweep]
+# (no stage named: the first four; sweep is the tuning sweep of scripts/sweep_topk.py). Expected on an H100 (cold Triton cache; compiles dominate): tests ~2 min,
 # sanitize ~2 min (both tools), bench ~2.5 min, paper ~1 min; each stage has its own time limit.
 set -uo pipefail
 OUT=${1:?usage: gpu_topk.sh OUTDIR [tests sanitize bench paper]}
@@ -33,6 +33,9 @@ for stage in $STAGES; do
             timeout 120 python3 -m onlinesoftmax bench topk_paper --out "$OUT" --name h100 \
                 > "$OUT/topk_paper.log" 2>&1 || status=1
             tail -30 "$OUT/topk_paper.log" ;;
+        sweep)
+            timeout 420 python3 scripts/sweep_topk.py --quick --out "$OUT/sweep_topk.json" > "$OUT/sweep_topk.log" 2>&1 || status=1
+            cat "$OUT/sweep_topk.log" ;;
         *) echo "unknown stage $stage"; status=1 ;;
     esac
 done

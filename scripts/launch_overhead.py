@@ -45,6 +45,9 @@ def main():
     x_small = torch.randn(4, 1024, device="cuda")
     x_long = torch.randn(16, 262144, device="cuda")
     buf = torch.empty(1024, device="cuda")
+    x_vocab = torch.randn(1, 151936, device="cuda")
+    x_vocab_bf16 = x_vocab.bfloat16()
+    x_small_vocab = torch.randn(1, 25000, device="cuda")
     cases = {
         "torch.softmax 4x1024": lambda: torch.softmax(x_small, -1),
         "triton launch, 1 arg": lambda: one_arg_kernel[(1,)](buf),
@@ -57,6 +60,10 @@ def main():
         "onlinesoftmax.softmax 16x262144 (split_row)": lambda: onlinesoftmax.softmax(x_long),
         "onlinesoftmax.softmax 16x262144 looped": lambda: onlinesoftmax.softmax(x_long, strategy="looped"),
         "torch.empty 16x262144": lambda: torch.empty_like(x_long),
+        "onlinesoftmax.softmax_topk 1x151936 k1 (split)": lambda: onlinesoftmax.softmax_topk(x_vocab, 1),
+        "onlinesoftmax.softmax_topk 1x151936 k1 bf16": lambda: onlinesoftmax.softmax_topk(x_vocab_bf16, 1),
+        "onlinesoftmax.softmax_topk 1x25000 k5 (single)": lambda: onlinesoftmax.softmax_topk(x_small_vocab, 5),
+        "torch.topk(torch.softmax) 1x151936 k1": lambda: torch.topk(torch.softmax(x_vocab, -1), 1),
     }
     for name, fn in cases.items():
         print(f"{name:48s} {per_call_us(fn, 3000 if 'x262144' not in name else 300):8.1f} us issued per call")
@@ -67,6 +74,13 @@ def main():
     profile.disable()
     torch.cuda.synchronize()
     pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(300):
+        onlinesoftmax.softmax_topk(x_vocab_bf16, 1)
+    profile.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(20)
 
 
 if __name__ == "__main__":

@@ -103,9 +103,27 @@ def test_block_merge_paths():
     x2 = torch.stack([torch.arange(300.0), -torch.arange(300.0), torch.zeros(300)]).to(DEVICE)
     x2[2, [100, 170, 299]] = torch.tensor([1.0, 3.0, 2.0], device=DEVICE)
     values, indices, _ = run(x2, 12, PATHS[0])
+    assert not plan.last_topk_plan().compact
     assert torch.equal(indices[0].cpu(), torch.arange(299, 287, -1))
     assert torch.equal(indices[1].cpu(), torch.arange(12))
     assert torch.equal(indices[2].cpu(), torch.tensor([170, 299, 100, 0, 1, 2, 3, 4, 5, 6, 7, 8]))
+
+
+@needs_triton
+def test_block_merge_paths_long_list():
+    # k > plan.TOPK_COMPACT_ABOVE_K: survivors are compacted. Ascending: every block of 128 holds
+    # more survivors than the 32-slot list (the block top-k path); the outliers are compacted,
+    # three in one block, as are the descending row's first block and the constant row's ties.
+    k = 20
+    x2 = torch.stack([torch.arange(300.0), -torch.arange(300.0), torch.zeros(300)]).to(DEVICE)
+    x2[2, [100, 110, 120, 170, 299]] = torch.tensor([1.0, 5.0, 4.0, 3.0, 2.0], device=DEVICE)
+    values, indices, _ = run(x2, k, ("single", None, 128))
+    assert plan.last_topk_plan().compact and plan.last_topk_plan().k_pow2 == 32
+    assert torch.equal(indices[0].cpu(), torch.arange(299, 299 - k, -1))
+    assert torch.equal(indices[1].cpu(), torch.arange(k))
+    assert torch.equal(indices[2].cpu(), torch.tensor([110, 120, 170, 299, 100] + list(range(15))))
+    ref_values, _, _ = expected(x2, k)
+    assert_matches(values, ref_values, torch.float32, "values")
 
 
 @needs_triton

@@ -358,14 +358,19 @@ TOPK_MAX_K = 256
 # block pays for a merge only when it holds an element above the K-th best so far, and with more,
 # smaller blocks a larger share of them is filtered out (about K ln(blocks / K) blocks merge).
 # A block is never smaller than the candidate list: the block's own top-K is taken with tl.topk.
-TOPK_BLOCK = {4: 2048, 2: 2048, 1: 2048}
-TOPK_WARPS = 8
-# A block that would insert at most this many elements (its survivors above the list's threshold,
-# at most K_POW2 of them) inserts them one by one (a max reduction and a log2(K)-stage merge each)
-# rather than taking the block's top-K with tl.topk (a sorting network over the whole block of
-# 64-bit keys). At 4 the H100 spent 0.216 ms on 1024x25000 fp32, k=5, against a 0.034 ms floor:
-# the first blocks of every row, 8+ survivors each, went through the sorting network.
+TOPK_BLOCK = {4: 1024, 2: 1024, 1: 1024}
+TOPK_WARPS = 4
+# How a block's survivors (its elements above the list's k-th best) reach the list. Short lists
+# (k <= TOPK_FEW_SURVIVORS) insert up to k of them one by one (a max reduction and a log2(K_POW2)
+# merge each), more through tl.topk of the block (a sorting network over the whole block of
+# 64-bit keys: the costly step). Longer lists "compact": a block with at most K_POW2 survivors
+# packs them by a prefix sum into K_POW2 slots of scratch, sorts those and merges once.
+# H100, fp32, kernel time (scripts/sweep_topk.py, block 1024, 4 warps), one-by-one vs compact:
+# 1024x25000 k5 101 vs 116 us; 4096x4096 k8 168 vs 175; 64x128256 k50 230 vs 136;
+# 256x151936 k64 505 vs 450; 128x262144 k256 1604 vs 711. The sweep also put block 1024 with
+# 4 warps ahead of 2048 with 8 at every k: 1024x25000 k5 135 -> 101 us, 4096x4096 k8 234 -> 168.
 TOPK_FEW_SURVIVORS = 16
+TOPK_COMPACT_ABOVE_K = 16
 # Split a row across programs when the rows alone give fewer than this many programs per SM.
 TOPK_SPLIT_BELOW_ROWS_PER_SM = 2
 # Programs aimed at per SM when splitting, the fewest blocks a chunk streams (below that the
@@ -396,6 +401,7 @@ class TopkPlan:
     num_warps: int
     chunk_size: int
     num_chunks: int
+    compact: bool  # survivors packed by a prefix sum (long lists), else inserted one by one
 
     @property
     def launches(self) -> int:
@@ -410,7 +416,8 @@ class TopkPlan:
             f"op:          softmax_topk  ({self.rows} rows x {self.cols} cols, k={self.k} "
             f"(list of {self.k_pow2}), {str(self.dtype).replace('torch.', '')})",
             f"strategy:    {self.strategy}  ({self.launches} launch(es), {self.num_warps} warps/program)",
-            f"blocks:      {self.block} cols per block; {self.num_chunks} chunk(s) of {self.chunk_size} per row",
+            f"blocks:      {self.block} cols per block; {self.num_chunks} chunk(s) of {self.chunk_size} per row; "
+            f"survivors {'compacted' if self.compact else 'inserted one by one'}",
             f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (x read once, outputs written once)",
         ]
         if bandwidth_gbs:
@@ -447,7 +454,8 @@ def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.de
     num_chunks = _cdiv(max(cols, 1), chunk_size)  # every chunk holds at least one column
     if strategy is None:
         strategy = "single" if num_chunks == 1 else "split"
-    return TopkPlan(strategy, rows, cols, k, k_pow2, dtype, block, TOPK_WARPS, chunk_size, num_chunks)
+    return TopkPlan(strategy, rows, cols, k, k_pow2, dtype, block, TOPK_WARPS, chunk_size, num_chunks,
+                    k > TOPK_COMPACT_ABOVE_K)
 
 
 _last_topk_plan: TopkPlan | None = None

@@ -8,11 +8,13 @@ and re-reads the probabilities, and sorts: 3 passes over V elements plus the sor
 Candidates are packed 64-bit keys: the high word is the float's bits made order-preserving as a
 signed int32, the low word is ``2**31 - 1 - column``, so integer comparison orders by value and
 then prefers the lower column (ties: the lower index wins). The list stays sorted descending;
-its last key is the threshold. The common block costs the online update, one max reduction and
-one compare against the threshold. A block holding elements above it inserts them one at a time
-when they are few (FEW_SURVIVORS), else takes the ``tl.topk`` of the block; either way the list
-absorbs a sorted list by a bitonic merge (the elementwise max of the list and the other list
-reversed is the top K_POW2 of the union, and bitonic).
+its k-th key is the threshold. The common block costs the online update, one max reduction and
+one compare against the threshold. A block holding elements above it (survivors) hands them to
+the list as a sorted list: short lists (k <= 16) take the best survivors one at a time, longer
+ones pack up to K_POW2 survivors by a prefix sum through scratch and sort them; a block with more
+survivors than that takes its ``tl.topk``. The list absorbs a sorted list by a bitonic merge (the
+elementwise max of the list and the other list reversed is the top K_POW2 of the union, and
+bitonic).
 
 Few rows ("split"): each row is cut into chunks whose (m, d) and candidate lists go to scratch,
 and a second launch merges them per row with fixed-order reductions (deterministic: no atomics).
@@ -58,11 +60,13 @@ def unpack_keys(keys):
 
 
 @triton.jit
-def list_threshold(candidates):
-    # The list's worst key; "filling" while empty slots remain, so that any element (even -inf) enters.
-    worst = tl.min(candidates, 0)
-    threshold, _ = unpack_keys(worst)
-    return threshold, worst == EMPTY_KEY
+def list_threshold(candidates, k, K_POW2: tl.constexpr):
+    # The list's k-th key (the list is sorted descending; the slots after k only pad it to a power
+    # of two, and an element below the k-th best can never be chosen). "Filling" while the k-th
+    # slot is empty, so that any element (even -inf) enters.
+    kth = tl.max(tl.where(tl.arange(0, K_POW2) == k - 1, candidates, EMPTY_KEY), 0)
+    threshold, _ = unpack_keys(kth)
+    return threshold, kth == EMPTY_KEY
 
 
 @triton.jit
@@ -98,8 +102,8 @@ def write_topk(candidates, m, d, row, k, values_ptr, indices_ptr, lse_ptr, out_s
 def topk_stream_kernel(
     x_ptr, values_ptr, indices_ptr, lse_ptr, part_m_ptr, part_d_ptr, part_keys_ptr,
     n_cols, k, x_stride_row, x_stride_col, out_stride_row, chunk_size, num_chunks, inv_temperature,
-    BLOCK: tl.constexpr, K_POW2: tl.constexpr, FEW_SURVIVORS: tl.constexpr, CONTIGUOUS: tl.constexpr,
-    FINAL: tl.constexpr, WRITE_LSE: tl.constexpr,
+    BLOCK: tl.constexpr, K_POW2: tl.constexpr, FEW_SURVIVORS: tl.constexpr, COMPACT: tl.constexpr,
+    CONTIGUOUS: tl.constexpr, FINAL: tl.constexpr, WRITE_LSE: tl.constexpr,
 ):
     # One read of x[row, chunk]. FINAL (one chunk per row): write the outputs; else the partials.
     row = tl.program_id(0)
@@ -111,7 +115,9 @@ def topk_stream_kernel(
     d = tl.zeros([BLOCK], tl.float32)
     slot = tl.arange(0, K_POW2)
     candidates = tl.full([K_POW2], EMPTY_KEY, tl.int64)  # sorted descending
-    threshold, filling = list_threshold(candidates)
+    threshold, filling = list_threshold(candidates, k, K_POW2)
+    # This program's K_POW2 slots of part_keys: compaction scratch until the partial list is stored.
+    scratch = part_keys_ptr + (row.to(tl.int64) * num_chunks + chunk) * K_POW2
     for block_start in range(start, stop, BLOCK):
         cols = block_start + tl.arange(0, BLOCK)
         b_x = load_scaled(x_row, cols, x_stride_col, stop, inv_temperature, CONTIGUOUS)  # [BLOCK]
@@ -121,19 +127,34 @@ def topk_stream_kernel(
             in_chunk = cols < stop
             survivors = tl.where(filling, in_chunk, (b_x > threshold) & in_chunk)
             keys = tl.where(survivors, pack_keys(b_x, cols), EMPTY_KEY)  # [BLOCK]
-            # Only the best K_POW2 survivors can enter the list.
-            n_inserts = tl.minimum(tl.sum(survivors.to(tl.int32), 0), K_POW2)
-            if n_inserts <= FEW_SURVIVORS:
-                # The usual case once the list is full, and every block when K is small: insert
-                # the best survivors one at a time (one max reduction and a log2(K_POW2)-stage
-                # merge each) instead of a block top-k, a sorting network over the whole block.
-                for _ in range(n_inserts):
-                    best = tl.max(keys, 0)
-                    candidates = merge_sorted_lists(candidates, tl.where(slot == K_POW2 - 1, best, EMPTY_KEY))
-                    keys = tl.where(keys == best, EMPTY_KEY, keys)
+            n_survivors = tl.sum(survivors.to(tl.int32), 0)
+            # COMPACT (long lists): blocks with at most K_POW2 survivors pack them into K_POW2
+            # slots and merge once. Else (short lists) insert them one at a time.
+            if COMPACT:
+                few = n_survivors <= K_POW2
             else:
+                few = tl.minimum(n_survivors, k) <= FEW_SURVIVORS
+            if few:
+                if COMPACT:
+                    # A prefix sum gives each survivor its slot; the scatter and gather go through
+                    # this program's scratch, between barriers; the few are sorted and merged.
+                    slot_of = tl.cumsum(survivors.to(tl.int32), 0) - 1
+                    tl.store(scratch + slot_of, keys, mask=survivors)
+                    tl.debug_barrier()
+                    packed = tl.load(scratch + slot, mask=slot < n_survivors, other=EMPTY_KEY)
+                    tl.debug_barrier()  # every thread has read before the next block scatters
+                    candidates = merge_sorted_lists(candidates, tl.sort(packed))
+                else:
+                    # Insert the best survivors one at a time (one max reduction and a
+                    # log2(K_POW2)-stage merge each) instead of a block top-k.
+                    for _ in range(tl.minimum(n_survivors, k)):
+                        best = tl.max(keys, 0)
+                        candidates = merge_sorted_lists(candidates, tl.where(slot == K_POW2 - 1, best, EMPTY_KEY))
+                        keys = tl.where(keys == best, EMPTY_KEY, keys)
+            else:
+                # Many survivors (the first blocks): the block's own top-K_POW2 by a sorting network.
                 candidates = merge_sorted_lists(candidates, tl.flip(tl.topk(keys, K_POW2), 0))
-            threshold, filling = list_threshold(candidates)
+            threshold, filling = list_threshold(candidates, k, K_POW2)
     m_row, d_row = merge_normalizers(m, d, 0)
     if FINAL:
         write_topk(candidates, m_row, d_row, row, k, values_ptr, indices_ptr, lse_ptr, out_stride_row,
@@ -239,15 +260,20 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
     # compiled-kernel key (see onlinesoftmax._launch).
     launch_key = (chosen, x2.stride(0), x2.stride(1), aligned(x2), planner.TOPK_FEW_SURVIVORS)
     common = dict(BLOCK=chosen.block, K_POW2=chosen.k_pow2, FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS,
+                  COMPACT=chosen.compact,
                   CONTIGUOUS=x2.stride(1) == 1, WRITE_LSE=True, num_warps=chosen.num_warps)
+    # Each program's candidate list (split) and compaction scratch (compact plans); a single
+    # one-by-one launch touches neither.
+    part_keys = indices
+    if chosen.strategy == "split" or chosen.compact:
+        part_keys = _buffers.empty((n_rows, chosen.num_chunks, chosen.k_pow2), torch.int64, x2.device)
     if chosen.strategy == "single":
         _topk_stream(
-            (n_rows, 1), launch_key, x2, values, indices, lse, lse, lse, indices, n_cols, k, x2.stride(0),
+            (n_rows, 1), launch_key, x2, values, indices, lse, lse, lse, part_keys, n_cols, k, x2.stride(0),
             x2.stride(1), k, n_cols, 1, inv_t, FINAL=True, **common)
         return values, indices, lse
     part_m = _buffers.empty((n_rows, chosen.num_chunks), torch.float32, x2.device)
     part_d = _buffers.empty((n_rows, chosen.num_chunks), torch.float32, x2.device)
-    part_keys = _buffers.empty((n_rows, chosen.num_chunks, chosen.k_pow2), torch.int64, x2.device)
     _topk_stream(
         (n_rows, chosen.num_chunks), launch_key, x2, values, indices, lse, part_m, part_d, part_keys, n_cols, k,
         x2.stride(0), x2.stride(1), k, chosen.chunk_size, chosen.num_chunks, inv_t, FINAL=False, **common)

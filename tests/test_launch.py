@@ -1,0 +1,88 @@
+"""The compiled-kernel key contract of onlinesoftmax._launch, checked where no GPU is needed.
+
+A Launcher reuses the kernel compiled for the first call with a given key. That is only correct if
+two calls with equal keys get equal specializations from Triton (each integer argument equal to 1,
+divisible by 16, 32 or 64 bits; each pointer 16-byte aligned or not; the constexprs). Record every
+launch of a varied workload and hold each key's calls to that, with Triton's own specializer.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+
+import pytest
+import torch
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend
+
+import onlinesoftmax
+from onlinesoftmax import _launch
+
+from conftest import make_logits, needs_triton
+
+
+def specialization(args):
+    return tuple(native_specialize_impl(BaseBackend, a, False, True, True) for a in args)
+
+
+@needs_triton
+def test_equal_keys_mean_equal_specializations(gen, monkeypatch):
+    seen = collections.defaultdict(set)
+    launch = _launch.Launcher.__call__
+
+    def recording(self, grid, key, *args, **meta):
+        seen[(id(self), key)].add((specialization(args), tuple(sorted(meta.items()))))
+        return launch(self, grid, key, *args, **meta)
+
+    monkeypatch.setattr(_launch.Launcher, "__call__", recording)
+    base = make_logits((6, 208), torch.float32, gen)
+    flat = make_logits((6 * 64 + 4,), torch.float32, gen)
+    views = [
+        flat[:384].view(6, 64)[:, :40], flat[1:385].view(6, 64)[:, :40],  # same layout, alignment differs
+        base[:, :32], base[:, :33], base[:, 1:33],  # a row length divisible by 16 or not, an offset start
+        base.view(-1)[1:1 + 6 * 32].view(6, 32),  # a pointer off 16-byte alignment
+        base[::2, :48], base[:1, :48], base[:, 16:].t(),  # other row strides, one row, columns strided
+        base[:, :-16], base[:, :-15],
+    ]
+    for x in views:
+        for strategy in ("row_on_chip", "looped", "split_row"):
+            for temperature in (1.0, 0.7):
+                onlinesoftmax.softmax(x, strategy=strategy, temperature=temperature)
+            onlinesoftmax.log_softmax(x, strategy=strategy)
+            onlinesoftmax.logsumexp(x, strategy=strategy)
+            leaf = x.detach().clone().requires_grad_()
+            onlinesoftmax.softmax(leaf, strategy=strategy).backward(torch.ones_like(leaf))
+        if x.shape[-1] >= 8:
+            for strategy in ("single", "split"):
+                onlinesoftmax.softmax_topk(x, 3, strategy=strategy)
+    assert len(seen) > 20, "the workload should reach many distinct launch keys"
+    shared = {key: calls for key, calls in seen.items() if len(calls) > 1}
+    assert not shared, f"keys shared by calls that Triton specializes differently: {list(shared.values())[:2]}"
+
+
+@needs_triton
+def test_the_check_catches_a_key_that_leaves_out_the_alignment(gen, monkeypatch):
+    # The same workload with alignment dropped from the key must trip the check above: the test
+    # is able to fail.
+    seen = collections.defaultdict(set)
+    launch = _launch.Launcher.__call__
+
+    def recording(self, grid, key, *args, **meta):
+        seen[(id(self), key)].add(specialization(args))
+        return launch(self, grid, key, *args, **meta)
+
+    monkeypatch.setattr(_launch.Launcher, "__call__", recording)
+    monkeypatch.setattr(importlib.import_module("onlinesoftmax.softmax"), "aligned", lambda t: True)
+    flat = make_logits((6 * 64 + 4,), torch.float32, gen)
+    onlinesoftmax.softmax(flat[:384].view(6, 64)[:, :40], strategy="looped")
+    onlinesoftmax.softmax(flat[1:385].view(6, 64)[:, :40], strategy="looped")  # 4 bytes off
+    assert any(len(calls) > 1 for calls in seen.values())
+
+
+@needs_triton
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the fast path is the one taken")
+def test_interpreted_kernels_take_tritons_own_path():
+    # Under the interpreter the kernels are not JITFunctions and must not reach the compiled path.
+    softmax_module = importlib.import_module("onlinesoftmax.softmax")
+    assert not _launch.Launcher(softmax_module.row_on_chip_softmax_kernel).fast

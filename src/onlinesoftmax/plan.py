@@ -360,11 +360,13 @@ TOPK_MAX_K = 256
 # A block is never smaller than the candidate list: the block's own top-K is taken with tl.topk.
 TOPK_BLOCK = {4: 1024, 2: 1024, 1: 1024}
 TOPK_WARPS = 4
-# How a block's survivors (its elements above the list's k-th best) reach the list. Short lists
-# (k <= TOPK_FEW_SURVIVORS) insert up to k of them one by one (a max reduction and a log2(K_POW2)
-# merge each), more through tl.topk of the block (a sorting network over the whole block of
-# 64-bit keys: the costly step). Longer lists "compact": a block with at most K_POW2 survivors
-# packs them by a prefix sum into K_POW2 slots of scratch, sorts those and merges once.
+# How a block's survivors (its elements above the list's k-th best) reach the list. Plans with
+# k <= TOPK_COMPACT_ABOVE_K insert the best min(survivors, k) one by one (a max reduction and a
+# log2(K_POW2) merge each); TOPK_FEW_SURVIVORS caps that count, above it the block goes through
+# tl.topk (a sorting network over the whole block of 64-bit keys: the costly step). With both at
+# 16 the cap only binds when a sweep forces one-by-one for larger k. Plans with larger k
+# "compact": a block with at most K_POW2 survivors packs them by a prefix sum into K_POW2 slots of
+# scratch, sorts those and merges once; more survivors take the block's tl.topk.
 # H100, fp32, kernel time (scripts/sweep_topk.py, block 1024, 4 warps), one-by-one vs compact:
 # 1024x25000 k5 101 vs 116 us; 4096x4096 k8 168 vs 175; 64x128256 k50 230 vs 136;
 # 256x151936 k64 505 vs 450; 128x262144 k256 1604 vs 711. The sweep also put block 1024 with

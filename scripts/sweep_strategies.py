@@ -1,6 +1,6 @@
 """Time every strategy forced on every shape of the standard grid (tuning data for plan.py).
 
-    python scripts/sweep_strategies.py [--out sweep.json]
+    python scripts/sweep_strategies.py [--out sweep.json] [--shapes 256x151936,1x1048576]
 
 Each timing is the median of triton.testing.do_bench over input buffers rotated so that at least
 400 MB are cycled (no L2-resident numbers); GB/s counts each input read once and each output
@@ -19,19 +19,21 @@ from onlinesoftmax.softmax import launch_backward
 from onlinesoftmax.bench.harness import copy_bandwidth_gbs, rotation_count, time_ms
 from onlinesoftmax.bench.softmax_suite import GRID
 
-CASES = [("row_on_chip", "auto"), ("looped", "online"), ("looped", "safe"), ("split_row", "online"),
-         ("split_row", "safe")]
+CASES = [("row_on_chip", "auto"), ("split_row_on_chip", "auto"), ("looped", "online"), ("looped", "safe"),
+         ("split_row", "online"), ("split_row", "safe")]
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
+    parser.add_argument("--shapes", default=None, help="comma-separated ROWSxCOLS instead of the standard grid")
     args = parser.parse_args()
+    grid = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")] if args.shapes else GRID
     copy = copy_bandwidth_gbs()
     print(f"copy bandwidth: {copy:.0f} GB/s")
     results = []
     for dtype in (torch.float32, torch.bfloat16):
-        for rows, cols in GRID:
+        for rows, cols in grid:
             nbytes = 2 * rows * cols * dtype.itemsize
             xs = [(torch.randn(rows, cols, device="cuda", dtype=dtype),) for _ in range(rotation_count(nbytes))]
             line = [f"{str(dtype)[6:]:8s} {rows:6d}x{cols:<9d}"]
@@ -58,7 +60,7 @@ def main():
                      torch.randn(rows, cols, device="cuda", dtype=dtype)) for _ in range(rotation_count(3 * nbytes // 2))]
             line = [f"  bwd {str(dtype)[6:]:8s} {rows:6d}x{cols:<9d}"]
             bwd = [("torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype))]
-            for strategy in ("row_on_chip", "looped", "split_row", None):
+            for strategy in ("row_on_chip", "split_row_on_chip", "looped", "split_row", None):
                 if strategy == "row_on_chip" and plan.next_power_of_2(cols) > 32768:
                     continue
                 bwd.append((str(strategy), lambda y, dy, s=strategy: launch_backward(y, dy, 1, False, strategy=s)))

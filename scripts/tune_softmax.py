@@ -1,9 +1,10 @@
 """Tuning data for plan.py's constants (GPU): time the forward softmax on the shapes where a setting
 is in doubt, under alternative values of the constants, in one process.
 
-    python scripts/tune_softmax.py [--out tune.json]
+    python scripts/tune_softmax.py [--out tune.json] [--strategy split_row_on_chip] [--backward]
 
-Each line is one shape and one constant set; GB/s counts x read once and y written once. Times are
+Each line is one shape and one constant set; GB/s counts x read once and y written once (backward:
+y and dy read, dx written). Times are
 CUDA-graph replays (the kernels' own cost, without host launch overhead) over rotated inputs.
 """
 
@@ -58,8 +59,21 @@ def on_chip_variants(max_cols):
                        ROW_ON_CHIP_MAX_COLS=max_cols)
 
 
+def split_on_chip_variants():
+    for tile_bytes, warp_bytes in itertools.product((8192, 16384, 32768, 65536), (1024, 2048, 4096, 8192)):
+        yield dict(SPLIT_ON_CHIP_TILE_BYTES={"forward": tile_bytes, "backward": tile_bytes},
+                   SPLIT_ON_CHIP_WARP_BYTES={"forward": warp_bytes, "backward": warp_bytes},
+                   SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM=1.0)
+
+
 CASES = [
     # (dtype, rows, cols, strategy, variants)
+    (torch.float32, 64, 128256, "split_row_on_chip", split_on_chip_variants),
+    (torch.bfloat16, 64, 128256, "split_row_on_chip", split_on_chip_variants),
+    (torch.float32, 16, 262144, "split_row_on_chip", split_on_chip_variants),
+    (torch.bfloat16, 16, 262144, "split_row_on_chip", split_on_chip_variants),
+    (torch.float32, 256, 151936, "split_row_on_chip", split_on_chip_variants),
+    (torch.bfloat16, 256, 151936, "split_row_on_chip", split_on_chip_variants),
     (torch.float32, 64, 128256, "split_row", split_variants),
     (torch.bfloat16, 64, 128256, "split_row", split_variants),
     (torch.float32, 16, 262144, "split_row", split_variants),
@@ -80,7 +94,7 @@ def describe(values):
         if name == "WARPS_BY_TILE_ELEMENTS":
             value = "/".join(str(w) for _, w in value)
         elif isinstance(value, dict):
-            value = value.get(2)
+            value = value.get(2, value.get("forward"))
         parts.append(f"{name}={value}")
     return " ".join(parts)
 
@@ -88,18 +102,29 @@ def describe(values):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
+    parser.add_argument("--strategy", default=None, help="only the cases of this strategy")
+    parser.add_argument("--backward", action="store_true", help="time softmax backward instead")
     args = parser.parse_args()
     copy = copy_bandwidth_gbs()
     print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
     results = []
     for dtype, rows, cols, strategy, variants in CASES:
-        nbytes = 2 * rows * cols * dtype.itemsize
-        xs = [(torch.randn(rows, cols, device="cuda", dtype=dtype),) for _ in range(rotation_count(nbytes))]
+        if args.strategy and strategy != args.strategy:
+            continue
+        nbytes = (3 if args.backward else 2) * rows * cols * dtype.itemsize
+        count = rotation_count(nbytes)
+        if args.backward:  # y, dy -> dx
+            xs = [(torch.softmax(torch.randn(rows, cols, device="cuda"), -1).to(dtype),
+                   torch.randn(rows, cols, device="cuda", dtype=dtype)) for _ in range(count)]
+            call = lambda y, dy: softmax_module.launch_backward(y, dy, 1, False, strategy=strategy)  # noqa: E731
+        else:
+            xs = [(torch.randn(rows, cols, device="cuda", dtype=dtype),) for _ in range(count)]
+            call = lambda x: onlinesoftmax.softmax(x, strategy=strategy)  # noqa: E731
         best = None
         for values in [{}] + list(variants()):
             with constants(**values):
                 try:
-                    ms = graph_time_ms(lambda x: onlinesoftmax.softmax(x, strategy=strategy), xs)
+                    ms = graph_time_ms(call, xs)
                 except Exception as exc:  # too many registers for a tile, say: report and go on
                     print(f"  {describe(values)}: {type(exc).__name__}", flush=True)
                     continue

@@ -21,8 +21,9 @@ OPS = {
     "softmax": (onlinesoftmax.softmax, torch.softmax),
     "log_softmax": (onlinesoftmax.log_softmax, torch.log_softmax),
 }
-# (strategy, algorithm) pairs: row_on_chip is one pass by construction, the streaming ones take both.
-STRATEGY_ALGORITHMS = [("row_on_chip", "auto"), ("looped", "online"), ("looped", "safe"),
+# (strategy, algorithm) pairs: the on-chip strategies are one pass by construction, the streaming
+# ones take both.
+STRATEGY_ALGORITHMS = [("row_on_chip", "auto"), ("split_row_on_chip", "auto"), ("looped", "online"), ("looped", "safe"),
                        ("split_row", "online"), ("split_row", "safe"), ("torch", "online"), ("torch", "safe")]
 
 
@@ -120,7 +121,7 @@ def test_special_values_match_torch(op, strategy):
         out = onlinesoftmax.logsumexp(x, -1, strategy=strategy)
         ref = torch.logsumexp(x.double(), -1)
     else:
-        out = OPS[op][0](x, -1, strategy=strategy, algorithm="auto" if strategy == "row_on_chip" else "online")
+        out = OPS[op][0](x, -1, strategy=strategy, algorithm="auto" if strategy.endswith("on_chip") else "online")
         ref = OPS[op][1](x.double(), -1)
     assert plan.last_plan().strategy == strategy
     assert_matches(out, ref, torch.float32, f"{op} {strategy}")
@@ -242,7 +243,7 @@ def test_gradients_match_float64_autograd(op, dtype, strategy, dim, kind, gen):
 
 
 @needs_triton
-@pytest.mark.parametrize("strategy", ["looped", "split_row"])
+@pytest.mark.parametrize("strategy", ["looped", "split_row", "split_row_on_chip"])
 def test_gradients_of_long_rows(strategy, gen):
     cols = 3 * plan.STREAM_BLOCK[4] + 17
     x = make_logits((2, cols), torch.float32, gen, outliers=False).requires_grad_()
@@ -352,21 +353,30 @@ def test_bad_options_raise(fn):
 
 
 @needs_triton
-def test_row_on_chip_refuses_multi_pass_algorithms():
+@pytest.mark.parametrize("strategy", ["row_on_chip", "split_row_on_chip"])
+def test_on_chip_strategies_refuse_multi_pass_algorithms(strategy):
     with pytest.raises(ValueError, match="reads the row once"):
-        onlinesoftmax.softmax(torch.randn(3, 4, device=DEVICE), algorithm="safe", strategy="row_on_chip")
-
-
-def test_triton_strategy_on_cpu_without_interpreter_says_what_to_do(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
-        onlinesoftmax.softmax(torch.randn(3, 4), strategy="looped")
-    onlinesoftmax.softmax(torch.randn(3, 4))
-    assert plan.last_plan().strategy == "torch"
+        onlinesoftmax.softmax(torch.randn(3, 4, device=DEVICE), algorithm="safe", strategy=strategy)
 
 
 @needs_triton
-@pytest.mark.parametrize("strategy", ["row_on_chip", "looped", "split_row"])
+def test_split_row_on_chip_refuses_rows_too_long_to_hold(monkeypatch):
+    # A row needs all its programs resident at once: more chunks than that is an error, not a hang.
+    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_TILE_BYTES", {"forward": 64, "backward": 64})
+    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_MAX_TILE", 16)
+    plan._choose.cache_clear()
+    try:
+        cols = 16 * plan._split_on_chip_max_chunks(plan.sm_count(DEVICE)) + 1
+        with pytest.raises(ValueError, match="side by side"):
+            onlinesoftmax.softmax(torch.randn(2, cols, device=DEVICE), strategy="split_row_on_chip")
+        onlinesoftmax.softmax(torch.randn(2, cols, device=DEVICE))  # the automatic choice goes elsewhere
+        assert plan.last_plan().strategy != "split_row_on_chip"
+    finally:
+        plan._choose.cache_clear()
+
+
+@needs_triton
+@pytest.mark.parametrize("strategy", ["row_on_chip", "looped", "split_row", "split_row_on_chip"])
 def test_repeated_calls_reuse_launches_safely(strategy, gen):
     # The launchers cache a recipe per call signature and a compiled kernel per recipe and pointer
     # alignment. Interleave signatures that must not share one: the same shape with an input
@@ -390,6 +400,95 @@ def test_repeated_calls_reuse_launches_safely(strategy, gen):
 
 
 # ----------------------------------------------------------------------------------------------
+# GPU only: split_row_on_chip with many programs per row (the interpreter runs one per row)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_split_tiles(monkeypatch):
+    """split_row_on_chip with chunks of at most 4096 (forward) / 2048 (backward) bytes of input, so
+    that test-sized rows take many programs each."""
+    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_TILE_BYTES", {"forward": 4096, "backward": 2048})
+    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_WARP_BYTES", {"forward": 1024, "backward": 1024})
+    plan._choose.cache_clear()
+    softmax_module._RECIPES.clear()
+    yield
+    plan._choose.cache_clear()
+    softmax_module._RECIPES.clear()
+
+
+def assert_counters_left_zero():
+    # Every launch must leave its stream's counters zero, or the next launch waits forever.
+    torch.cuda.synchronize()
+    for counters in softmax_module._buffers._COUNTERS.values():
+        assert not counters.any(), "split_row_on_chip left a counter set"
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("rows, cols", [(1, 4097), (3, 5000), (7, 16 * 1024), (2000, 3001)])
+def test_split_row_on_chip_many_programs_per_row(rows, cols, dtype, small_split_tiles, gen):
+    # 2000 rows of 3 programs: far more programs than fit on the GPU at once, so tickets are
+    # handed out over many waves and every row counter is used and reset.
+    x = make_logits((rows, cols), dtype, gen).to(DEVICE)
+    for op, (ours, ref) in OPS.items():
+        out = ours(x, -1, strategy="split_row_on_chip")
+        chosen = plan.last_plan()
+        assert chosen.strategy == "split_row_on_chip" and chosen.num_chunks == -(-cols // (4096 // dtype.itemsize)) > 1
+        assert_matches(out, ref(x.double(), -1), dtype, f"{op} {rows}x{cols}")
+        assert torch.equal(out, ours(x, -1, strategy="split_row_on_chip")), "not bitwise reproducible"
+    lse = onlinesoftmax.logsumexp(x, -1, strategy="split_row_on_chip")
+    assert_matches(lse, torch.logsumexp(x.double(), -1), dtype, "logsumexp")
+    # Backward judged against float64 arithmetic on our own stored y (see the gradient tests above).
+    xg = make_logits((rows, cols), dtype, gen, scale=2.0, outliers=False).requires_grad_()
+    dy = make_logits((rows, cols), dtype, gen, scale=1.0)
+    y = onlinesoftmax.softmax(xg, strategy="split_row_on_chip")
+    (dx,) = torch.autograd.grad(y, xg, dy)
+    assert plan.last_plan().num_chunks == -(-cols // (2048 // dtype.itemsize))
+    y64, dy64 = y.detach().double(), dy.double()
+    assert_matches(dx, y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True)), dtype, "backward")
+    assert_counters_left_zero()
+
+
+@gpu_only
+def test_split_row_on_chip_special_values_across_chunks(small_split_tiles):
+    # Row 0: one chunk all -inf (its partial is (-inf, 0)); row 1: all -inf (NaN, as torch);
+    # row 2: NaN in one chunk only (the whole row NaN); row 3: +inf in the last chunk.
+    x = torch.randn(4, 4000, device="cuda")
+    x[0, 1024:2048] = float("-inf")
+    x[1] = float("-inf")
+    x[2, 3000] = float("nan")
+    x[3, 3999] = float("inf")
+    for op, (ours, ref) in OPS.items():
+        assert_matches(ours(x, -1, strategy="split_row_on_chip"), ref(x.double(), -1), torch.float32, op)
+    assert_matches(onlinesoftmax.logsumexp(x, -1, strategy="split_row_on_chip"),
+                   torch.logsumexp(x.double(), -1), torch.float32, "logsumexp")
+    assert_counters_left_zero()
+
+
+@gpu_only
+def test_split_row_on_chip_under_cuda_graphs(small_split_tiles, gen):
+    # Captured launches get their own zeroed counters (a memset node), replayed many times.
+    x = make_logits((5, 4000), torch.float32, gen).to(DEVICE)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        onlinesoftmax.softmax(x, strategy="split_row_on_chip")  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = onlinesoftmax.softmax(x, strategy="split_row_on_chip")
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        x.copy_(make_logits((5, 4000), torch.float32, gen))
+        ref = torch.softmax(x.double(), -1)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches(out, ref, torch.float32, "graph replay")
+    assert_counters_left_zero()
+
+
+# ----------------------------------------------------------------------------------------------
 # GPU only: int64 offsets
 # ----------------------------------------------------------------------------------------------
 
@@ -397,7 +496,8 @@ def test_repeated_calls_reuse_launches_safely(strategy, gen):
 @gpu_only
 @pytest.mark.slow
 @pytest.mark.parametrize("shape, strategy", [((2**16 + 1, 2**15), "looped"), ((2**24 + 5, 128), "row_on_chip"),
-                                             ((2, 2**30 + 3), "split_row")])
+                                             ((2, 2**30 + 3), "split_row"),
+                                             ((2**14 + 1, 2**17 + 3), "split_row_on_chip")])
 def test_more_than_2_31_elements(shape, strategy):
     # bf16 keeps these at 4 GiB; torch's fp32-accumulating softmax is the reference here.
     assert math.prod(shape) > 2**31

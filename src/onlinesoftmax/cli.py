@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     exp.add_argument("--op", default="softmax", choices=["softmax", "log_softmax", "logsumexp",
                                                           "softmax_backward", "log_softmax_backward"])
     exp.add_argument("--algorithm", default="auto", choices=["auto", "online", "safe"])
-    exp.add_argument("--strategy", default=None, choices=["row_on_chip", "looped", "split_row"])
+    exp.add_argument("--strategy", default=None, choices=["row_on_chip", "looped", "split_row", "split_row_on_chip"])
     exp.add_argument("--sms", type=int, default=DEFAULT_SMS, help="SM count to plan for when no GPU is present")
     exp.add_argument("--bandwidth", type=float, default=DEFAULT_BANDWIDTH_GBS, help="GB/s for the floor time")
 

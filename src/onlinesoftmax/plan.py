@@ -18,6 +18,15 @@ Strategies
     Few long rows (decode-time logits) cannot fill the GPU with one program per row, so each row
     is cut into chunks: one launch writes a partial (m, d) per chunk, a second launch merges a
     row's partials with the (m, d) operator in every program and writes its chunk.
+``split_row_on_chip``
+    A row longer than ``row_on_chip`` holds is held by several programs at once, each keeping a
+    chunk in registers: a program publishes its chunk's (m, d), waits at a counter in device memory
+    until the rest of its row has, merges the row's partials and writes from registers. One read
+    and one write per element, where ``split_row`` reads twice. The wait needs a row's programs
+    resident together: programs take work by arrival order (a ticket counter), and a row has at
+    most a fraction of the SMs' worth of chunks (``SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM``), which leaves
+    room for kernels of other streams (a NCCL kernel holds SMs while it waits for its peers).
+    Triton's interpreter runs programs one after another, so there every row is one chunk.
 ``torch``
     The same split-and-merge algorithm in vectorized PyTorch (:mod:`onlinesoftmax.cpu`): the path
     for CPU tensors when Triton's interpreter is not active.
@@ -31,8 +40,8 @@ import os
 
 import torch
 
-STRATEGIES = ("row_on_chip", "looped", "split_row", "torch")
-TRITON_STRATEGIES = ("row_on_chip", "looped", "split_row")
+STRATEGIES = ("row_on_chip", "looped", "split_row", "split_row_on_chip", "torch")
+TRITON_STRATEGIES = ("row_on_chip", "looped", "split_row", "split_row_on_chip")
 ALGORITHMS = ("auto", "online", "safe")
 FORWARD_OPS = ("softmax", "log_softmax", "logsumexp")
 BACKWARD_OPS = ("softmax_backward", "log_softmax_backward")
@@ -63,6 +72,28 @@ SPLIT_WARPS = 16
 SPLIT_MAX_CHUNKS = 1024
 SPLIT_BELOW_ROWS_PER_SM = 2
 
+# split_row_on_chip: a row is cut into chunks of at most SPLIT_ON_CHIP_TILE_BYTES of input each
+# (forward / backward, which holds y and dy: per tensor) while that gives at most
+# SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM chunks per SM; longer rows take larger tiles, up to
+# SPLIT_ON_CHIP_MAX_TILE elements, beyond which split_row takes over. A program has one warp per
+# SPLIT_ON_CHIP_WARP_BYTES of its tile. H100, CUDA-graph replays (scripts/tune_softmax.py,
+# benchmarks/results/tune_split_on_chip-h100.json): many small programs beat few large ones.
+# Forward fp32 256x151936: 4096 elements with 4 warps 2165 GB/s, 16384 with 16 1908; bf16: 8192
+# with 8 warps 1632, 4096 with 4 1368, 16384 with 16 1204. Backward, 8192 fp32 / 16384 bf16 with
+# 4 warps: fp32 256x151936 2770 GB/s (8192 with 16: 2710), bf16 64x128256 1826 (16384 with 16:
+# 1665). (Before the counters were padded apart, which added 5-20%: see _triton.take_ticket.)
+SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": 32768}
+SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": 8192}
+SPLIT_ON_CHIP_MAX_TILE = 16384
+SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
+# Forward with 2-byte inputs stays on split_row. `onlinesoftmax bench softmax` on the H100 measured
+# split_row_on_chip (14:57 run) against split_row (11:34 run), eager / CUDA graph, us: bf16
+# 64x128256 28.0 / 23.9 against 25.2 / 19.1; 16x262144 19.4 / 16.0 against 17.6 / 12.3;
+# 256x151936 96.0 / 96.5 against 97.6 / 94.6. The first two inputs (16 and 8 MB) sit in L2, where
+# split_row's second read is cheap, and under graphs the counters' zero-fill node costs a few
+# microseconds. fp32 forward gained 1.1-1.3x, backward 1.15-1.6x in both dtypes.
+SPLIT_ON_CHIP_FORWARD_MIN_ELEMENT_SIZE = 4
+
 # The interpreter runs on a CPU with no SMs; a small count keeps persistent loops and split rows
 # exercised at test sizes.
 INTERPRETER_SM_COUNT = 4
@@ -90,6 +121,17 @@ def next_power_of_2(n: int) -> int:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _split_on_chip_max_chunks(sms: int) -> int:
+    return max(1, int(sms * SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM))
+
+
+def _split_on_chip_tile(backward: bool, cols: int, elem: int, sms: int) -> int:
+    """The chunk tile for rows of ``cols``: the smallest that keeps the chunks within bounds
+    (above SPLIT_ON_CHIP_MAX_TILE when no tile does; the caller checks)."""
+    smallest = SPLIT_ON_CHIP_TILE_BYTES["backward" if backward else "forward"] // elem
+    return max(smallest, next_power_of_2(_cdiv(cols, _split_on_chip_max_chunks(sms))))
 
 
 def _warps_for_tile(elements: int) -> int:
@@ -120,7 +162,7 @@ class Plan:
     @property
     def passes(self) -> int:
         """Passes over the input in device memory (reads of x, or of y and dy for backward)."""
-        if self.strategy == "row_on_chip" or self.op == "logsumexp" and self.algorithm == "online":
+        if self.strategy in ("row_on_chip", "split_row_on_chip") or self.op == "logsumexp" and self.algorithm == "online":
             return 1
         if self.op in BACKWARD_OPS:
             return 2
@@ -144,7 +186,7 @@ class Plan:
             f"strategy:    {self.strategy}  (algorithm {self.algorithm})",
             f"launches:    {self.launches}, first grid {self.grid}, {self.num_warps} warps/program",
             f"blocks:      {self.block_cols} cols x {self.rows_per_program} rows per tile"
-            + (f"; {self.num_chunks} chunks of {self.chunk_size} per row" if self.strategy == "split_row" else ""),
+            + (f"; {self.num_chunks} chunks of {self.chunk_size} per row" if self.strategy.startswith("split_row") else ""),
             f"passes:      {self.passes} read(s) of the input from device memory",
             f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (each input read once, each output written once)",
         ]
@@ -183,6 +225,10 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
             strategy = "torch"
         elif algorithm == "auto" and next_power_of_2(cols) <= on_chip_max:
             strategy = "row_on_chip"
+        elif (algorithm == "auto" and op != "logsumexp" and not interpreting
+              and (backward or elem >= SPLIT_ON_CHIP_FORWARD_MIN_ELEMENT_SIZE)
+              and _split_on_chip_tile(backward, cols, elem, sms) <= SPLIT_ON_CHIP_MAX_TILE):
+            strategy = "split_row_on_chip"
         elif rows < SPLIT_BELOW_ROWS_PER_SM * sms and cols > STREAM_BLOCK[elem]:
             strategy = "split_row"
         else:
@@ -208,6 +254,26 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
             programs = min(row_blocks, sms * max(1, min(MAX_PROGRAMS_PER_SM, 64 // warps)))
         return Plan(op, strategy, "one_pass", rows, cols, dtype, block, rows_per_program, warps,
                     (max(programs, 1),))
+
+    if strategy == "split_row_on_chip":
+        if algorithm not in ("auto",) and not backward:
+            raise ValueError(
+                f"algorithm={algorithm!r} asks for {algorithm} passes over memory, but strategy "
+                "'split_row_on_chip' reads the row once; use algorithm='auto'")
+        tile = _split_on_chip_tile(backward, cols, elem, sms)
+        if tile > SPLIT_ON_CHIP_MAX_TILE:
+            raise ValueError(
+                f"strategy 'split_row_on_chip' holds a row in at most {_split_on_chip_max_chunks(sms)} programs "
+                f"side by side on this GPU, {SPLIT_ON_CHIP_MAX_TILE} elements each; a row of {cols} is longer. "
+                "Use strategy=None (split_row reads such rows twice)")
+        warps = min(32, max(1, tile * elem // SPLIT_ON_CHIP_WARP_BYTES["backward" if backward else "forward"]))
+        # The interpreter cannot run a row's programs side by side: one chunk per row there.
+        num_chunks = 1 if interpreting else _cdiv(cols, tile)
+        # Equal chunks, each a multiple of 16 elements (aligned vector loads).
+        chunk = _cdiv(_cdiv(cols, num_chunks), 16) * 16
+        num_chunks = _cdiv(cols, chunk)
+        return Plan(op, strategy, "one_pass", rows, cols, dtype, next_power_of_2(chunk), 1, warps,
+                    (rows * num_chunks,), chunk_size=chunk, num_chunks=num_chunks)
 
     resolved = "online" if algorithm == "auto" else algorithm
     if strategy == "torch":

@@ -29,6 +29,7 @@ import triton.language as tl
 from . import _buffers, cpu, plan as planner
 from ._launch import Launcher, aligned, op_when_compiling
 from ._triton import (
+    COUNTER_STRIDE,
     NEG_INF,
     col_offset,
     finish_lse,
@@ -42,6 +43,8 @@ from ._triton import (
     stream_sum_exp,
     stream_write_grad,
     stream_write_normalized,
+    take_ticket,
+    wait_for_row,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -186,6 +189,57 @@ def split_row_normalize_kernel(
                                 BLOCK, CONTIGUOUS, LOG)
 
 
+@triton.jit
+def split_row_on_chip_softmax_kernel(
+    x_ptr, y_ptr, lse_ptr, parts_ptr, sync_ptr,
+    n_cols, inner,
+    x_stride_outer, x_stride_col, x_stride_inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    chunk_size, num_chunks, inv_temperature,
+    BLOCK_COLS: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr,
+    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    # A row too long for one program's registers, held by num_chunks programs at once: each keeps
+    # its chunk in registers, publishes the chunk's (m, d), waits for the rest of the row, merges
+    # the row's partials (all programs in the same fixed order) and writes from registers. One read
+    # and one write per element, as row_on_chip, where split_row reads the row twice.
+    ticket = take_ticket(sync_ptr)
+    row = ticket // num_chunks
+    chunk = ticket % num_chunks
+    lanes = tl.arange(0, BLOCK_COLS)
+    cols = chunk * chunk_size + lanes
+    mask = (lanes < chunk_size) & (cols < n_cols)
+    x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
+    b_x = tl.load(x_row + col_offset(cols, x_stride_col, CONTIGUOUS), mask=mask, other=NEG_INF)
+    b_x = b_x.to(tl.float32) * inv_temperature
+    if WRITE_LSE:
+        m = max_keep_nan(b_x, 0)
+    else:
+        # A NaN makes its chunk's d, and through the merge the whole row, NaN: tl.max will do.
+        m = tl.max(b_x, 0)
+    d = tl.sum(tl.exp(b_x - tl.where(m == NEG_INF, 0.0, m)), 0)  # an all -inf chunk is (-inf, 0)
+    n_parts = tl.num_programs(0).to(tl.int64)  # the two planes of parts: m, then d
+    part = row.to(tl.int64) * num_chunks + chunk
+    tl.store(parts_ptr + part, m)
+    tl.store(parts_ptr + n_parts + part, d)
+    wait_for_row(sync_ptr, row, num_chunks)
+    idx = tl.arange(0, CHUNKS_POW2)
+    row_parts = row.to(tl.int64) * num_chunks + idx
+    part_mask = idx < num_chunks
+    m, d = merge_normalizers(tl.load(parts_ptr + row_parts, mask=part_mask, other=NEG_INF, volatile=True),
+                             tl.load(parts_ptr + n_parts + row_parts, mask=part_mask, other=0.0, volatile=True), 0)
+    if WRITE_LSE:
+        if chunk == 0:
+            tl.store(lse_ptr + row, finish_lse(m, d))
+    if WRITE_Y:
+        if LOG:
+            b_y = (b_x - m) - tl.log(d)
+        else:
+            b_y = tl.exp(b_x - m) * (1.0 / d)  # an all -inf row gives NaN, as torch.softmax does
+        y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+        tl.store(y_row + col_offset(cols, y_stride_col, CONTIGUOUS), b_y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 # --------------------------------------------------------------------------------------------
 # Backward kernels: dx = (y * (dy - sum(dy * y))) / T, or (dy - exp(y) * sum(dy)) / T for log
 # --------------------------------------------------------------------------------------------
@@ -285,6 +339,42 @@ def split_row_backward_apply_kernel(
                       inv_temperature, BLOCK, CONTIGUOUS, LOG)
 
 
+@triton.jit
+def split_row_on_chip_backward_kernel(
+    y_ptr, dy_ptr, dx_ptr, part_ptr, sync_ptr,
+    n_cols, inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    dy_stride_outer, dy_stride_col, dy_stride_inner,
+    dx_stride_outer, dx_stride_col, dx_stride_inner,
+    chunk_size, num_chunks, inv_temperature,
+    BLOCK_COLS: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+):
+    # As split_row_on_chip_softmax_kernel: the chunk's y and dy stay in registers while the row's
+    # programs exchange their partial dot products, so y and dy are read once.
+    ticket = take_ticket(sync_ptr)
+    row = ticket // num_chunks
+    chunk = ticket % num_chunks
+    lanes = tl.arange(0, BLOCK_COLS)
+    cols = chunk * chunk_size + lanes
+    mask = (lanes < chunk_size) & (cols < n_cols)
+    y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+    dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
+    b_y = tl.load(y_row + col_offset(cols, y_stride_col, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
+    b_dy = tl.load(dy_row + col_offset(cols, dy_stride_col, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
+    if LOG:
+        dot = tl.sum(b_dy, 0)
+    else:
+        dot = tl.sum(b_dy * b_y, 0)
+    tl.store(part_ptr + row.to(tl.int64) * num_chunks + chunk, dot)
+    wait_for_row(sync_ptr, row, num_chunks)
+    idx = tl.arange(0, CHUNKS_POW2)
+    dot = tl.sum(tl.load(part_ptr + row.to(tl.int64) * num_chunks + idx, mask=idx < num_chunks, other=0.0,
+                         volatile=True), 0)
+    b_dx = grad_from_dot(b_y, b_dy, dot, inv_temperature, LOG)
+    dx_row = dx_ptr + row_offset(row, inner, dx_stride_outer, dx_stride_inner)
+    tl.store(dx_row + col_offset(cols, dx_stride_col, CONTIGUOUS), b_dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
 # --------------------------------------------------------------------------------------------
 # Launchers
 # --------------------------------------------------------------------------------------------
@@ -377,10 +467,17 @@ _row_on_chip_softmax = Launcher(row_on_chip_softmax_kernel)
 _looped_softmax = Launcher(looped_softmax_kernel)
 _split_row_partials = Launcher(split_row_partials_kernel)
 _split_row_normalize = Launcher(split_row_normalize_kernel)
+_split_row_on_chip_softmax = Launcher(split_row_on_chip_softmax_kernel)
+_split_row_on_chip_backward = Launcher(split_row_on_chip_backward_kernel)
 _row_on_chip_backward = Launcher(row_on_chip_backward_kernel)
 _looped_backward = Launcher(looped_backward_kernel)
 _split_row_backward_dot = Launcher(split_row_backward_dot_kernel)
 _split_row_backward_apply = Launcher(split_row_backward_apply_kernel)
+
+
+def _row_counters(rows: int, device: torch.device) -> torch.Tensor:
+    # split_row_on_chip's ticket counter and one arrival counter per row (see _triton.take_ticket).
+    return _buffers.zeroed_counters(COUNTER_STRIDE.value * (1 + rows), device)
 
 
 def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
@@ -420,6 +517,13 @@ def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
         _looped_softmax(
             chosen.grid, launch_key, x, y, lse, n_cols, inner, *recipe.in_strides, *recipe.out_strides, inv_t,
             BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", num_warps=chosen.num_warps, **common)
+    elif chosen.strategy == "split_row_on_chip":
+        parts = _buffers.empty((2, chosen.rows, chosen.num_chunks), torch.float32, x.device)
+        _split_row_on_chip_softmax(
+            chosen.grid, launch_key, x, y, lse, parts, _row_counters(chosen.rows, x.device),
+            n_cols, inner, *recipe.in_strides, *recipe.out_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
+            BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=planner.next_power_of_2(chosen.num_chunks),
+            num_warps=chosen.num_warps, **common)
     else:
         # One buffer for the three planes, no views of it: on the H100 machine's host each tensor
         # view cost about 5 us per call, as much as a launch.
@@ -473,6 +577,13 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temp
         _looped_backward(
             chosen.grid, launch_key, y, dy, dx, n_cols, inner, *y_strides, *dy_strides, *dx_strides, inv_t,
             BLOCK=chosen.block_cols, CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
+    elif chosen.strategy == "split_row_on_chip":
+        parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, y.device)
+        _split_row_on_chip_backward(
+            chosen.grid, launch_key, y, dy, dx, parts, _row_counters(chosen.rows, y.device),
+            n_cols, inner, *y_strides, *dy_strides, *dx_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
+            BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=planner.next_power_of_2(chosen.num_chunks),
+            CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
     else:
         parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, y.device)
         _split_row_backward_dot(
@@ -636,7 +747,7 @@ def softmax(x: torch.Tensor, dim: int = -1, *, temperature: float = 1.0, algorit
         float32 in every case. A narrower dtype than ``x``'s rounds the input first, like torch.
     strategy : str, optional
         Expert/testing override of the memory strategy: ``"row_on_chip"``, ``"looped"``,
-        ``"split_row"`` or ``"torch"`` (see :mod:`onlinesoftmax.plan`).
+        ``"split_row"``, ``"split_row_on_chip"`` or ``"torch"`` (see :mod:`onlinesoftmax.plan`).
 
     Returns
     -------

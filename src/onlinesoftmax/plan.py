@@ -26,6 +26,9 @@ Strategies
     resident together: programs take work by arrival order (a ticket counter), and a row has at
     most a fraction of the SMs' worth of chunks (``SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM``), which leaves
     room for kernels of other streams (a NCCL kernel holds SMs while it waits for its peers).
+    The SM count is the device's: a process confined to fewer than half of them (an MPS active
+    thread percentage below 50, a green context) should pass ``strategy="split_row"`` for rows
+    over 32768, as a row of up to 64 chunks of 16384 may then not fit side by side.
     Triton's interpreter runs programs one after another, so there every row is one chunk.
 ``torch``
     The same split-and-merge algorithm in vectorized PyTorch (:mod:`onlinesoftmax.cpu`): the path

@@ -199,6 +199,17 @@ def take_ticket(sync_ptr):
 
 
 @triton.jit
+def claim_chunk(sync_ptr, n_cols, chunk_size, num_chunks, BLOCK_COLS: tl.constexpr):
+    """Take a ticket; return this program's row and chunk, the chunk's columns and their mask."""
+    ticket = take_ticket(sync_ptr)
+    row = ticket // num_chunks
+    chunk = ticket % num_chunks
+    lanes = tl.arange(0, BLOCK_COLS)
+    cols = chunk * chunk_size + lanes
+    return row, chunk, cols, (lanes < chunk_size) & (cols < n_cols)
+
+
+@triton.jit
 def wait_for_row(sync_ptr, row, num_chunks):
     """Arrive at ``row``'s counter and wait until all ``num_chunks`` programs of the row have.
 

@@ -31,6 +31,7 @@ from ._launch import Launcher, aligned, op_when_compiling
 from ._triton import (
     COUNTER_STRIDE,
     NEG_INF,
+    claim_chunk,
     col_offset,
     finish_lse,
     grad_from_dot,
@@ -43,7 +44,6 @@ from ._triton import (
     stream_sum_exp,
     stream_write_grad,
     stream_write_normalized,
-    take_ticket,
     wait_for_row,
 )
 
@@ -203,12 +203,7 @@ def split_row_on_chip_softmax_kernel(
     # its chunk in registers, publishes the chunk's (m, d), waits for the rest of the row, merges
     # the row's partials (all programs in the same fixed order) and writes from registers. One read
     # and one write per element, as row_on_chip, where split_row reads the row twice.
-    ticket = take_ticket(sync_ptr)
-    row = ticket // num_chunks
-    chunk = ticket % num_chunks
-    lanes = tl.arange(0, BLOCK_COLS)
-    cols = chunk * chunk_size + lanes
-    mask = (lanes < chunk_size) & (cols < n_cols)
+    row, chunk, cols, mask = claim_chunk(sync_ptr, n_cols, chunk_size, num_chunks, BLOCK_COLS)
     x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
     b_x = tl.load(x_row + col_offset(cols, x_stride_col, CONTIGUOUS), mask=mask, other=NEG_INF)
     b_x = b_x.to(tl.float32) * inv_temperature
@@ -351,12 +346,7 @@ def split_row_on_chip_backward_kernel(
 ):
     # As split_row_on_chip_softmax_kernel: the chunk's y and dy stay in registers while the row's
     # programs exchange their partial dot products, so y and dy are read once.
-    ticket = take_ticket(sync_ptr)
-    row = ticket // num_chunks
-    chunk = ticket % num_chunks
-    lanes = tl.arange(0, BLOCK_COLS)
-    cols = chunk * chunk_size + lanes
-    mask = (lanes < chunk_size) & (cols < n_cols)
+    row, chunk, cols, mask = claim_chunk(sync_ptr, n_cols, chunk_size, num_chunks, BLOCK_COLS)
     y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
     dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
     b_y = tl.load(y_row + col_offset(cols, y_stride_col, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)

@@ -36,6 +36,16 @@ def strategy_params():
                          marks=[] if s == "torch" else [needs_triton]) for s, a in STRATEGY_ALGORITHMS]
 
 
+def test_the_comparison_ignores_only_what_float32_cannot_hold_as_a_normal():
+    """assert_matches counts magnitudes below 1.2e-38 as zero; anything above still fails."""
+    zeros = torch.zeros(4, dtype=torch.float64)
+    assert_matches(torch.full((4,), 3.6e-39).to(torch.bfloat16), zeros, torch.bfloat16)
+    with pytest.raises(AssertionError, match="relative error"):
+        assert_matches(torch.full((4,), 1e-37).to(torch.bfloat16), zeros, torch.bfloat16)
+    with pytest.raises(AssertionError, match="relative error"):
+        assert_matches(torch.tensor([1.0, 3e-38]), torch.tensor([1.0, 0.5], dtype=torch.float64), torch.float32)
+
+
 def layout(x: torch.Tensor, kind: str, dim: int) -> torch.Tensor:
     """The same logical values as ``x`` in three memory layouts."""
     if kind == "contiguous":

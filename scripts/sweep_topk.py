@@ -1,6 +1,7 @@
 """Tuning data for softmax_topk (GPU): every insertion scheme, block and warp count on the issue's grid.
 
-    python scripts/sweep_topk.py [--out sweep_topk.json] [--quick]
+    python scripts/sweep_topk.py [--out sweep_topk.json] [--quick] [--dtypes fp32,bf16]
+                                 [--schemes one_by_one,compact,lane_best] [--configs 1024x4,2048x8] [--max-k 16]
 
 Kernel time only (replayed from a CUDA graph over inputs rotated through >= 400 MB, so neither the
 host's launch cost nor L2 flatters it). Next to each case: the read floor (bytes of x at the copy
@@ -56,37 +57,56 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="fp32 only, fewer configurations")
+    parser.add_argument("--dtypes", default=None, help="comma-separated: fp32,bf16 (overrides --quick's fp32)")
+    parser.add_argument("--schemes", default=None, help="comma-separated subset of one_by_one,compact,lane_best")
+    parser.add_argument("--configs", default=None, help="comma-separated BLOCKxWARPS, e.g. 1024x4,2048x8")
+    parser.add_argument("--max-k", type=int, default=None, help="only the grid's cases with k up to this")
     args = parser.parse_args()
     copy = copy_bandwidth_gbs()
     print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
     results = []
     dtypes = [torch.float32] if args.quick else [torch.float32, torch.bfloat16]
+    if args.dtypes:
+        dtypes = [{"fp32": torch.float32, "bf16": torch.bfloat16}[d] for d in args.dtypes.split(",")]
     # (block, warps, split programs per SM)
     configs = [(2048, 8, 4), (1024, 4, 4), (2048, 4, 4), (4096, 8, 4), (4096, 4, 4)]
     if not args.quick:
         configs += [(1024, 8, 4), (4096, 16, 4), (2048, 8, 8), (1024, 4, 8), (8192, 16, 4)]
-    schemes = {"one_by_one": plan.TOPK_MAX_K, "compact": 0}  # plan.TOPK_COMPACT_ABOVE_K forcing each
+    if args.configs:
+        configs = [tuple(int(v) for v in c.split("x")) + (4,) for c in args.configs.split(",")]
+    # scheme -> (plan.TOPK_COMPACT_ABOVE_K, lane_best): the running list inserting survivors one
+    # by one or compacting them, or the lanes' best (short lists only, see plan.TOPK_LANE_BEST_MAX_K).
+    schemes = {"one_by_one": (plan.TOPK_MAX_K, False), "compact": (0, False), "lane_best": (plan.TOPK_MAX_K, True)}
+    if args.schemes:
+        schemes = {name: schemes[name] for name in args.schemes.split(",")}
     runs = [(config, scheme) for config in configs for scheme in schemes
             if not (args.quick and scheme == "one_by_one" and config != configs[0])]
-    for dtype, (rows, cols, k) in itertools.product(dtypes, GRID):
+    grid = [case for case in GRID if args.max_k is None or case[2] <= args.max_k]
+    for dtype, (rows, cols, k) in itertools.product(dtypes, grid):
         nbytes = rows * cols * dtype.itemsize
         xs = [(torch.randn(rows, cols, device="cuda").mul_(2.0).to(dtype),) for _ in range(rotation_count(nbytes))]
         floor_us = nbytes / copy / 1e3
         want = torch.topk(torch.softmax(xs[0][0].float(), -1), k).indices
         line = f"{str(dtype)[6:]:8s} {rows}x{cols}:k{k}  floor {floor_us:6.1f} us |"
         print(line, flush=True)
+        normalizer_timed = set()
         for (block, nw, pps), scheme in runs:
-            plan.TOPK_WARPS, plan.TOPK_SPLIT_PROGRAMS_PER_SM, plan.TOPK_COMPACT_ABOVE_K = nw, pps, schemes[scheme]
+            compact_above_k, lane_best = schemes[scheme]
+            if lane_best and k > plan.TOPK_LANE_BEST_MAX_K:
+                continue
+            plan.TOPK_WARPS, plan.TOPK_SPLIT_PROGRAMS_PER_SM, plan.TOPK_COMPACT_ABOVE_K = nw, pps, compact_above_k
             plan.topk_plan.cache_clear()
-            chosen = plan.topk_plan(rows, cols, k, dtype, torch.device("cuda"), None, block, None)
+            chosen = plan.topk_plan(rows, cols, k, dtype, torch.device("cuda"), None, block, None, lane_best=lane_best)
             if chosen.strategy == "single" and pps != 4:
                 continue  # the programs-per-SM knob only moves split plans
             try:
-                got = topk_module.launch_forward(xs[0][0], k, 1.0, None, block, None)[1]
+                got = topk_module.launch_forward(xs[0][0], k, 1.0, None, block, None, lane_best)[1]
                 ok = bool(torch.equal(got, want)) or dtype != torch.float32  # bf16 ties: torch's order
-                us = graph_time_ms(lambda x: topk_module.launch_forward(x, k, 1.0, None, block, None), xs) * 1e3
+                us = graph_time_ms(lambda x: topk_module.launch_forward(x, k, 1.0, None, block, None, lane_best),
+                                   xs) * 1e3
                 base_us = None
-                if scheme == "one_by_one":
+                if (block, nw, pps) not in normalizer_timed:
+                    normalizer_timed.add((block, nw, pps))
                     base_us = graph_time_ms(lambda x: normalizer_only(x, chosen), xs) * 1e3
             except Exception as exc:
                 print(f"   block {block} warps {nw} pps {pps} {scheme}: {type(exc).__name__} {exc}"[:200])

@@ -13,11 +13,14 @@ from onlinesoftmax import topk as topk_module
 
 from conftest import DEVICE, DTYPES, assert_matches, make_logits, needs_triton
 
-# (forced strategy, num_chunks, block): one program per row; several chunks merged by the second
-# launch; a split with a single chunk (the merge folds nothing); a block larger than the row.
-# Blocks are forced too, so rows of 300 span several blocks on the GPU as in the interpreter.
-PATHS = [("single", None, 64), ("split", 3, 64), ("split", 1, 64), ("single", None, 1024)]
-PATH_IDS = ["single", "split3", "split1", "bigblock"]
+# (forced strategy, num_chunks, block, lane_best): one program per row; several chunks merged by
+# the second launch; a split with a single chunk (the merge folds nothing); a block larger than
+# the row; the lane-best selection on one program per row and on chunks. Blocks are forced too,
+# so rows of 300 span several blocks on the GPU as in the interpreter.
+PATHS = [("single", None, 64, False), ("split", 3, 64, False), ("split", 1, 64, False), ("single", None, 1024, False),
+         ("single", None, 64, True), ("split", 3, 64, True)]
+PATH_IDS = ["single", "split3", "split1", "bigblock", "lanebest", "lanebest-split3"]
+MAIN = [0, 1, 4, 5]  # both strategies, each with both selections
 
 
 def expected(x2: torch.Tensor, k: int, temperature: float = 1.0):
@@ -30,20 +33,24 @@ def expected(x2: torch.Tensor, k: int, temperature: float = 1.0):
 
 
 def run(x2, k, path, temperature=1.0):
-    strategy, num_chunks, block = path
-    values, indices, lse = topk_module.launch_forward(x2, k, temperature, strategy, block, num_chunks)
+    strategy, num_chunks, block, lane_best = path
+    values, indices, lse = topk_module.launch_forward(x2, k, temperature, strategy, block, num_chunks, lane_best)
     chosen = plan.last_topk_plan()
-    assert chosen.strategy == strategy, chosen
+    assert chosen.strategy == strategy and chosen.lane_best == lane_best, chosen
     if num_chunks is not None:
         assert chosen.num_chunks == num_chunks, chosen
     return values, indices, lse
 
 
+# Every dtype on the three main paths; the corner paths in float32.
+FULL = [0, 1, 4]
+
+
 @needs_triton
-# Every dtype on the two main paths; the two corner paths in float32.
-@pytest.mark.parametrize("path, dtype", [(path, dtype) for path in PATHS[:2] for dtype in DTYPES]
-                         + [(path, torch.float32) for path in PATHS[2:]],
-                         ids=[f"{p}-{str(d)[6:]}" for p in PATH_IDS[:2] for d in DTYPES] + PATH_IDS[2:])
+@pytest.mark.parametrize("path, dtype", [(PATHS[i], dtype) for i in FULL for dtype in DTYPES]
+                         + [(PATHS[i], torch.float32) for i in range(len(PATHS)) if i not in FULL],
+                         ids=[f"{PATH_IDS[i]}-{str(d)[6:]}" for i in FULL for d in DTYPES]
+                         + [PATH_IDS[i] for i in range(len(PATHS)) if i not in FULL])
 # k: 1 (greedy decode), 37 (not a power of two; 64 = the list = the block is in the next test)
 @pytest.mark.parametrize("k", [1, 37])
 def test_matches_reference(path, dtype, k, gen):
@@ -69,7 +76,7 @@ def test_torch_topk_agrees_on_distinct_values(gen):
 
 
 @needs_triton
-@pytest.mark.parametrize("path", PATHS[:2], ids=PATH_IDS[:2])
+@pytest.mark.parametrize("path", [PATHS[i] for i in MAIN], ids=[PATH_IDS[i] for i in MAIN])
 def test_numpy_insertion_loop_agrees(path, gen):
     x2 = make_logits((2, 257), torch.float32, gen)
     values, indices, _ = run(x2, 7, path)
@@ -117,7 +124,7 @@ def test_block_merge_paths_long_list():
     k = 20
     x2 = torch.stack([torch.arange(300.0), -torch.arange(300.0), torch.zeros(300)]).to(DEVICE)
     x2[2, [100, 110, 120, 170, 299]] = torch.tensor([1.0, 5.0, 4.0, 3.0, 2.0], device=DEVICE)
-    values, indices, _ = run(x2, k, ("single", None, 128))
+    values, indices, _ = run(x2, k, ("single", None, 128, False))
     assert plan.last_topk_plan().compact and plan.last_topk_plan().k_pow2 == 32
     assert torch.equal(indices[0].cpu(), torch.arange(299, 299 - k, -1))
     assert torch.equal(indices[1].cpu(), torch.arange(k))
@@ -127,7 +134,7 @@ def test_block_merge_paths_long_list():
 
 
 @needs_triton
-@pytest.mark.parametrize("path", PATHS[:2], ids=PATH_IDS[:2])
+@pytest.mark.parametrize("path", [PATHS[i] for i in MAIN], ids=[PATH_IDS[i] for i in MAIN])
 def test_neg_inf_entries_and_nan_rows(path):
     x2 = torch.full((5, 150), float("-inf"), device=DEVICE)
     x2[0, [3, 140]] = torch.tensor([1.0, 2.0], device=DEVICE)  # 2 finite, k = 4: then -inf by index
@@ -145,6 +152,32 @@ def test_neg_inf_entries_and_nan_rows(path):
         assert torch.equal(indices[row].cpu(), torch.arange(4))
     assert torch.equal(indices[4].cpu(), torch.tensor([149, 148, 147, 146]))
     assert lse[1].item() == float("-inf") and torch.isnan(lse[2]) and lse[3].item() == float("inf")
+
+
+@needs_triton
+@pytest.mark.parametrize("path", PATHS[4:], ids=PATH_IDS[4:])
+def test_lane_best_reads_again_exactly_when_it_must(path, gen):
+    # Lanes are columns mod 64 (the forced block). Row 0: the two largest share lane 5, so the
+    # lanes' best alone would miss column 69. Row 1: constant, every lane's runner-up ties its
+    # best. Row 2: two finite entries for k = 4 (fewer finite lanes than k): then -inf by index.
+    # Row 3: five outliers in five lanes over small noise, where the lanes' best are the answer.
+    # Row 4: the largest value twice in one lane (ties go to the lower column, 7 before 71).
+    x2 = make_logits((5, 300), torch.float32, gen, scale=0.1, outliers=False)
+    x2[0, [5, 69]] = torch.tensor([50.0, 49.0], device=DEVICE)
+    x2[1] = 0.5
+    x2[2] = float("-inf")
+    x2[2, [100, 30]] = torch.tensor([1.0, 2.0], device=DEVICE)
+    x2[3, [3, 70, 140, 200, 260]] = torch.tensor([9.0, 8.0, 7.0, 6.0, 5.0], device=DEVICE)
+    x2[4, [71, 7, 200]] = torch.tensor([30.0, 30.0, 29.0], device=DEVICE)
+    values, indices, _ = run(x2, 4, path)
+    ref_values, ref_indices, _ = expected(x2, 4)
+    assert indices[0, :2].tolist() == [5, 69]
+    assert indices[1].tolist() == [0, 1, 2, 3]
+    assert indices[2].tolist() == [30, 100, 0, 1]
+    assert indices[3].tolist() == [3, 70, 140, 200]
+    assert indices[4, :3].tolist() == [7, 71, 200]
+    assert torch.equal(indices.cpu(), ref_indices)
+    assert_matches(values, ref_values, torch.float32, "values")
 
 
 @needs_triton
@@ -204,7 +237,7 @@ def test_any_dim_and_strided_views(dim, gen):
 @pytest.mark.parametrize("path", PATHS[:2], ids=PATH_IDS[:2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gradient(path, dtype, gen):
-    strategy, num_chunks, block = path
+    strategy, num_chunks, block, _ = path
     x = make_logits((3, 300), dtype, gen, outliers=False).requires_grad_()
     values, indices, lse = topk_module._SoftmaxTopkFunction.apply(x, 6, 0.8, strategy, block, num_chunks)
     dv = torch.randn(values.shape, generator=gen, dtype=torch.float64).to(DEVICE)
@@ -230,10 +263,11 @@ def test_gradient_through_public_function_any_dim(gen):
 @needs_triton
 def test_deterministic(gen):
     x = make_logits((2, 400), torch.float32, gen)
-    first = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5)
-    second = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5)
-    for a, b in zip(first, second):
-        assert torch.equal(a, b)
+    for lane_best in (False, True):
+        first = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_best)
+        second = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_best)
+        for a, b in zip(first, second):
+            assert torch.equal(a, b)
 
 
 @needs_triton
@@ -254,8 +288,12 @@ def test_plan_table_for_the_gpu():
     assert plan.topk_plan(1024, 25000, 5, torch.float32, device, sms=132).strategy == "single"
     assert plan.topk_plan(256, 151936, 5, torch.float32, device, sms=132).num_chunks >= 2
     chosen = plan.topk_plan(64, 128256, 50, torch.float32, device, sms=132)
-    assert chosen.strategy == "split" and chosen.k_pow2 == 64
+    assert chosen.strategy == "split" and chosen.k_pow2 == 64 and not chosen.lane_best
     assert "softmax_topk" in chosen.describe(3000.0)
+    assert plan.topk_plan(1024, 25000, 5, torch.float32, device, sms=132).lane_best
+    split_lanes = plan.topk_plan(256, 151936, 5, torch.float32, device, sms=132)
+    assert split_lanes.lane_best and split_lanes.block == plan.TOPK_LANE_BEST_SPLIT_BLOCK
+    assert split_lanes.num_warps == plan.TOPK_LANE_BEST_SPLIT_WARPS
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -442,6 +442,24 @@ TOPK_WARPS = 4
 # 4 warps ahead of 2048 with 8 at every k: 1024x25000 k5 135 -> 101 us, 4096x4096 k8 234 -> 168.
 TOPK_FEW_SURVIVORS = 16
 TOPK_COMPACT_ABOVE_K = 16
+# "Lane best" selection for k <= TOPK_LANE_BEST_MAX_K: the stream does elementwise work only (per
+# lane its best element and the best of the rest, no block-wide reduction or branch per block),
+# then takes the top k of the lanes' best. That is exact unless one lane holds two of the top k,
+# which the runner-ups reveal; such a chunk is streamed again with the list above. For random
+# rows the chance is about k^2 / (2 lanes): 1.2% at k = 5 and 1024 lanes, 12% at k = 16.
+# H100, kernel time from CUDA graphs (scripts/sweep_topk.py, block 1024, 4 warps; results/
+# sweep_topk_lane_best-h100.log), running list one by one -> lane best, fp32: 1024x25000 k5
+# 100.9 -> 77.0 us, 256x151936 k5 151.8 -> 116.9, 4096x4096 k8 168.8 -> 79.0, 1x25000 k5 9.1 ->
+# 7.0, 1x151936 k1 6.7 -> 6.9; bf16: 96.9 -> 68.0, 146.7 -> 98.6, 188.7 -> 78.0, 9.8 -> 7.2,
+# 7.0 -> 6.2. No k > 16 case was measured with it (collisions grow as k^2: most chunks would read
+# twice at k = 64).
+TOPK_LANE_BEST_MAX_K = 16
+# Lane-best plans that split rows stream larger blocks with more warps. Same sweep, fp32, block
+# 2048 with 8 warps against 1024 with 4: 256x151936 k5 92.9 vs 116.9 us, 1x151936 k1 7.1 vs 6.9,
+# 1x25000 k5 6.9 vs 7.0. One program per row stays at 1024 / 4, where the final selection over
+# the lanes costs more with more lanes: 4096x4096 k8 126.4 vs 79.0, 1024x25000 k5 80.4 vs 77.0.
+TOPK_LANE_BEST_SPLIT_BLOCK = 2048
+TOPK_LANE_BEST_SPLIT_WARPS = 8
 # Split a row across programs when the rows alone give fewer than this many programs per SM.
 TOPK_SPLIT_BELOW_ROWS_PER_SM = 2
 # Programs aimed at per SM when splitting, the fewest blocks a chunk streams (below that the
@@ -473,6 +491,7 @@ class TopkPlan:
     chunk_size: int
     num_chunks: int
     compact: bool  # survivors packed by a prefix sum (long lists), else inserted one by one
+    lane_best: bool  # one elementwise pass, top k of the lanes' best (exactness checked)
 
     @property
     def launches(self) -> int:
@@ -487,8 +506,10 @@ class TopkPlan:
             f"op:          softmax_topk  ({self.rows} rows x {self.cols} cols, k={self.k} "
             f"(list of {self.k_pow2}), {str(self.dtype).replace('torch.', '')})",
             f"strategy:    {self.strategy}  ({self.launches} launch(es), {self.num_warps} warps/program)",
-            f"blocks:      {self.block} cols per block; {self.num_chunks} chunk(s) of {self.chunk_size} per row; "
-            f"survivors {'compacted' if self.compact else 'inserted one by one'}",
+            f"blocks:      {self.block} cols per block; {self.num_chunks} chunk(s) of {self.chunk_size} per row",
+            "selection:   " + ("the top k of each lane's best element (exactness checked; a second read when not)"
+                               if self.lane_best else
+                               f"a running list; survivors {'compacted' if self.compact else 'inserted one by one'}"),
             f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (x read once, outputs written once)",
         ]
         if bandwidth_gbs:
@@ -499,19 +520,29 @@ class TopkPlan:
 @functools.lru_cache(maxsize=4096)  # on every call's path; a frozen result, so sharing it is safe
 def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.device,
               strategy: str | None = None, block: int | None = None, num_chunks: int | None = None,
-              sms: int | None = None) -> TopkPlan:
+              sms: int | None = None, lane_best: bool | None = None) -> TopkPlan:
     """Choose single (one program per row) or split (chunks of each row, then a merge) for softmax_topk.
 
-    ``strategy``, ``block`` and ``num_chunks`` force a choice (tests and sweeps)."""
+    ``strategy``, ``block``, ``num_chunks`` and ``lane_best`` force a choice (tests and sweeps)."""
     if strategy is not None and strategy not in TOPK_STRATEGIES:
         raise ValueError(f"softmax_topk: strategy must be None or one of {TOPK_STRATEGIES}, got {strategy!r}")
     k_pow2 = max(2, next_power_of_2(k))
-    if block is None:
-        block = TOPK_BLOCK[dtype.itemsize] if device.type == "cuda" else TOPK_INTERPRETER_BLOCK
-    block = max(next_power_of_2(block), k_pow2)
+    if lane_best is None:
+        lane_best = k <= TOPK_LANE_BEST_MAX_K
     sms = sms or sm_count(device)
+    one_chunk = num_chunks == 1 or (num_chunks is None and (
+        strategy == "single" or (strategy is None and rows >= TOPK_SPLIT_BELOW_ROWS_PER_SM * sms)))
+    num_warps = TOPK_WARPS
+    if block is None:
+        if device.type != "cuda":
+            block = TOPK_INTERPRETER_BLOCK
+        elif lane_best and not one_chunk:
+            block, num_warps = TOPK_LANE_BEST_SPLIT_BLOCK, TOPK_LANE_BEST_SPLIT_WARPS
+        else:
+            block = TOPK_BLOCK[dtype.itemsize]
+    block = max(next_power_of_2(block), k_pow2)
     if num_chunks is None:
-        if strategy == "single" or (strategy is None and rows >= TOPK_SPLIT_BELOW_ROWS_PER_SM * sms):
+        if one_chunk:
             num_chunks = 1
         else:
             wanted = _cdiv(TOPK_SPLIT_PROGRAMS_PER_SM * sms, max(rows, 1))
@@ -525,8 +556,8 @@ def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.de
     num_chunks = _cdiv(max(cols, 1), chunk_size)  # every chunk holds at least one column
     if strategy is None:
         strategy = "single" if num_chunks == 1 else "split"
-    return TopkPlan(strategy, rows, cols, k, k_pow2, dtype, block, TOPK_WARPS, chunk_size, num_chunks,
-                    k > TOPK_COMPACT_ABOVE_K)
+    return TopkPlan(strategy, rows, cols, k, k_pow2, dtype, block, num_warps, chunk_size, num_chunks,
+                    k > TOPK_COMPACT_ABOVE_K, lane_best)
 
 
 _last_topk_plan: TopkPlan | None = None

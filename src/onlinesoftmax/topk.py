@@ -16,6 +16,12 @@ survivors than that takes its ``tl.topk``. The list absorbs a sorted list by a b
 elementwise max of the list and the other list reversed is the top K_POW2 of the union, and
 bitonic).
 
+Short lists (k <= plan.TOPK_LANE_BEST_MAX_K) skip that per-block work: the stream keeps, per lane,
+only the online (m, d), its best element and the best of the rest (elementwise selects, no
+reduction or branch per block); the list is the top k of the lanes' best. That is the chunk's top
+k unless some lane holds two of them, which a runner-up at or above the k-th value reveals; then
+the chunk is streamed again with the list above (a second read, rare on real logits).
+
 Few rows ("split"): each row is cut into chunks whose (m, d) and candidate lists go to scratch,
 and a second launch merges them per row with fixed-order reductions (deterministic: no atomics).
 """
@@ -99,29 +105,31 @@ def write_topk(candidates, m, d, row, k, values_ptr, indices_ptr, lse_ptr, out_s
 
 
 @triton.jit
-def topk_stream_kernel(
-    x_ptr, values_ptr, indices_ptr, lse_ptr, part_m_ptr, part_d_ptr, part_keys_ptr,
-    n_cols, k, x_stride_row, x_stride_col, out_stride_row, chunk_size, num_chunks, inv_temperature,
-    BLOCK: tl.constexpr, K_POW2: tl.constexpr, FEW_SURVIVORS: tl.constexpr, COMPACT: tl.constexpr,
-    CONTIGUOUS: tl.constexpr, FINAL: tl.constexpr, WRITE_LSE: tl.constexpr,
-):
-    # One read of x[row, chunk]. FINAL (one chunk per row): write the outputs; else the partials.
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    start = chunk * chunk_size
-    stop = tl.minimum(start + chunk_size, n_cols)
-    x_row = x_ptr + row.to(tl.int64) * x_stride_row
-    m = tl.full([BLOCK], NEG_INF, tl.float32)
-    d = tl.zeros([BLOCK], tl.float32)
+def insert_one_by_one(candidates, keys, count, K_POW2: tl.constexpr):
+    # The best ``count`` of ``keys`` enter the list one at a time: one max reduction and a
+    # log2(K_POW2)-stage merge each (cheaper than a block top-k while count is small).
+    slot = tl.arange(0, K_POW2)
+    for _ in range(count):
+        best = tl.max(keys, 0)
+        candidates = merge_sorted_lists(candidates, tl.where(slot == K_POW2 - 1, best, EMPTY_KEY))
+        keys = tl.where(keys == best, EMPTY_KEY, keys)
+    return candidates
+
+
+@triton.jit
+def scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, m, d,
+                   BLOCK: tl.constexpr, K_POW2: tl.constexpr, FEW_SURVIVORS: tl.constexpr,
+                   COMPACT: tl.constexpr, CONTIGUOUS: tl.constexpr, UPDATE_NORMALIZER: tl.constexpr):
+    """Stream x[row, start:stop] keeping the exact sorted top-K_POW2 list (its first k entries
+    exact); with UPDATE_NORMALIZER, also the per-lane online (m, d)."""
     slot = tl.arange(0, K_POW2)
     candidates = tl.full([K_POW2], EMPTY_KEY, tl.int64)  # sorted descending
     threshold, filling = list_threshold(candidates, k, K_POW2)
-    # This program's K_POW2 slots of part_keys: compaction scratch until the partial list is stored.
-    scratch = part_keys_ptr + (row.to(tl.int64) * num_chunks + chunk) * K_POW2
     for block_start in range(start, stop, BLOCK):
         cols = block_start + tl.arange(0, BLOCK)
         b_x = load_scaled(x_row, cols, x_stride_col, stop, inv_temperature, CONTIGUOUS)  # [BLOCK]
-        m, d = online_update(m, d, b_x)
+        if UPDATE_NORMALIZER:
+            m, d = online_update(m, d, b_x)
         # Strict >: an equal value seen later has a higher index and loses the tie anyway.
         if (tl.max(b_x, 0) > threshold) | filling:
             in_chunk = cols < stop
@@ -145,16 +153,70 @@ def topk_stream_kernel(
                     tl.debug_barrier()  # every thread has read before the next block scatters
                     candidates = merge_sorted_lists(candidates, tl.sort(packed))
                 else:
-                    # Insert the best survivors one at a time (one max reduction and a
-                    # log2(K_POW2)-stage merge each) instead of a block top-k.
-                    for _ in range(tl.minimum(n_survivors, k)):
-                        best = tl.max(keys, 0)
-                        candidates = merge_sorted_lists(candidates, tl.where(slot == K_POW2 - 1, best, EMPTY_KEY))
-                        keys = tl.where(keys == best, EMPTY_KEY, keys)
+                    candidates = insert_one_by_one(candidates, keys, tl.minimum(n_survivors, k), K_POW2)
             else:
                 # Many survivors (the first blocks): the block's own top-K_POW2 by a sorting network.
                 candidates = merge_sorted_lists(candidates, tl.flip(tl.topk(keys, K_POW2), 0))
             threshold, filling = list_threshold(candidates, k, K_POW2)
+    return m, d, candidates
+
+
+@triton.jit
+def scan_lane_best(x_row, start, stop, x_stride_col, inv_temperature,
+                   BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    """Stream x[row, start:stop] with elementwise work only: per lane (column mod BLOCK) the online
+    (m, d), the best element (value, column) and the best of the rest (value)."""
+    m = tl.full([BLOCK], NEG_INF, tl.float32)
+    d = tl.zeros([BLOCK], tl.float32)
+    best = tl.full([BLOCK], NEG_INF, tl.float32)
+    best_col = tl.full([BLOCK], -1, tl.int32)  # -1: the lane holds nothing above -inf
+    runner_up = tl.full([BLOCK], NEG_INF, tl.float32)
+    for block_start in range(start, stop, BLOCK):
+        cols = block_start + tl.arange(0, BLOCK)
+        b_x = load_scaled(x_row, cols, x_stride_col, stop, inv_temperature, CONTIGUOUS)
+        m, d = online_update(m, d, b_x)
+        # Strict >: a lane's columns rise, so an equal later value (which loses the tie) goes to
+        # runner_up, where the exactness check below sees it.
+        better = b_x > best
+        runner_up = tl.where(better, best, tl.maximum(runner_up, b_x))
+        best_col = tl.where(better, cols, best_col)
+        best = tl.where(better, b_x, best)
+    return m, d, best, best_col, runner_up
+
+
+@triton.jit
+def topk_stream_kernel(
+    x_ptr, values_ptr, indices_ptr, lse_ptr, part_m_ptr, part_d_ptr, part_keys_ptr,
+    n_cols, k, x_stride_row, x_stride_col, out_stride_row, chunk_size, num_chunks, inv_temperature,
+    BLOCK: tl.constexpr, K_POW2: tl.constexpr, FEW_SURVIVORS: tl.constexpr, COMPACT: tl.constexpr,
+    LANE_BEST: tl.constexpr, CONTIGUOUS: tl.constexpr, FINAL: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    # One read of x[row, chunk]. FINAL (one chunk per row): write the outputs; else the partials.
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    start = chunk * chunk_size
+    stop = tl.minimum(start + chunk_size, n_cols)
+    x_row = x_ptr + row.to(tl.int64) * x_stride_row
+    # This program's K_POW2 slots of part_keys: compaction scratch until the partial list is stored.
+    scratch = part_keys_ptr + (row.to(tl.int64) * num_chunks + chunk) * K_POW2
+    m = tl.full([BLOCK], NEG_INF, tl.float32)
+    d = tl.zeros([BLOCK], tl.float32)
+    if LANE_BEST:
+        # The top k of the lanes' best elements is the chunk's top k unless some lane holds two of
+        # them: exactly when a runner-up reaches the list's k-th value (>=: on a tie the runner-up
+        # may hold the lower column). Then, or when fewer than k lanes hold a finite element,
+        # stream the chunk again with the exact list (a second read, from L2 when recent).
+        m, d, best, best_col, runner_up = scan_lane_best(x_row, start, stop, x_stride_col, inv_temperature,
+                                                         BLOCK, CONTIGUOUS)
+        keys = tl.where(best_col >= 0, pack_keys(best, best_col), EMPTY_KEY)
+        candidates = insert_one_by_one(tl.full([K_POW2], EMPTY_KEY, tl.int64), keys, k, K_POW2)
+        threshold, filling = list_threshold(candidates, k, K_POW2)
+        if filling | (tl.max(runner_up, 0) >= threshold):
+            m, d, candidates = scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, m, d,
+                                              BLOCK, K_POW2, FEW_SURVIVORS, COMPACT, CONTIGUOUS, False)
+    else:
+        m, d, candidates = scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, m, d,
+                                          BLOCK, K_POW2, FEW_SURVIVORS, COMPACT, CONTIGUOUS, True)
     m_row, d_row = merge_normalizers(m, d, 0)
     if FINAL:
         write_topk(candidates, m_row, d_row, row, k, values_ptr, indices_ptr, lse_ptr, out_stride_row,
@@ -242,8 +304,10 @@ _topk_merge = Launcher(topk_merge_kernel)
 
 
 def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optional[str] = None,
-                   block: Optional[int] = None, num_chunks: Optional[int] = None):
-    """(values, indices, lse) of a (rows, cols) tensor; ``strategy``/``block``/``num_chunks`` force the plan."""
+                   block: Optional[int] = None, num_chunks: Optional[int] = None,
+                   lane_best: Optional[bool] = None):
+    """(values, indices, lse) of a (rows, cols) tensor; ``strategy``/``block``/``num_chunks``/``lane_best``
+    force the plan."""
     n_rows, n_cols = x2.shape
     values = _buffers.empty((n_rows, k), x2.dtype, x2.device)
     indices = _buffers.empty((n_rows, k), torch.int64, x2.device)
@@ -253,14 +317,15 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
         if n_rows:
             cpu.softmax_topk(x2, k, 1.0 / temperature, values, indices, lse)
         return values, indices, lse
-    chosen = planner.topk_plan(n_rows, n_cols, k, x2.dtype, x2.device, strategy, block, num_chunks)
+    chosen = planner.topk_plan(n_rows, n_cols, k, x2.dtype, x2.device, strategy, block, num_chunks,
+                               lane_best=lane_best)
     planner.record_topk(chosen)
     inv_t = 1.0 / temperature
     # The plan fixes every integer argument but x's strides; with x's alignment they complete the
     # compiled-kernel key (see onlinesoftmax._launch).
     launch_key = (chosen, x2.stride(0), x2.stride(1), aligned(x2), planner.TOPK_FEW_SURVIVORS)
     common = dict(BLOCK=chosen.block, K_POW2=chosen.k_pow2, FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS,
-                  COMPACT=chosen.compact,
+                  COMPACT=chosen.compact, LANE_BEST=chosen.lane_best,
                   CONTIGUOUS=x2.stride(1) == 1, WRITE_LSE=True, num_warps=chosen.num_warps)
     # Each program's candidate list (split) and compaction scratch (compact plans); a single
     # one-by-one launch touches neither.
@@ -296,7 +361,10 @@ def launch_backward(x2: torch.Tensor, lse: torch.Tensor, indices: torch.Tensor, 
     if not (x2.is_cuda or planner.interpreter_active()) or k > planner.TOPK_MAX_K:
         dx.copy_(cpu.softmax_topk_backward(x2, lse, indices, dv, dlse, 1.0 / temperature))
         return dx
-    chosen = planner.topk_plan(n_rows, n_cols, max(k, 1), x2.dtype, x2.device, strategy, block, num_chunks)
+    # The backward streams x once whatever the forward's selection was: its blocks follow the
+    # running-list plans (lane_best=False), which is what its timings were taken with.
+    chosen = planner.topk_plan(n_rows, n_cols, max(k, 1), x2.dtype, x2.device, strategy, block, num_chunks,
+                               lane_best=False)
     topk_backward_kernel[(n_rows, chosen.num_chunks)](
         x2, lse, indices.contiguous(), dv.contiguous(), dlse.float().contiguous(), dx,
         n_cols, k, x2.stride(0), x2.stride(1), chosen.chunk_size, 1.0 / temperature,

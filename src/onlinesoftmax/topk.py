@@ -208,16 +208,21 @@ def topk_stream_kernel(
         # stream the chunk again with the exact list (a second read, from L2 when recent).
         m, d, best, best_col, runner_up = scan_lane_best(x_row, start, stop, x_stride_col, inv_temperature,
                                                          BLOCK, CONTIGUOUS)
+        # Merged here, the lanes' (m, d) are dead through the selection and the second read: 72
+        # registers per thread instead of 96 at block 1024 / 4 warps (7 programs per SM, not 5),
+        # 80 instead of 112 at 2048 / 8 (scripts/kernel_resources.py, ptxas for sm_90).
+        m_row, d_row = merge_normalizers(m, d, 0)
         keys = tl.where(best_col >= 0, pack_keys(best, best_col), EMPTY_KEY)
         candidates = insert_one_by_one(tl.full([K_POW2], EMPTY_KEY, tl.int64), keys, k, K_POW2)
         threshold, filling = list_threshold(candidates, k, K_POW2)
         if filling | (tl.max(runner_up, 0) >= threshold):
-            m, d, candidates = scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, m, d,
-                                              BLOCK, K_POW2, FEW_SURVIVORS, COMPACT, CONTIGUOUS, False)
+            # (m, d) are neither read nor updated without UPDATE_NORMALIZER: placeholders.
+            _, _, candidates = scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, 0.0,
+                                              0.0, BLOCK, K_POW2, FEW_SURVIVORS, COMPACT, CONTIGUOUS, False)
     else:
         m, d, candidates = scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, m, d,
                                           BLOCK, K_POW2, FEW_SURVIVORS, COMPACT, CONTIGUOUS, True)
-    m_row, d_row = merge_normalizers(m, d, 0)
+        m_row, d_row = merge_normalizers(m, d, 0)
     if FINAL:
         write_topk(candidates, m_row, d_row, row, k, values_ptr, indices_ptr, lse_ptr, out_stride_row,
                    K_POW2, WRITE_LSE)

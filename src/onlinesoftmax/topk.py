@@ -208,9 +208,10 @@ def topk_stream_kernel(
         # stream the chunk again with the exact list (a second read, from L2 when recent).
         m, d, best, best_col, runner_up = scan_lane_best(x_row, start, stop, x_stride_col, inv_temperature,
                                                          BLOCK, CONTIGUOUS)
-        # Merged here, the lanes' (m, d) are dead through the selection and the second read: 72
-        # registers per thread instead of 96 at block 1024 / 4 warps (7 programs per SM, not 5),
-        # 80 instead of 112 at 2048 / 8 (scripts/kernel_resources.py, ptxas for sm_90).
+        # Merged here, the lanes' (m, d) are dead through the selection and the second read
+        # (scripts/kernel_resources.py, ptxas for sm_90, fp32): 72 registers per thread instead
+        # of 96 at block 1024 / 4 warps (1024x25000 k5: 7 programs per SM, not 5); at 2048 / 8,
+        # 80 instead of 112 (1x25000 k5) and 102 instead of 117 (256x151936 k5).
         m_row, d_row = merge_normalizers(m, d, 0)
         keys = tl.where(best_col >= 0, pack_keys(best, best_col), EMPTY_KEY)
         candidates = insert_one_by_one(tl.full([K_POW2], EMPTY_KEY, tl.int64), keys, k, K_POW2)

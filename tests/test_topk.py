@@ -13,14 +13,15 @@ from onlinesoftmax import topk as topk_module
 
 from conftest import DEVICE, DTYPES, assert_matches, make_logits, needs_triton
 
-# (forced strategy, num_chunks, block, lane_best): one program per row; several chunks merged by
+# (forced strategy, num_chunks, block, lane_keep): one program per row; several chunks merged by
 # the second launch; a split with a single chunk (the merge folds nothing); a block larger than
-# the row; the lane-best selection on one program per row and on chunks. Blocks are forced too,
-# so rows of 300 span several blocks on the GPU as in the interpreter.
-PATHS = [("single", None, 64, False), ("split", 3, 64, False), ("split", 1, 64, False), ("single", None, 1024, False),
-         ("single", None, 64, True), ("split", 3, 64, True)]
-PATH_IDS = ["single", "split3", "split1", "bigblock", "lanebest", "lanebest-split3"]
-MAIN = [0, 1, 4, 5]  # both strategies, each with both selections
+# the row; the lanes keeping their best, or their two best, on one program per row and on chunks.
+# Blocks are forced too, so rows of 300 span several blocks on the GPU as in the interpreter.
+PATHS = [("single", None, 64, 0), ("split", 3, 64, 0), ("split", 1, 64, 0), ("single", None, 1024, 0),
+         ("single", None, 64, 1), ("split", 3, 64, 1), ("single", None, 64, 2), ("split", 3, 64, 2)]
+PATH_IDS = ["single", "split3", "split1", "bigblock", "lanebest", "lanebest-split3", "lanetwo", "lanetwo-split3"]
+MAIN = [0, 1, 4, 5, 6, 7]  # both strategies, each with every selection
+LANE_PATHS = [4, 5, 6, 7]
 
 
 def expected(x2: torch.Tensor, k: int, temperature: float = 1.0):
@@ -33,17 +34,17 @@ def expected(x2: torch.Tensor, k: int, temperature: float = 1.0):
 
 
 def run(x2, k, path, temperature=1.0):
-    strategy, num_chunks, block, lane_best = path
-    values, indices, lse = topk_module.launch_forward(x2, k, temperature, strategy, block, num_chunks, lane_best)
+    strategy, num_chunks, block, lane_keep = path
+    values, indices, lse = topk_module.launch_forward(x2, k, temperature, strategy, block, num_chunks, lane_keep)
     chosen = plan.last_topk_plan()
-    assert chosen.strategy == strategy and chosen.lane_best == lane_best, chosen
+    assert chosen.strategy == strategy and chosen.lane_keep == lane_keep, chosen
     if num_chunks is not None:
         assert chosen.num_chunks == num_chunks, chosen
     return values, indices, lse
 
 
-# Every dtype on the three main paths; the corner paths in float32.
-FULL = [0, 1, 4]
+# Every dtype on the four main paths; the corner paths in float32.
+FULL = [0, 1, 4, 6]
 
 
 @needs_triton
@@ -155,29 +156,51 @@ def test_neg_inf_entries_and_nan_rows(path):
 
 
 @needs_triton
-@pytest.mark.parametrize("path", PATHS[4:], ids=PATH_IDS[4:])
-def test_lane_best_reads_again_exactly_when_it_must(path, gen):
-    # Lanes are columns mod 64 (the forced block). Row 0: the two largest share lane 5, so the
-    # lanes' best alone would miss column 69. Row 1: constant, every lane's runner-up ties its
-    # best. Row 2: two finite entries for k = 4 (fewer finite lanes than k): then -inf by index.
-    # Row 3: five outliers in five lanes over small noise, where the lanes' best are the answer.
-    # Row 4: the largest value twice in one lane (ties go to the lower column, 7 before 71).
+@pytest.mark.parametrize("path", [PATHS[i] for i in LANE_PATHS], ids=[PATH_IDS[i] for i in LANE_PATHS])
+def test_lanes_read_again_exactly_when_they_must(path, gen):
+    # Lanes are columns mod 64 (the forced block). Row 0: the three largest share lane 5, so the
+    # lanes' kept elements alone would miss column 133 (and 69 when a lane keeps one). Row 1:
+    # constant, every lane's runner-up ties its kept ones. Row 2: two finite entries for k = 4
+    # (fewer kept elements above -inf than k): then -inf by index. Row 3: five outliers in five
+    # lanes over small noise, where the kept elements are the answer. Row 4: the largest value
+    # three times in one lane (ties go to the lower column: 7, 71, 135).
     x2 = make_logits((5, 300), torch.float32, gen, scale=0.1, outliers=False)
-    x2[0, [5, 69]] = torch.tensor([50.0, 49.0], device=DEVICE)
+    x2[0, [5, 69, 133]] = torch.tensor([50.0, 49.0, 48.0], device=DEVICE)
     x2[1] = 0.5
     x2[2] = float("-inf")
     x2[2, [100, 30]] = torch.tensor([1.0, 2.0], device=DEVICE)
     x2[3, [3, 70, 140, 200, 260]] = torch.tensor([9.0, 8.0, 7.0, 6.0, 5.0], device=DEVICE)
-    x2[4, [71, 7, 200]] = torch.tensor([30.0, 30.0, 29.0], device=DEVICE)
+    x2[4, [135, 71, 7, 200]] = torch.tensor([30.0, 30.0, 30.0, 29.0], device=DEVICE)
     values, indices, _ = run(x2, 4, path)
     ref_values, ref_indices, _ = expected(x2, 4)
-    assert indices[0, :2].tolist() == [5, 69]
+    assert indices[0, :3].tolist() == [5, 69, 133]
     assert indices[1].tolist() == [0, 1, 2, 3]
     assert indices[2].tolist() == [30, 100, 0, 1]
     assert indices[3].tolist() == [3, 70, 140, 200]
-    assert indices[4, :3].tolist() == [7, 71, 200]
+    assert indices[4].tolist() == [7, 71, 135, 200]
     assert torch.equal(indices.cpu(), ref_indices)
     assert_matches(values, ref_values, torch.float32, "values")
+
+
+@needs_triton
+@pytest.mark.parametrize("path", [PATHS[6], PATHS[7]], ids=[PATH_IDS[6], PATH_IDS[7]])
+def test_two_kept_per_lane_hold_pairs_of_the_top_k(path, gen):
+    # Pairs of the top 6 share lanes (5 and 69, 10 and 74, 20 and 148). No lane holds three and
+    # every runner-up is noise far below the 6th value, so no second read runs: the answer, both
+    # ranks' values and columns, comes from the kept pairs alone.
+    x2 = make_logits((2, 300), torch.float32, gen, scale=0.1, outliers=False)
+    x2[:, [5, 69, 10, 74, 20, 148]] = torch.tensor([60.0, 59.0, 58.0, 57.0, 56.0, 55.0], device=DEVICE)
+    values, indices, _ = run(x2, 6, path)
+    assert indices.tolist() == [[5, 69, 10, 74, 20, 148]] * 2
+    assert_matches(values, expected(x2, 6)[0], torch.float32, "values")
+
+
+def test_lane_keep_is_checked():
+    device = torch.device("cuda")
+    with pytest.raises(ValueError, match="lane_keep"):
+        plan.topk_plan(4, 1000, 65, torch.float32, device, sms=132, lane_keep=2)
+    with pytest.raises(ValueError, match="lane_keep"):
+        plan.topk_plan(4, 1000, 5, torch.float32, device, sms=132, lane_keep=3)
 
 
 @needs_triton
@@ -263,9 +286,9 @@ def test_gradient_through_public_function_any_dim(gen):
 @needs_triton
 def test_deterministic(gen):
     x = make_logits((2, 400), torch.float32, gen)
-    for lane_best in (False, True):
-        first = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_best)
-        second = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_best)
+    for lane_keep in (0, 1, 2):
+        first = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_keep)
+        second = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_keep)
         for a, b in zip(first, second):
             assert torch.equal(a, b)
 
@@ -288,11 +311,11 @@ def test_plan_table_for_the_gpu():
     assert plan.topk_plan(1024, 25000, 5, torch.float32, device, sms=132).strategy == "single"
     assert plan.topk_plan(256, 151936, 5, torch.float32, device, sms=132).num_chunks >= 2
     chosen = plan.topk_plan(64, 128256, 50, torch.float32, device, sms=132)
-    assert chosen.strategy == "split" and chosen.k_pow2 == 64 and not chosen.lane_best
+    assert chosen.strategy == "split" and chosen.k_pow2 == 64 and chosen.lane_keep == 0
     assert "softmax_topk" in chosen.describe(3000.0)
-    assert plan.topk_plan(1024, 25000, 5, torch.float32, device, sms=132).lane_best
+    assert plan.topk_plan(1024, 25000, 5, torch.float32, device, sms=132).lane_keep == 1
     split_lanes = plan.topk_plan(256, 151936, 5, torch.float32, device, sms=132)
-    assert split_lanes.lane_best and split_lanes.block == plan.TOPK_LANE_BEST_SPLIT_BLOCK
+    assert split_lanes.lane_keep == 1 and split_lanes.block == plan.TOPK_LANE_BEST_SPLIT_BLOCK
     assert split_lanes.num_warps == plan.TOPK_LANE_BEST_SPLIT_WARPS
 
 

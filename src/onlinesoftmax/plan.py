@@ -454,6 +454,13 @@ TOPK_COMPACT_ABOVE_K = 16
 # 7.0 -> 6.2. No k > 16 case was measured with it (collisions grow as k^2: most chunks would read
 # twice at k = 64).
 TOPK_LANE_BEST_MAX_K = 16
+# Two kept per lane (forced with lane_keep=2) serve lists up to TOPK_LANE_KEEP2_MAX_K: a second read
+# then needs three of the top k in one lane, about k^3 / (6 lanes^2) of random rows (4% at k = 64
+# and 1024 lanes). Not chosen automatically: not yet timed on the GPU. Registers per thread
+# (scripts/kernel_resources.py, fp32 256x151936 k64, block 1024 / 4 warps): 149, against 168 for
+# the running list; 80 of them without the second read's code in the kernel, which therefore
+# sets the count (a separate launch for the rare second reads would free them).
+TOPK_LANE_KEEP2_MAX_K = 64
 # Lane-best plans that split rows stream larger blocks with more warps. Same sweep, fp32, block
 # 2048 with 8 warps against 1024 with 4: 256x151936 k5 92.9 vs 116.9 us, 1x151936 k1 7.1 vs 6.9,
 # 1x25000 k5 6.9 vs 7.0. One program per row stays at 1024 / 4, where the final selection over
@@ -491,7 +498,7 @@ class TopkPlan:
     chunk_size: int
     num_chunks: int
     compact: bool  # survivors packed by a prefix sum (long lists), else inserted one by one
-    lane_best: bool  # one elementwise pass, top k of the lanes' best (exactness checked)
+    lane_keep: int  # 0: a running list; 1 or 2: elements each lane keeps in one elementwise pass
 
     @property
     def launches(self) -> int:
@@ -507,8 +514,8 @@ class TopkPlan:
             f"(list of {self.k_pow2}), {str(self.dtype).replace('torch.', '')})",
             f"strategy:    {self.strategy}  ({self.launches} launch(es), {self.num_warps} warps/program)",
             f"blocks:      {self.block} cols per block; {self.num_chunks} chunk(s) of {self.chunk_size} per row",
-            "selection:   " + ("the top k of each lane's best element (exactness checked; a second read when not)"
-                               if self.lane_best else
+            "selection:   " + (f"the top k of the {self.lane_keep} best element(s) of each lane (exactness checked; "
+                               "a second read when not)" if self.lane_keep else
                                f"a running list; survivors {'compacted' if self.compact else 'inserted one by one'}"),
             f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (x read once, outputs written once)",
         ]
@@ -520,15 +527,18 @@ class TopkPlan:
 @functools.lru_cache(maxsize=4096)  # on every call's path; a frozen result, so sharing it is safe
 def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.device,
               strategy: str | None = None, block: int | None = None, num_chunks: int | None = None,
-              sms: int | None = None, lane_best: bool | None = None) -> TopkPlan:
+              sms: int | None = None, lane_keep: int | None = None) -> TopkPlan:
     """Choose single (one program per row) or split (chunks of each row, then a merge) for softmax_topk.
 
-    ``strategy``, ``block``, ``num_chunks`` and ``lane_best`` force a choice (tests and sweeps)."""
+    ``strategy``, ``block``, ``num_chunks`` and ``lane_keep`` force a choice (tests and sweeps)."""
     if strategy is not None and strategy not in TOPK_STRATEGIES:
         raise ValueError(f"softmax_topk: strategy must be None or one of {TOPK_STRATEGIES}, got {strategy!r}")
     k_pow2 = max(2, next_power_of_2(k))
-    if lane_best is None:
-        lane_best = k <= TOPK_LANE_BEST_MAX_K
+    if lane_keep is None:
+        lane_keep = 1 if k <= TOPK_LANE_BEST_MAX_K else 0
+    if lane_keep not in (0, 1, 2) or (lane_keep == 2 and k > TOPK_LANE_KEEP2_MAX_K):
+        raise ValueError(f"softmax_topk: lane_keep must be 0, 1 or 2 (2 for k <= {TOPK_LANE_KEEP2_MAX_K}), "
+                         f"got {lane_keep} for k={k}")
     sms = sms or sm_count(device)
     one_chunk = num_chunks == 1 or (num_chunks is None and (
         strategy == "single" or (strategy is None and rows >= TOPK_SPLIT_BELOW_ROWS_PER_SM * sms)))
@@ -536,7 +546,7 @@ def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.de
     if block is None:
         if device.type != "cuda":
             block = TOPK_INTERPRETER_BLOCK
-        elif lane_best and not one_chunk:
+        elif lane_keep and not one_chunk:
             block, num_warps = TOPK_LANE_BEST_SPLIT_BLOCK, TOPK_LANE_BEST_SPLIT_WARPS
         else:
             block = TOPK_BLOCK[dtype.itemsize]
@@ -557,7 +567,7 @@ def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.de
     if strategy is None:
         strategy = "single" if num_chunks == 1 else "split"
     return TopkPlan(strategy, rows, cols, k, k_pow2, dtype, block, num_warps, chunk_size, num_chunks,
-                    k > TOPK_COMPACT_ABOVE_K, lane_best)
+                    k > TOPK_COMPACT_ABOVE_K, lane_keep)
 
 
 _last_topk_plan: TopkPlan | None = None

@@ -20,7 +20,9 @@ Short lists (k <= plan.TOPK_LANE_BEST_MAX_K) skip that per-block work: the strea
 only the online (m, d), its best element and the best of the rest (elementwise selects, no
 reduction or branch per block); the list is the top k of the lanes' best. That is the chunk's top
 k unless some lane holds two of them, which a runner-up at or above the k-th value reveals; then
-the chunk is streamed again with the list above (a second read, rare on real logits).
+the chunk is streamed again with the list above (a second read, rare on real logits). Lanes can
+keep their two best instead (plan.TopkPlan.lane_keep = 2, for k up to 64), which a second read
+then needs three of the top k in one lane for.
 
 Few rows ("split"): each row is cut into chunks whose (m, d) and candidate lists go to scratch,
 and a second launch merges them per row with fixed-order reductions (deterministic: no atomics).
@@ -185,11 +187,44 @@ def scan_lane_best(x_row, start, stop, x_stride_col, inv_temperature,
 
 
 @triton.jit
+def scan_lane_best_two(x_row, start, stop, x_stride_col, inv_temperature,
+                       BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    """As scan_lane_best, keeping each lane's two best elements (value and column, best first) and
+    the best of the rest (value)."""
+    m = tl.full([BLOCK], NEG_INF, tl.float32)
+    d = tl.zeros([BLOCK], tl.float32)
+    first = tl.full([BLOCK], NEG_INF, tl.float32)
+    first_col = tl.full([BLOCK], -1, tl.int32)
+    second = tl.full([BLOCK], NEG_INF, tl.float32)
+    second_col = tl.full([BLOCK], -1, tl.int32)
+    runner_up = tl.full([BLOCK], NEG_INF, tl.float32)
+    for block_start in range(start, stop, BLOCK):
+        cols = block_start + tl.arange(0, BLOCK)
+        b_x = load_scaled(x_row, cols, x_stride_col, stop, inv_temperature, CONTIGUOUS)
+        m, d = online_update(m, d, b_x)
+        # Strict >, as in scan_lane_best: equal later values move down, to where the check sees them.
+        above_first = b_x > first
+        above_second = b_x > second
+        runner_up = tl.where(above_second, second, tl.maximum(runner_up, b_x))
+        second_col = tl.where(above_first, first_col, tl.where(above_second, cols, second_col))
+        second = tl.where(above_first, first, tl.where(above_second, b_x, second))
+        first_col = tl.where(above_first, cols, first_col)
+        first = tl.where(above_first, b_x, first)
+    return m, d, first, first_col, second, second_col, runner_up
+
+
+@triton.jit
+def lane_keys(values, cols):
+    # A lane's kept element as a key; lanes that hold nothing above -inf give none.
+    return tl.where(cols >= 0, pack_keys(values, cols), EMPTY_KEY)
+
+
+@triton.jit
 def topk_stream_kernel(
     x_ptr, values_ptr, indices_ptr, lse_ptr, part_m_ptr, part_d_ptr, part_keys_ptr,
     n_cols, k, x_stride_row, x_stride_col, out_stride_row, chunk_size, num_chunks, inv_temperature,
     BLOCK: tl.constexpr, K_POW2: tl.constexpr, FEW_SURVIVORS: tl.constexpr, COMPACT: tl.constexpr,
-    LANE_BEST: tl.constexpr, CONTIGUOUS: tl.constexpr, FINAL: tl.constexpr, WRITE_LSE: tl.constexpr,
+    LANE_KEEP: tl.constexpr, CONTIGUOUS: tl.constexpr, FINAL: tl.constexpr, WRITE_LSE: tl.constexpr,
 ):
     # One read of x[row, chunk]. FINAL (one chunk per row): write the outputs; else the partials.
     row = tl.program_id(0)
@@ -201,29 +236,38 @@ def topk_stream_kernel(
     scratch = part_keys_ptr + (row.to(tl.int64) * num_chunks + chunk) * K_POW2
     m = tl.full([BLOCK], NEG_INF, tl.float32)
     d = tl.zeros([BLOCK], tl.float32)
-    if LANE_BEST:
-        # The top k of the lanes' best elements is the chunk's top k unless some lane holds two of
-        # them: exactly when a runner-up reaches the list's k-th value (>=: on a tie the runner-up
-        # may hold the lower column). Then, or when fewer than k lanes hold a finite element,
-        # stream the chunk again with the exact list (a second read, from L2 when recent).
-        m, d, best, best_col, runner_up = scan_lane_best(x_row, start, stop, x_stride_col, inv_temperature,
-                                                         BLOCK, CONTIGUOUS)
-        # Merged here, the lanes' (m, d) are dead through the selection and the second read
-        # (scripts/kernel_resources.py, ptxas for sm_90, fp32): 72 registers per thread instead
-        # of 96 at block 1024 / 4 warps (1024x25000 k5: 7 programs per SM, not 5); at 2048 / 8,
-        # 80 instead of 112 (1x25000 k5) and 102 instead of 117 (256x151936 k5).
+    if LANE_KEEP == 0:
+        m, d, candidates = scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, m, d,
+                                          BLOCK, K_POW2, FEW_SURVIVORS, COMPACT, CONTIGUOUS, True)
         m_row, d_row = merge_normalizers(m, d, 0)
-        keys = tl.where(best_col >= 0, pack_keys(best, best_col), EMPTY_KEY)
-        candidates = insert_one_by_one(tl.full([K_POW2], EMPTY_KEY, tl.int64), keys, k, K_POW2)
+    else:
+        # The top k of the elements the lanes kept is the chunk's top k unless some lane held more
+        # of them than it kept: exactly when a runner-up reaches the list's k-th value (>=: on a
+        # tie the runner-up may hold the lower column). Then, or when the lanes kept fewer than k
+        # elements above -inf, stream the chunk again with the exact list (a second read, from L2
+        # when recent). The lanes' (m, d) are merged first, so that they are dead through the
+        # selection and the second read (scripts/kernel_resources.py, ptxas for sm_90, fp32, one
+        # kept: 72 registers per thread instead of 96 at block 1024 / 4 warps, 1024x25000 k5: 7
+        # programs per SM, not 5; at 2048 / 8, 80 instead of 112 at 1x25000 k5, 102 instead of
+        # 117 at 256x151936 k5).
+        if LANE_KEEP == 1:
+            m, d, best, best_col, runner_up = scan_lane_best(x_row, start, stop, x_stride_col, inv_temperature,
+                                                             BLOCK, CONTIGUOUS)
+            m_row, d_row = merge_normalizers(m, d, 0)
+            candidates = insert_one_by_one(tl.full([K_POW2], EMPTY_KEY, tl.int64), lane_keys(best, best_col), k,
+                                           K_POW2)
+        else:
+            m, d, first, first_col, second, second_col, runner_up = scan_lane_best_two(
+                x_row, start, stop, x_stride_col, inv_temperature, BLOCK, CONTIGUOUS)
+            m_row, d_row = merge_normalizers(m, d, 0)
+            # The top k of the union is within the top K_POW2 of each kept rank.
+            candidates = merge_sorted_lists(tl.topk(lane_keys(first, first_col), K_POW2),
+                                            tl.flip(tl.topk(lane_keys(second, second_col), K_POW2), 0))
         threshold, filling = list_threshold(candidates, k, K_POW2)
         if filling | (tl.max(runner_up, 0) >= threshold):
             # (m, d) are neither read nor updated without UPDATE_NORMALIZER: placeholders.
             _, _, candidates = scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, 0.0,
                                               0.0, BLOCK, K_POW2, FEW_SURVIVORS, COMPACT, CONTIGUOUS, False)
-    else:
-        m, d, candidates = scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, m, d,
-                                          BLOCK, K_POW2, FEW_SURVIVORS, COMPACT, CONTIGUOUS, True)
-        m_row, d_row = merge_normalizers(m, d, 0)
     if FINAL:
         write_topk(candidates, m_row, d_row, row, k, values_ptr, indices_ptr, lse_ptr, out_stride_row,
                    K_POW2, WRITE_LSE)
@@ -311,8 +355,8 @@ _topk_merge = Launcher(topk_merge_kernel)
 
 def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optional[str] = None,
                    block: Optional[int] = None, num_chunks: Optional[int] = None,
-                   lane_best: Optional[bool] = None):
-    """(values, indices, lse) of a (rows, cols) tensor; ``strategy``/``block``/``num_chunks``/``lane_best``
+                   lane_keep: Optional[int] = None):
+    """(values, indices, lse) of a (rows, cols) tensor; ``strategy``/``block``/``num_chunks``/``lane_keep``
     force the plan."""
     n_rows, n_cols = x2.shape
     values = _buffers.empty((n_rows, k), x2.dtype, x2.device)
@@ -324,14 +368,14 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
             cpu.softmax_topk(x2, k, 1.0 / temperature, values, indices, lse)
         return values, indices, lse
     chosen = planner.topk_plan(n_rows, n_cols, k, x2.dtype, x2.device, strategy, block, num_chunks,
-                               lane_best=lane_best)
+                               lane_keep=lane_keep)
     planner.record_topk(chosen)
     inv_t = 1.0 / temperature
     # The plan fixes every integer argument but x's strides; with x's alignment they complete the
     # compiled-kernel key (see onlinesoftmax._launch).
     launch_key = (chosen, x2.stride(0), x2.stride(1), aligned(x2), planner.TOPK_FEW_SURVIVORS)
     common = dict(BLOCK=chosen.block, K_POW2=chosen.k_pow2, FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS,
-                  COMPACT=chosen.compact, LANE_BEST=chosen.lane_best,
+                  COMPACT=chosen.compact, LANE_KEEP=chosen.lane_keep,
                   CONTIGUOUS=x2.stride(1) == 1, WRITE_LSE=True, num_warps=chosen.num_warps)
     # Each program's candidate list (split) and compaction scratch (compact plans); a single
     # one-by-one launch touches neither.
@@ -368,9 +412,9 @@ def launch_backward(x2: torch.Tensor, lse: torch.Tensor, indices: torch.Tensor, 
         dx.copy_(cpu.softmax_topk_backward(x2, lse, indices, dv, dlse, 1.0 / temperature))
         return dx
     # The backward streams x once whatever the forward's selection was: its blocks follow the
-    # running-list plans (lane_best=False), which is what its timings were taken with.
+    # running-list plans (lane_keep=0), which is what its timings were taken with.
     chosen = planner.topk_plan(n_rows, n_cols, max(k, 1), x2.dtype, x2.device, strategy, block, num_chunks,
-                               lane_best=False)
+                               lane_keep=0)
     topk_backward_kernel[(n_rows, chosen.num_chunks)](
         x2, lse, indices.contiguous(), dv.contiguous(), dlse.float().contiguous(), dx,
         n_cols, k, x2.stride(0), x2.stride(1), chosen.chunk_size, 1.0 / temperature,

@@ -457,9 +457,8 @@ TOPK_LANE_BEST_MAX_K = 16
 # Two kept per lane (forced with lane_keep=2) serve lists up to TOPK_LANE_KEEP2_MAX_K: a second read
 # then needs three of the top k in one lane, about k^3 / (6 lanes^2) of random rows (4% at k = 64
 # and 1024 lanes). Not chosen automatically: not yet timed on the GPU. Registers per thread
-# (scripts/kernel_resources.py, fp32 256x151936 k64, block 1024 / 4 warps): 149, against 168 for
-# the running list; 80 of them without the second read's code in the kernel, which therefore
-# sets the count (a separate launch for the rare second reads would free them).
+# (scripts/kernel_resources.py, fp32 256x151936 k64, block 1024 / 4 warps): 96, 5 programs per SM,
+# against 168 and 3 for the running list.
 TOPK_LANE_KEEP2_MAX_K = 64
 # Lane-best plans that split rows stream larger blocks with more warps. Same sweep, fp32, block
 # 2048 with 8 warps against 1024 with 4: 256x151936 k5 92.9 vs 116.9 us, 1x151936 k1 7.1 vs 6.9,

@@ -20,7 +20,9 @@ Short lists (k <= plan.TOPK_LANE_BEST_MAX_K) skip that per-block work: the strea
 only the online (m, d), its best element and the best of the rest (elementwise selects, no
 reduction or branch per block); the list is the top k of the lanes' best. That is the chunk's top
 k unless some lane holds two of them, which a runner-up at or above the k-th value reveals; then
-the chunk is streamed again with the list above (a second read, rare on real logits). Lanes can
+the chunk is streamed again into the list above, where only elements at or above the lanes' k-th
+value (a lower bound of the chunk's k-th) can enter, one by one (a second read, rare on real
+logits). Lanes can
 keep their two best instead (plan.TopkPlan.lane_keep = 2, for k up to 64), which a second read
 then needs three of the top k in one lane for.
 
@@ -119,11 +121,16 @@ def insert_one_by_one(candidates, keys, count, K_POW2: tl.constexpr):
 
 
 @triton.jit
-def scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, m, d,
+def scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, m, d, floor,
                    BLOCK: tl.constexpr, K_POW2: tl.constexpr, FEW_SURVIVORS: tl.constexpr,
-                   COMPACT: tl.constexpr, CONTIGUOUS: tl.constexpr, UPDATE_NORMALIZER: tl.constexpr):
+                   COMPACT: tl.constexpr, CONTIGUOUS: tl.constexpr, UPDATE_NORMALIZER: tl.constexpr,
+                   RESCAN: tl.constexpr):
     """Stream x[row, start:stop] keeping the exact sorted top-K_POW2 list (its first k entries
-    exact); with UPDATE_NORMALIZER, also the per-lane online (m, d)."""
+    exact); with UPDATE_NORMALIZER, also the per-lane online (m, d).
+
+    RESCAN (the second read after the lanes' selection): only elements at or above ``floor``, a
+    lower bound of the chunk's k-th value, can be chosen, so few survive, and they enter one by one.
+    That leaves the compaction and block top-k code, and its registers, out of the lane kernels."""
     slot = tl.arange(0, K_POW2)
     candidates = tl.full([K_POW2], EMPTY_KEY, tl.int64)  # sorted descending
     threshold, filling = list_threshold(candidates, k, K_POW2)
@@ -132,20 +139,29 @@ def scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch
         b_x = load_scaled(x_row, cols, x_stride_col, stop, inv_temperature, CONTIGUOUS)  # [BLOCK]
         if UPDATE_NORMALIZER:
             m, d = online_update(m, d, b_x)
+        block_max = tl.max(b_x, 0)
+        if RESCAN:
+            enter = (block_max > threshold) | (filling & (block_max >= floor))
+        else:
+            enter = (block_max > threshold) | filling
         # Strict >: an equal value seen later has a higher index and loses the tie anyway.
-        if (tl.max(b_x, 0) > threshold) | filling:
+        if enter:
             in_chunk = cols < stop
+            if RESCAN:
+                in_chunk = in_chunk & (b_x >= floor)
             survivors = tl.where(filling, in_chunk, (b_x > threshold) & in_chunk)
             keys = tl.where(survivors, pack_keys(b_x, cols), EMPTY_KEY)  # [BLOCK]
             n_survivors = tl.sum(survivors.to(tl.int32), 0)
             # COMPACT (long lists): blocks with at most K_POW2 survivors pack them into K_POW2
             # slots and merge once. Else (short lists) insert them one at a time.
-            if COMPACT:
+            if RESCAN:
+                few = True
+            elif COMPACT:
                 few = n_survivors <= K_POW2
             else:
                 few = tl.minimum(n_survivors, k) <= FEW_SURVIVORS
             if few:
-                if COMPACT:
+                if COMPACT and not RESCAN:
                     # A prefix sum gives each survivor its slot; the scatter and gather go through
                     # this program's scratch, between barriers; the few are sorted and merged.
                     slot_of = tl.cumsum(survivors.to(tl.int32), 0) - 1
@@ -238,18 +254,19 @@ def topk_stream_kernel(
     d = tl.zeros([BLOCK], tl.float32)
     if LANE_KEEP == 0:
         m, d, candidates = scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, m, d,
-                                          BLOCK, K_POW2, FEW_SURVIVORS, COMPACT, CONTIGUOUS, True)
+                                          NEG_INF, BLOCK, K_POW2, FEW_SURVIVORS, COMPACT, CONTIGUOUS, True, False)
         m_row, d_row = merge_normalizers(m, d, 0)
     else:
         # The top k of the elements the lanes kept is the chunk's top k unless some lane held more
         # of them than it kept: exactly when a runner-up reaches the list's k-th value (>=: on a
         # tie the runner-up may hold the lower column). Then, or when the lanes kept fewer than k
         # elements above -inf, stream the chunk again with the exact list (a second read, from L2
-        # when recent). The lanes' (m, d) are merged first, so that they are dead through the
-        # selection and the second read (scripts/kernel_resources.py, ptxas for sm_90, fp32, one
-        # kept: 72 registers per thread instead of 96 at block 1024 / 4 warps, 1024x25000 k5: 7
-        # programs per SM, not 5; at 2048 / 8, 80 instead of 112 at 1x25000 k5, 102 instead of
-        # 117 at 256x151936 k5).
+        # when recent). Registers per thread (scripts/kernel_resources.py, ptxas for sm_90, fp32):
+        # the lanes' (m, d) merged before the selection, and a second read that inserts one by one
+        # above the kept k-th value (scan_survivors' RESCAN), took one kept per lane from 96 to 64
+        # at block 1024 / 4 warps (1024x25000 k5: 8 programs per SM, not 5) and from 117 to 73 at
+        # 2048 / 8 (256x151936 k5); two kept at k = 64: 96 (5 programs per SM), where the running
+        # list holds 168 (3).
         if LANE_KEEP == 1:
             m, d, best, best_col, runner_up = scan_lane_best(x_row, start, stop, x_stride_col, inv_temperature,
                                                              BLOCK, CONTIGUOUS)
@@ -265,9 +282,12 @@ def topk_stream_kernel(
                                             tl.flip(tl.topk(lane_keys(second, second_col), K_POW2), 0))
         threshold, filling = list_threshold(candidates, k, K_POW2)
         if filling | (tl.max(runner_up, 0) >= threshold):
+            # The kept k-th value bounds the chunk's k-th from below (k kept elements reach it).
             # (m, d) are neither read nor updated without UPDATE_NORMALIZER: placeholders.
+            floor = tl.where(filling, NEG_INF, threshold)
             _, _, candidates = scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, 0.0,
-                                              0.0, BLOCK, K_POW2, FEW_SURVIVORS, COMPACT, CONTIGUOUS, False)
+                                              0.0, floor, BLOCK, K_POW2, FEW_SURVIVORS, COMPACT, CONTIGUOUS, False,
+                                              True)
     if FINAL:
         write_topk(candidates, m_row, d_row, row, k, values_ptr, indices_ptr, lse_ptr, out_stride_row,
                    K_POW2, WRITE_LSE)

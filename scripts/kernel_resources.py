@@ -1,10 +1,11 @@
-"""Registers per thread, stack and spills of the softmax and top-k kernels that the plans launch
-for the bench grids on an H100 (sm_90), measured without a GPU.
+"""Registers per thread and stack of the softmax, top-k and attention kernels that the plans
+launch for the bench grids on an H100 (sm_90), measured without a GPU.
 
-    python scripts/kernel_resources.py [--arch 90] [--sms 132] [--ops softmax,topk]
+    python scripts/kernel_resources.py [--arch 90] [--sms 132] [--ops softmax,topk,attention]
 
 The launchers run on CPU tensors with the plan made for the GPU (``--sms`` SMs) and record each
-kernel launch instead of making it. Each recorded launch goes through Triton's own argument
+kernel launch instead of making it (attention at batch 1 and one KV head with its query group:
+sizes that only reach integer arguments). Each recorded launch goes through Triton's own argument
 specialization (pointer alignment, integers equal to 1 or divisible by 16, constexprs) for an
 sm_``arch`` target, is compiled with the ptxas that Triton bundles, and the bundled cuobjdump reads
 the cubin's resource usage. Registers decide how many programs an SM holds at once (65536 per SM,
@@ -29,13 +30,14 @@ import triton
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
-from triton.runtime.jit import create_function_from_signature
+from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from onlinesoftmax import _launch, plan
-from onlinesoftmax.bench import softmax_suite, topk_suite
+from onlinesoftmax.bench import attention_suite, softmax_suite, topk_suite
 
 softmax_module = importlib.import_module("onlinesoftmax.softmax")
 topk_module = importlib.import_module("onlinesoftmax.topk")
+attention_module = importlib.import_module("onlinesoftmax.attention")
 
 REGISTERS_PER_SM = 65536
 MAX_WARPS_PER_SM = 64
@@ -52,6 +54,9 @@ def recorded_launches(sms: int):
     def record(self, grid, key, *args, **meta):
         calls.append((self.fn, args, meta))
 
+    def record_direct(self, *args, grid, warmup, **meta):  # kernel[grid](...) without a Launcher
+        calls.append((self, args, meta))
+
     def choose(op, rows, cols, dtype, device, algorithm="auto", strategy=None, sms_=None):
         return plan._choose(op, rows, cols, dtype, cuda, algorithm, strategy, sms, False)
 
@@ -60,8 +65,15 @@ def recorded_launches(sms: int):
     def topk_plan_for_gpu(rows, cols, k, dtype, device, *args, **kwargs):
         return topk_plan(rows, cols, k, dtype, cuda, *args, **dict(kwargs, sms=sms))
 
-    with mock.patch.object(_launch.Launcher, "__call__", record), mock.patch.object(plan, "choose", choose), \
-            mock.patch.object(plan, "topk_plan", topk_plan_for_gpu), \
+    attention_plan = plan.attention_plan
+
+    def attention_plan_for_gpu(kernel, head_dim, dtype, causal, device, *args):
+        with mock.patch.object(plan, "interpreter_active", lambda: False):
+            return attention_plan(kernel, head_dim, dtype, causal, cuda, *args)
+
+    with mock.patch.object(_launch.Launcher, "__call__", record), mock.patch.object(JITFunction, "run", record_direct), \
+            mock.patch.object(plan, "choose", choose), mock.patch.object(plan, "topk_plan", topk_plan_for_gpu), \
+            mock.patch.object(plan, "attention_plan", attention_plan_for_gpu), \
             mock.patch.object(plan, "interpreter_active", lambda: True):  # CPU tensors take the Triton path
         softmax_module._RECIPES.clear()
         yield calls
@@ -105,17 +117,28 @@ def topk_cases(dtype):
         yield f"{rows}x{cols}:k{k}", lambda x=x, k=k: topk_module.launch_forward(x, k, 1.0)
 
 
+def attention_cases(dtype):
+    for _, heads_q, heads_kv, seq, head_dim in attention_suite.GRID:
+        q = torch.empty((1, heads_q // heads_kv, seq, head_dim), dtype=dtype)  # one KV head, its query group
+        k = torch.empty((1, 1, seq, head_dim), dtype=dtype)
+        for mode in ("none", "top_left"):
+            label = f"{heads_q}/{heads_kv}x{seq}x{head_dim}{' causal' if mode != 'none' else ''}"
+            yield f"forward {label}", lambda q=q, k=k, mode=mode: attention_module.launch_forward(q, k, k, mode, 0.1)
+            yield f"backward {label}", lambda q=q, k=k, mode=mode: attention_module.launch_backward(
+                q, q, k, k, q, torch.empty(q.shape[:3]), mode, 0.1)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability as an integer (90: H100)")
     parser.add_argument("--sms", type=int, default=132, help="SM count the plans are made for")
-    parser.add_argument("--ops", default="softmax,topk", help="comma-separated: softmax, topk")
+    parser.add_argument("--ops", default="softmax,topk,attention", help="comma-separated: softmax, topk, attention")
     args = parser.parse_args()
     print(f"sm_{args.arch}, plans for {args.sms} SMs, triton {triton.__version__}")
     print(f"{'dtype':9s} {'case':26s} {'kernel':34s} {'warps':>5s} {'regs':>4s} {'stack':>5s} {'programs/SM':>11s}")
-    cases = {"softmax": softmax_cases, "topk": topk_cases}
+    cases = {"softmax": softmax_cases, "topk": topk_cases, "attention": attention_cases}
     for op in args.ops.split(","):
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in (torch.bfloat16,) if op == "attention" else (torch.float32, torch.bfloat16):
             for case, run in cases[op](dtype):
                 with recorded_launches(args.sms) as calls:
                     run()

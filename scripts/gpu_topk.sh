@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# softmax_topk on the GPU: bash scripts/gpu_topk.sh OUTDIR [tests] [sanitize] [bench] [paper] [sweep]
-# (no stage named: the first four; sweep is the tuning sweep of scripts/sweep_topk.py). Expected on an H100 (cold Triton cache; compiles dominate): tests ~2 min,
+# softmax_topk on the GPU: bash scripts/gpu_topk.sh OUTDIR [tests] [sanitize] [bench] [paper] [sweep] [lanes]
+# (no stage named: the first four; sweep is the tuning sweep of scripts/sweep_topk.py; lanes times
+# every selection scheme, lanes keeping one or two included, for k <= 64 at two block sizes, the data
+# for plan.TOPK_LANE_BEST_MAX_K and a lane_keep=2 default). Expected on an H100 (cold Triton cache; compiles dominate): tests ~2 min,
 # sanitize ~2 min (both tools), bench ~2.5 min, paper ~1 min; each stage has its own time limit.
 set -uo pipefail
 OUT=${1:?usage: gpu_topk.sh OUTDIR [tests sanitize bench paper]}
@@ -36,6 +38,11 @@ for stage in $STAGES; do
         sweep)
             timeout 420 python3 scripts/sweep_topk.py --quick --out "$OUT/sweep_topk.json" > "$OUT/sweep_topk.log" 2>&1 || status=1
             cat "$OUT/sweep_topk.log" ;;
+        lanes)
+            timeout 300 python3 scripts/sweep_topk.py --dtypes fp32,bf16 --configs 1024x4,2048x8 --max-k 64 \
+                --schemes compact,lane_best,lane_best2 --out "$OUT/sweep_topk_lanes.json" \
+                > "$OUT/sweep_topk_lanes.log" 2>&1 || status=1
+            cat "$OUT/sweep_topk_lanes.log" ;;
         *) echo "unknown stage $stage"; status=1 ;;
     esac
 done

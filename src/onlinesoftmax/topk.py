@@ -22,9 +22,8 @@ reduction or branch per block); the list is the top k of the lanes' best. That i
 k unless some lane holds two of them, which a runner-up at or above the k-th value reveals; then
 the chunk is streamed again into the list above, where only elements at or above the lanes' k-th
 value (a lower bound of the chunk's k-th) can enter, one by one (a second read, rare on real
-logits). Lanes can
-keep their two best instead (plan.TopkPlan.lane_keep = 2, for k up to 64), which a second read
-then needs three of the top k in one lane for.
+logits). Lanes may keep their two best instead (plan.TopkPlan.lane_keep = 2, k up to 64): a
+second read is then needed only when one lane holds three of the top k.
 
 Few rows ("split"): each row is cut into chunks whose (m, d) and candidate lists go to scratch,
 and a second launch merges them per row with fixed-order reductions (deterministic: no atomics).

@@ -195,6 +195,19 @@ def test_two_kept_per_lane_hold_pairs_of_the_top_k(path, gen):
     assert_matches(values, expected(x2, 6)[0], torch.float32, "values")
 
 
+@needs_triton
+@pytest.mark.parametrize("lane_keep", [1, 2])
+@pytest.mark.parametrize("k", [12, 16])
+def test_lanes_with_chunks_shorter_than_k(lane_keep, k, gen):
+    # Blocks of 16 and chunks of one block: the last chunk of 40 columns holds 8, fewer than k, so
+    # its lanes keep fewer than k elements and it reads again; the merge still finds the top k.
+    x2 = make_logits((3, 40), torch.float32, gen)
+    values, indices, _ = run(x2, k, ("split", 3, 16, lane_keep))
+    ref_values, ref_indices, _ = expected(x2, k)
+    assert torch.equal(indices.cpu(), ref_indices)
+    assert_matches(values, ref_values, torch.float32, "values")
+
+
 def test_lane_keep_is_checked():
     device = torch.device("cuda")
     with pytest.raises(ValueError, match="lane_keep"):

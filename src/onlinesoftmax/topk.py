@@ -179,37 +179,15 @@ def scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch
 
 
 @triton.jit
-def scan_lane_best(x_row, start, stop, x_stride_col, inv_temperature,
-                   BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
+def scan_lanes(x_row, start, stop, x_stride_col, inv_temperature,
+               BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, KEEP: tl.constexpr):
     """Stream x[row, start:stop] with elementwise work only: per lane (column mod BLOCK) the online
-    (m, d), the best element (value, column) and the best of the rest (value)."""
-    m = tl.full([BLOCK], NEG_INF, tl.float32)
-    d = tl.zeros([BLOCK], tl.float32)
-    best = tl.full([BLOCK], NEG_INF, tl.float32)
-    best_col = tl.full([BLOCK], -1, tl.int32)  # -1: the lane holds nothing above -inf
-    runner_up = tl.full([BLOCK], NEG_INF, tl.float32)
-    for block_start in range(start, stop, BLOCK):
-        cols = block_start + tl.arange(0, BLOCK)
-        b_x = load_scaled(x_row, cols, x_stride_col, stop, inv_temperature, CONTIGUOUS)
-        m, d = online_update(m, d, b_x)
-        # Strict >: a lane's columns rise, so an equal later value (which loses the tie) goes to
-        # runner_up, where the exactness check below sees it.
-        better = b_x > best
-        runner_up = tl.where(better, best, tl.maximum(runner_up, b_x))
-        best_col = tl.where(better, cols, best_col)
-        best = tl.where(better, b_x, best)
-    return m, d, best, best_col, runner_up
-
-
-@triton.jit
-def scan_lane_best_two(x_row, start, stop, x_stride_col, inv_temperature,
-                       BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
-    """As scan_lane_best, keeping each lane's two best elements (value and column, best first) and
-    the best of the rest (value)."""
+    (m, d), the lane's KEEP (1 or 2) best elements (value and column, best first; with KEEP = 1 the
+    second pair stays empty) and the best of the rest (value)."""
     m = tl.full([BLOCK], NEG_INF, tl.float32)
     d = tl.zeros([BLOCK], tl.float32)
     first = tl.full([BLOCK], NEG_INF, tl.float32)
-    first_col = tl.full([BLOCK], -1, tl.int32)
+    first_col = tl.full([BLOCK], -1, tl.int32)  # -1: nothing above -inf kept
     second = tl.full([BLOCK], NEG_INF, tl.float32)
     second_col = tl.full([BLOCK], -1, tl.int32)
     runner_up = tl.full([BLOCK], NEG_INF, tl.float32)
@@ -217,12 +195,16 @@ def scan_lane_best_two(x_row, start, stop, x_stride_col, inv_temperature,
         cols = block_start + tl.arange(0, BLOCK)
         b_x = load_scaled(x_row, cols, x_stride_col, stop, inv_temperature, CONTIGUOUS)
         m, d = online_update(m, d, b_x)
-        # Strict >, as in scan_lane_best: equal later values move down, to where the check sees them.
+        # Strict >: a lane's columns rise, so an equal later value (which loses the tie) moves
+        # down, to runner_up at the end, where the exactness check sees it.
         above_first = b_x > first
-        above_second = b_x > second
-        runner_up = tl.where(above_second, second, tl.maximum(runner_up, b_x))
-        second_col = tl.where(above_first, first_col, tl.where(above_second, cols, second_col))
-        second = tl.where(above_first, first, tl.where(above_second, b_x, second))
+        if KEEP == 2:
+            above_second = b_x > second
+            runner_up = tl.where(above_second, second, tl.maximum(runner_up, b_x))
+            second_col = tl.where(above_first, first_col, tl.where(above_second, cols, second_col))
+            second = tl.where(above_first, first, tl.where(above_second, b_x, second))
+        else:
+            runner_up = tl.where(above_first, first, tl.maximum(runner_up, b_x))
         first_col = tl.where(above_first, cols, first_col)
         first = tl.where(above_first, b_x, first)
     return m, d, first, first_col, second, second_col, runner_up
@@ -266,16 +248,13 @@ def topk_stream_kernel(
         # at block 1024 / 4 warps (1024x25000 k5: 8 programs per SM, not 5) and from 117 to 73 at
         # 2048 / 8 (256x151936 k5); two kept at k = 64: 96 (5 programs per SM), where the running
         # list holds 168 (3).
+        m, d, first, first_col, second, second_col, runner_up = scan_lanes(
+            x_row, start, stop, x_stride_col, inv_temperature, BLOCK, CONTIGUOUS, LANE_KEEP)
+        m_row, d_row = merge_normalizers(m, d, 0)
         if LANE_KEEP == 1:
-            m, d, best, best_col, runner_up = scan_lane_best(x_row, start, stop, x_stride_col, inv_temperature,
-                                                             BLOCK, CONTIGUOUS)
-            m_row, d_row = merge_normalizers(m, d, 0)
-            candidates = insert_one_by_one(tl.full([K_POW2], EMPTY_KEY, tl.int64), lane_keys(best, best_col), k,
+            candidates = insert_one_by_one(tl.full([K_POW2], EMPTY_KEY, tl.int64), lane_keys(first, first_col), k,
                                            K_POW2)
         else:
-            m, d, first, first_col, second, second_col, runner_up = scan_lane_best_two(
-                x_row, start, stop, x_stride_col, inv_temperature, BLOCK, CONTIGUOUS)
-            m_row, d_row = merge_normalizers(m, d, 0)
             # The top k of the union is within the top K_POW2 of each kept rank.
             candidates = merge_sorted_lists(tl.topk(lane_keys(first, first_col), K_POW2),
                                             tl.flip(tl.topk(lane_keys(second, second_col), K_POW2), 0))

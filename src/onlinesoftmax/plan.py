@@ -242,7 +242,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
             "(or TRITON_INTERPRET=1 for CPU tensors); use strategy=None or 'torch' on CPU")
 
     if strategy == "row_on_chip":
-        if algorithm not in ("auto",) and not backward:
+        if algorithm != "auto" and not backward:
             raise ValueError(
                 f"algorithm={algorithm!r} asks for {algorithm} passes over memory, but strategy "
                 "'row_on_chip' reads the row once; use algorithm='auto'")
@@ -259,7 +259,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                     (max(programs, 1),))
 
     if strategy == "split_row_on_chip":
-        if algorithm not in ("auto",) and not backward:
+        if algorithm != "auto" and not backward:
             raise ValueError(
                 f"algorithm={algorithm!r} asks for {algorithm} passes over memory, but strategy "
                 "'split_row_on_chip' reads the row once; use algorithm='auto'")

@@ -12,6 +12,12 @@ the cubin's resource usage. Registers decide how many programs an SM holds at on
 allocated per warp in steps of 8 per thread), which bounds the loads a streaming kernel keeps in
 flight: of the numbers that decide a kernel's speed, the one a machine without a GPU can measure.
 STACK above 0 is a frame in local memory (spills, or arrays ptxas would not keep in registers).
+
+LOADS IN FLIGHT, per streaming loop of the machine code (a backward branch whose body holds global
+loads): how many of the loop's loads a thread issues before the first instruction that reads one
+of them, "issued/in loop". A streaming kernel hides DRAM latency only with loads in flight: 8/8
+waits on memory once per iteration, 1/8 eight times (ptxas decides the order; the same source can
+compile either way, which timing alone showed as a 1.5x slower top-k on the H100).
 """
 
 from __future__ import annotations
@@ -80,8 +86,44 @@ def recorded_launches(sms: int):
     softmax_module._RECIPES.clear()
 
 
+SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+
+
+def _registers(operand: str) -> list[int]:
+    return [int(r) for r in re.findall(r"\bR(\d+)\b", operand)]
+
+
+def loop_loads_in_flight(sass: str) -> list[tuple[int, int]]:
+    """(loads issued before the first use of any, loads in the body) for each loop of ``sass``
+    (cuobjdump's listing) that loads from global memory into registers (LDG), in code order."""
+    instructions = [(int(addr, 16), op, operands) for addr, op, operands in SASS_INSTRUCTION.findall(sass)]
+    loops = []
+    for addr, op, operands in instructions:
+        target = re.search(r"0x([0-9a-f]+)", operands) if op.startswith("BRA") else None
+        if target is None or int(target.group(1), 16) >= addr:
+            continue
+        body = [ins for ins in instructions if int(target.group(1), 16) <= ins[0] <= addr]
+        total = sum(op.split(".")[0] == "LDG" for _, op, _ in body)  # not LDGSTS (to shared memory)
+        if not total:
+            continue
+        pending, issued = set(), 0  # registers that outstanding loads will write
+        for _, op, operands in body:
+            fields = [f.strip() for f in operands.split(",")]
+            sources = fields if op.startswith(("ST", "RED", "ATOM")) else fields[1:]
+            if pending & {r for f in sources for r in _registers(f)}:
+                break
+            if op.split(".")[0] == "LDG":
+                first = _registers(fields[0])[0]
+                width = 4 if op.endswith(".128") else 2 if op.endswith(".64") else 1
+                pending.update(range(first, first + width))
+                issued += 1
+        loops.append((issued, total))
+    return loops
+
+
 def resource_usage(fn, args, meta: dict, arch: int) -> dict:
-    """ptxas's resource usage of ``fn`` launched with ``args`` and ``meta``, compiled for sm_``arch``."""
+    """ptxas's resource usage of ``fn`` launched with ``args`` and ``meta``, compiled for sm_``arch``,
+    and its streaming loops' loads in flight (``loops``: see loop_loads_in_flight)."""
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     kwargs = dict(meta, debug=knobs.runtime.debug, instrumentation_mode=knobs.compilation.instrumentation_mode)
@@ -95,7 +137,9 @@ def resource_usage(fn, args, meta: dict, arch: int) -> dict:
         cubin.flush()
         report = subprocess.run([cuobjdump, "--dump-resource-usage", cubin.name],
                                 capture_output=True, text=True, check=True).stdout
-    return {key: int(value) for key, value in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", report)}
+        sass = subprocess.run([cuobjdump, "--dump-sass", cubin.name], capture_output=True, text=True, check=True).stdout
+    usage = {key: int(value) for key, value in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", report)}
+    return dict(usage, loops=loop_loads_in_flight(sass))
 
 
 def programs_per_sm(registers: int, num_warps: int) -> int:
@@ -135,7 +179,7 @@ def main():
     parser.add_argument("--ops", default="softmax,topk,attention", help="comma-separated: softmax, topk, attention")
     args = parser.parse_args()
     print(f"sm_{args.arch}, plans for {args.sms} SMs, triton {triton.__version__}")
-    print(f"{'dtype':9s} {'case':26s} {'kernel':34s} {'warps':>5s} {'regs':>4s} {'stack':>5s} {'programs/SM':>11s}")
+    print(f"{'dtype':9s} {'case':26s} {'kernel':34s} {'warps':>5s} {'regs':>4s} {'stack':>5s} {'programs/SM':>11s}  loads in flight")
     cases = {"softmax": softmax_cases, "topk": topk_cases, "attention": attention_cases}
     for op in args.ops.split(","):
         for dtype in (torch.bfloat16,) if op == "attention" else (torch.float32, torch.bfloat16):
@@ -146,7 +190,8 @@ def main():
                     usage = resource_usage(fn, launch_args, meta, args.arch)
                     warps = meta.get("num_warps", 4)
                     print(f"{str(dtype)[6:]:9s} {case:26s} {fn.__name__:34s} {warps:5d} {usage['REG']:4d} "
-                          f"{usage['STACK']:5d} {programs_per_sm(usage['REG'], warps):11d}", flush=True)
+                          f"{usage['STACK']:5d} {programs_per_sm(usage['REG'], warps):11d}  "
+                          + " ".join(f"{issued}/{total}" for issued, total in usage["loops"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ for stage in $STAGES; do
             tail -25 "$OUT/topk_tests.log" ;;
         sanitize)
             for tool in memcheck racecheck; do
-                timeout 100 compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/exercise_topk.py \
+                timeout 170 compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/exercise_topk.py \
                     > "$OUT/topk_sanitizer_$tool.log" 2>&1
                 rc=$?; [ $rc -eq 0 ] || status=1
                 echo "compute-sanitizer $tool exit $rc"
@@ -39,8 +39,8 @@ for stage in $STAGES; do
             timeout 420 python3 scripts/sweep_topk.py --quick --out "$OUT/sweep_topk.json" > "$OUT/sweep_topk.log" 2>&1 || status=1
             cat "$OUT/sweep_topk.log" ;;
         lanes)
-            timeout 300 python3 scripts/sweep_topk.py --dtypes fp32,bf16 --configs 1024x4,2048x8 --max-k 64 \
-                --schemes compact,lane_best,lane_best2 --out "$OUT/sweep_topk_lanes.json" \
+            timeout 300 python3 scripts/sweep_topk.py --dtypes fp32,bf16 --configs 512x4,1024x4,2048x8 --schemes lane_best,lane_best2 \
+                --cases 1024x25000x5,256x151936x5,4096x4096x8,64x128256x50,256x151936x64 --out "$OUT/sweep_topk_lanes.json" \
                 > "$OUT/sweep_topk_lanes.log" 2>&1 || status=1
             cat "$OUT/sweep_topk_lanes.log" ;;
         *) echo "unknown stage $stage"; status=1 ;;

@@ -2,7 +2,7 @@
 
     python scripts/sweep_topk.py [--out sweep_topk.json] [--quick] [--dtypes fp32,bf16]
                                  [--schemes one_by_one,compact,lane_best,lane_best2] [--configs 1024x4,2048x8]
-                                 [--max-k 16]
+                                 [--max-k 16] [--cases 1024x25000x5,4096x4096x8]
 
 Kernel time only (replayed from a CUDA graph over inputs rotated through >= 400 MB, so neither the
 host's launch cost nor L2 flatters it). Next to each case: the read floor (bytes of x at the copy
@@ -62,6 +62,7 @@ def main():
     parser.add_argument("--schemes", default=None, help="comma-separated subset of one_by_one,compact,lane_best,lane_best2")
     parser.add_argument("--configs", default=None, help="comma-separated BLOCKxWARPS, e.g. 1024x4,2048x8")
     parser.add_argument("--max-k", type=int, default=None, help="only the grid's cases with k up to this")
+    parser.add_argument("--cases", default=None, help="comma-separated ROWSxCOLSxK of the grid (default: all)")
     args = parser.parse_args()
     copy = copy_bandwidth_gbs()
     print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
@@ -85,6 +86,9 @@ def main():
     runs = [(config, scheme) for config in configs for scheme in schemes
             if not (args.quick and scheme == "one_by_one" and config != configs[0])]
     grid = [case for case in GRID if args.max_k is None or case[2] <= args.max_k]
+    if args.cases:
+        wanted = {tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")}
+        grid = [case for case in grid if case in wanted]
     for dtype, (rows, cols, k) in itertools.product(dtypes, grid):
         nbytes = rows * cols * dtype.itemsize
         xs = [(torch.randn(rows, cols, device="cuda").mul_(2.0).to(dtype),) for _ in range(rotation_count(nbytes))]

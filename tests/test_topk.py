@@ -317,6 +317,34 @@ def test_auto_plan_splits_few_rows_only(gen):
     assert plan.last_topk_plan().strategy == "single"
 
 
+def test_row_alignment_hint_only_where_rows_are_16_byte_aligned():
+    # The kernels tell Triton that rows start and end on 16-byte boundaries (tl.multiple_of), which
+    # the interpreter ignores: a wrong claim would only show on the GPU, so the rule is pinned here.
+    x = torch.empty((4, 1000), dtype=torch.float32)
+    assert topk_module._row_align(x) == 4
+    assert topk_module._row_align(torch.empty((4, 1000), dtype=torch.bfloat16)) == 8
+    assert topk_module._row_align(x[:, :998]) == 1  # ends mid-vector
+    assert topk_module._row_align(x[:, 1:997]) == 1  # starts mid-vector
+    assert topk_module._row_align(torch.empty((4, 1002))[:, :1000]) == 1  # row stride of 1002
+    assert topk_module._row_align(torch.empty((1000, 4)).t()) == 1  # columns not contiguous
+    assert topk_module._row_align(torch.empty((4, 1004))[:, 4:]) == 4  # 16 bytes in, still aligned
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_read_with_and_without_the_alignment_hint(dtype, gen):
+    # Rows of 16-byte-aligned length read as vectors on the GPU (after the hint), sliced ones not;
+    # every selection and both strategies, at the plan's blocks (under the interpreter: its own).
+    base = make_logits((3, 1032), dtype, gen)
+    for x2 in (base[:, :1024], base[:, 8:], base[:, 1:1025], base[:, 3:1000]):
+        for strategy, lane_keep in (("single", 0), ("single", 1), ("split", 2), ("split", 0)):
+            values, indices, lse = topk_module.launch_forward(x2, 5, 1.0, strategy, None, None, lane_keep)
+            ref_values, ref_indices, ref_lse = expected(x2, 5)
+            assert torch.equal(indices.cpu(), ref_indices), (x2.shape, x2.storage_offset(), strategy, lane_keep)
+            assert_matches(values, ref_values, dtype, "values")
+            assert_matches(lse, ref_lse, torch.float32, "lse")
+
+
 def test_plan_table_for_the_gpu():
     # What the H100 (132 SMs) gets for the shapes: decode rows split, batches do not.
     device = torch.device("cuda")
@@ -324,12 +352,19 @@ def test_plan_table_for_the_gpu():
     assert plan.topk_plan(1024, 25000, 5, torch.float32, device, sms=132).strategy == "single"
     assert plan.topk_plan(256, 151936, 5, torch.float32, device, sms=132).num_chunks >= 2
     chosen = plan.topk_plan(64, 128256, 50, torch.float32, device, sms=132)
-    assert chosen.strategy == "split" and chosen.k_pow2 == 64 and chosen.lane_keep == 0
+    assert chosen.strategy == "split" and chosen.k_pow2 == 64 and chosen.lane_keep == 2
+    assert chosen.block == plan.TOPK_LANE_BLOCK
     assert "softmax_topk" in chosen.describe(3000.0)
-    assert plan.topk_plan(1024, 25000, 5, torch.float32, device, sms=132).lane_keep == 1
-    split_lanes = plan.topk_plan(256, 151936, 5, torch.float32, device, sms=132)
-    assert split_lanes.lane_keep == 1 and split_lanes.block == plan.TOPK_LANE_BEST_SPLIT_BLOCK
-    assert split_lanes.num_warps == plan.TOPK_LANE_BEST_SPLIT_WARPS
+    # Lanes keep one on short chunks, two on long ones; k above 64 takes the running list.
+    assert plan.topk_plan(4096, 4096, 8, torch.float32, device, sms=132).lane_keep == 1
+    assert plan.topk_plan(1, 151936, 1, torch.float32, device, sms=132).lane_keep == 1
+    assert plan.topk_plan(1024, 25000, 5, torch.float32, device, sms=132).lane_keep == 2
+    assert plan.topk_plan(1024, 25000, 20, torch.float32, device, sms=132).lane_keep == 2
+    wide = plan.topk_plan(256, 151936, 64, torch.float32, device, sms=132)
+    assert wide.lane_keep == 2 and wide.block == plan.TOPK_LANE_WIDE_BLOCK
+    listed = plan.topk_plan(128, 262144, 256, torch.float32, device, sms=132)
+    assert listed.lane_keep == 0 and listed.block == plan.TOPK_BLOCK[4]
+    assert plan.topk_plan(1024, 25000, 5, torch.float32, device, sms=132, lane_keep=0).block == plan.TOPK_BLOCK[4]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -442,30 +442,38 @@ TOPK_WARPS = 4
 # 4 warps ahead of 2048 with 8 at every k: 1024x25000 k5 135 -> 101 us, 4096x4096 k8 234 -> 168.
 TOPK_FEW_SURVIVORS = 16
 TOPK_COMPACT_ABOVE_K = 16
-# "Lane best" selection for k <= TOPK_LANE_BEST_MAX_K: the stream does elementwise work only (per
-# lane its best element and the best of the rest, no block-wide reduction or branch per block),
-# then takes the top k of the lanes' best. That is exact unless one lane holds two of the top k,
-# which the runner-ups reveal; such a chunk is streamed again with the list above. For random
-# rows the chance is about k^2 / (2 lanes): 1.2% at k = 5 and 1024 lanes, 12% at k = 16.
-# H100, kernel time from CUDA graphs (scripts/sweep_topk.py, block 1024, 4 warps; results/
-# sweep_topk_lane_best-h100.log), running list one by one -> lane best, fp32: 1024x25000 k5
-# 100.9 -> 77.0 us, 256x151936 k5 151.8 -> 116.9, 4096x4096 k8 168.8 -> 79.0, 1x25000 k5 9.1 ->
-# 7.0, 1x151936 k1 6.7 -> 6.9; bf16: 96.9 -> 68.0, 146.7 -> 98.6, 188.7 -> 78.0, 9.8 -> 7.2,
-# 7.0 -> 6.2. No k > 16 case was measured with it (collisions grow as k^2: most chunks would read
-# twice at k = 64).
+# Lane selections (k <= TOPK_LANE_KEEP2_MAX_K): the stream does elementwise work only (per lane,
+# column mod block, the online (m, d), the lane's best one or two elements and the best of the
+# rest; no block-wide reduction or branch per block), then takes the top k of what the lanes kept.
+# That is exact unless one lane holds more of the top k than it kept, which the runner-ups reveal;
+# such a chunk is streamed again (a second read) with the running list above. For random rows
+# that happens to about k^2 / (2 lanes) of chunks keeping one (NumPy, 400 rows: 3.3% at 25000
+# columns, k = 5, 512 lanes; 5.8% at 4096 columns, k = 8) and about k^3 / (6 lanes^2) keeping two
+# (none of the same rows). The second read is rare but slow (a block-wide reduction per block)
+# and lands in the launch's tail: keeping two pays off on long chunks, keeping one on short ones,
+# where the final selection (k block-wide reductions against two sorting networks) dominates.
+# H100, kernel time from CUDA graphs over rotated inputs (scripts/sweep_topk.py, 17:32 UTC run,
+# benchmarks/results/sweep_topk_lanes-h100.log), one kept / two kept, us:
+#   block 512, 4 warps: fp32 1024x25000 k5 78.7 / 58.4, 256x151936 k5 133.9 / 76.4, 4096x4096 k8
+#   57.5 / 74.9, 64x128256 k50 - / 80.8, 256x151936 k64 - / 206.6; bf16 65.4 / 61.5,
+#   108.4 / 73.4, 56.2 / 74.8, - / 76.0, - / 185.6.
+#   block 1024, 4 warps: fp32 70.5 / 77.2, 100.5 / 103.2, 67.1 / 125.9, - / 89.9, - / 195.1;
+#   bf16 58.8 / 68.0, 80.3 / 75.9, 63.8 / 124.9, - / 84.0, - / 167.9.
+#   block 2048, 8 warps: fp32 63.4 / 117.3, 89.6 / 108.8, 108.8 / 246.1, - / 119.8, - / 223.0;
+#   bf16 58.1 / 107.7, 69.5 / 99.3, 107.7 / 237.5, - / 98.2, - / 196.4.
+# (The running list, kernel time in a CUDA graph in the 13:47 bench: 64x128256 k50 137 us,
+# 256x151936 k64 447.)
+# So: lanes of TOPK_LANE_BLOCK with TOPK_WARPS warps keep one when k <= TOPK_LANE_BEST_MAX_K and a
+# chunk spans at most TOPK_LANE_KEEP1_MAX_BLOCKS blocks, else two; k above TOPK_LANE_WIDE_ABOVE_K
+# takes TOPK_LANE_WIDE_BLOCK lanes (three of the top k in one lane: 15% of chunks at k = 64 with
+# 512 lanes, 4% with 1024). Where the rule is not the fastest measured: bf16 1024x25000 k5 61.5 us
+# against 58.1 (one kept, 2048 lanes, 8 warps), bf16 256x151936 k5 73.4 against 69.5 (same).
 TOPK_LANE_BEST_MAX_K = 16
-# Two kept per lane (forced with lane_keep=2) serve lists up to TOPK_LANE_KEEP2_MAX_K: a second read
-# then needs three of the top k in one lane, about k^3 / (6 lanes^2) of random rows (4% at k = 64
-# and 1024 lanes). Not chosen automatically: not yet timed on the GPU. Registers per thread
-# (scripts/kernel_resources.py, fp32 256x151936 k64, block 1024 / 4 warps): 96, 5 programs per SM,
-# against 168 and 3 for the running list.
 TOPK_LANE_KEEP2_MAX_K = 64
-# Lane-best plans that split rows stream larger blocks with more warps. Same sweep, fp32, block
-# 2048 with 8 warps against 1024 with 4: 256x151936 k5 92.9 vs 116.9 us, 1x151936 k1 7.1 vs 6.9,
-# 1x25000 k5 6.9 vs 7.0. One program per row stays at 1024 / 4, where the final selection over
-# the lanes costs more with more lanes: 4096x4096 k8 126.4 vs 79.0, 1024x25000 k5 80.4 vs 77.0.
-TOPK_LANE_BEST_SPLIT_BLOCK = 2048
-TOPK_LANE_BEST_SPLIT_WARPS = 8
+TOPK_LANE_BLOCK = 512
+TOPK_LANE_KEEP1_MAX_BLOCKS = 8
+TOPK_LANE_WIDE_ABOVE_K = 50
+TOPK_LANE_WIDE_BLOCK = 1024
 # Split a row across programs when the rows alone give fewer than this many programs per SM.
 TOPK_SPLIT_BELOW_ROWS_PER_SM = 2
 # Programs aimed at per SM when splitting, the fewest blocks a chunk streams (below that the
@@ -533,20 +541,18 @@ def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.de
     if strategy is not None and strategy not in TOPK_STRATEGIES:
         raise ValueError(f"softmax_topk: strategy must be None or one of {TOPK_STRATEGIES}, got {strategy!r}")
     k_pow2 = max(2, next_power_of_2(k))
-    if lane_keep is None:
-        lane_keep = 1 if k <= TOPK_LANE_BEST_MAX_K else 0
-    if lane_keep not in (0, 1, 2) or (lane_keep == 2 and k > TOPK_LANE_KEEP2_MAX_K):
+    if lane_keep is not None and (lane_keep not in (0, 1, 2) or (lane_keep == 2 and k > TOPK_LANE_KEEP2_MAX_K)):
         raise ValueError(f"softmax_topk: lane_keep must be 0, 1 or 2 (2 for k <= {TOPK_LANE_KEEP2_MAX_K}), "
                          f"got {lane_keep} for k={k}")
+    lanes = lane_keep != 0 and k <= TOPK_LANE_KEEP2_MAX_K  # a lane selection (which one: below)
     sms = sms or sm_count(device)
     one_chunk = num_chunks == 1 or (num_chunks is None and (
         strategy == "single" or (strategy is None and rows >= TOPK_SPLIT_BELOW_ROWS_PER_SM * sms)))
-    num_warps = TOPK_WARPS
     if block is None:
         if device.type != "cuda":
             block = TOPK_INTERPRETER_BLOCK
-        elif lane_keep and not one_chunk:
-            block, num_warps = TOPK_LANE_BEST_SPLIT_BLOCK, TOPK_LANE_BEST_SPLIT_WARPS
+        elif lanes:
+            block = TOPK_LANE_WIDE_BLOCK if k > TOPK_LANE_WIDE_ABOVE_K else TOPK_LANE_BLOCK
         else:
             block = TOPK_BLOCK[dtype.itemsize]
     block = max(next_power_of_2(block), k_pow2)
@@ -565,7 +571,10 @@ def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.de
     num_chunks = _cdiv(max(cols, 1), chunk_size)  # every chunk holds at least one column
     if strategy is None:
         strategy = "single" if num_chunks == 1 else "split"
-    return TopkPlan(strategy, rows, cols, k, k_pow2, dtype, block, num_warps, chunk_size, num_chunks,
+    if lane_keep is None:
+        lane_keep = 0 if not lanes else 1 if (
+            k <= TOPK_LANE_BEST_MAX_K and chunk_blocks <= TOPK_LANE_KEEP1_MAX_BLOCKS) else 2
+    return TopkPlan(strategy, rows, cols, k, k_pow2, dtype, block, TOPK_WARPS, chunk_size, num_chunks,
                     k > TOPK_COMPACT_ABOVE_K, lane_keep)
 
 

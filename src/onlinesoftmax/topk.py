@@ -16,14 +16,14 @@ survivors than that takes its ``tl.topk``. The list absorbs a sorted list by a b
 elementwise max of the list and the other list reversed is the top K_POW2 of the union, and
 bitonic).
 
-Short lists (k <= plan.TOPK_LANE_BEST_MAX_K) skip that per-block work: the stream keeps, per lane,
-only the online (m, d), its best element and the best of the rest (elementwise selects, no
-reduction or branch per block); the list is the top k of the lanes' best. That is the chunk's top
-k unless some lane holds two of them, which a runner-up at or above the k-th value reveals; then
-the chunk is streamed again into the list above, where only elements at or above the lanes' k-th
-value (a lower bound of the chunk's k-th) can enter, one by one (a second read, rare on real
-logits). Lanes may keep their two best instead (plan.TopkPlan.lane_keep = 2, k up to 64): a
-second read is then needed only when one lane holds three of the top k.
+Lists up to k = 64 (plan.TOPK_LANE_KEEP2_MAX_K) skip that per-block work: the stream keeps, per
+lane, only the online (m, d), the lane's best one or two elements and the best of the rest
+(elementwise selects, no reduction or branch per block); the list is the top k of what the lanes
+kept. That is the chunk's top k unless some lane holds more of them than it kept, which a
+runner-up at or above the k-th value reveals; then the chunk is streamed again into the list
+above, where only elements at or above the lanes' k-th value (a lower bound of the chunk's k-th)
+can enter, one by one (a second read, rare on real logits). The plan keeps one per lane on short
+chunks (small k), two on long ones, where a second read would cost the launch's tail.
 
 Few rows ("split"): each row is cut into chunks whose (m, d) and candidate lists go to scratch,
 and a second launch merges them per row with fixed-order reductions (deterministic: no atomics).
@@ -191,9 +191,13 @@ def scan_lanes(x_row, start, stop, x_stride_col, inv_temperature,
     second = tl.full([BLOCK], NEG_INF, tl.float32)
     second_col = tl.full([BLOCK], -1, tl.int32)
     runner_up = tl.full([BLOCK], NEG_INF, tl.float32)
+    # The next block is loaded before this one is used (its loads stay in flight during this
+    # block's work): left to itself, ptxas may issue each load just before its first use.
+    b_next = load_scaled(x_row, start + tl.arange(0, BLOCK), x_stride_col, stop, inv_temperature, CONTIGUOUS)
     for block_start in range(start, stop, BLOCK):
         cols = block_start + tl.arange(0, BLOCK)
-        b_x = load_scaled(x_row, cols, x_stride_col, stop, inv_temperature, CONTIGUOUS)
+        b_x = b_next
+        b_next = load_scaled(x_row, cols + BLOCK, x_stride_col, stop, inv_temperature, CONTIGUOUS)
         m, d = online_update(m, d, b_x)
         # Strict >: a lane's columns rise, so an equal later value (which loses the tie) moves
         # down, to runner_up at the end, where the exactness check sees it.
@@ -221,14 +225,16 @@ def topk_stream_kernel(
     x_ptr, values_ptr, indices_ptr, lse_ptr, part_m_ptr, part_d_ptr, part_keys_ptr,
     n_cols, k, x_stride_row, x_stride_col, out_stride_row, chunk_size, num_chunks, inv_temperature,
     BLOCK: tl.constexpr, K_POW2: tl.constexpr, FEW_SURVIVORS: tl.constexpr, COMPACT: tl.constexpr,
-    LANE_KEEP: tl.constexpr, CONTIGUOUS: tl.constexpr, FINAL: tl.constexpr, WRITE_LSE: tl.constexpr,
+    LANE_KEEP: tl.constexpr, CONTIGUOUS: tl.constexpr, ROW_ALIGN: tl.constexpr, FINAL: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
 ):
     # One read of x[row, chunk]. FINAL (one chunk per row): write the outputs; else the partials.
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    start = chunk * chunk_size
-    stop = tl.minimum(start + chunk_size, n_cols)
-    x_row = x_ptr + row.to(tl.int64) * x_stride_row
+    # ROW_ALIGN: rows start and end on 16-byte boundaries (chunk_size is n_cols or a block multiple).
+    start = tl.multiple_of(chunk * chunk_size, ROW_ALIGN)
+    stop = tl.multiple_of(tl.minimum(start + chunk_size, n_cols), ROW_ALIGN)
+    x_row = x_ptr + tl.multiple_of(row.to(tl.int64) * x_stride_row, ROW_ALIGN)
     # This program's K_POW2 slots of part_keys: compaction scratch until the partial list is stored.
     scratch = part_keys_ptr + (row.to(tl.int64) * num_chunks + chunk) * K_POW2
     m = tl.full([BLOCK], NEG_INF, tl.float32)
@@ -242,12 +248,9 @@ def topk_stream_kernel(
         # of them than it kept: exactly when a runner-up reaches the list's k-th value (>=: on a
         # tie the runner-up may hold the lower column). Then, or when the lanes kept fewer than k
         # elements above -inf, stream the chunk again with the exact list (a second read, from L2
-        # when recent). Registers per thread (scripts/kernel_resources.py, ptxas for sm_90, fp32):
-        # the lanes' (m, d) merged before the selection, and a second read that inserts one by one
-        # above the kept k-th value (scan_survivors' RESCAN), took one kept per lane from 96 to 64
-        # at block 1024 / 4 warps (1024x25000 k5: 8 programs per SM, not 5) and from 117 to 73 at
-        # 2048 / 8 (256x151936 k5); two kept at k = 64: 96 (5 programs per SM), where the running
-        # list holds 168 (3).
+        # when recent). Registers per thread (scripts/kernel_resources.py, ptxas for sm_90, fp32, the
+        # plans' 512 lanes / 4 warps): 48 keeping one at 4096x4096 k8, 56 keeping two at
+        # 1024x25000 k5, 64 at k = 50; the running list holds 168 at k = 50.
         m, d, first, first_col, second, second_col, runner_up = scan_lanes(
             x_row, start, stop, x_stride_col, inv_temperature, BLOCK, CONTIGUOUS, LANE_KEEP)
         m_row, d_row = merge_normalizers(m, d, 0)
@@ -307,7 +310,7 @@ def topk_merge_kernel(
 def topk_backward_kernel(
     x_ptr, lse_ptr, indices_ptr, dv_ptr, dlse_ptr, dx_ptr,
     n_cols, k, x_stride_row, x_stride_col, chunk_size, inv_temperature,
-    BLOCK: tl.constexpr, K_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr,
+    BLOCK: tl.constexpr, K_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
     # v_i = y_{c_i}, y = softmax(x / T), lse = logsumexp(x / T):
     #   dx_j = (1/T) (scatter(dv * y_c)_j - y_j * s),  s = <dv, y_c> - dlse.
@@ -315,9 +318,10 @@ def topk_backward_kernel(
     # overwrites the chosen columns inside its chunk (after a barrier: same addresses, other threads).
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    start = chunk * chunk_size
-    stop = tl.minimum(start + chunk_size, n_cols)
-    x_row = x_ptr + row.to(tl.int64) * x_stride_row
+    # ROW_ALIGN: rows start and end on 16-byte boundaries (chunk_size is n_cols or a block multiple).
+    start = tl.multiple_of(chunk * chunk_size, ROW_ALIGN)
+    stop = tl.multiple_of(tl.minimum(start + chunk_size, n_cols), ROW_ALIGN)
+    x_row = x_ptr + tl.multiple_of(row.to(tl.int64) * x_stride_row, ROW_ALIGN)
     dx_row = dx_ptr + row.to(tl.int64) * n_cols
     lse = tl.load(lse_ptr + row)
     slot = tl.arange(0, K_POW2)
@@ -339,6 +343,15 @@ def topk_backward_kernel(
 # --------------------------------------------------------------------------------------------
 # Launchers (on a 2-d (rows, cols) view; the public function moves ``dim`` last)
 # --------------------------------------------------------------------------------------------
+
+
+def _row_align(x2: torch.Tensor) -> int:
+    # Elements per 16-byte load when every row starts and ends on a 16-byte boundary (else 1).
+    # Triton proves alignment only from integers divisible by 16, so rows of 25000 fp32 (100000
+    # bytes) would be read 4 bytes per load instruction: the kernels take this as a hint instead.
+    vector = 16 // x2.element_size()
+    whole = x2.stride(1) == 1 and x2.stride(0) % vector == 0 and x2.shape[1] % vector == 0 and aligned(x2)
+    return vector if whole else 1
 
 
 def _rows_view(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -374,7 +387,7 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
     launch_key = (chosen, x2.stride(0), x2.stride(1), aligned(x2), planner.TOPK_FEW_SURVIVORS)
     common = dict(BLOCK=chosen.block, K_POW2=chosen.k_pow2, FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS,
                   COMPACT=chosen.compact, LANE_KEEP=chosen.lane_keep,
-                  CONTIGUOUS=x2.stride(1) == 1, WRITE_LSE=True, num_warps=chosen.num_warps)
+                  CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2), WRITE_LSE=True, num_warps=chosen.num_warps)
     # Each program's candidate list (split) and compaction scratch (compact plans); a single
     # one-by-one launch touches neither.
     part_keys = indices
@@ -416,7 +429,8 @@ def launch_backward(x2: torch.Tensor, lse: torch.Tensor, indices: torch.Tensor, 
     topk_backward_kernel[(n_rows, chosen.num_chunks)](
         x2, lse, indices.contiguous(), dv.contiguous(), dlse.float().contiguous(), dx,
         n_cols, k, x2.stride(0), x2.stride(1), chosen.chunk_size, 1.0 / temperature,
-        BLOCK=chosen.block, K_POW2=chosen.k_pow2, CONTIGUOUS=x2.stride(1) == 1, num_warps=chosen.num_warps)
+        BLOCK=chosen.block, K_POW2=chosen.k_pow2, CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2),
+        num_warps=chosen.num_warps)
     return dx
 
 

@@ -6,7 +6,8 @@
 # peers), overhead (host cost per call); OP[:STAGE,...] runs scripts/gpu_OP.sh for topk, attention
 # or ladder. Peers' wheels, if carried in .whl/, are installed into /tmp/site first. Logs and
 # results go to $OUT, bundled into one results.tgz at the end. SANITIZE_TIMEOUT (s, default 600) caps
-# each compute-sanitizer tool in the sanitize stage.
+# each compute-sanitizer tool in the sanitize stage; OVERHEAD_IMPORTS (modules, space-separated) has the
+# overhead stage import them and re-time the top-k calls.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -58,7 +59,8 @@ for stage in "$@"; do
         tune)
             timeout 400 python3 scripts/tune_softmax.py --out "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | grep -v "^  [A-Z]" ;;
         overhead)
-            python3 scripts/launch_overhead.py 2>&1 | tee "$OUT/launch_overhead.log" ;;
+            python3 scripts/launch_overhead.py ${OVERHEAD_IMPORTS:+--import $OVERHEAD_IMPORTS} > "$OUT/launch_overhead.log" 2>&1
+            grep -E "us issued|imported|hooks" "$OUT/launch_overhead.log" ;;
         topk*|attention*|ladder*)  # op[:stage,stage...], e.g. topk:bench,paper
             op=${stage%%:*}; sub=""; [ "$op" != "$stage" ] && sub=${stage#*:}
             timeout 560 bash "scripts/gpu_$op.sh" "$OUT" ${sub//,/ } > "$OUT/gpu_$op.log" 2>&1; echo "gpu_$op exit $?"

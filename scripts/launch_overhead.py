@@ -2,8 +2,15 @@
 
 Back-to-back calls with no synchronization measure how fast the host can issue work; the GPU time
 of these inputs is far below it. Then a cProfile of the split-row path names the expensive frames.
+
+    python scripts/launch_overhead.py [--import quack.topk ...]
+
+--import: after the table, import these modules (peers, say) and time our top-k calls again, with
+Triton's launch hooks and a cProfile (`onlinesoftmax bench topk` saw our eager 1x25000 k5 call go
+from 0.013 to 0.069 ms in a run where quack was importable, the CUDA-graph time unchanged).
 """
 
+import argparse
 import cProfile
 import importlib
 import pstats
@@ -41,7 +48,21 @@ def per_call_us(fn, calls=3000):
     return issued
 
 
+def print_profile(fn, lines: int, calls: int = 300):
+    """cProfile of ``calls`` back-to-back calls: the frames that cost the host the most."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        fn()
+    profile.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(lines)
+
+
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--import", dest="modules", nargs="*", default=[], help="modules to import, then re-time")
+    args = parser.parse_args()
     x_small = torch.randn(4, 1024, device="cuda")
     x_long = torch.randn(16, 262144, device="cuda")
     buf = torch.empty(1024, device="cuda")
@@ -67,21 +88,18 @@ def main():
     }
     for name, fn in cases.items():
         print(f"{name:48s} {per_call_us(fn, 3000 if 'x262144' not in name else 300):8.1f} us issued per call")
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(300):
-        onlinesoftmax.softmax(x_long)
-    profile.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(300):
-        onlinesoftmax.softmax_topk(x_vocab_bf16, 1)
-    profile.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(20)
-
+    print_profile(lambda: onlinesoftmax.softmax(x_long), 25)
+    print_profile(lambda: onlinesoftmax.softmax_topk(x_vocab_bf16, 1), 20)
+    if args.modules:
+        topk_cases = {name: fn for name, fn in cases.items() if "topk" in name}
+        for module in args.modules:
+            importlib.import_module(module)
+            print(f"imported {module}")
+        hooks = triton.knobs.runtime
+        print("triton launch hooks:", hooks.launch_enter_hook.calls, hooks.launch_exit_hook.calls)
+        for name, fn in topk_cases.items():
+            print(f"{name:48s} {per_call_us(fn):8.1f} us issued per call, after the imports")
+        print_profile(lambda: onlinesoftmax.softmax_topk(x_small_vocab, 5), 15)
 
 if __name__ == "__main__":
     main()

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # softmax_topk on the GPU: bash scripts/gpu_topk.sh OUTDIR [tests] [sanitize] [bench] [paper] [sweep] [lanes]
 # (no stage named: the first four; sweep is the tuning sweep of scripts/sweep_topk.py; lanes times
-# every selection scheme, lanes keeping one or two included, for k <= 64 at two block sizes, the data
-# for plan.TOPK_LANE_BEST_MAX_K and a lane_keep=2 default). Expected on an H100 (cold Triton cache; compiles dominate): tests ~2 min,
-# sanitize ~2 min (both tools), bench ~2.5 min, paper ~1 min; each stage has its own time limit.
+# the lane selections, keeping one or two, each with either second read (the chunk, or the suspect
+# lanes only: plan.TOPK_SECOND_READ), on the grid's k <= 64 cases at blocks of 512 and 1024).
+# Expected on an H100 (cold Triton cache; compiles dominate): tests ~2.5 min, sanitize ~1.5 min (both
+# tools), bench ~2 min, paper ~0.5 min, lanes ~4 min; each stage has its own time limit.
 set -uo pipefail
 OUT=${1:?usage: gpu_topk.sh OUTDIR [tests sanitize bench paper]}
 shift
@@ -39,7 +40,7 @@ for stage in $STAGES; do
             timeout 420 python3 scripts/sweep_topk.py --quick --out "$OUT/sweep_topk.json" > "$OUT/sweep_topk.log" 2>&1 || status=1
             cat "$OUT/sweep_topk.log" ;;
         lanes)
-            timeout 300 python3 scripts/sweep_topk.py --dtypes fp32,bf16 --configs 512x4,1024x4,2048x8 --schemes lane_best,lane_best2 \
+            timeout 300 python3 scripts/sweep_topk.py --dtypes fp32,bf16 --configs 512x4,1024x4 --schemes lane_best,lane_best2,lane_best_lanes,lane_best2_lanes \
                 --cases 1024x25000x5,256x151936x5,4096x4096x8,64x128256x50,256x151936x64 --out "$OUT/sweep_topk_lanes.json" \
                 > "$OUT/sweep_topk_lanes.log" 2>&1 || status=1
             cat "$OUT/sweep_topk_lanes.log" ;;

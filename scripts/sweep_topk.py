@@ -1,7 +1,8 @@
 """Tuning data for softmax_topk (GPU): every insertion scheme, block and warp count on the issue's grid.
 
     python scripts/sweep_topk.py [--out sweep_topk.json] [--quick] [--dtypes fp32,bf16]
-                                 [--schemes one_by_one,compact,lane_best,lane_best2] [--configs 1024x4,2048x8]
+                                 [--schemes one_by_one,compact,lane_best,lane_best2,lane_best_lanes,lane_best2_lanes]
+                                 [--configs 1024x4,2048x8]
                                  [--max-k 16] [--cases 1024x25000x5,4096x4096x8]
 
 Kernel time only (replayed from a CUDA graph over inputs rotated through >= 400 MB, so neither the
@@ -59,7 +60,7 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="fp32 only, fewer configurations")
     parser.add_argument("--dtypes", default=None, help="comma-separated: fp32,bf16 (overrides --quick's fp32)")
-    parser.add_argument("--schemes", default=None, help="comma-separated subset of one_by_one,compact,lane_best,lane_best2")
+    parser.add_argument("--schemes", default=None, help="comma-separated subset of one_by_one,compact,lane_best,lane_best2,lane_best_lanes,lane_best2_lanes")
     parser.add_argument("--configs", default=None, help="comma-separated BLOCKxWARPS, e.g. 1024x4,2048x8")
     parser.add_argument("--max-k", type=int, default=None, help="only the grid's cases with k up to this")
     parser.add_argument("--cases", default=None, help="comma-separated ROWSxCOLSxK of the grid (default: all)")
@@ -76,11 +77,13 @@ def main():
         configs += [(1024, 8, 4), (4096, 16, 4), (2048, 8, 8), (1024, 4, 8), (8192, 16, 4)]
     if args.configs:
         configs = [tuple(int(v) for v in c.split("x")) + (4,) for c in args.configs.split(",")]
-    # scheme -> (plan.TOPK_COMPACT_ABOVE_K, lane_keep): the running list inserting survivors one
-    # by one or compacting them, or the lanes keeping their best (k <= plan.TOPK_LANE_BEST_MAX_K)
-    # or their two best (k <= plan.TOPK_LANE_KEEP2_MAX_K; a second read compacts for k > 16).
-    schemes = {"one_by_one": (plan.TOPK_MAX_K, 0), "compact": (0, 0), "lane_best": (plan.TOPK_MAX_K, 1),
-               "lane_best2": (plan.TOPK_COMPACT_ABOVE_K, 2)}
+    # scheme -> (plan.TOPK_COMPACT_ABOVE_K, lane_keep, second_read): the running list inserting
+    # survivors one by one or compacting them, or the lanes keeping their best (k <=
+    # plan.TOPK_LANE_BEST_MAX_K) or their two best (k <= plan.TOPK_LANE_KEEP2_MAX_K), reading the
+    # chunk again when they must, or ("..._lanes") only the suspect lanes.
+    schemes = {"one_by_one": (plan.TOPK_MAX_K, 0, None), "compact": (0, 0, None),
+               "lane_best": (plan.TOPK_MAX_K, 1, "chunk"), "lane_best2": (plan.TOPK_COMPACT_ABOVE_K, 2, "chunk"),
+               "lane_best_lanes": (plan.TOPK_MAX_K, 1, "lanes"), "lane_best2_lanes": (plan.TOPK_COMPACT_ABOVE_K, 2, "lanes")}
     if args.schemes:
         schemes = {name: schemes[name] for name in args.schemes.split(",")}
     runs = [(config, scheme) for config in configs for scheme in schemes
@@ -98,19 +101,20 @@ def main():
         print(line, flush=True)
         normalizer_timed = set()
         for (block, nw, pps), scheme in runs:
-            compact_above_k, lane_keep = schemes[scheme]
+            compact_above_k, lane_keep, second_read = schemes[scheme]
             if k > {0: plan.TOPK_MAX_K, 1: plan.TOPK_LANE_BEST_MAX_K, 2: plan.TOPK_LANE_KEEP2_MAX_K}[lane_keep]:
                 continue
             plan.TOPK_WARPS, plan.TOPK_SPLIT_PROGRAMS_PER_SM, plan.TOPK_COMPACT_ABOVE_K = nw, pps, compact_above_k
             plan.topk_plan.cache_clear()
-            chosen = plan.topk_plan(rows, cols, k, dtype, torch.device("cuda"), None, block, None, lane_keep=lane_keep)
+            chosen = plan.topk_plan(rows, cols, k, dtype, torch.device("cuda"), None, block, None, lane_keep=lane_keep,
+                                    second_read=second_read)
             if chosen.strategy == "single" and pps != 4:
                 continue  # the programs-per-SM knob only moves split plans
             try:
-                got = topk_module.launch_forward(xs[0][0], k, 1.0, None, block, None, lane_keep)[1]
+                got = topk_module.launch_forward(xs[0][0], k, 1.0, None, block, None, lane_keep, second_read)[1]
                 ok = bool(torch.equal(got, want)) or dtype != torch.float32  # bf16 ties: torch's order
-                us = graph_time_ms(lambda x: topk_module.launch_forward(x, k, 1.0, None, block, None, lane_keep),
-                                   xs) * 1e3
+                us = graph_time_ms(lambda x: topk_module.launch_forward(x, k, 1.0, None, block, None, lane_keep,
+                                                                        second_read), xs) * 1e3
                 base_us = None
                 if (block, nw, pps) not in normalizer_timed:
                     normalizer_timed.add((block, nw, pps))
@@ -119,7 +123,7 @@ def main():
                 print(f"   block {block} warps {nw} pps {pps} {scheme}: {type(exc).__name__} {exc}"[:200])
                 continue
             results.append(dict(dtype=str(dtype), rows=rows, cols=cols, k=k, block=block, warps=nw,
-                                programs_per_sm=pps, scheme=scheme, strategy=chosen.strategy,
+                                programs_per_sm=pps, scheme=scheme, second_read=second_read, strategy=chosen.strategy,
                                 num_chunks=chosen.num_chunks, us=us, normalizer_us=base_us, floor_us=floor_us,
                                 indices_equal_torch=ok))
             base = f" normalizer {base_us:7.1f}" if base_us else ""

@@ -13,15 +13,19 @@ from onlinesoftmax import topk as topk_module
 
 from conftest import DEVICE, DTYPES, assert_matches, make_logits, needs_triton
 
-# (forced strategy, num_chunks, block, lane_keep): one program per row; several chunks merged by
-# the second launch; a split with a single chunk (the merge folds nothing); a block larger than
-# the row; the lanes keeping their best, or their two best, on one program per row and on chunks.
+# (forced strategy, num_chunks, block, lane_keep[, second_read]): one program per row; several
+# chunks merged by the second launch; a split with a single chunk (the merge folds nothing); a block
+# larger than the row; the lanes keeping their best, or their two best, on one program per row and
+# on chunks, reading the whole chunk again when they must (the default) or only the suspect lanes.
 # Blocks are forced too, so rows of 300 span several blocks on the GPU as in the interpreter.
 PATHS = [("single", None, 64, 0), ("split", 3, 64, 0), ("split", 1, 64, 0), ("single", None, 1024, 0),
-         ("single", None, 64, 1), ("split", 3, 64, 1), ("single", None, 64, 2), ("split", 3, 64, 2)]
-PATH_IDS = ["single", "split3", "split1", "bigblock", "lanebest", "lanebest-split3", "lanetwo", "lanetwo-split3"]
-MAIN = [0, 1, 4, 5, 6, 7]  # both strategies, each with every selection
-LANE_PATHS = [4, 5, 6, 7]
+         ("single", None, 64, 1), ("split", 3, 64, 1), ("single", None, 64, 2), ("split", 3, 64, 2),
+         ("single", None, 64, 1, "lanes"), ("split", 3, 64, 1, "lanes"), ("single", None, 64, 2, "lanes"),
+         ("split", 3, 64, 2, "lanes")]
+PATH_IDS = ["single", "split3", "split1", "bigblock", "lanebest", "lanebest-split3", "lanetwo", "lanetwo-split3",
+            "lanebest-rereadlanes", "lanebest-split3-rereadlanes", "lanetwo-rereadlanes", "lanetwo-split3-rereadlanes"]
+MAIN = [0, 1, 4, 5, 6, 7, 8, 11]  # both strategies, each with every selection and second read
+LANE_PATHS = [4, 5, 6, 7, 8, 9, 10, 11]
 
 
 def expected(x2: torch.Tensor, k: int, temperature: float = 1.0):
@@ -34,10 +38,13 @@ def expected(x2: torch.Tensor, k: int, temperature: float = 1.0):
 
 
 def run(x2, k, path, temperature=1.0):
-    strategy, num_chunks, block, lane_keep = path
-    values, indices, lse = topk_module.launch_forward(x2, k, temperature, strategy, block, num_chunks, lane_keep)
+    strategy, num_chunks, block, lane_keep, *second_read = path
+    second_read = second_read[0] if second_read else "chunk"
+    values, indices, lse = topk_module.launch_forward(x2, k, temperature, strategy, block, num_chunks, lane_keep,
+                                                      second_read)
     chosen = plan.last_topk_plan()
     assert chosen.strategy == strategy and chosen.lane_keep == lane_keep, chosen
+    assert chosen.second_read == second_read, chosen
     if num_chunks is not None:
         assert chosen.num_chunks == num_chunks, chosen
     return values, indices, lse
@@ -183,7 +190,7 @@ def test_lanes_read_again_exactly_when_they_must(path, gen):
 
 
 @needs_triton
-@pytest.mark.parametrize("path", [PATHS[6], PATHS[7]], ids=[PATH_IDS[6], PATH_IDS[7]])
+@pytest.mark.parametrize("path", [PATHS[i] for i in (6, 7, 10, 11)], ids=[PATH_IDS[i] for i in (6, 7, 10, 11)])
 def test_two_kept_per_lane_hold_pairs_of_the_top_k(path, gen):
     # Pairs of the top 6 share lanes (5 and 69, 10 and 74, 20 and 148). No lane holds three and
     # every runner-up is noise far below the 6th value, so no second read runs: the answer, both
@@ -196,13 +203,15 @@ def test_two_kept_per_lane_hold_pairs_of_the_top_k(path, gen):
 
 
 @needs_triton
+@pytest.mark.parametrize("second_read", ["chunk", "lanes"])
 @pytest.mark.parametrize("lane_keep", [1, 2])
 @pytest.mark.parametrize("k", [12, 16])
-def test_lanes_with_chunks_shorter_than_k(lane_keep, k, gen):
+def test_lanes_with_chunks_shorter_than_k(lane_keep, k, second_read, gen):
     # Blocks of 16 and chunks of one block: the last chunk of 40 columns holds 8, fewer than k, so
-    # its lanes keep fewer than k elements and it reads again; the merge still finds the top k.
+    # its lanes keep fewer than k elements and it reads again (the whole chunk, in either mode);
+    # the merge still finds the top k.
     x2 = make_logits((3, 40), torch.float32, gen)
-    values, indices, _ = run(x2, k, ("split", 3, 16, lane_keep))
+    values, indices, _ = run(x2, k, ("split", 3, 16, lane_keep, second_read))
     ref_values, ref_indices, _ = expected(x2, k)
     assert torch.equal(indices.cpu(), ref_indices)
     assert_matches(values, ref_values, torch.float32, "values")
@@ -214,6 +223,9 @@ def test_lane_keep_is_checked():
         plan.topk_plan(4, 1000, 65, torch.float32, device, sms=132, lane_keep=2)
     with pytest.raises(ValueError, match="lane_keep"):
         plan.topk_plan(4, 1000, 5, torch.float32, device, sms=132, lane_keep=3)
+    with pytest.raises(ValueError, match="second_read"):
+        plan.topk_plan(4, 1000, 5, torch.float32, device, sms=132, second_read="row")
+    assert plan.topk_plan(4, 1000, 5, torch.float32, device, sms=132).second_read == plan.TOPK_SECOND_READ
 
 
 @needs_triton
@@ -299,9 +311,9 @@ def test_gradient_through_public_function_any_dim(gen):
 @needs_triton
 def test_deterministic(gen):
     x = make_logits((2, 400), torch.float32, gen)
-    for lane_keep in (0, 1, 2):
-        first = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_keep)
-        second = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_keep)
+    for lane_keep, second_read in ((0, None), (1, "chunk"), (2, "chunk"), (1, "lanes"), (2, "lanes")):
+        first = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_keep, second_read)
+        second = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_keep, second_read)
         for a, b in zip(first, second):
             assert torch.equal(a, b)
 

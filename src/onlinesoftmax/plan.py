@@ -470,6 +470,18 @@ TOPK_COMPACT_ABOVE_K = 16
 # against 58.1 (one kept, 2048 lanes, 8 warps), bf16 256x151936 k5 73.4 against 69.5 (same).
 TOPK_LANE_BEST_MAX_K = 16
 TOPK_LANE_KEEP2_MAX_K = 64
+# What a lane selection reads again when some lane held more of the top k than it kept: "chunk",
+# the whole chunk into the running list (every element at or above the kept k-th value, about k
+# of them, inserted one by one), or "lanes", only the suspect lanes' other elements (the rest of
+# every other lane is below the kept k-th value), inserted into the kept list: a few masked loads
+# and one reduction per block, and a handful of insertions. "lanes" is tested but not yet timed on
+# the GPU (the README's top-k section says why the second read is the suspect at k = 50 and 64),
+# so "chunk" stays the default. Its cost is registers: the kept columns stay live through the
+# selection (scripts/kernel_resources.py, fp32, ptxas for sm_90): 64 -> 80 per thread keeping two
+# at 1024x25000 k5 (8 -> 6 programs per SM), 64 -> 72 at k = 50, 96 -> 122 at k = 64; keeping
+# one at 4096x4096 k8 stays at 48.
+TOPK_SECOND_READS = ("chunk", "lanes")
+TOPK_SECOND_READ = "chunk"
 TOPK_LANE_BLOCK = 512
 TOPK_LANE_KEEP1_MAX_BLOCKS = 8
 TOPK_LANE_WIDE_ABOVE_K = 50
@@ -506,6 +518,7 @@ class TopkPlan:
     num_chunks: int
     compact: bool  # survivors packed by a prefix sum (long lists), else inserted one by one
     lane_keep: int  # 0: a running list; 1 or 2: elements each lane keeps in one elementwise pass
+    second_read: str  # lane selections: "chunk" or "lanes" (see TOPK_SECOND_READ)
 
     @property
     def launches(self) -> int:
@@ -522,7 +535,7 @@ class TopkPlan:
             f"strategy:    {self.strategy}  ({self.launches} launch(es), {self.num_warps} warps/program)",
             f"blocks:      {self.block} cols per block; {self.num_chunks} chunk(s) of {self.chunk_size} per row",
             "selection:   " + (f"the top k of the {self.lane_keep} best element(s) of each lane (exactness checked; "
-                               "a second read when not)" if self.lane_keep else
+                               f"when not, a second read of the {self.second_read})" if self.lane_keep else
                                f"a running list; survivors {'compacted' if self.compact else 'inserted one by one'}"),
             f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (x read once, outputs written once)",
         ]
@@ -534,16 +547,19 @@ class TopkPlan:
 @functools.lru_cache(maxsize=4096)  # on every call's path; a frozen result, so sharing it is safe
 def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.device,
               strategy: str | None = None, block: int | None = None, num_chunks: int | None = None,
-              sms: int | None = None, lane_keep: int | None = None) -> TopkPlan:
+              sms: int | None = None, lane_keep: int | None = None, second_read: str | None = None) -> TopkPlan:
     """Choose single (one program per row) or split (chunks of each row, then a merge) for softmax_topk.
 
-    ``strategy``, ``block``, ``num_chunks`` and ``lane_keep`` force a choice (tests and sweeps)."""
+    ``strategy``, ``block``, ``num_chunks``, ``lane_keep`` and ``second_read`` force a choice (tests
+    and sweeps)."""
     if strategy is not None and strategy not in TOPK_STRATEGIES:
         raise ValueError(f"softmax_topk: strategy must be None or one of {TOPK_STRATEGIES}, got {strategy!r}")
     k_pow2 = max(2, next_power_of_2(k))
     if lane_keep is not None and (lane_keep not in (0, 1, 2) or (lane_keep == 2 and k > TOPK_LANE_KEEP2_MAX_K)):
         raise ValueError(f"softmax_topk: lane_keep must be 0, 1 or 2 (2 for k <= {TOPK_LANE_KEEP2_MAX_K}), "
                          f"got {lane_keep} for k={k}")
+    if second_read is not None and second_read not in TOPK_SECOND_READS:
+        raise ValueError(f"softmax_topk: second_read must be None or one of {TOPK_SECOND_READS}, got {second_read!r}")
     lanes = lane_keep != 0 and k <= TOPK_LANE_KEEP2_MAX_K  # a lane selection (which one: below)
     sms = sms or sm_count(device)
     one_chunk = num_chunks == 1 or (num_chunks is None and (
@@ -575,7 +591,7 @@ def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.de
         lane_keep = 0 if not lanes else 1 if (
             k <= TOPK_LANE_BEST_MAX_K and chunk_blocks <= TOPK_LANE_KEEP1_MAX_BLOCKS) else 2
     return TopkPlan(strategy, rows, cols, k, k_pow2, dtype, block, TOPK_WARPS, chunk_size, num_chunks,
-                    k > TOPK_COMPACT_ABOVE_K, lane_keep)
+                    k > TOPK_COMPACT_ABOVE_K, lane_keep, second_read or TOPK_SECOND_READ)
 
 
 _last_topk_plan: TopkPlan | None = None

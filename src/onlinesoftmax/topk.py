@@ -23,7 +23,9 @@ kept. That is the chunk's top k unless some lane holds more of them than it kept
 runner-up at or above the k-th value reveals; then the chunk is streamed again into the list
 above, where only elements at or above the lanes' k-th value (a lower bound of the chunk's k-th)
 can enter, one by one (a second read, rare on real logits). The plan keeps one per lane on short
-chunks (small k), two on long ones, where a second read would cost the launch's tail.
+chunks (small k), two on long ones, where a second read would cost the launch's tail. A second
+read may instead load only the suspect lanes' other elements and insert those into the kept list
+(plan.TopkPlan.second_read = "lanes"; see plan.TOPK_SECOND_READ).
 
 Few rows ("split"): each row is cut into chunks whose (m, d) and candidate lists go to scratch,
 and a second launch merges them per row with fixed-order reductions (deterministic: no atomics).
@@ -40,7 +42,7 @@ import triton.language as tl
 
 from . import _buffers, cpu, plan as planner
 from ._launch import Launcher, aligned, op_when_compiling
-from ._triton import NEG_INF, finish_lse, load_scaled, merge_normalizers, online_update
+from ._triton import NEG_INF, col_offset, finish_lse, load_scaled, merge_normalizers, online_update
 
 # Below every packed key of a real element (whose low word is at least 2**31 - 1 - column > 0).
 EMPTY_KEY = tl.constexpr(-(2 ** 63))
@@ -221,12 +223,33 @@ def lane_keys(values, cols):
 
 
 @triton.jit
+def read_suspect_lanes(x_row, start, stop, k, x_stride_col, inv_temperature, candidates, floor, suspect,
+                       first_col, second_col, BLOCK: tl.constexpr, K_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    """The second read of a lane selection, lanes only: ``candidates`` holds the top K_POW2 of the
+    kept elements, and only a suspect lane (runner-up at or above ``floor``, the kept k-th value)
+    can hold more of the chunk's top k; every other lane's rest is below ``floor``. So only the
+    suspect lanes' elements that were not kept are loaded (masked loads touch nothing else), and
+    those at or above ``floor`` enter the list one by one."""
+    for block_start in range(start, stop, BLOCK):
+        cols = block_start + tl.arange(0, BLOCK)
+        unseen = suspect & (cols < stop) & (cols != first_col) & (cols != second_col)
+        b_x = tl.load(x_row + col_offset(cols, x_stride_col, CONTIGUOUS), mask=unseen,
+                      other=NEG_INF).to(tl.float32) * inv_temperature
+        enter = unseen & (b_x >= floor)
+        n_enter = tl.sum(enter.to(tl.int32), 0)
+        if n_enter > 0:
+            candidates = insert_one_by_one(candidates, tl.where(enter, pack_keys(b_x, cols), EMPTY_KEY),
+                                           tl.minimum(n_enter, k), K_POW2)
+    return candidates
+
+
+@triton.jit
 def topk_stream_kernel(
     x_ptr, values_ptr, indices_ptr, lse_ptr, part_m_ptr, part_d_ptr, part_keys_ptr,
     n_cols, k, x_stride_row, x_stride_col, out_stride_row, chunk_size, num_chunks, inv_temperature,
     BLOCK: tl.constexpr, K_POW2: tl.constexpr, FEW_SURVIVORS: tl.constexpr, COMPACT: tl.constexpr,
-    LANE_KEEP: tl.constexpr, CONTIGUOUS: tl.constexpr, ROW_ALIGN: tl.constexpr, FINAL: tl.constexpr,
-    WRITE_LSE: tl.constexpr,
+    LANE_KEEP: tl.constexpr, READ_SUSPECT_LANES: tl.constexpr, CONTIGUOUS: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    FINAL: tl.constexpr, WRITE_LSE: tl.constexpr,
 ):
     # One read of x[row, chunk]. FINAL (one chunk per row): write the outputs; else the partials.
     row = tl.program_id(0)
@@ -262,13 +285,23 @@ def topk_stream_kernel(
             candidates = merge_sorted_lists(tl.topk(lane_keys(first, first_col), K_POW2),
                                             tl.flip(tl.topk(lane_keys(second, second_col), K_POW2), 0))
         threshold, filling = list_threshold(candidates, k, K_POW2)
-        if filling | (tl.max(runner_up, 0) >= threshold):
+        suspect = tl.max(runner_up, 0) >= threshold
+        # Fewer than k kept elements above -inf ("filling"): the whole chunk again, in any mode.
+        whole_chunk = filling
+        if not READ_SUSPECT_LANES:
+            whole_chunk = filling | suspect
+        if whole_chunk:
             # The kept k-th value bounds the chunk's k-th from below (k kept elements reach it).
             # (m, d) are neither read nor updated without UPDATE_NORMALIZER: placeholders.
             floor = tl.where(filling, NEG_INF, threshold)
             _, _, candidates = scan_survivors(x_row, start, stop, k, x_stride_col, inv_temperature, scratch, 0.0,
                                               0.0, floor, BLOCK, K_POW2, FEW_SURVIVORS, COMPACT, CONTIGUOUS, False,
                                               True)
+        elif READ_SUSPECT_LANES:
+            if suspect:
+                candidates = read_suspect_lanes(x_row, start, stop, k, x_stride_col, inv_temperature, candidates,
+                                                threshold, runner_up >= threshold, first_col, second_col, BLOCK,
+                                                K_POW2, CONTIGUOUS)
     if FINAL:
         write_topk(candidates, m_row, d_row, row, k, values_ptr, indices_ptr, lse_ptr, out_stride_row,
                    K_POW2, WRITE_LSE)
@@ -366,9 +399,9 @@ _topk_merge = Launcher(topk_merge_kernel)
 
 def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optional[str] = None,
                    block: Optional[int] = None, num_chunks: Optional[int] = None,
-                   lane_keep: Optional[int] = None):
-    """(values, indices, lse) of a (rows, cols) tensor; ``strategy``/``block``/``num_chunks``/``lane_keep``
-    force the plan."""
+                   lane_keep: Optional[int] = None, second_read: Optional[str] = None):
+    """(values, indices, lse) of a (rows, cols) tensor; ``strategy``/``block``/``num_chunks``/``lane_keep``/
+    ``second_read`` force the plan."""
     n_rows, n_cols = x2.shape
     values = _buffers.empty((n_rows, k), x2.dtype, x2.device)
     indices = _buffers.empty((n_rows, k), torch.int64, x2.device)
@@ -379,7 +412,7 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
             cpu.softmax_topk(x2, k, 1.0 / temperature, values, indices, lse)
         return values, indices, lse
     chosen = planner.topk_plan(n_rows, n_cols, k, x2.dtype, x2.device, strategy, block, num_chunks,
-                               lane_keep=lane_keep)
+                               lane_keep=lane_keep, second_read=second_read)
     planner.record_topk(chosen)
     inv_t = 1.0 / temperature
     # The plan fixes every integer argument but x's strides; with x's alignment they complete the
@@ -387,6 +420,7 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
     launch_key = (chosen, x2.stride(0), x2.stride(1), aligned(x2), planner.TOPK_FEW_SURVIVORS)
     common = dict(BLOCK=chosen.block, K_POW2=chosen.k_pow2, FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS,
                   COMPACT=chosen.compact, LANE_KEEP=chosen.lane_keep,
+                  READ_SUSPECT_LANES=chosen.second_read == "lanes",
                   CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2), WRITE_LSE=True, num_warps=chosen.num_warps)
     # Each program's candidate list (split) and compaction scratch (compact plans); a single
     # one-by-one launch touches neither.

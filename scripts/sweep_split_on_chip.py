@@ -20,8 +20,21 @@ import torch
 import triton
 import triton.language as tl
 
-from onlinesoftmax._triton import NEG_INF, merge_normalizers, take_ticket, wait_for_row
+from onlinesoftmax._triton import NEG_INF, merge_row_partials, store_row_partial, take_ticket, wait_for_row
 from onlinesoftmax.bench.harness import graph_time_ms, rotation_count
+
+
+@triton.jit
+def chunk_partial(x_ptr, ticket, n_cols, chunk_size, num_chunks, lanes, valid):
+    # Ticket -> row and chunk; the chunk loaded into registers and its (m, d).
+    row = ticket // num_chunks
+    chunk = ticket % num_chunks
+    cols = chunk * chunk_size + lanes
+    mask = (lanes < chunk_size) & (cols < n_cols) & valid
+    b_x = tl.load(x_ptr + row.to(tl.int64) * n_cols + cols, mask=mask, other=NEG_INF).to(tl.float32)
+    m = tl.max(b_x, 0)
+    d = tl.sum(tl.exp(b_x - tl.where(m == NEG_INF, 0.0, m)), 0)
+    return row, chunk, cols, mask, b_x, m, d
 
 
 # --- wait ---
@@ -32,25 +45,13 @@ def wait_kernel(x_ptr, y_ptr, parts_ptr, sync_ptr, n_cols, chunk_size, num_chunk
         ticket = take_ticket(sync_ptr)
     else:
         ticket = tl.program_id(0)
-    row = ticket // num_chunks
-    chunk = ticket % num_chunks
-    lanes = tl.arange(0, BLOCK_COLS)
-    cols = chunk * chunk_size + lanes
-    mask = (lanes < chunk_size) & (cols < n_cols)
-    b_x = tl.load(x_ptr + row.to(tl.int64) * n_cols + cols, mask=mask, other=NEG_INF).to(tl.float32)
-    m = tl.max(b_x, 0)
-    d = tl.sum(tl.exp(b_x - tl.where(m == NEG_INF, 0.0, m)), 0)
+    row, chunk, cols, mask, b_x, m, d = chunk_partial(x_ptr, ticket, n_cols, chunk_size, num_chunks,
+                                                      tl.arange(0, BLOCK_COLS), True)
     if WAIT:
         n_parts = tl.num_programs(0).to(tl.int64)
-        part = row.to(tl.int64) * num_chunks + chunk
-        tl.store(parts_ptr + part, m)
-        tl.store(parts_ptr + n_parts + part, d)
+        store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
         wait_for_row(sync_ptr, row, num_chunks)
-        idx = tl.arange(0, CHUNKS_POW2)
-        row_parts = row.to(tl.int64) * num_chunks + idx
-        part_mask = idx < num_chunks
-        m, d = merge_normalizers(tl.load(parts_ptr + row_parts, mask=part_mask, other=NEG_INF, volatile=True),
-                                 tl.load(parts_ptr + n_parts + row_parts, mask=part_mask, other=0.0, volatile=True), 0)
+        m, d = merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2, True)
     if EXP2:
         b_y = tl.exp2((b_x - m) * 1.4426950408889634) * (1.0 / d)
     else:
@@ -95,17 +96,9 @@ def pipelined_take(sync_ptr, last):
 @triton.jit
 def pipelined_load_arrive(x_ptr, parts_ptr, sync_ptr, ticket, n_tickets, n_cols, chunk_size, num_chunks, lanes):
     valid = ticket < n_tickets
-    row = ticket // num_chunks
-    chunk = ticket % num_chunks
-    cols = chunk * chunk_size + lanes
-    mask = (lanes < chunk_size) & (cols < n_cols) & valid
-    b_x = tl.load(x_ptr + row.to(tl.int64) * n_cols + cols, mask=mask, other=NEG_INF).to(tl.float32)
-    m = tl.max(b_x, 0)
-    d = tl.sum(tl.exp(b_x - tl.where(m == NEG_INF, 0.0, m)), 0)
+    row, chunk, cols, mask, b_x, m, d = chunk_partial(x_ptr, ticket, n_cols, chunk_size, num_chunks, lanes, valid)
     if valid:
-        part = row.to(tl.int64) * num_chunks + chunk
-        tl.store(parts_ptr + part, m)
-        tl.store(parts_ptr + n_tickets + part, d)
+        store_row_partial(parts_ptr, n_tickets, row, chunk, num_chunks, m, d)
         tl.debug_barrier()
         count_ptr = sync_ptr + 1 + row
         if tl.atomic_add(count_ptr, 1, sem="acq_rel") == num_chunks - 1:
@@ -128,11 +121,7 @@ def pipelined_kernel(x_ptr, y_ptr, parts_ptr, sync_ptr, n_cols, chunk_size, num_
         while tl.atomic_add(count_ptr, 0, sem="acquire") != 0:
             pass
         tl.debug_barrier()
-        idx = tl.arange(0, CHUNKS_POW2)
-        row_parts = row.to(tl.int64) * num_chunks + idx
-        part_mask = idx < num_chunks
-        m, d = merge_normalizers(tl.load(parts_ptr + row_parts, mask=part_mask, other=NEG_INF, volatile=True),
-                                 tl.load(parts_ptr + n_tickets + row_parts, mask=part_mask, other=0.0, volatile=True), 0)
+        m, d = merge_row_partials(parts_ptr, n_tickets, row, num_chunks, CHUNKS_POW2, True)
         cols = chunk * chunk_size + lanes
         mask = (lanes < chunk_size) & (cols < n_cols)
         b_y = tl.exp(b_x - m) * (1.0 / d)
@@ -174,18 +163,10 @@ def sync_kernel(x_ptr, y_ptr, parts_ptr, sync_ptr, n_cols, chunk_size, num_chunk
     ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
     if ticket == tl.num_programs(0) - 1:
         tl.atomic_xchg(sync_ptr, 0, sem="relaxed")
-    row = ticket // num_chunks
-    chunk = ticket % num_chunks
-    lanes = tl.arange(0, BLOCK_COLS)
-    cols = chunk * chunk_size + lanes
-    mask = (lanes < chunk_size) & (cols < n_cols)
-    b_x = tl.load(x_ptr + row.to(tl.int64) * n_cols + cols, mask=mask, other=NEG_INF).to(tl.float32)
-    m = tl.max(b_x, 0)
-    d = tl.sum(tl.exp(b_x - tl.where(m == NEG_INF, 0.0, m)), 0)
+    row, chunk, cols, mask, b_x, m, d = chunk_partial(x_ptr, ticket, n_cols, chunk_size, num_chunks,
+                                                      tl.arange(0, BLOCK_COLS), True)
     n_parts = tl.num_programs(0).to(tl.int64)
-    part = row.to(tl.int64) * num_chunks + chunk
-    tl.store(parts_ptr + part, m)
-    tl.store(parts_ptr + n_parts + part, d)
+    store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
     tl.debug_barrier()
     count_ptr = sync_ptr + PAD * (1 + row)
     arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel") + 1
@@ -204,11 +185,7 @@ def sync_kernel(x_ptr, y_ptr, parts_ptr, sync_ptr, n_cols, chunk_size, num_chunk
                 arrived = tl.load(count_ptr, volatile=True)
             tl.atomic_add(count_ptr, 0, sem="acquire")
     tl.debug_barrier()
-    idx = tl.arange(0, CHUNKS_POW2)
-    row_parts = row.to(tl.int64) * num_chunks + idx
-    part_mask = idx < num_chunks
-    m, d = merge_normalizers(tl.load(parts_ptr + row_parts, mask=part_mask, other=NEG_INF, volatile=True),
-                             tl.load(parts_ptr + n_parts + row_parts, mask=part_mask, other=0.0, volatile=True), 0)
+    m, d = merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2, True)
     b_y = tl.exp(b_x - m) * (1.0 / d)
     tl.store(y_ptr + row.to(tl.int64) * n_cols + cols, b_y.to(y_ptr.dtype.element_ty), mask=mask)
 

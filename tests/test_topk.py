@@ -10,6 +10,7 @@ import torch
 import onlinesoftmax
 from onlinesoftmax import plan, reference
 from onlinesoftmax import topk as topk_module
+from onlinesoftmax._launch import aligned
 
 from conftest import DEVICE, DTYPES, assert_matches, make_logits, needs_triton
 
@@ -332,14 +333,17 @@ def test_auto_plan_splits_few_rows_only(gen):
 def test_row_alignment_hint_only_where_rows_are_16_byte_aligned():
     # The kernels tell Triton that rows start and end on 16-byte boundaries (tl.multiple_of), which
     # the interpreter ignores: a wrong claim would only show on the GPU, so the rule is pinned here.
+    def row_align(t):
+        return topk_module._row_align(t, aligned(t))
+
     x = torch.empty((4, 1000), dtype=torch.float32)
-    assert topk_module._row_align(x) == 4
-    assert topk_module._row_align(torch.empty((4, 1000), dtype=torch.bfloat16)) == 8
-    assert topk_module._row_align(x[:, :998]) == 1  # ends mid-vector
-    assert topk_module._row_align(x[:, 1:997]) == 1  # starts mid-vector
-    assert topk_module._row_align(torch.empty((4, 1002))[:, :1000]) == 1  # row stride of 1002
-    assert topk_module._row_align(torch.empty((1000, 4)).t()) == 1  # columns not contiguous
-    assert topk_module._row_align(torch.empty((4, 1004))[:, 4:]) == 4  # 16 bytes in, still aligned
+    assert row_align(x) == 4
+    assert row_align(torch.empty((4, 1000), dtype=torch.bfloat16)) == 8
+    assert row_align(x[:, :998]) == 1  # ends mid-vector
+    assert row_align(x[:, 1:997]) == 1  # starts mid-vector
+    assert row_align(torch.empty((4, 1002))[:, :1000]) == 1  # row stride of 1002
+    assert row_align(torch.empty((1000, 4)).t()) == 1  # columns not contiguous
+    assert row_align(torch.empty((4, 1004))[:, 4:]) == 4  # 16 bytes in, still aligned
 
 
 @needs_triton

@@ -85,6 +85,27 @@ def load_scaled(row_ptr, cols, stride, limit, inv_temperature, CONTIGUOUS: tl.co
 
 
 @triton.jit
+def store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d):
+    """Store chunk ``chunk``'s (m, d) of ``row`` in ``parts``: an m plane, then a d plane, of
+    ``n_parts`` = rows x num_chunks entries each, a row's chunks side by side."""
+    part = row.to(tl.int64) * num_chunks + chunk
+    tl.store(parts_ptr + part, m)
+    tl.store(parts_ptr + n_parts + part, d)
+
+
+@triton.jit
+def merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2: tl.constexpr, VOLATILE: tl.constexpr):
+    """(m, d) of ``row`` from its chunks' partials (laid out as store_row_partial writes them),
+    merged in one fixed order. VOLATILE: partials stored by other programs of the same launch
+    (read around the non-coherent L1, after wait_for_row)."""
+    idx = tl.arange(0, CHUNKS_POW2)
+    row_parts = row.to(tl.int64) * num_chunks + idx
+    part_mask = idx < num_chunks
+    return merge_normalizers(tl.load(parts_ptr + row_parts, mask=part_mask, other=NEG_INF, volatile=VOLATILE),
+                             tl.load(parts_ptr + n_parts + row_parts, mask=part_mask, other=0.0, volatile=VOLATILE), 0)
+
+
+@triton.jit
 def stream_online_normalizer(row_ptr, stride, start, stop, inv_temperature,
                              BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
     """(m, d) of row[start:stop] in one pass: per-lane online updates, lanes merged at the end."""

@@ -36,8 +36,9 @@ from ._triton import (
     finish_lse,
     grad_from_dot,
     max_keep_nan,
-    merge_normalizers,
+    merge_row_partials,
     row_offset,
+    store_row_partial,
     stream_grad_dot,
     stream_max,
     stream_online_normalizer,
@@ -136,14 +137,14 @@ def split_row_partials_kernel(
     start = chunk * chunk_size
     stop = tl.minimum(start + chunk_size, n_cols)
     x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
-    # parts holds three [rows, chunks] planes: m, d and (safe algorithm) the chunk maxima.
+    # parts holds three [rows, chunks] planes: m, d (store_row_partial) and (safe algorithm) the
+    # chunk maxima.
     n_parts = tl.num_programs(0).to(tl.int64) * num_chunks
-    part_m_ptr, part_d_ptr, part_max_ptr = parts_ptr, parts_ptr + n_parts, parts_ptr + 2 * n_parts
+    part_max_ptr = parts_ptr + 2 * n_parts
     part = row.to(tl.int64) * num_chunks + chunk
     if PASS == 0:
         m, d = stream_online_normalizer(x_row, x_stride_col, start, stop, inv_temperature, BLOCK, CONTIGUOUS)
-        tl.store(part_m_ptr + part, m)
-        tl.store(part_d_ptr + part, d)
+        store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
     elif PASS == 1:
         tl.store(part_max_ptr + part, stream_max(x_row, x_stride_col, start, stop, inv_temperature, BLOCK, CONTIGUOUS))
     else:
@@ -151,9 +152,8 @@ def split_row_partials_kernel(
         idx = tl.arange(0, CHUNKS_POW2)
         row_maxes = tl.load(part_max_ptr + row.to(tl.int64) * num_chunks + idx, mask=idx < num_chunks, other=NEG_INF)
         m = max_keep_nan(row_maxes, 0)
-        tl.store(part_m_ptr + part, m)
-        tl.store(part_d_ptr + part, stream_sum_exp(x_row, x_stride_col, start, stop, m, inv_temperature,
-                                                   BLOCK, CONTIGUOUS))
+        store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m,
+                          stream_sum_exp(x_row, x_stride_col, start, stop, m, inv_temperature, BLOCK, CONTIGUOUS))
 
 
 @triton.jit
@@ -172,12 +172,8 @@ def split_row_normalize_kernel(
     # last are the ones still in L2, so they are read again first.
     row = tl.num_programs(0) - 1 - tl.program_id(0)
     chunk = tl.num_programs(1) - 1 - tl.program_id(1)
-    idx = tl.arange(0, CHUNKS_POW2)
-    parts = row.to(tl.int64) * num_chunks + idx
-    part_mask = idx < num_chunks
     n_parts = tl.num_programs(0).to(tl.int64) * num_chunks  # the planes of split_row_partials_kernel
-    m, d = merge_normalizers(tl.load(parts_ptr + parts, mask=part_mask, other=NEG_INF),
-                             tl.load(parts_ptr + n_parts + parts, mask=part_mask, other=0.0), 0)
+    m, d = merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2, False)
     if WRITE_LSE:
         tl.store(lse_ptr + row, finish_lse(m, d))
     if WRITE_Y:
@@ -214,15 +210,9 @@ def split_row_on_chip_softmax_kernel(
         m = tl.max(b_x, 0)
     d = tl.sum(tl.exp(b_x - tl.where(m == NEG_INF, 0.0, m)), 0)  # an all -inf chunk is (-inf, 0)
     n_parts = tl.num_programs(0).to(tl.int64)  # the two planes of parts: m, then d
-    part = row.to(tl.int64) * num_chunks + chunk
-    tl.store(parts_ptr + part, m)
-    tl.store(parts_ptr + n_parts + part, d)
+    store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
     wait_for_row(sync_ptr, row, num_chunks)
-    idx = tl.arange(0, CHUNKS_POW2)
-    row_parts = row.to(tl.int64) * num_chunks + idx
-    part_mask = idx < num_chunks
-    m, d = merge_normalizers(tl.load(parts_ptr + row_parts, mask=part_mask, other=NEG_INF, volatile=True),
-                             tl.load(parts_ptr + n_parts + row_parts, mask=part_mask, other=0.0, volatile=True), 0)
+    m, d = merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2, True)
     if WRITE_LSE:
         if chunk == 0:
             tl.store(lse_ptr + row, finish_lse(m, d))

@@ -378,12 +378,13 @@ def topk_backward_kernel(
 # --------------------------------------------------------------------------------------------
 
 
-def _row_align(x2: torch.Tensor) -> int:
+def _row_align(x2: torch.Tensor, is_aligned: bool) -> int:
     # Elements per 16-byte load when every row starts and ends on a 16-byte boundary (else 1).
+    # ``is_aligned``: ``aligned(x2)``, which the launcher has already computed for its key.
     # Triton proves alignment only from integers divisible by 16, so rows of 25000 fp32 (100000
     # bytes) would be read 4 bytes per load instruction: the kernels take this as a hint instead.
     vector = 16 // x2.element_size()
-    whole = x2.stride(1) == 1 and x2.stride(0) % vector == 0 and x2.shape[1] % vector == 0 and aligned(x2)
+    whole = x2.stride(1) == 1 and x2.stride(0) % vector == 0 and x2.shape[1] % vector == 0 and is_aligned
     return vector if whole else 1
 
 
@@ -417,11 +418,13 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
     inv_t = 1.0 / temperature
     # The plan fixes every integer argument but x's strides; with x's alignment they complete the
     # compiled-kernel key (see onlinesoftmax._launch).
-    launch_key = (chosen, x2.stride(0), x2.stride(1), aligned(x2), planner.TOPK_FEW_SURVIVORS)
+    is_aligned = aligned(x2)
+    launch_key = (chosen, x2.stride(0), x2.stride(1), is_aligned, planner.TOPK_FEW_SURVIVORS)
     common = dict(BLOCK=chosen.block, K_POW2=chosen.k_pow2, FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS,
                   COMPACT=chosen.compact, LANE_KEEP=chosen.lane_keep,
                   READ_SUSPECT_LANES=chosen.second_read == "lanes",
-                  CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2), WRITE_LSE=True, num_warps=chosen.num_warps)
+                  CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2, is_aligned), WRITE_LSE=True,
+                  num_warps=chosen.num_warps)
     # Each program's candidate list (split) and compaction scratch (compact plans); a single
     # one-by-one launch touches neither.
     part_keys = indices
@@ -463,7 +466,7 @@ def launch_backward(x2: torch.Tensor, lse: torch.Tensor, indices: torch.Tensor, 
     topk_backward_kernel[(n_rows, chosen.num_chunks)](
         x2, lse, indices.contiguous(), dv.contiguous(), dlse.float().contiguous(), dx,
         n_cols, k, x2.stride(0), x2.stride(1), chosen.chunk_size, 1.0 / temperature,
-        BLOCK=chosen.block, K_POW2=chosen.k_pow2, CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2),
+        BLOCK=chosen.block, K_POW2=chosen.k_pow2, CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2, aligned(x2)),
         num_warps=chosen.num_warps)
     return dx
 

@@ -49,13 +49,10 @@ def _quack_topk():
         return None, f"quack.topk not importable ({type(exc).__name__})"
 
 
-def _probabilities_of(out, inputs):
-    # torch.topk of the logits: the check maps its indices to float64 probabilities (untimed).
-    return torch.softmax(inputs[0].double(), -1).gather(-1, out.indices)
-
-
-def _quack_selection(out, inputs):
-    return torch.softmax(inputs[0].double(), -1).gather(-1, out[1].long())
+def _row_probabilities(indices, inputs):
+    # For selections whose values are not the op's: their indices' float64 probabilities in the
+    # row (untimed), compared with the reference's.
+    return torch.softmax(inputs[0].double(), -1).gather(-1, indices.long())
 
 
 def implementations(shape) -> list[Implementation]:
@@ -64,7 +61,7 @@ def implementations(shape) -> list[Implementation]:
     rows, cols, k = shape
     impls = [
         Implementation("torch", lambda x, k: torch.topk(torch.softmax(x, -1), k), check=lambda out, _: out.values),
-        Implementation("torch.topk only", lambda x, k: torch.topk(x, k), check=_probabilities_of),
+        Implementation("torch.topk only", lambda x, k: torch.topk(x, k), check=lambda out, inputs: _row_probabilities(out.indices, inputs)),
     ]
     quack_topk, why = _quack_topk()
     power_of_two = lambda n: n & (n - 1) == 0  # noqa: E731
@@ -76,7 +73,7 @@ def implementations(shape) -> list[Implementation]:
         # Quack's softmax=True normalizes over the k chosen logits (a mixture-of-experts router's
         # weights), not the row, and clears each value's low log2(N) bits to carry its index: its
         # values are not the op's. Its selection is checked: its indices' probabilities in the row.
-        impls.append(Implementation("quack", lambda x, k: quack_topk(x, k, softmax=True), check=_quack_selection))
+        impls.append(Implementation("quack", lambda x, k: quack_topk(x, k, softmax=True), check=lambda out, inputs: _row_probabilities(out[1], inputs)))
     impls.append(Implementation("onlinesoftmax", lambda x, k: onlinesoftmax.softmax_topk(x, k),
                                 check=lambda out, _: out[0]))
     return impls

@@ -60,7 +60,7 @@ def on_chip_variants(max_cols):
 
 
 def split_on_chip_variants():
-    for tile_bytes, warp_bytes in itertools.product((8192, 16384, 32768, 65536), (1024, 2048, 4096, 8192)):
+    for tile_bytes, warp_bytes in itertools.product((8192, 16384, 32768), (1024, 2048, 4096)):
         yield dict(SPLIT_ON_CHIP_TILE_BYTES={"forward": tile_bytes, "backward": tile_bytes},
                    SPLIT_ON_CHIP_WARP_BYTES={"forward": warp_bytes, "backward": warp_bytes},
                    SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM=1.0)

@@ -89,13 +89,13 @@ SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": 32768}
 SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": 8192}
 SPLIT_ON_CHIP_MAX_TILE = 16384
 SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
-# Forward with 2-byte inputs stays on split_row. `onlinesoftmax bench softmax` on the H100 measured
-# split_row_on_chip (14:57 run) against split_row (11:34 run), eager / CUDA graph, us: bf16
-# 64x128256 28.0 / 23.9 against 25.2 / 19.1; 16x262144 19.4 / 16.0 against 17.6 / 12.3;
-# 256x151936 96.0 / 96.5 against 97.6 / 94.6. The first two inputs (16 and 8 MB) sit in L2, where
-# split_row's second read is cheap, and under graphs the counters' zero-fill node costs a few
-# microseconds. fp32 forward gained 1.1-1.3x, backward 1.15-1.6x in both dtypes.
-SPLIT_ON_CHIP_FORWARD_MIN_ELEMENT_SIZE = 4
+# 2-byte forward inputs stayed on split_row while split_row_on_chip's kernel kept each chunk twice
+# in registers (scaled and unscaled: 80 registers a thread, 3 programs an SM, bf16 8192 x 8 warps).
+# With the maximum taken before scaling (60 registers, 4 programs), H100 CUDA-graph replays
+# (scripts/tune_softmax.py --strategy split_row_on_chip, 19:24 UTC, split_row in the same call:
+# benchmarks/results/tune_split_on_chip_max_before_scale-h100.json), us, on chip / split_row:
+# bf16 256x151936 82.2 / 94.7, 64x128256 21.6 / 19.7, 16x262144 12.2 / 12.5; fp32 256x151936 went
+# from 149.7 to 129.2 (40 registers instead of 57). Every forward now takes it where it applies.
 
 # The interpreter runs on a CPU with no SMs; a small count keeps persistent loops and split rows
 # exercised at test sizes.
@@ -229,7 +229,6 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         elif algorithm == "auto" and next_power_of_2(cols) <= on_chip_max:
             strategy = "row_on_chip"
         elif (algorithm == "auto" and op != "logsumexp" and not interpreting
-              and (backward or elem >= SPLIT_ON_CHIP_FORWARD_MIN_ELEMENT_SIZE)
               and _split_on_chip_tile(backward, cols, elem, sms) <= SPLIT_ON_CHIP_MAX_TILE):
             strategy = "split_row_on_chip"
         elif rows < SPLIT_BELOW_ROWS_PER_SM * sms and cols > STREAM_BLOCK[elem]:

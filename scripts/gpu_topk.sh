@@ -2,7 +2,7 @@
 # softmax_topk on the GPU: bash scripts/gpu_topk.sh OUTDIR [tests] [sanitize] [bench] [paper] [sweep] [lanes]
 # (no stage named: the first four; sweep is the tuning sweep of scripts/sweep_topk.py; lanes times
 # the lane selections, keeping one or two, each with either second read (the chunk, or the suspect
-# lanes only: plan.TOPK_SECOND_READ), on the grid's k <= 64 cases at blocks of 512 and 1024).
+# lanes only: plan.TopkPlan.second_read), on the grid's k <= 64 cases at blocks of 512 and 1024).
 # Expected on an H100 (cold Triton cache; compiles dominate): tests ~2.5 min, sanitize ~1.5 min (both
 # tools), bench ~2 min, paper ~0.5 min, lanes ~4 min; each stage has its own time limit.
 set -uo pipefail

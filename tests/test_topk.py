@@ -226,7 +226,11 @@ def test_lane_keep_is_checked():
         plan.topk_plan(4, 1000, 5, torch.float32, device, sms=132, lane_keep=3)
     with pytest.raises(ValueError, match="second_read"):
         plan.topk_plan(4, 1000, 5, torch.float32, device, sms=132, second_read="row")
-    assert plan.topk_plan(4, 1000, 5, torch.float32, device, sms=132).second_read == plan.TOPK_SECOND_READ
+    # The default: the suspect lanes where second reads are common (keeping one, or two at k > 16).
+    for cols, k, lane_keep, second_read in ((1000, 5, 1, "lanes"), (25000, 5, 2, "chunk"), (25000, 50, 2, "lanes"),
+                                            (25000, 100, 0, "chunk")):
+        chosen = plan.topk_plan(1024, cols, k, torch.float32, device, sms=132)
+        assert (chosen.lane_keep, chosen.second_read) == (lane_keep, second_read), chosen
 
 
 @needs_triton

@@ -473,14 +473,18 @@ TOPK_LANE_KEEP2_MAX_K = 64
 # the whole chunk into the running list (every element at or above the kept k-th value, about k
 # of them, inserted one by one), or "lanes", only the suspect lanes' other elements (the rest of
 # every other lane is below the kept k-th value), inserted into the kept list: a few masked loads
-# and one reduction per block, and a handful of insertions. "lanes" is tested but not yet timed on
-# the GPU (the README's top-k section says why the second read is the suspect at k = 50 and 64),
-# so "chunk" stays the default. Its cost is registers: the kept columns stay live through the
-# selection (scripts/kernel_resources.py, fp32, ptxas for sm_90): 64 -> 80 per thread keeping two
-# at 1024x25000 k5 (8 -> 6 programs per SM), 64 -> 72 at k = 50, 96 -> 122 at k = 64; keeping
-# one at 4096x4096 k8 stays at 48.
+# and one reduction per block, and a handful of insertions. "lanes" costs registers (the kept
+# columns stay live through the selection; ptxas for sm_90, fp32: 64 -> 80 per thread keeping two
+# at 1024x25000 k5, 64 -> 72 at k = 50, 96 -> 122 at k = 64; keeping one at 4096x4096 k8 stays at
+# 48), which only pays where second reads are common. H100, scripts/sweep_topk.py (19:15 UTC run,
+# benchmarks/results/sweep_topk_second_read-h100.log), kernel time in CUDA graphs, chunk / lanes,
+# us, the plan's lanes: keeping one, 4096x4096 k8 fp32 57.8 / 53.6, bf16 56.2 / 52.1; keeping two,
+# k = 5: 1024x25000 fp32 54.8 / 68.8, bf16 55.4 / 58.0, 256x151936 fp32 75.9 / 84.7, bf16 73.6 /
+# 69.1; k = 50 (512 lanes): 64x128256 fp32 80.1 / 43.9, bf16 77.1 / 40.9; k = 64 (1024 lanes):
+# 256x151936 fp32 196.8 / 131.1, bf16 168.8 / 108.0. So: "lanes" keeping one, and keeping two
+# with k > TOPK_CHUNK_READ_MAX_K; "chunk" keeping two up to it.
 TOPK_SECOND_READS = ("chunk", "lanes")
-TOPK_SECOND_READ = "chunk"
+TOPK_CHUNK_READ_MAX_K = 16
 TOPK_LANE_BLOCK = 512
 TOPK_LANE_KEEP1_MAX_BLOCKS = 8
 TOPK_LANE_WIDE_ABOVE_K = 50
@@ -517,7 +521,7 @@ class TopkPlan:
     num_chunks: int
     compact: bool  # survivors packed by a prefix sum (long lists), else inserted one by one
     lane_keep: int  # 0: a running list; 1 or 2: elements each lane keeps in one elementwise pass
-    second_read: str  # lane selections: "chunk" or "lanes" (see TOPK_SECOND_READ)
+    second_read: str  # lane selections: "chunk" or "lanes" (see TOPK_SECOND_READS)
 
     @property
     def launches(self) -> int:
@@ -589,8 +593,11 @@ def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.de
     if lane_keep is None:
         lane_keep = 0 if not lanes else 1 if (
             k <= TOPK_LANE_BEST_MAX_K and chunk_blocks <= TOPK_LANE_KEEP1_MAX_BLOCKS) else 2
+    if second_read is None:
+        # (No second read without lanes: "chunk", which leaves the running list's code as it was.)
+        second_read = "lanes" if lane_keep == 1 or lane_keep == 2 and k > TOPK_CHUNK_READ_MAX_K else "chunk"
     return TopkPlan(strategy, rows, cols, k, k_pow2, dtype, block, TOPK_WARPS, chunk_size, num_chunks,
-                    k > TOPK_COMPACT_ABOVE_K, lane_keep, second_read or TOPK_SECOND_READ)
+                    k > TOPK_COMPACT_ABOVE_K, lane_keep, second_read)
 
 
 _last_topk_plan: TopkPlan | None = None

@@ -25,7 +25,8 @@ above, where only elements at or above the lanes' k-th value (a lower bound of t
 can enter, one by one (a second read, rare on real logits). The plan keeps one per lane on short
 chunks (small k), two on long ones, where a second read would cost the launch's tail. A second
 read may instead load only the suspect lanes' other elements and insert those into the kept list
-(plan.TopkPlan.second_read = "lanes"; see plan.TOPK_SECOND_READ).
+(plan.TopkPlan.second_read = "lanes"), which the plan chooses where second reads are common:
+keeping one per lane, or two at k > 16 (plan.TOPK_CHUNK_READ_MAX_K).
 
 Few rows ("split"): each row is cut into chunks whose (m, d) and candidate lists go to scratch,
 and a second launch merges them per row with fixed-order reductions (deterministic: no atomics).

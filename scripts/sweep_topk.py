@@ -78,9 +78,10 @@ def main():
     if args.configs:
         configs = [tuple(int(v) for v in c.split("x")) + (4,) for c in args.configs.split(",")]
     # scheme -> (plan.TOPK_COMPACT_ABOVE_K, lane_keep, second_read): the running list inserting
-    # survivors one by one or compacting them, or the lanes keeping their best (k <=
-    # plan.TOPK_LANE_BEST_MAX_K) or their two best (k <= plan.TOPK_LANE_KEEP2_MAX_K), reading the
-    # chunk again when they must, or ("..._lanes") only the suspect lanes.
+    # survivors one by one or compacting them, or the lanes keeping their best or their two best
+    # (k <= plan.TOPK_LANE_KEEP2_MAX_K), reading the
+    # chunk again when they must, or ("..._lanes") only the suspect lanes. Keeping one applies at
+    # any k (a sorting network over the lanes' best above k = 16).
     schemes = {"one_by_one": (plan.TOPK_MAX_K, 0, None), "compact": (0, 0, None),
                "lane_best": (plan.TOPK_MAX_K, 1, "chunk"), "lane_best2": (plan.TOPK_COMPACT_ABOVE_K, 2, "chunk"),
                "lane_best_lanes": (plan.TOPK_MAX_K, 1, "lanes"), "lane_best2_lanes": (plan.TOPK_COMPACT_ABOVE_K, 2, "lanes")}
@@ -102,7 +103,7 @@ def main():
         normalizer_timed = set()
         for (block, nw, pps), scheme in runs:
             compact_above_k, lane_keep, second_read = schemes[scheme]
-            if k > {0: plan.TOPK_MAX_K, 1: plan.TOPK_LANE_BEST_MAX_K, 2: plan.TOPK_LANE_KEEP2_MAX_K}[lane_keep]:
+            if k > {0: plan.TOPK_MAX_K, 1: plan.TOPK_MAX_K, 2: plan.TOPK_LANE_KEEP2_MAX_K}[lane_keep]:
                 continue
             plan.TOPK_WARPS, plan.TOPK_SPLIT_PROGRAMS_PER_SM, plan.TOPK_COMPACT_ABOVE_K = nw, pps, compact_above_k
             plan.topk_plan.cache_clear()

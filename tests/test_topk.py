@@ -204,6 +204,24 @@ def test_two_kept_per_lane_hold_pairs_of_the_top_k(path, gen):
 
 
 @needs_triton
+@pytest.mark.parametrize("k, strategy, num_chunks, second_read", [
+    (100, "split", 2, "chunk"), (100, "single", None, "lanes"), (256, "split", 2, "lanes")])
+def test_one_kept_per_lane_with_long_lists(k, strategy, num_chunks, second_read, gen):
+    # Keeping one per lane at k > 64 (forced): lanes of K_POW2 (the block, forced so that the GPU
+    # runs the same plan as the interpreter), each holding two or more of a row's 600 columns, so
+    # lanes hold several of the top k and the second read always runs. Ties (a run of equal values
+    # across lanes) and -inf columns included.
+    x2 = make_logits((2, 600), torch.float32, gen)
+    x2[0, 100:400:3] = 2.5  # 100 ties across lanes: the lower columns win
+    x2[1, :300] = float("-inf")
+    values, indices, lse = run(x2, k, (strategy, num_chunks, plan.next_power_of_2(k), 1, second_read))
+    ref_values, ref_indices, ref_lse = expected(x2, k)
+    assert torch.equal(indices.cpu(), ref_indices)
+    assert_matches(values, ref_values, torch.float32, "values")
+    assert_matches(lse, ref_lse, torch.float32, "lse")
+
+
+@needs_triton
 @pytest.mark.parametrize("second_read", ["chunk", "lanes"])
 @pytest.mark.parametrize("lane_keep", [1, 2])
 @pytest.mark.parametrize("k", [12, 16])

@@ -563,7 +563,10 @@ def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.de
                          f"got {lane_keep} for k={k}")
     if second_read is not None and second_read not in TOPK_SECOND_READS:
         raise ValueError(f"softmax_topk: second_read must be None or one of {TOPK_SECOND_READS}, got {second_read!r}")
-    lanes = lane_keep != 0 and k <= TOPK_LANE_KEEP2_MAX_K  # a lane selection (which one: below)
+    # A lane selection (which one: below); keeping one applies at any k when forced (at k = 256 it
+    # measured 244 us against the running list's 710: benchmarks/results/sweep_topk_k256_lanes-h100.log,
+    # not the default until its GPU tests and a bench run).
+    lanes = lane_keep != 0 and (k <= TOPK_LANE_KEEP2_MAX_K or lane_keep == 1)
     sms = sms or sm_count(device)
     one_chunk = num_chunks == 1 or (num_chunks is None and (
         strategy == "single" or (strategy is None and rows >= TOPK_SPLIT_BELOW_ROWS_PER_SM * sms)))

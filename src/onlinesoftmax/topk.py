@@ -278,9 +278,12 @@ def topk_stream_kernel(
         m, d, first, first_col, second, second_col, runner_up = scan_lanes(
             x_row, start, stop, x_stride_col, inv_temperature, BLOCK, CONTIGUOUS, LANE_KEEP)
         m_row, d_row = merge_normalizers(m, d, 0)
-        if LANE_KEEP == 1:
+        if LANE_KEEP == 1 and K_POW2 <= FEW_SURVIVORS:
             candidates = insert_one_by_one(tl.full([K_POW2], EMPTY_KEY, tl.int64), lane_keys(first, first_col), k,
                                            K_POW2)
+        elif LANE_KEEP == 1:
+            # Long lists: one sorting network over the lanes' best instead of k insertions.
+            candidates = tl.topk(lane_keys(first, first_col), K_POW2)
         else:
             # The top k of the union is within the top K_POW2 of each kept rank.
             candidates = merge_sorted_lists(tl.topk(lane_keys(first, first_col), K_POW2),

@@ -78,10 +78,9 @@ def main():
     if args.configs:
         configs = [tuple(int(v) for v in c.split("x")) + (4,) for c in args.configs.split(",")]
     # scheme -> (plan.TOPK_COMPACT_ABOVE_K, lane_keep, second_read): the running list inserting
-    # survivors one by one or compacting them, or the lanes keeping their best or their two best
-    # (k <= plan.TOPK_LANE_KEEP2_MAX_K), reading the
-    # chunk again when they must, or ("..._lanes") only the suspect lanes. Keeping one applies at
-    # any k (a sorting network over the lanes' best above k = 16).
+    # survivors one by one or compacting them, or the lanes keeping their best (any k: a sorting
+    # network over the lanes' best above k = 16) or their two best (k <= plan.TOPK_LANE_KEEP2_MAX_K),
+    # reading the chunk again when they must, or ("..._lanes") only the suspect lanes.
     schemes = {"one_by_one": (plan.TOPK_MAX_K, 0, None), "compact": (0, 0, None),
                "lane_best": (plan.TOPK_MAX_K, 1, "chunk"), "lane_best2": (plan.TOPK_COMPACT_ABOVE_K, 2, "chunk"),
                "lane_best_lanes": (plan.TOPK_MAX_K, 1, "lanes"), "lane_best2_lanes": (plan.TOPK_COMPACT_ABOVE_K, 2, "lanes")}

@@ -102,7 +102,7 @@ def main():
         normalizer_timed = set()
         for (block, nw, pps), scheme in runs:
             compact_above_k, lane_keep, second_read = schemes[scheme]
-            if k > {0: plan.TOPK_MAX_K, 1: plan.TOPK_MAX_K, 2: plan.TOPK_LANE_KEEP2_MAX_K}[lane_keep]:
+            if lane_keep == 2 and k > plan.TOPK_LANE_KEEP2_MAX_K:
                 continue
             plan.TOPK_WARPS, plan.TOPK_SPLIT_PROGRAMS_PER_SM, plan.TOPK_COMPACT_ABOVE_K = nw, pps, compact_above_k
             plan.topk_plan.cache_clear()

@@ -73,6 +73,8 @@ def row_on_chip_softmax_kernel(
         mask = (rows < n_rows)[:, None] & col_mask[None, :]
         p_x = x_ptr + row_offset(rows, inner, x_stride_outer, x_stride_inner)[:, None] \
             + col_offset(cols, x_stride_col, CONTIGUOUS)[None, :]
+        # Scaled before the maximum here: taking it unscaled, as split_row_on_chip does, cost this
+        # kernel registers instead (ptxas for sm_90, 65536x256: 48 -> 59 fp32, 32 -> 37 bf16).
         b_x = tl.load(p_x, mask=mask, other=NEG_INF).to(tl.float32) * inv_temperature  # [R, C]
         if WRITE_LSE:
             b_m = max_keep_nan(b_x, 1)  # [R]

@@ -6,7 +6,8 @@
 # peers), overhead (host cost per call); OP[:STAGE,...] runs scripts/gpu_OP.sh for topk, attention
 # or ladder. Peers' wheels, if carried in .whl/, are installed into /tmp/site first. Logs and
 # results go to $OUT, bundled into one results.tgz at the end. SANITIZE_TIMEOUT (s, default 600) caps
-# each compute-sanitizer tool in the sanitize stage; OVERHEAD_IMPORTS (modules, space-separated) has the
+# each compute-sanitizer tool in the sanitize stage; TUNE_ARGS go to scripts/tune_softmax.py (say
+# "--strategy split_row_on_chip --backward"); OVERHEAD_IMPORTS (modules, space-separated) has the
 # overhead stage import them and re-time the top-k calls.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -57,7 +58,7 @@ for stage in "$@"; do
         bench)
             timeout 510 python3 -m onlinesoftmax bench softmax --out "$OUT" --name h100 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
         tune)
-            timeout 400 python3 scripts/tune_softmax.py --out "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | grep -v "^  [A-Z]" ;;
+            timeout 400 python3 scripts/tune_softmax.py ${TUNE_ARGS:-} --out "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | grep -v "^  [A-Z]" ;;
         overhead)
             python3 scripts/launch_overhead.py ${OVERHEAD_IMPORTS:+--import $OVERHEAD_IMPORTS} > "$OUT/launch_overhead.log" 2>&1
             grep -E "us issued|imported|hooks" "$OUT/launch_overhead.log" ;;

@@ -63,7 +63,7 @@ def main():
     parser.add_argument("--schemes", default=None, help="comma-separated subset of one_by_one,compact,lane_best,lane_best2,lane_best_lanes,lane_best2_lanes")
     parser.add_argument("--configs", default=None, help="comma-separated BLOCKxWARPS, e.g. 1024x4,2048x8")
     parser.add_argument("--max-k", type=int, default=None, help="only the grid's cases with k up to this")
-    parser.add_argument("--cases", default=None, help="comma-separated ROWSxCOLSxK of the grid (default: all)")
+    parser.add_argument("--cases", default=None, help="comma-separated ROWSxCOLSxK (default: the grid)")
     args = parser.parse_args()
     copy = copy_bandwidth_gbs()
     print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
@@ -91,7 +91,7 @@ def main():
     grid = [case for case in GRID if args.max_k is None or case[2] <= args.max_k]
     if args.cases:
         wanted = {tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")}
-        grid = [case for case in grid if case in wanted]
+        grid = sorted(wanted, key=lambda case: (case[2], case[0] * case[1]))  # any shape, not only the grid
     for dtype, (rows, cols, k) in itertools.product(dtypes, grid):
         nbytes = rows * cols * dtype.itemsize
         xs = [(torch.randn(rows, cols, device="cuda").mul_(2.0).to(dtype),) for _ in range(rotation_count(nbytes))]

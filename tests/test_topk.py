@@ -246,7 +246,7 @@ def test_lane_keep_is_checked():
         plan.topk_plan(4, 1000, 5, torch.float32, device, sms=132, second_read="row")
     # The default: the suspect lanes where second reads are common (keeping one, or two at k > 16).
     for cols, k, lane_keep, second_read in ((1000, 5, 1, "lanes"), (25000, 5, 2, "chunk"), (25000, 50, 2, "lanes"),
-                                            (25000, 100, 0, "chunk")):
+                                            (25000, 100, 1, "lanes")):
         chosen = plan.topk_plan(1024, cols, k, torch.float32, device, sms=132)
         assert (chosen.lane_keep, chosen.second_read) == (lane_keep, second_read), chosen
 
@@ -393,14 +393,18 @@ def test_plan_table_for_the_gpu():
     assert chosen.strategy == "split" and chosen.k_pow2 == 64 and chosen.lane_keep == 2
     assert chosen.block == plan.TOPK_LANE_BLOCK
     assert "softmax_topk" in chosen.describe(3000.0)
-    # Lanes keep one on short chunks, two on long ones; k above 64 takes the running list.
+    # Lanes keep one on short chunks, two on long ones, and one again above k = 64.
     assert plan.topk_plan(4096, 4096, 8, torch.float32, device, sms=132).lane_keep == 1
     assert plan.topk_plan(1, 151936, 1, torch.float32, device, sms=132).lane_keep == 1
     assert plan.topk_plan(1024, 25000, 5, torch.float32, device, sms=132).lane_keep == 2
     assert plan.topk_plan(1024, 25000, 20, torch.float32, device, sms=132).lane_keep == 2
     wide = plan.topk_plan(256, 151936, 64, torch.float32, device, sms=132)
     assert wide.lane_keep == 2 and wide.block == plan.TOPK_LANE_WIDE_BLOCK
-    listed = plan.topk_plan(128, 262144, 256, torch.float32, device, sms=132)
+    for dtype, block in ((torch.float32, 1024), (torch.bfloat16, 2048)):
+        long_list = plan.topk_plan(128, 262144, 256, dtype, device, sms=132)
+        assert (long_list.lane_keep, long_list.second_read, long_list.block) == (1, "lanes", block), long_list
+        assert long_list.strategy == "split"
+    listed = plan.topk_plan(128, 262144, 256, torch.float32, device, sms=132, lane_keep=0)
     assert listed.lane_keep == 0 and listed.block == plan.TOPK_BLOCK[4]
     assert plan.topk_plan(1024, 25000, 5, torch.float32, device, sms=132, lane_keep=0).block == plan.TOPK_BLOCK[4]
 

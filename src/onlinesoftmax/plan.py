@@ -441,7 +441,7 @@ TOPK_WARPS = 4
 # 4 warps ahead of 2048 with 8 at every k: 1024x25000 k5 135 -> 101 us, 4096x4096 k8 234 -> 168.
 TOPK_FEW_SURVIVORS = 16
 TOPK_COMPACT_ABOVE_K = 16
-# Lane selections (k <= TOPK_LANE_KEEP2_MAX_K): the stream does elementwise work only (per lane,
+# Lane selections (the default at every k): the stream does elementwise work only (per lane,
 # column mod block, the online (m, d), the lane's best one or two elements and the best of the
 # rest; no block-wide reduction or branch per block), then takes the top k of what the lanes kept.
 # That is exact unless one lane holds more of the top k than it kept, which the runner-ups reveal;
@@ -489,6 +489,12 @@ TOPK_LANE_BLOCK = 512
 TOPK_LANE_KEEP1_MAX_BLOCKS = 8
 TOPK_LANE_WIDE_ABOVE_K = 50
 TOPK_LANE_WIDE_BLOCK = 1024
+# Above TOPK_LANE_KEEP2_MAX_K the lanes keep one: their list is one sorting network (tl.topk) over
+# the lanes' best, and the suspect lanes (about k^2 / (2 lanes) a chunk) are read again. H100,
+# 128x262144 k256, kernel time in CUDA graphs (benchmarks/results/sweep_topk_k256_lanes-h100.log),
+# lanes x warps: fp32 1024x4 244 us, 2048x4 253, 2048x8 282, 4096x8 362; bf16 244, 223, 273, 258;
+# the running list 710 fp32 / 694 bf16 (and torch's softmax then topk 721 / 456).
+TOPK_LANE_LONG_BLOCK = {4: 1024, 2: 2048, 1: 2048}
 # Split a row across programs when the rows alone give fewer than this many programs per SM.
 TOPK_SPLIT_BELOW_ROWS_PER_SM = 2
 # Programs aimed at per SM when splitting, the fewest blocks a chunk streams (below that the
@@ -563,16 +569,16 @@ def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.de
                          f"got {lane_keep} for k={k}")
     if second_read is not None and second_read not in TOPK_SECOND_READS:
         raise ValueError(f"softmax_topk: second_read must be None or one of {TOPK_SECOND_READS}, got {second_read!r}")
-    # A lane selection (which one: below); keeping one applies at any k when forced (at k = 256 it
-    # measured 244 us against the running list's 710: benchmarks/results/sweep_topk_k256_lanes-h100.log,
-    # not the default until its GPU tests and a bench run).
-    lanes = lane_keep != 0 and (k <= TOPK_LANE_KEEP2_MAX_K or lane_keep == 1)
+    # A lane selection (which one: below) unless the running list is forced.
+    lanes = lane_keep != 0
     sms = sms or sm_count(device)
     one_chunk = num_chunks == 1 or (num_chunks is None and (
         strategy == "single" or (strategy is None and rows >= TOPK_SPLIT_BELOW_ROWS_PER_SM * sms)))
     if block is None:
         if device.type != "cuda":
             block = TOPK_INTERPRETER_BLOCK
+        elif lanes and k > TOPK_LANE_KEEP2_MAX_K:
+            block = TOPK_LANE_LONG_BLOCK[dtype.itemsize]
         elif lanes:
             block = TOPK_LANE_WIDE_BLOCK if k > TOPK_LANE_WIDE_ABOVE_K else TOPK_LANE_BLOCK
         else:
@@ -594,7 +600,7 @@ def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.de
     if strategy is None:
         strategy = "single" if num_chunks == 1 else "split"
     if lane_keep is None:
-        lane_keep = 0 if not lanes else 1 if (
+        lane_keep = 0 if not lanes else 1 if k > TOPK_LANE_KEEP2_MAX_K or (
             k <= TOPK_LANE_BEST_MAX_K and chunk_blocks <= TOPK_LANE_KEEP1_MAX_BLOCKS) else 2
     if second_read is None:
         # (No second read without lanes: "chunk", which leaves the running list's code as it was.)

@@ -16,17 +16,19 @@ survivors than that takes its ``tl.topk``. The list absorbs a sorted list by a b
 elementwise max of the list and the other list reversed is the top K_POW2 of the union, and
 bitonic).
 
-Lists up to k = 64 (plan.TOPK_LANE_KEEP2_MAX_K) skip that per-block work: the stream keeps, per
-lane, only the online (m, d), the lane's best one or two elements and the best of the rest
-(elementwise selects, no reduction or branch per block); the list is the top k of what the lanes
-kept. That is the chunk's top k unless some lane holds more of them than it kept, which a
-runner-up at or above the k-th value reveals; then the chunk is streamed again into the list
-above, where only elements at or above the lanes' k-th value (a lower bound of the chunk's k-th)
-can enter, one by one (a second read, rare on real logits). The plan keeps one per lane on short
-chunks (small k), two on long ones, where a second read would cost the launch's tail. A second
-read may instead load only the suspect lanes' other elements and insert those into the kept list
-(plan.TopkPlan.second_read = "lanes"), which the plan chooses where second reads are common:
-keeping one per lane, or two at k > 16 (plan.TOPK_CHUNK_READ_MAX_K).
+The plan's default, a lane selection, skips that per-block work (``lane_keep=0`` forces the
+running list): the stream keeps, per lane, only the online (m, d), the lane's best one or two
+elements and the best of the rest (elementwise selects, no reduction or branch per block); the
+list is the top k of what the lanes kept. That is the chunk's top k unless some lane holds more
+of them than it kept, which a runner-up at or above the k-th value reveals; then the chunk is
+streamed again into the running list above, where only elements at or above the lanes' k-th
+value (a lower bound of the chunk's k-th) can enter, one by one (a second read). The plan keeps
+one per lane on short chunks at k <= 16 and at every k above 64 (the list is then one tl.topk
+over the lanes' best), two otherwise (up to k = 64, plan.TOPK_LANE_KEEP2_MAX_K), where a second
+read would cost the launch's tail. A second read may instead load only the suspect lanes' other
+elements and insert those into the kept list (plan.TopkPlan.second_read = "lanes"), which the
+plan chooses where second reads are common: keeping one per lane, or two at k > 16
+(plan.TOPK_CHUNK_READ_MAX_K).
 
 Few rows ("split"): each row is cut into chunks whose (m, d) and candidate lists go to scratch,
 and a second launch merges them per row with fixed-order reductions (deterministic: no atomics).

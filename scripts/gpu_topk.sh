@@ -17,7 +17,7 @@ for stage in $STAGES; do
     echo "=== topk $stage ($(date +%T)) ==="
     case "$stage" in
         tests)
-            timeout 200 python3 -m pytest tests/test_topk.py -q -p no:cacheprovider -n 0 --durations=8 \
+            timeout 300 python3 -m pytest tests/test_topk.py -q -p no:cacheprovider -n 0 --durations=8 \
                 > "$OUT/topk_tests.log" 2>&1 || status=1
             tail -25 "$OUT/topk_tests.log" ;;
         sanitize)

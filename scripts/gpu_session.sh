@@ -7,7 +7,7 @@
 # or ladder. Peers' wheels, if carried in .whl/, are installed into /tmp/site first. Logs and
 # results go to $OUT, bundled into one results.tgz at the end. SANITIZE_TIMEOUT (s, default 600) caps
 # each compute-sanitizer tool in the sanitize stage; TUNE_ARGS go to scripts/tune_softmax.py (say
-# "--strategy split_row_on_chip --backward"); OVERHEAD_IMPORTS (modules, space-separated) has the
+# "--strategy split_row_on_chip --backward"); TEST_PATHS (default tests) limit the tests stage; OVERHEAD_IMPORTS (modules, space-separated) has the
 # overhead stage import them and re-time the top-k calls.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -46,8 +46,8 @@ for stage in "$@"; do
     echo "=== $stage ==="
     case "$stage" in
         tests)
-            timeout 420 python3 -m pytest tests -q -p no:cacheprovider -n 8 -m "not slow" --durations=15 -ra 2>&1 | tee "$OUT/gpu_tests.log" | tail -45 || status=1
-            timeout 150 python3 -m pytest tests -q -p no:cacheprovider -m slow -ra 2>&1 | tee "$OUT/gpu_tests_slow.log" | tail -8 || status=1 ;;
+            timeout 420 python3 -m pytest ${TEST_PATHS:-tests} -q -p no:cacheprovider -n 8 -m "not slow" --durations=15 -ra 2>&1 | tee "$OUT/gpu_tests.log" | tail -45 || status=1
+            timeout 150 python3 -m pytest ${TEST_PATHS:-tests} -q -p no:cacheprovider -m slow -ra 2>&1 | tee "$OUT/gpu_tests_slow.log" | tail -8 || status=1 ;;
         sanitize)
             for tool in memcheck racecheck; do
                 timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/exercise_kernels.py > "$OUT/sanitizer_$tool.log" 2>&1

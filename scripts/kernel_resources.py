@@ -80,7 +80,8 @@ def recorded_launches(sms: int):
     with mock.patch.object(_launch.Launcher, "__call__", record), mock.patch.object(JITFunction, "run", record_direct), \
             mock.patch.object(plan, "choose", choose), mock.patch.object(plan, "topk_plan", topk_plan_for_gpu), \
             mock.patch.object(plan, "attention_plan", attention_plan_for_gpu), \
-            mock.patch.object(plan, "interpreter_active", lambda: True):  # CPU tensors take the Triton path
+            mock.patch.object(plan, "interpreter_active", lambda: True), \
+            mock.patch.object(plan, "inline_ptx_allowed", lambda: True):  # CPU tensors take the GPU's Triton path
         softmax_module._RECIPES.clear()
         yield calls
     softmax_module._RECIPES.clear()

@@ -521,3 +521,27 @@ def test_more_than_2_31_elements(shape, strategy):
     assert err < TOLERANCE[torch.bfloat16]
     del out, ref, x
     torch.cuda.empty_cache()
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_opaque_widening_is_exact_for_every_16_bit_pattern(dtype):
+    # The backward kernels widen y and dy through inline PTX on the GPU (the interpreter, and so
+    # CI, takes .to(tl.float32)): both must give the same fp32 bits for every value, NaN aside.
+    import triton
+    import triton.language as tl
+
+    from onlinesoftmax._triton import widen_opaque
+
+    @triton.jit
+    def widen_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, widen_opaque(tl.load(x_ptr + offs), True))
+
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype).cuda()
+    out = torch.full(x.shape, float("nan"), device="cuda")
+    widen_kernel[(x.numel() // 1024,)](x, out, BLOCK=1024)
+    expected = x.float()
+    nan = expected.isnan()
+    assert torch.equal(out.isnan(), nan)
+    assert torch.equal(out[~nan].view(torch.int32), expected[~nan].view(torch.int32))

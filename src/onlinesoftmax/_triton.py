@@ -173,6 +173,24 @@ def stream_grad_dot(y_row, dy_row, y_stride, dy_stride, start, stop,
 
 
 @triton.jit
+def widen_opaque(x, OPAQUE: tl.constexpr):
+    """``x`` as fp32 (the same values as ``x.to(tl.float32)``). With OPAQUE, a 16-bit ``x`` is
+    converted by inline PTX, which the compiler cannot merge with an earlier conversion of the same
+    value: a tile converted once before a wait and again after it stays in registers at 16 bits
+    across the wait (half the registers). The interpreter runs no PTX: pass OPAQUE=False there."""
+    # Two 16-bit values per 32-bit register in, two fp32 out (a bf16 is an fp32's top half).
+    if OPAQUE and x.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise("shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000;", "=r,=r,r", [x],
+                                         dtype=tl.float32, is_pure=True, pack=2)
+    elif OPAQUE and x.dtype == tl.float16:
+        return tl.inline_asm_elementwise(
+            "{ .reg .f16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }", "=r,=r,r", [x],
+            dtype=tl.float32, is_pure=True, pack=2)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
 def grad_from_dot(y, dy, dot, inv_temperature, LOG: tl.constexpr):
     # softmax: dx = y (dy - <dy, y>); log-softmax: dx = dy - exp(y) <dy, 1>; both times d(x/T)/dx.
     if LOG:

@@ -107,6 +107,11 @@ def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def inline_ptx_allowed() -> bool:
+    """False under the interpreter, which runs no inline PTX (kernels take plain Triton there)."""
+    return not interpreter_active()
+
+
 @functools.lru_cache(maxsize=None)
 def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count

@@ -38,6 +38,7 @@ from ._triton import (
     max_keep_nan,
     merge_row_partials,
     row_offset,
+    widen_opaque,
     store_row_partial,
     stream_grad_dot,
     stream_max,
@@ -246,6 +247,7 @@ def row_on_chip_backward_kernel(
     dx_stride_outer, dx_stride_col, dx_stride_inner,
     inv_temperature,
     BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+    OPAQUE_WIDEN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_COLS)
@@ -257,13 +259,15 @@ def row_on_chip_backward_kernel(
             + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :]
         p_dy = dy_ptr + row_offset(rows, inner, dy_stride_outer, dy_stride_inner)[:, None] \
             + col_offset(cols, dy_stride_col, CONTIGUOUS)[None, :]
-        b_y = tl.load(p_y, mask=mask, other=0.0).to(tl.float32)  # [R, C]
-        b_dy = tl.load(p_dy, mask=mask, other=0.0).to(tl.float32)
+        # In the input dtype across the row's reduction, as in split_row_on_chip_backward_kernel.
+        b_y = tl.load(p_y, mask=mask, other=0.0)  # [R, C]
+        b_dy = tl.load(p_dy, mask=mask, other=0.0)
         if LOG:
-            b_dot = tl.sum(b_dy, 1)
+            b_dot = tl.sum(b_dy.to(tl.float32), 1)
         else:
-            b_dot = tl.sum(b_dy * b_y, 1)
-        b_dx = grad_from_dot(b_y, b_dy, b_dot[:, None], inv_temperature, LOG)
+            b_dot = tl.sum(b_dy.to(tl.float32) * b_y.to(tl.float32), 1)
+        b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), b_dot[:, None],
+                             inv_temperature, LOG)
         p_dx = dx_ptr + row_offset(rows, inner, dx_stride_outer, dx_stride_inner)[:, None] \
             + col_offset(cols, dx_stride_col, CONTIGUOUS)[None, :]
         tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -340,24 +344,28 @@ def split_row_on_chip_backward_kernel(
     dx_stride_outer, dx_stride_col, dx_stride_inner,
     chunk_size, num_chunks, inv_temperature,
     BLOCK_COLS: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+    OPAQUE_WIDEN: tl.constexpr,
 ):
     # As split_row_on_chip_softmax_kernel: the chunk's y and dy stay in registers while the row's
     # programs exchange their partial dot products, so y and dy are read once.
     row, chunk, cols, mask = claim_chunk(sync_ptr, n_cols, chunk_size, num_chunks, BLOCK_COLS)
     y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
     dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
-    b_y = tl.load(y_row + col_offset(cols, y_stride_col, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
-    b_dy = tl.load(dy_row + col_offset(cols, dy_stride_col, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
+    # y and dy wait for the row's dot in their input dtype (widened again after the wait, opaquely
+    # on the GPU: see widen_opaque): two 16384-element bf16 tiles as fp32 took 255 registers a
+    # thread and a stack at 4 warps (2 programs an SM).
+    b_y = tl.load(y_row + col_offset(cols, y_stride_col, CONTIGUOUS), mask=mask, other=0.0)
+    b_dy = tl.load(dy_row + col_offset(cols, dy_stride_col, CONTIGUOUS), mask=mask, other=0.0)
     if LOG:
-        dot = tl.sum(b_dy, 0)
+        dot = tl.sum(b_dy.to(tl.float32), 0)
     else:
-        dot = tl.sum(b_dy * b_y, 0)
+        dot = tl.sum(b_dy.to(tl.float32) * b_y.to(tl.float32), 0)
     tl.store(part_ptr + row.to(tl.int64) * num_chunks + chunk, dot)
     wait_for_row(sync_ptr, row, num_chunks)
     idx = tl.arange(0, CHUNKS_POW2)
     dot = tl.sum(tl.load(part_ptr + row.to(tl.int64) * num_chunks + idx, mask=idx < num_chunks, other=0.0,
                          volatile=True), 0)
-    b_dx = grad_from_dot(b_y, b_dy, dot, inv_temperature, LOG)
+    b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), dot, inv_temperature, LOG)
     dx_row = dx_ptr + row_offset(row, inner, dx_stride_outer, dx_stride_inner)
     tl.store(dx_row + col_offset(cols, dx_stride_col, CONTIGUOUS), b_dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
@@ -559,7 +567,8 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temp
         _row_on_chip_backward(
             chosen.grid, launch_key, y, dy, dx, chosen.rows, n_cols, inner, *y_strides, *dy_strides, *dx_strides,
             inv_t, BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
-            CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
+            CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=planner.inline_ptx_allowed(),
+            num_warps=chosen.num_warps)
     elif chosen.strategy == "looped":
         _looped_backward(
             chosen.grid, launch_key, y, dy, dx, n_cols, inner, *y_strides, *dy_strides, *dx_strides, inv_t,
@@ -570,7 +579,8 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temp
             chosen.grid, launch_key, y, dy, dx, parts, _row_counters(chosen.rows, y.device),
             n_cols, inner, *y_strides, *dy_strides, *dx_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
             BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=planner.next_power_of_2(chosen.num_chunks),
-            CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
+            CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=planner.inline_ptx_allowed(),
+            num_warps=chosen.num_warps)
     else:
         parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, y.device)
         _split_row_backward_dot(

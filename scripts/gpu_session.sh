@@ -7,7 +7,7 @@
 # or ladder. Peers' wheels, if carried in .whl/, are installed into /tmp/site first. Logs and
 # results go to $OUT, bundled into one results.tgz at the end. SANITIZE_TIMEOUT (s, default 600) caps
 # each compute-sanitizer tool in the sanitize stage; TUNE_ARGS go to scripts/tune_softmax.py (say
-# "--strategy split_row_on_chip --backward"); TEST_PATHS (default tests) limit the tests stage; OVERHEAD_IMPORTS (modules, space-separated) has the
+# "--strategy split_row_on_chip --backward"); BENCH_ARGS go to the softmax bench; TEST_PATHS (default tests) limit the tests stage; OVERHEAD_IMPORTS (modules, space-separated) has the
 # overhead stage import them and re-time the top-k calls.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -56,7 +56,11 @@ for stage in "$@"; do
         sweep)
             python3 scripts/sweep_strategies.py --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
         bench)
-            timeout 510 python3 -m onlinesoftmax bench softmax --out "$OUT" --name h100 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+            # Written under /root/bench, which outlives the call on a warm machine, so that a later
+            # call can add rows with BENCH_ARGS="--dtype bf16 --merge" (one call may not fit the grid).
+            timeout 570 python3 -m onlinesoftmax bench softmax --out /root/bench --name h100 ${BENCH_ARGS:-} 2>&1 \
+                | grep -v -E "warn|Online softmax|split the reduction|important use case|softmax\.$|^$" | tee "$OUT/bench.log" | tail -60
+            cp /root/bench/h100.* "$OUT"/ ;;
         tune)
             timeout 400 python3 scripts/tune_softmax.py ${TUNE_ARGS:-} --out "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | grep -v "^  [A-Z]" ;;
         overhead)

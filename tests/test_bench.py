@@ -112,6 +112,37 @@ def test_results_files_carry_the_command_environment_and_rows(tmp_path, monkeypa
     assert harness.write_results(args, "topk", rows, 40.0) == str(tmp_path / "topk-unit")
 
 
+def test_merge_keeps_the_earlier_runs_rows_of_cases_not_measured_again(tmp_path, monkeypatch):
+    def measured(dtype, ms):
+        return [Row(case, dtype, direction, impl, ms=ms * (2 if impl == "torch" else 1), gbs=1.0 / ms, rel_error=0.0)
+                for direction in ("forward", "backward") for case in ("3x7", "5x9") for impl in ("torch", "onlinesoftmax")]
+
+    args = argparse.Namespace(out=str(tmp_path), name="unit", seed=7, merge=True)
+    monkeypatch.setattr("sys.argv", ["onlinesoftmax", "bench", "--dtype", "fp32"])
+    first = measured("float32", 1.0)
+    harness.finish_rows(first, 40.0)
+    assert harness.merge_with_previous(args, "softmax", first) == (first, [])  # nothing there yet
+    harness.write_results(args, "softmax", first, 40.0)
+    monkeypatch.setattr("sys.argv", ["onlinesoftmax", "bench", "--dtype", "bf16", "--merge"])
+    second = measured("bfloat16", 4.0) + [Row("3x7", "float32", "forward", "onlinesoftmax", ms=0.25, gbs=4.0)]
+    harness.finish_rows(second, 50.0)
+    rows, runs = harness.merge_with_previous(args, "softmax", second)
+    # float32 forward 3x7 was measured again: only this run's row of it remains (with no torch row).
+    assert [(r.dtype, r.case, r.impl, r.ms) for r in rows if r.direction == "forward" and r.case == "3x7"] == [
+        ("float32", "3x7", "onlinesoftmax", 0.25), ("bfloat16", "3x7", "torch", 8.0), ("bfloat16", "3x7", "onlinesoftmax", 4.0)]
+    assert len(rows) == 8 + 8 - 2 + 1 and [r.direction for r in rows] == ["forward"] * 7 + ["backward"] * 8
+    kept = next(r for r in rows if (r.direction, r.dtype, r.case, r.impl) == ("backward", "float32", "5x9", "onlinesoftmax"))
+    assert kept.pct_of_copy == 100.0 / 40.0 and kept.speedup_vs_torch == 2.0  # its own run's figures
+    assert runs == [{"command": "onlinesoftmax bench --dtype fp32", "date": runs[0]["date"], "copy_gbs": 40.0}]
+    harness.write_results(args, "softmax", rows, 50.0, "", None, runs)
+    payload = json.loads((tmp_path / "unit.json").read_text())
+    assert payload["earlier_runs"] == runs and len(payload["rows"]) == 15
+    assert "come from earlier runs (--merge): `onlinesoftmax bench --dtype fp32`" in (tmp_path / "unit.md").read_text()
+    # Without --merge the file is replaced.
+    args.merge = False
+    assert harness.merge_with_previous(args, "softmax", second) == (second, [])
+
+
 @pytest.mark.parametrize("text, count, expected", [("16x262144", 2, (16, 262144)), ("1X25000X5", 3, (1, 25000, 5))])
 def test_parse_dims(text, count, expected):
     assert harness.parse_dims(text, count) == expected

@@ -119,6 +119,8 @@ def main(argv=None) -> int:
     bench.add_argument("--out", default="benchmarks/results")
     bench.add_argument("--name", default="h100", help="results go to OUT/NAME.* for softmax, OUT/SUITE-NAME.* for the other suites")
     bench.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    bench.add_argument("--merge", action="store_true",
+                       help="keep the rows of the existing results file that this run does not measure (softmax)")
 
     exp = sub.add_parser("explain", help="print the launch plan for a shape")
     exp.add_argument("shape", type=_parse_shape)

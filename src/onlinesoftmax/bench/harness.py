@@ -348,8 +348,37 @@ def run_cases(suite: str, cases: list[Case], impls: dict[str, list[Implementatio
     return rows
 
 
+def _stem(args, suite: str) -> str:
+    return os.path.join(args.out, args.name if suite == "softmax" else f"{suite}-{args.name}")
+
+
+def merge_with_previous(args, suite: str, rows: list[Row]) -> tuple[list[Row], list[dict]]:
+    """With ``--merge``: this run's rows after the rows of the results already at the output path
+    that this run did not measure (by direction, dtype and case), ordered forward first, then by
+    dtype and case as they first appear; and the records (command, date, copy bandwidth) of the
+    earlier runs whose rows remain. Lets one grid be measured in several calls of a time-limited
+    machine. Rows keep the figures of their own run (% of copy is against that run's copy)."""
+    path = _stem(args, suite) + ".json"
+    if not getattr(args, "merge", False) or not os.path.exists(path):
+        return rows, []
+    with open(path) as f:
+        previous = json.load(f)
+    measured = {(r.direction, r.dtype, r.case) for r in rows}
+    kept = [Row(**r) for r in previous["rows"] if (r["direction"], r["dtype"], r["case"]) not in measured]
+    if not kept:
+        return rows, []
+    env = previous["environment"]
+    runs = previous.get("earlier_runs", []) + [
+        {"command": env["command"], "date": env["date"], "copy_gbs": previous.get("copy_gbs")}]
+    merged = kept + rows
+    dtypes = list(dict.fromkeys(r.dtype for r in merged))
+    cases = list(dict.fromkeys(r.case for r in merged))
+    merged.sort(key=lambda r: (r.direction != "forward", dtypes.index(r.dtype), cases.index(r.case)))
+    return merged, runs
+
+
 def write_results(args, suite: str, rows: list[Row], copy_gbs: Optional[float], notes: str = "",
-                  extra: Optional[dict] = None) -> str:
+                  extra: Optional[dict] = None, earlier_runs: Optional[list] = None) -> str:
     """Print the table and write the results; returns the path stem.
 
     The main job's files are ``{out}/{name}.json|md|png`` (``benchmarks/results/h100.*``); every
@@ -358,7 +387,13 @@ def write_results(args, suite: str, rows: list[Row], copy_gbs: Optional[float], 
     env = environment("onlinesoftmax " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     print_table(rows, f"{suite} on {env['device']}" + (f" (copy {copy_gbs:.0f} GB/s)" if copy_gbs else ""))
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, args.name if suite == "softmax" else f"{suite}-{args.name}")
+    stem = _stem(args, suite)
+    if earlier_runs:
+        extra = dict(extra or {}, earlier_runs=earlier_runs)
+        merged = "; ".join(f"`{run['command']}` ({run['date']}, copy {run['copy_gbs']:.0f} GB/s)"
+                           if run.get("copy_gbs") else f"`{run['command']}` ({run['date']})" for run in earlier_runs)
+        notes = f"Rows of cases this run did not measure come from earlier runs (--merge): {merged}." \
+            + (f"\n\n{notes}" if notes else "")
     write_json(stem + ".json", rows, env, copy_gbs, {"seed": args.seed, **(extra or {})})
     with open(stem + ".md", "w") as f:
         f.write(f"# {suite} benchmark: {env['device']}\n\n" + markdown(rows, env, copy_gbs, notes))

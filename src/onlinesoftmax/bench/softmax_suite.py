@@ -140,8 +140,10 @@ def run(args) -> int:
     rows = harness.run_cases("softmax", cases([harness.parse_dims(t, 2) for t in args.shape] if args.shape else GRID, dtypes, directions), impls, gen,
                              graph_timing=not args.no_graph)
     harness.finish_rows(rows, copy_gbs)
+    rows, earlier_runs = harness.merge_with_previous(args, "softmax", rows)
     summary = softmax_summary(rows, copy_gbs)
-    harness.write_results(args, "softmax", rows, copy_gbs, summary_text(summary), {"summary": summary})
+    harness.write_results(args, "softmax", rows, copy_gbs, summary_text(summary), {"summary": summary},
+                          earlier_runs)
     return 0
 
 

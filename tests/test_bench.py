@@ -118,6 +118,9 @@ def test_merge_keeps_the_earlier_runs_rows_of_cases_not_measured_again(tmp_path,
                 for direction in ("forward", "backward") for case in ("3x7", "5x9") for impl in ("torch", "onlinesoftmax")]
 
     args = argparse.Namespace(out=str(tmp_path), name="unit", seed=7, merge=True)
+    dates = iter(f"2026-11-25 0{hour}:00:00 UTC" for hour in range(1, 9))  # runs apart in time, as on the device
+    monkeypatch.setattr(harness, "environment", lambda command: {"command": command, "date": next(dates),
+                                                                "torch": "t", "triton": "t", "device": "d"})
     monkeypatch.setattr("sys.argv", ["onlinesoftmax", "bench", "--dtype", "fp32"])
     first = measured("float32", 1.0)
     harness.finish_rows(first, 40.0)
@@ -133,11 +136,19 @@ def test_merge_keeps_the_earlier_runs_rows_of_cases_not_measured_again(tmp_path,
     assert len(rows) == 8 + 8 - 2 + 1 and [r.direction for r in rows] == ["forward"] * 7 + ["backward"] * 8
     kept = next(r for r in rows if (r.direction, r.dtype, r.case, r.impl) == ("backward", "float32", "5x9", "onlinesoftmax"))
     assert kept.pct_of_copy == 100.0 / 40.0 and kept.speedup_vs_torch == 2.0  # its own run's figures
-    assert runs == [{"command": "onlinesoftmax bench --dtype fp32", "date": runs[0]["date"], "copy_gbs": 40.0}]
+    assert runs == [{"command": "onlinesoftmax bench --dtype fp32", "date": "2026-11-25 01:00:00 UTC", "copy_gbs": 40.0}]
     harness.write_results(args, "softmax", rows, 50.0, "", None, runs)
     payload = json.loads((tmp_path / "unit.json").read_text())
     assert payload["earlier_runs"] == runs and len(payload["rows"]) == 15
     assert "come from earlier runs (--merge): `onlinesoftmax bench --dtype fp32`" in (tmp_path / "unit.md").read_text()
+    # A third run that measures every float32 case again: the first run's rows are gone, and so is
+    # its record; the second run's are kept.
+    monkeypatch.setattr("sys.argv", ["onlinesoftmax", "bench", "--dtype", "fp32", "--merge"])
+    third = measured("float32", 2.0)
+    harness.finish_rows(third, 45.0)
+    rows, runs = harness.merge_with_previous(args, "softmax", third)
+    assert len(rows) == 16 and {r.ms for r in rows if r.dtype == "float32"} == {2.0, 4.0}
+    assert [run["command"] for run in runs] == ["onlinesoftmax bench --dtype bf16 --merge"]
     # Without --merge the file is replaced.
     args.merge = False
     assert harness.merge_with_previous(args, "softmax", second) == (second, [])

@@ -62,6 +62,7 @@ class Row:
     rel_error: Optional[float] = None
     status: str = "ok"  # ok | WRONG | NaN | skipped: ... | error: ...
     tflops: Optional[float] = None  # only for cases that count FLOPs
+    run_date: Optional[str] = None  # the date of the run that measured it (set when written)
 
 
 def gbs(bytes_moved: int, ms: float) -> float:
@@ -364,12 +365,12 @@ def merge_with_previous(args, suite: str, rows: list[Row]) -> tuple[list[Row], l
     with open(path) as f:
         previous = json.load(f)
     measured = {(r.direction, r.dtype, r.case) for r in rows}
-    kept = [Row(**r) for r in previous["rows"] if (r["direction"], r["dtype"], r["case"]) not in measured]
-    if not kept:
-        return rows, []
     env = previous["environment"]
+    kept = [Row(**r) for r in previous["rows"] if (r["direction"], r["dtype"], r["case"]) not in measured]
     runs = previous.get("earlier_runs", []) + [
         {"command": env["command"], "date": env["date"], "copy_gbs": previous.get("copy_gbs")}]
+    if all(r.run_date for r in kept):  # (files written before rows carried their run keep every record)
+        runs = [run for run in runs if run["date"] in {r.run_date for r in kept}]
     merged = kept + rows
     dtypes = list(dict.fromkeys(r.dtype for r in merged))
     cases = list(dict.fromkeys(r.case for r in merged))
@@ -388,6 +389,8 @@ def write_results(args, suite: str, rows: list[Row], copy_gbs: Optional[float], 
     print_table(rows, f"{suite} on {env['device']}" + (f" (copy {copy_gbs:.0f} GB/s)" if copy_gbs else ""))
     os.makedirs(args.out, exist_ok=True)
     stem = _stem(args, suite)
+    for row in rows:
+        row.run_date = row.run_date or env["date"]
     if earlier_runs:
         extra = dict(extra or {}, earlier_runs=earlier_runs)
         merged = "; ".join(f"`{run['command']}` ({run['date']}, copy {run['copy_gbs']:.0f} GB/s)"

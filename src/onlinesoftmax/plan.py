@@ -85,15 +85,16 @@ SPLIT_BELOW_ROWS_PER_SM = 2
 # with 8 warps 1632, 4096 with 4 1368, 16384 with 16 1204. Backward, 8192 fp32 / 16384 bf16 with
 # 4 warps: fp32 256x151936 2770 GB/s (8192 with 16: 2710), bf16 64x128256 1826 (16384 with 16:
 # 1665). (Before the counters were padded apart, which added 5-20%: see _triton.take_ticket.)
-# 2-byte backward, since y and dy wait for the row's dot at 16 bits (widen_opaque; 168 registers
-# instead of 255 and a stack), H100 CUDA-graph replays (scripts/tune_softmax.py --strategy
-# split_row_on_chip --backward, 2026-11-25 01:45 UTC: benchmarks/results/tune_split_on_chip_backward-h100.json),
-# us, tile bytes / warp bytes: bf16 256x151936 32768/8192 (16384 elements, 4 warps) 101.9,
-# 16384/1024 (8192, 16 warps) 91.6, 16384/2048 93.7; 64x128256 26.2, 24.7, 26.1; 16x262144 13.4,
-# 13.7, 13.7. fp32 keeps 32768/8192 (256x151936: 170.8 against 172.5 for the next best).
-# A value is per element size where it is a dict.
-SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": {4: 32768, 2: 16384}}
-SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
+# 2-byte backward, after y and dy waited at 16 bits (widen_opaque; 168 registers instead of 255 and
+# a stack): tune (scripts/tune_softmax.py --strategy split_row_on_chip --backward, 2026-11-25 01:45
+# UTC, benchmarks/results/tune_split_on_chip_backward-h100.json), CUDA graphs, us, tile bytes / warp
+# bytes: bf16 256x151936 32768/8192 (16384 elements, 4 warps) 101.9, 16384/1024 (8192, 16 warps)
+# 91.6; 64x128256 26.2, 24.7; 16x262144 13.4, 13.7. The bench with 8192 x 16 (02:17 UTC,
+# trial_bf16_backward_8192x16-h100.md) confirmed the graph time of 256x151936 (0.0973 ms against
+# 0.1076) but took 0.1765 ms eager against 0.1039 (unexplained: no device time was left to look),
+# so 2-byte backward keeps 16384 x 4 until that is understood.
+SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": 32768}
+SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": 8192}
 SPLIT_ON_CHIP_MAX_TILE = 16384
 SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
 # 2-byte forward inputs stayed on split_row while split_row_on_chip's kernel kept each chunk twice
@@ -142,14 +143,10 @@ def _split_on_chip_max_chunks(sms: int) -> int:
     return max(1, int(sms * SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM))
 
 
-def _by_elem(value, elem: int) -> int:
-    return value[elem] if isinstance(value, dict) else value
-
-
 def _split_on_chip_tile(backward: bool, cols: int, elem: int, sms: int) -> int:
     """The chunk tile for rows of ``cols``: the smallest that keeps the chunks within bounds
     (above SPLIT_ON_CHIP_MAX_TILE when no tile does; the caller checks)."""
-    smallest = _by_elem(SPLIT_ON_CHIP_TILE_BYTES["backward" if backward else "forward"], elem) // elem
+    smallest = SPLIT_ON_CHIP_TILE_BYTES["backward" if backward else "forward"] // elem
     return max(smallest, next_power_of_2(_cdiv(cols, _split_on_chip_max_chunks(sms))))
 
 
@@ -284,7 +281,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 f"strategy 'split_row_on_chip' holds a row in at most {_split_on_chip_max_chunks(sms)} programs "
                 f"side by side on this GPU, {SPLIT_ON_CHIP_MAX_TILE} elements each; a row of {cols} is longer. "
                 "Use strategy=None (split_row reads such rows twice)")
-        warps = min(32, max(1, tile * elem // _by_elem(SPLIT_ON_CHIP_WARP_BYTES["backward" if backward else "forward"], elem)))
+        warps = min(32, max(1, tile * elem // SPLIT_ON_CHIP_WARP_BYTES["backward" if backward else "forward"]))
         # The interpreter cannot run a row's programs side by side: one chunk per row there.
         num_chunks = 1 if interpreting else _cdiv(cols, tile)
         # Equal chunks, each a multiple of 16 elements (aligned vector loads).

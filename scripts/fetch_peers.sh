@@ -17,5 +17,5 @@ for name in liger-kernel quack-kernels apache-tvm-ffi torch-c-dlpack-ext nvidia-
         $platforms -d .peers1 "$name" 2>&1 | grep -v "^WARNING: Location" || true
 done
 big=$(ls .peers1/nvidia_cutlass_dsl_libs_cu13-*.whl)
-split -n 2 "$big" .peers1/part_ && rm "$big" && mv .peers1/part_ab .peers2/
+split -n 2 "$big" "$big.part_" && rm "$big" && mv "$big.part_ab" .peers2/
 du -sh .peers1 .peers2

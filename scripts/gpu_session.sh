@@ -22,12 +22,15 @@ install_peers() {
     local dir=/root/peers
     mkdir -p "$dir"
     for d in .peers1 .peers2 .whl; do [ -d "$d" ] && cp "$d"/* "$dir"/ 2>/dev/null; done
-    if ls "$dir"/part_* >/dev/null 2>&1; then
-        cat "$dir"/part_* > "$dir/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl"
-        python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).testzip()" "$dir"/nvidia_cutlass_dsl_libs_cu13*.whl \
-            || { echo "joined wheel is incomplete"; rm "$dir"/nvidia_cutlass_dsl_libs_cu13*.whl; }
-    fi
-    rm -f "$dir"/part_*
+    # A split wheel arrives as WHEEL.part_aa, WHEEL.part_ab (scripts/fetch_peers.sh): join each.
+    for first in "$dir"/*.whl.part_aa; do
+        [ -e "$first" ] || continue
+        wheel=${first%.part_aa}
+        cat "$wheel".part_* > "$wheel"
+        python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).testzip()" "$wheel" \
+            || { echo "joined wheel $wheel is incomplete"; rm "$wheel"; }
+    done
+    rm -f "$dir"/*.part_*
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$dir"/*.whl
 }
 if [ "${1:-}" = "stash" ]; then

@@ -177,3 +177,10 @@ def test_bench_without_a_gpu_runs_the_cpu_demo(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "No CUDA GPU found" in out and "1x262144" in out
     assert not list(tmp_path.iterdir())  # no GPU, no results files
+
+
+def test_merge_is_refused_for_suites_that_do_not_merge(capsys):
+    # Only the softmax suite merges; elsewhere the flag would be ignored silently.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "topk", "--merge"])
+    assert exit_info.value.code == 2 and "--merge applies to the softmax suite only" in capsys.readouterr().err

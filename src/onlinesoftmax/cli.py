@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     bench.add_argument("--name", default="h100", help="results go to OUT/NAME.* for softmax, OUT/SUITE-NAME.* for the other suites")
     bench.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     bench.add_argument("--merge", action="store_true",
-                       help="keep the rows of the existing results file that this run does not measure (softmax)")
+                       help="softmax suite: keep the rows of the existing results file that this run does not measure")
 
     exp = sub.add_parser("explain", help="print the launch plan for a shape")
     exp.add_argument("shape", type=_parse_shape)
@@ -136,6 +136,8 @@ def main(argv=None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "bench":
+        if args.merge and args.suite != "softmax":
+            parser.error(f"--merge applies to the softmax suite only, not {args.suite!r}")
         module_name, function = SUITES[args.suite].split(":")
         return getattr(importlib.import_module(module_name, __package__), function)(args)
     if args.command == "explain":

@@ -1,7 +1,7 @@
 """Sweep attention launch configs on the GPU and print plan.py's ATTENTION_CONFIGS rows, ready to paste.
 
 For each benchmark shape (bf16, causal and not), every candidate (BLOCK_M, BLOCK_N, num_warps,
-num_stages, TMA descriptors on/off) of the forward and of the backward (a dK/dV config paired with a
+num_stages, loads) of the forward and of the backward (a dK/dV config paired with a
 dQ config) is checked once against SDPA and then timed with triton.testing.do_bench. SDPA's FLASH and
 CUDNN backends are timed on the same inputs for reference. TFLOP/s: 4*B*Hq*S^2*D per forward (half
 for causal), 2.5x that per backward.
@@ -9,7 +9,11 @@ for causal), 2.5x that per backward.
 Budget: about 4 minutes on an H100, most of it compiling (each candidate compiles once per head dim
 and causality); candidates past DEADLINE_S are skipped and reported as such.
 
-    python scripts/sweep_attention.py [--quick]
+    python scripts/sweep_attention.py [--quick] [--forward-only]
+
+Forward loads: "pointer" (masked pointer loads), "descriptor" (3-D TMA descriptors per head), "rows"
+(2-D TMA descriptors over every head's rows in the unmasked key loop) and "ws" (rows, one loop,
+warp-specialized by Triton: num_warps counts one consumer warpgroup's warps).
 """
 
 from __future__ import annotations
@@ -30,19 +34,25 @@ attention_module = importlib.import_module("onlinesoftmax.attention")
 
 SHAPES = [(8, 16, 16, 1024, 128), (4, 16, 16, 4096, 128), (1, 16, 16, 16384, 128), (4, 32, 32, 4096, 64),
           (2, 32, 8, 8192, 128)]
-# (BLOCK_M, BLOCK_N, num_warps, num_stages, use_descriptor). The first is plan.py's current choice
-# for head dim 128 non-causal; the last repeats the best guess without TMA to show what it is worth.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, loads). The first of each head dim is the plan of
+# 2026-11-23 (pointer loads); warp-specialized BLOCK_N = 64 is here because it once gave NaN.
 FORWARD_CANDIDATES = {
-    128: [(128, 128, 8, 3, True), (128, 64, 8, 3, True), (128, 128, 8, 2, True), (128, 64, 4, 4, True),
-          (128, 128, 8, 3, False)],
-    64: [(128, 64, 4, 4, True), (128, 128, 8, 3, True), (128, 64, 8, 3, True), (64, 64, 4, 4, True)],
+    128: [(128, 128, 8, 3, "pointer"), (128, 128, 8, 3, "rows"), (128, 128, 8, 2, "rows"),
+          (128, 128, 4, 2, "ws"), (128, 64, 4, 3, "ws")],
+    64: [(64, 64, 4, 4, "pointer"), (64, 64, 4, 4, "rows"), (128, 64, 4, 4, "rows"), (128, 128, 8, 3, "rows"),
+         (128, 128, 4, 2, "ws"), (128, 128, 4, 3, "ws"), (128, 64, 4, 3, "ws")],
 }
 # ((dK/dV config), (dQ config), use_descriptor), configs as (BLOCK_M, BLOCK_N, num_warps, num_stages).
+# The first of each head dim is the plan's. Two variants measured slower at every shape on the
+# H100 (attention-sweep-backward-h100.log, 2026-11-25) and were removed: the dQ kernel with the
+# forward's row descriptors and warp specialization, and a dK/dV kernel that also adds dQ with
+# float32 atomics (five matrix products per block pair instead of seven; 246 against 289 TFLOP/s
+# at head dim 128, its registers full).
 BACKWARD_CANDIDATES = {
     128: [((32, 128, 8, 3), (128, 64, 8, 2), True), ((32, 128, 8, 2), (128, 32, 8, 3), True),
           ((64, 64, 8, 2), (64, 64, 4, 3), True), ((32, 128, 8, 3), (128, 64, 8, 2), False)],
-    64: [((32, 128, 8, 3), (128, 64, 4, 3), True), ((64, 128, 8, 3), (128, 64, 8, 3), True),
-         ((32, 64, 4, 3), (64, 64, 4, 3), True)],
+    64: [((32, 64, 4, 3), (64, 64, 4, 3), True), ((32, 128, 8, 3), (128, 64, 4, 3), True),
+         ((64, 128, 8, 3), (128, 64, 8, 3), True)],
 }
 DEADLINE_S = 170
 TOLERANCE = 2e-2  # relative error against SDPA in bf16
@@ -68,6 +78,12 @@ def force(kernel, config):
     plan.ATTENTION_CONFIGS[kernel] = ((1 << 30, config, config),)
 
 
+def force_forward_loads(config, loads):
+    plan.ATTENTION_USE_DESCRIPTOR["forward"] = loads == "descriptor"
+    plan.ATTENTION_FORWARD_ROW_DESCRIPTORS = (64, 128, 256) if loads in ("rows", "ws") else ()
+    plan.ATTENTION_FORWARD_WARP_SPECIALIZED = {d: (config, config) for d in (64, 128, 256)} if loads == "ws" else {}
+
+
 def sdpa(q, k, v, causal, backend):
     with sdpa_kernel(backend):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
@@ -81,12 +97,21 @@ def time_ms(fn):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="first two shapes only")
+    parser.add_argument("--forward-only", action="store_true", help="skip the backward candidates")
+    parser.add_argument("--backward-only", action="store_true", help="skip the forward candidates")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 1
     start = time.time()
     saved = {k: v for k, v in plan.ATTENTION_CONFIGS.items()}
+    saved_loads = (dict(plan.ATTENTION_USE_DESCRIPTOR), plan.ATTENTION_FORWARD_ROW_DESCRIPTORS,
+                   plan.ATTENTION_FORWARD_WARP_SPECIALIZED)
+
+    def restore():
+        plan.ATTENTION_CONFIGS.update(saved)
+        plan.ATTENTION_USE_DESCRIPTOR.update(saved_loads[0])
+        plan.ATTENTION_FORWARD_ROW_DESCRIPTORS, plan.ATTENTION_FORWARD_WARP_SPECIALIZED = saved_loads[1:]
     best_rows = {}  # (kernel, head_dim, causal) -> {candidate: [tflops per shape]}
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -115,15 +140,18 @@ def main() -> int:
                     print(f"  {backend_name:12s} fwd {f / fwd_ms / 1e9:6.1f} TFLOP/s   bwd {2.5 * f / bwd_ms / 1e9:6.1f} TFLOP/s")
                 except RuntimeError as exc:
                     print(f"  {backend_name:12s} unavailable: {str(exc).splitlines()[0][:100]}")
-            for candidate in FORWARD_CANDIDATES[head_dim]:
+            for candidate in [] if args.backward_only else FORWARD_CANDIDATES[head_dim]:
                 if time.time() - start > DEADLINE_S:
                     print(f"  fwd {candidate}: skipped (past the {DEADLINE_S} s budget)")
                     continue
                 force("forward", candidate[:4])
+                force_forward_loads(candidate[:4], candidate[4])
                 try:
-                    out, lse = attention_module.launch_forward(q, k, v, mode, scale, use_descriptor=candidate[4])
+                    out, lse = attention_module.launch_forward(q, k, v, mode, scale)
+                    chosen = plan.last_attention_plan()
+                    assert chosen.warp_specialize == (candidate[4] == "ws"), chosen
                     err = rel(out, ref_out)
-                    ms = time_ms(lambda: attention_module.launch_forward(q, k, v, mode, scale, use_descriptor=candidate[4]))
+                    ms = time_ms(lambda: attention_module.launch_forward(q, k, v, mode, scale))
                     tflops = f / ms / 1e9
                     status = "ok" if err <= TOLERANCE else f"WRONG ({err:.1e})"
                     print(f"  fwd {candidate}: {tflops:6.1f} TFLOP/s  rel err {err:.1e}  {status}")
@@ -131,9 +159,9 @@ def main() -> int:
                         best_rows.setdefault(("forward", head_dim, causal), {}).setdefault(candidate, []).append(tflops)
                 except Exception as exc:  # a config that does not compile (shared memory, registers)
                     print(f"  fwd {candidate}: error {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}")
-            plan.ATTENTION_CONFIGS.update(saved)
+            restore()
             out, lse = attention_module.launch_forward(q, k, v, mode, scale)
-            for dkdv, dq_config, use_descriptor in BACKWARD_CANDIDATES[head_dim]:
+            for dkdv, dq_config, use_descriptor in [] if args.forward_only else BACKWARD_CANDIDATES[head_dim]:
                 candidate = (dkdv, dq_config, use_descriptor)
                 if time.time() - start > DEADLINE_S:
                     print(f"  bwd {candidate}: skipped (past the {DEADLINE_S} s budget)")
@@ -154,7 +182,7 @@ def main() -> int:
                         best_rows.setdefault(("backward", head_dim, causal), {}).setdefault(candidate, []).append(tflops)
                 except Exception as exc:
                     print(f"  bwd {candidate}: error {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}")
-            plan.ATTENTION_CONFIGS.update(saved)
+            restore()
             del qg, kg, vg, ref_out, ref_grads
     print(f"\nbest per (kernel, head dim, causal), geometric mean over the shapes ({time.time() - start:.0f} s):")
     table = {}
@@ -163,7 +191,9 @@ def main() -> int:
         print(f"  {kernel:8s} D={head_dim:3d} {'causal    ' if causal else 'non-causal'} {best}: "
               f"{statistics.geometric_mean(results[best]):.1f} TFLOP/s over {len(results[best])} shape(s)")
         table[(kernel, head_dim, causal)] = best
-    print("\n# paste into plan.py ATTENTION_CONFIGS (rows not measured keep their current values):")
+    print("\n# plan.py ATTENTION_CONFIGS (rows not measured keep their current values; the loads of the best\n"
+          "# candidates above go to ATTENTION_USE_DESCRIPTOR, ATTENTION_FORWARD_ROW_DESCRIPTORS and\n"
+          "# ATTENTION_FORWARD_WARP_SPECIALIZED):")
     for kernel, parts in (("forward", (0,)), ("backward_dkdv", (0,)), ("backward_dq", (1,))):
         rows = []
         for limit, non_causal, causal in saved[kernel]:
@@ -176,7 +206,8 @@ def main() -> int:
                     picked.append(tuple(best[:4]) if kernel == "forward" else tuple(best[parts[0]]))
             rows.append(f"({limit}, {picked[0]}, {picked[1]})")
         print(f'    "{kernel}": (' + ",\n                 ".join(rows) + "),")
-    print("TMA descriptors won wherever the best candidate ends with True." if table else "nothing measured")
+    if not table:
+        print("nothing measured")
     return 0
 
 

@@ -117,6 +117,47 @@ def test_matches_float64(shape, mode, dtype, use_descriptor, gen, monkeypatch):
         assert chosen.use_descriptor == use_descriptor and chosen.kernel == "backward_dkdv"
 
 
+# (batch, Hq, Hkv, Sq, Sk, D) for the forward's row-descriptor paths. Key counts are multiples of
+# every BLOCK_N (the interpreter's 32, the GPU's 128) where the warp-specialized loop must run;
+# query counts end mid-block, so the last query block reads the next head's rows (and the tensor's
+# end), which must never reach the output.
+ROW_SHAPES = {
+    "ws-gqa-40x256": (2, 4, 2, 40, 256, 64),
+    "ws-mha-130x128": (1, 3, 3, 130, 128, 128),
+    "rows-tail-40x200": (2, 2, 1, 40, 200, 64),  # keys end mid-block: rows only for whole blocks
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", list(ROW_SHAPES), ids=list(ROW_SHAPES))
+def test_forward_row_descriptors(shape, mode, gen, monkeypatch):
+    """The forward's 2-D row descriptors, and its warp-specialized single loop (forced at every
+    head dim and for causal masks too) where the keys fill whole blocks; the interpreter runs the
+    same code unspecialized."""
+    config = plan.ATTENTION_CONFIGS["forward"][1][1]
+    monkeypatch.setattr(plan, "ATTENTION_FORWARD_WARP_SPECIALIZED", {64: (config, config), 128: (config, config)})
+    q, k, v = make_qkv(gen, *ROW_SHAPES[shape], torch.bfloat16, requires_grad=True)
+    out, lse = attention(q, k, v, causal=CAUSAL_ARG[mode], return_lse=True)
+    chosen = plan.last_attention_plan()
+    ref_out, ref_lse = reference(q, k, v, mode)
+    assert_matches(out, ref_out, torch.bfloat16, f"{shape} {mode} out")
+    assert_matches(lse, ref_lse, torch.float32, f"{shape} {mode} lse")
+    if TRITON_RUNS:
+        assert chosen.kernel == "forward" and chosen.row_descriptors
+        assert chosen.warp_specialize == shape.startswith("ws"), chosen
+
+
+def test_row_descriptors_need_merged_heads(gen):
+    """A (B, S, H, D) tensor seen as (B, H, S, D) has no rows of whole heads: no row descriptors."""
+    q, k, v = make_qkv(gen, 1, 2, 2, 16, 64, 64, torch.bfloat16)
+    assert attention_module.rows_ok(q, k, v)
+    transposed = q.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not attention_module.rows_ok(transposed)
+    out = attention(transposed, k, v)
+    assert not plan.last_attention_plan().row_descriptors
+    assert_matches(out, reference(q, k, v, "none")[0], torch.bfloat16, "transposed q")
+
+
 @pytest.mark.parametrize("head_dim", attention_module.SUPPORTED_HEAD_DIMS)
 def test_every_head_dim(head_dim, gen):
     # 80, 96 and 192 are padded to 128 and 256 inside the kernels, with the padding masked.
@@ -274,7 +315,7 @@ def test_errors(args, kwargs, error, words):
 @gpu_only
 @pytest.mark.parametrize("head_dim", attention_module.SUPPORTED_HEAD_DIMS)
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("n_queries, n_keys", [(1000, 1000), (4097, 4097), (1, 4097), (4097, 1000)])
+@pytest.mark.parametrize("n_queries, n_keys", [(1000, 1000), (4097, 4097), (1, 4097), (4097, 1000), (1000, 2048)])
 def test_long_sequences_gpu(n_queries, n_keys, mode, head_dim, gen):
     """Full-size blocks, the configured launch parameters and TMA, at lengths that end mid-block."""
     q, k, v = make_qkv(gen, 1, 4, 2, n_queries, n_keys, head_dim, torch.bfloat16, requires_grad=True)
@@ -283,16 +324,19 @@ def test_long_sequences_gpu(n_queries, n_keys, mode, head_dim, gen):
 
 
 @gpu_only
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non-causal"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_matches_sdpa_math_gpu(dtype, gen):
-    """Within the error of SDPA's math backend in the same dtype (both against float64)."""
+def test_matches_sdpa_math_gpu(dtype, causal, gen):
+    """Within the error of SDPA's math backend in the same dtype (both against float64); at head
+    dim 128 with whole key blocks, the warp-specialized forward in each dtype and mask."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q, k, v = make_qkv(gen, 2, 8, 8, 2048, 2048, 128, dtype)
-    ref, _ = reference(q, k, v, "top_left")
+    ref, _ = reference(q, k, v, "top_left" if causal else "none")
     with sdpa_kernel(SDPBackend.MATH):
-        math_out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    ours = attention(q, k, v, causal=True)
+        math_out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    ours = attention(q, k, v, causal=causal)
+    assert plan.last_attention_plan().warp_specialize == (128 in plan.ATTENTION_FORWARD_WARP_SPECIALIZED)
     assert relative_error(ours, ref) <= max(TOLERANCE[dtype], 1.5 * relative_error(math_out, ref))
 
 

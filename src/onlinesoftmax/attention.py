@@ -26,7 +26,11 @@ blocks on the diagonal or past the last key (masked).
 Loads go through Hopper's TMA (``tl.make_tensor_descriptor``) when the tensors' layout allows it
 (unit stride along the head dim, 16-byte aligned strides and base, batch and head mergeable into
 one dim); otherwise, and whenever the planner says so, through plain masked pointer loads. One
-``USE_DESCRIPTOR`` constexpr switches between the two inside the same kernels.
+``USE_DESCRIPTOR`` constexpr switches between the two inside the same kernels. The forward can
+also read whole key blocks through 2-D descriptors over the rows of every head
+(``ROW_DESCRIPTORS``, where the heads lie one after another) and, at the head dims the planner
+names, have Triton warp-specialize its key loop (``WARP_SPECIALIZE``: a producer warpgroup
+loading, two consumer warpgroups computing; see the forward kernel for what that asks of it).
 """
 
 from __future__ import annotations
@@ -107,6 +111,29 @@ def head_descriptor(ptr, n_heads_total, n_rows, head_dim, stride_head, stride_ro
 
 
 @triton.jit
+def rows_descriptor(ptr, n_rows_total, head_dim, stride_row, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    # (batch * heads * rows, head_dim): every head's rows one after another, for tensors whose batch,
+    # head and row dims merge (the launcher checks). A tile may run past its head's last row into
+    # the next head's first: only where the kernel discards those rows (see the forward).
+    return tl.make_tensor_descriptor(ptr, shape=[n_rows_total, head_dim], strides=[stride_row, 1],
+                                     block_shape=[BLOCK_ROWS, BLOCK_D])
+
+
+@triton.jit
+def load_key_tile(desc, base_ptr, kv_bh, start, n_keys, stride_row, stride_col, head_dim,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_DESCRIPTOR: tl.constexpr,
+                  ROW_DESCRIPTORS: tl.constexpr):
+    """Keys [start, start + BLOCK_N) of a K or V head; with ROW_DESCRIPTORS ``desc`` is a
+    rows_descriptor() and the block must lie inside the head."""
+    if ROW_DESCRIPTORS:
+        tile = desc.load([kv_bh * n_keys + start, 0])
+    else:
+        tile = load_tile(desc, base_ptr, kv_bh, start, n_keys, stride_row, stride_col, head_dim,
+                         BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    return tile
+
+
+@triton.jit
 def key_ranges(start_m, n_keys, causal_offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """Key loop bounds for the query block starting at ``start_m``: [0, full_stop) is seen whole by
     every row of the block, [full_stop, stop) needs the mask (diagonal, or past the last key)."""
@@ -122,11 +149,14 @@ def key_ranges(start_m, n_keys, causal_offset, BLOCK_M: tl.constexpr, BLOCK_N: t
 
 
 @triton.jit
-def visible(rows, cols, n_keys, causal_offset, CAUSAL: tl.constexpr):
-    # [rows, cols] mask of the keys a query row attends to.
-    mask = cols[None, :] < n_keys
-    if CAUSAL:
-        mask = mask & (cols[None, :] <= rows[:, None] + causal_offset)
+def visible(rows, cols, n_keys, causal_offset, CAUSAL: tl.constexpr, KEYS_FILL_BLOCKS: tl.constexpr):
+    # [rows, cols] mask of the keys a query row attends to; KEYS_FILL_BLOCKS: no column reaches n_keys.
+    if KEYS_FILL_BLOCKS:
+        mask = cols[None, :] <= rows[:, None] + causal_offset
+    else:
+        mask = cols[None, :] < n_keys
+        if CAUSAL:
+            mask = mask & (cols[None, :] <= rows[:, None] + causal_offset)
     return mask
 
 
@@ -145,30 +175,31 @@ def forward_key_blocks(acc, l_i, m_i, q, desc_k, desc_v, k_base, v_base, kv_bh, 
                        start_n, stop_n, n_keys, head_dim, qk_scale, causal_offset,
                        stride_ks, stride_kd, stride_vs, stride_vd,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                       MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
+                       MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, ROW_DESCRIPTORS: tl.constexpr,
+                       WARP_SPECIALIZE: tl.constexpr):
     """Seed 004's loop over keys [start_n, stop_n), a block at a time; scores in log2 units."""
-    for block_start in tl.range(start_n, stop_n, BLOCK_N):
-        k = load_tile(desc_k, k_base, kv_bh, block_start, n_keys, stride_ks, stride_kd, head_dim,
-                      BLOCK_N, BLOCK_D, USE_DESCRIPTOR)  # [N, D]
+    for block_start in tl.range(start_n, stop_n, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        k = load_key_tile(desc_k, k_base, kv_bh, block_start, n_keys, stride_ks, stride_kd, head_dim,
+                          BLOCK_N, BLOCK_D, USE_DESCRIPTOR, ROW_DESCRIPTORS)  # [N, D]
         qk = mma(q, tl.trans(k), None)  # [M, N]
         if MASKED:
             cols = block_start + tl.arange(0, BLOCK_N)
-            s = tl.where(visible(rows, cols, n_keys, causal_offset, CAUSAL), qk * qk_scale, NEG_INF)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # Warp-specialized, every block comes here when causal, and its keys fill whole blocks.
+            qk = tl.where(visible(rows, cols, n_keys, causal_offset, CAUSAL, WARP_SPECIALIZE), qk, NEG_INF)
+        # scale > 0, so the scaled maximum is the maximum scaled, and the scaling and the
+        # subtraction fuse into one FMA per score.
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        if MASKED:
             # A row with no visible key so far keeps m = -inf; measuring from 0 keeps
             # exp2(-inf - -inf) = NaN out of p and alpha (both become 0).
             m_ref = tl.where(m_new == NEG_INF, 0.0, m_new)
-            p = tl.math.exp2(s - m_ref[:, None])
         else:
-            # scale > 0, so the scaled maximum is the maximum scaled, and the scaling and the
-            # subtraction fuse into one FMA per score.
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_ref = m_new
-            p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
+        p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_tile(desc_v, v_base, kv_bh, block_start, n_keys, stride_vs, stride_vd, head_dim,
-                      BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+        v = load_key_tile(desc_v, v_base, kv_bh, block_start, n_keys, stride_vs, stride_vd, head_dim,
+                          BLOCK_N, BLOCK_D, USE_DESCRIPTOR, ROW_DESCRIPTORS)
         acc = mma(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
@@ -184,7 +215,8 @@ def attention_forward_kernel(
     q_head_stride, k_head_stride, v_head_stride,
     qk_scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, ROW_DESCRIPTORS: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
     n_heads_kv = n_heads_q // group
     block_m = tl.program_id(0)
@@ -213,27 +245,50 @@ def attention_forward_kernel(
     o_base = o_ptr + bh.to(tl.int64) * n_queries * head_dim
 
     rows = start_m + tl.arange(0, BLOCK_M)
-    q = load_tile(desc_q, q_base, bh, start_m, n_queries, stride_qs, stride_qd, head_dim,
-                  BLOCK_M, BLOCK_D, USE_DESCRIPTOR)  # [M, D]
     m_i = tl.full([BLOCK_M], NEG_INF, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     full_stop, stop = key_ranges(start_m, n_keys, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = forward_key_blocks(acc, l_i, m_i, q, desc_k, desc_v, k_base, v_base, kv_bh, rows,
-                                       0, full_stop, n_keys, head_dim, qk_scale, causal_offset,
-                                       stride_ks, stride_kd, stride_vs, stride_vd,
-                                       BLOCK_N, BLOCK_D, CAUSAL, False, USE_DESCRIPTOR)
-    acc, l_i, m_i = forward_key_blocks(acc, l_i, m_i, q, desc_k, desc_v, k_base, v_base, kv_bh, rows,
-                                       full_stop, stop, n_keys, head_dim, qk_scale, causal_offset,
-                                       stride_ks, stride_kd, stride_vs, stride_vd,
-                                       BLOCK_N, BLOCK_D, CAUSAL, True, USE_DESCRIPTOR)
+    if ROW_DESCRIPTORS:
+        desc_k_rows = rows_descriptor(k_ptr, batch * n_heads_kv * n_keys, head_dim, stride_ks, BLOCK_N, BLOCK_D)
+        desc_v_rows = rows_descriptor(v_ptr, batch * n_heads_kv * n_keys, head_dim, stride_vs, BLOCK_N, BLOCK_D)
+    else:
+        desc_k_rows = desc_k
+        desc_v_rows = desc_v
+    if WARP_SPECIALIZE:
+        # Triton 3.6 warp-specializes this loop on Hopper (a producer warpgroup issuing the TMA
+        # loads, the query block split between two consumer warpgroups). Its pass compiles only a
+        # kernel whose one loop loads through 2-D descriptors and whose other tiles do not go
+        # through 3-D ones, so: Q by rows too (the last block's rows past the head, read from the
+        # next head or as TMA's zeros, are computed and never stored), the output by pointers, and
+        # every key block in one loop, all masked when causal. The launcher asks for n_keys to be
+        # a multiple of BLOCK_N, so no key block reads past its head.
+        q = rows_descriptor(q_ptr, batch * n_heads_q * n_queries, head_dim, stride_qs, BLOCK_M, BLOCK_D).load(
+            [bh * n_queries + start_m, 0])  # [M, D]
+        acc, l_i, m_i = forward_key_blocks(acc, l_i, m_i, q, desc_k_rows, desc_v_rows, k_base, v_base, kv_bh, rows,
+                                           0, stop, n_keys, head_dim, qk_scale, causal_offset,
+                                           stride_ks, stride_kd, stride_vs, stride_vd,
+                                           BLOCK_N, BLOCK_D, CAUSAL, CAUSAL, USE_DESCRIPTOR, True, True)
+    else:
+        q = load_tile(desc_q, q_base, bh, start_m, n_queries, stride_qs, stride_qd, head_dim,
+                      BLOCK_M, BLOCK_D, USE_DESCRIPTOR)  # [M, D]
+        acc, l_i, m_i = forward_key_blocks(acc, l_i, m_i, q, desc_k_rows, desc_v_rows, k_base, v_base, kv_bh, rows,
+                                           0, full_stop, n_keys, head_dim, qk_scale, causal_offset,
+                                           stride_ks, stride_kd, stride_vs, stride_vd,
+                                           BLOCK_N, BLOCK_D, CAUSAL, False, USE_DESCRIPTOR, ROW_DESCRIPTORS, False)
+        # The blocks on the diagonal or past the last key: rows of other heads must not enter here.
+        acc, l_i, m_i = forward_key_blocks(acc, l_i, m_i, q, desc_k, desc_v, k_base, v_base, kv_bh, rows,
+                                           full_stop, stop, n_keys, head_dim, qk_scale, causal_offset,
+                                           stride_ks, stride_kd, stride_vs, stride_vd,
+                                           BLOCK_N, BLOCK_D, CAUSAL, True, USE_DESCRIPTOR, False, False)
     # A row that saw no key (l = 0: bottom-right causal with Sq > Sk, or Sk = 0) gives 0 and lse -inf.
     has_keys = l_i > 0.0
     inv_l = tl.where(has_keys, 1.0 / l_i, 0.0)
     lse = tl.where(has_keys, (m_i + tl.math.log2(l_i)) * LN2, NEG_INF)
     tl.store(lse_ptr + bh.to(tl.int64) * n_queries + rows, lse, mask=rows < n_queries)
     out = (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty)
-    store_tile(desc_o, o_base, bh, start_m, n_queries, head_dim, head_dim, out, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    store_tile(desc_o, o_base, bh, start_m, n_queries, head_dim, head_dim, out, BLOCK_M, BLOCK_D,
+               USE_DESCRIPTOR and not WARP_SPECIALIZE)
 
 
 # --------------------------------------------------------------------------------------------
@@ -285,7 +340,7 @@ def dkdv_step(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr
     lse2, delta = load_row_stats(lse_ptr, delta_ptr, bh, rows, n_queries)
     p_t = tl.math.exp2(mma(k, tl.trans(q), None) * qk_scale - lse2[None, :])  # [N, M]
     if MASKED:
-        p_t = tl.where(tl.trans(visible(rows, cols, n_keys, causal_offset, CAUSAL)), p_t, 0.0)
+        p_t = tl.where(tl.trans(visible(rows, cols, n_keys, causal_offset, CAUSAL, False)), p_t, 0.0)
     do = load_tile(desc_do, do_base, bh, block_start, n_queries, stride_dos, stride_dod, head_dim,
                    BLOCK_M, BLOCK_D, USE_DESCRIPTOR)  # [M, D]
     dv = mma(p_t.to(do.dtype), do, dv)
@@ -404,7 +459,7 @@ def dq_key_blocks(dq, q, do, lse2, delta, desc_k, desc_v, k_base, v_base, kv_bh,
         p = tl.math.exp2(mma(q, tl.trans(k), None) * qk_scale - lse2[:, None])  # [M, N]
         if MASKED:
             cols = block_start + tl.arange(0, BLOCK_N)
-            p = tl.where(visible(rows, cols, n_keys, causal_offset, CAUSAL), p, 0.0)
+            p = tl.where(visible(rows, cols, n_keys, causal_offset, CAUSAL, False), p, 0.0)
         dp = mma(do, tl.trans(v), None)
         ds = p * (dp - delta[:, None])
         dq = mma(ds.to(k.dtype), k, dq)
@@ -511,6 +566,18 @@ def descriptor_ok(*tensors: torch.Tensor) -> bool:
     return True
 
 
+def rows_ok(*tensors: torch.Tensor) -> bool:
+    """Whether each (B, H, S, D) tensor is a stack of (S, D) heads one after another, for 2-D
+    descriptors over (B * H * S, D): TMA's conditions plus heads that merge with their rows."""
+    for t in tensors:
+        if not descriptor_ok(t):
+            return False
+        batch, heads, seq = t.shape[:3]
+        if batch * heads * seq >= 2**31 or (seq > 1 and _head_stride(t) != seq * t.stride(2)):
+            return False
+    return True
+
+
 def _strides(t: torch.Tensor):
     return tuple(t.stride())
 
@@ -525,11 +592,13 @@ def _causal_offset(mode: str, n_queries: int, n_keys: int) -> int:
 
 def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, scale: float,
                    use_descriptor: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) for validated inputs; ``mode`` is "none", "top_left" or "bottom_right"."""
+    """(out, lse) for validated inputs; ``mode`` is "none", "top_left" or "bottom_right".
+    ``use_descriptor`` overrides the layout check: False forces pointer loads everywhere."""
     batch, n_heads_q, n_queries, head_dim = q.shape
     n_heads_kv, n_keys = k.shape[1], k.shape[2]
     chosen = planner.attention_plan("forward", head_dim, q.dtype, mode != "none", q.device, n_queries, n_keys,
-                                    descriptor_ok(q, k, v) if use_descriptor is None else use_descriptor)
+                                    descriptor_ok(q, k, v) if use_descriptor is None else use_descriptor,
+                                    rows_ok(q, k, v) and use_descriptor is not False)
     planner.record_attention(chosen)
     if chosen.path == "torch":
         return cpu.attention_forward(q, k, v, mode, scale)
@@ -537,7 +606,7 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str,
     lse = _buffers.empty((batch, n_heads_q, n_queries), torch.float32, q.device)
     if out.numel() == 0:
         return out, lse
-    if chosen.use_descriptor:
+    if chosen.use_descriptor or chosen.row_descriptors:
         _ensure_allocator()
     grid = (triton.cdiv(n_queries, chosen.block_m), batch * n_heads_q)
     attention_forward_kernel[grid](
@@ -545,7 +614,8 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str,
         *_strides(q), *_strides(k), *_strides(v), *_head_strides(q, k, v),
         scale * LOG2E, _causal_offset(mode, n_queries, n_keys),
         BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, BLOCK_D=chosen.block_d, CAUSAL=mode != "none",
-        USE_DESCRIPTOR=chosen.use_descriptor, num_warps=chosen.num_warps, num_stages=chosen.num_stages)
+        USE_DESCRIPTOR=chosen.use_descriptor, ROW_DESCRIPTORS=chosen.row_descriptors,
+        WARP_SPECIALIZE=chosen.warp_specialize, num_warps=chosen.num_warps, num_stages=chosen.num_stages)
     return out, lse
 
 

@@ -358,6 +358,22 @@ ATTENTION_CONFIGS = {
 # forward at head dim 128 ran at 460 TFLOP/s (geometric mean of 4 shapes) with pointer loads
 # against 446 at best with descriptors; both backward kernels were fastest with descriptors.
 ATTENTION_USE_DESCRIPTOR = {"forward": False, "backward_dkdv": True, "backward_dq": True}
+# Padded head dims whose forward reads K and V in its unmasked key loop through 2-D descriptors
+# over the rows of every head (batch * heads * keys, head_dim), where the layout allows it (heads
+# one after another, as in a contiguous (B, H, S, D) tensor): TMA with no 3-D tile reshaped into
+# 2-D. H100, scripts/sweep_attention.py (2026-11-25, attention-sweep-forward-h100.log): head dim 64
+# 380 -> 418 TFLOP/s non-causal, 345 -> 367 causal (4x32x4096); head dim 128 level (479 / 481).
+ATTENTION_FORWARD_ROW_DESCRIPTORS = (64, 128)
+# Forward launches that Triton warp-specializes (one producer warpgroup loading, the query block
+# split over two consumer warpgroups; num_warps is per consumer group, 12 warps run), by padded
+# head dim: (non-causal config, causal config). Taken only where the layout allows row
+# descriptors, the head dim needs no padding and the keys fill whole blocks. The same sweep, head
+# dim 128, TFLOP/s against the pointer loads: 424 / 368 (8x16x1024), 572 / 479 (4x16x4096), 583 /
+# 513 (1x16x16384), 606 / 502 (GQA 2x32/8x8192); causal 272 / 251, 458 / 396, 563 / 504, 482 /
+# 477. Head dim 64 ran slower so (401 against 418 with row descriptors; 294 against 367 causal).
+# Triton 3.6 computes NaN with BLOCK_N = 64 at either head dim and with 3 stages at head dim 64
+# (same sweep): those configs are not to be used.
+ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2))}
 # The interpreter runs at test sizes: small, unequal blocks so that every loop runs several
 # iterations and the causal diagonal falls inside and across blocks.
 ATTENTION_INTERPRETER_CONFIGS = {
@@ -378,6 +394,8 @@ class AttentionPlan:
     dtype: torch.dtype
     causal: bool
     use_descriptor: bool = False
+    row_descriptors: bool = False
+    warp_specialize: bool = False
     block_m: int = 0
     block_n: int = 0
     block_d: int = 0
@@ -388,15 +406,21 @@ class AttentionPlan:
         if self.path == "torch":
             return f"attention {self.kernel}: torch (blockwise online, CPU), head dim {self.head_dim}"
         loads = "TMA tensor descriptors" if self.use_descriptor else "masked pointer loads"
+        if self.warp_specialize:
+            loads = "warp-specialized, TMA row descriptors (12 warps: a producer and two consumer warpgroups)"
+        elif self.row_descriptors:
+            loads = f"TMA row descriptors for whole key blocks, {loads} on the diagonal and past the last key"
         return (f"attention {self.kernel}: BLOCK_M {self.block_m}, BLOCK_N {self.block_n}, head dim "
                 f"{self.head_dim} padded to {self.block_d}, {self.num_warps} warps, {self.num_stages} stages, "
                 f"{'causal' if self.causal else 'non-causal'}, {loads}")
 
 
 def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device,
-                   n_queries: int = 0, n_keys: int = 0, descriptor_ok: bool = True) -> AttentionPlan:
+                   n_queries: int = 0, n_keys: int = 0, descriptor_ok: bool = True,
+                   rows_ok: bool = False) -> AttentionPlan:
     """Block sizes, warps and stages for one attention kernel; ``descriptor_ok`` says whether the
-    tensors' layout allows TMA (the launcher checks strides and alignment)."""
+    tensors' layout allows TMA, ``rows_ok`` whether it allows the forward's row descriptors (the
+    launcher checks strides and alignment)."""
     if kernel not in ATTENTION_CONFIGS:
         raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS}")
     device = torch.device(device)
@@ -405,13 +429,23 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
         return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
     block_d = next_power_of_2(head_dim)
     if interpreting:
-        block_m, block_n, warps, stages = ATTENTION_INTERPRETER_CONFIGS[kernel]
+        config = ATTENTION_INTERPRETER_CONFIGS[kernel]
     else:
         row = next((r for r in ATTENTION_CONFIGS[kernel] if block_d <= r[0]), ATTENTION_CONFIGS[kernel][-1])
-        block_m, block_n, warps, stages = row[2] if causal else row[1]
+        config = row[2] if causal else row[1]
     use_descriptor = bool(descriptor_ok) and (interpreting or ATTENTION_USE_DESCRIPTOR[kernel])
-    return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, block_m, block_n,
-                         block_d, warps, stages)
+    rows = kernel == "forward" and bool(rows_ok) and (interpreting or block_d in ATTENTION_FORWARD_ROW_DESCRIPTORS)
+    specialized = (ATTENTION_FORWARD_WARP_SPECIALIZED.get(block_d, (None, None))[causal]
+                   if rows and head_dim == block_d else None)
+    # The interpreter keeps its small blocks (and ignores the specialization, running the same code).
+    if specialized is not None and n_keys % (config if interpreting else specialized)[1] == 0:
+        return AttentionPlan(kernel, "triton", head_dim, dtype, causal, False, True, True, block_d=block_d,
+                             **dict(zip(_CONFIG_FIELDS, config if interpreting else specialized)))
+    return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, rows, False, block_d=block_d,
+                         **dict(zip(_CONFIG_FIELDS, config)))
+
+
+_CONFIG_FIELDS = ("block_m", "block_n", "num_warps", "num_stages")
 
 
 _last_attention_plan: AttentionPlan | None = None

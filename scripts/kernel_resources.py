@@ -12,6 +12,8 @@ the cubin's resource usage. Registers decide how many programs an SM holds at on
 allocated per warp in steps of 8 per thread), which bounds the loads a streaming kernel keeps in
 flight: of the numbers that decide a kernel's speed, the one a machine without a GPU can measure.
 STACK above 0 is a frame in local memory (spills, or arrays ptxas would not keep in registers).
+A kernel that Triton warp-specializes runs more warps than its num_warps (WARPS counts them all)
+and its REG is what each thread gets at launch; its warpgroups then trade registers (setmaxnreg).
 
 LOADS IN FLIGHT, per streaming loop of the machine code (a backward branch whose body holds global
 loads): how many of the loop's loads a thread issues before the first instruction that reads one

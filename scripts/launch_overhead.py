@@ -3,7 +3,7 @@
 Back-to-back calls with no synchronization measure how fast the host can issue work; the GPU time
 of these inputs is far below it. Then a cProfile of the split-row path names the expensive frames.
 
-    python scripts/launch_overhead.py [--import quack.topk ...]
+    python scripts/launch_overhead.py [--import quack.topk ...] [--attention]
 
 --import: after the table, import these modules (peers, say) and time our top-k calls again, with
 Triton's launch hooks and a cProfile (`onlinesoftmax bench topk` saw our eager 1x25000 k5 call go
@@ -59,10 +59,37 @@ def print_profile(fn, lines: int, calls: int = 300):
     pstats.Stats(profile).sort_stats("tottime").print_stats(lines)
 
 
+def attention_host_costs():
+    """Attention at B1 H2 S128 D128, whose GPU time is a few microseconds: what the host spends."""
+    attention_module = importlib.import_module("onlinesoftmax.attention")
+    q, k, v = (torch.randn(1, 2, 128, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    d_out = torch.randn_like(q)
+    out, lse = attention_module.launch_forward(q.detach(), k.detach(), v.detach(), "none", 0.1)
+
+    def forward_backward():
+        torch.autograd.grad(onlinesoftmax.attention(q, k, v), (q, k, v), d_out)
+
+    with torch.no_grad():
+        cases = {
+            "onlinesoftmax.attention B1 H2 S128 D128": lambda: onlinesoftmax.attention(q, k, v),
+            "onlinesoftmax.attention causal": lambda: onlinesoftmax.attention(q, k, v, causal=True),
+            "attention launch_backward (3 kernels + delta)": lambda: attention_module.launch_backward(
+                d_out, q.detach(), k.detach(), v.detach(), out, lse, "none", 0.1),
+        }
+        for name, fn in cases.items():
+            print(f"{name:48s} {per_call_us(fn, 1000):8.1f} us issued per call")
+    print(f"{'attention forward + autograd backward':48s} {per_call_us(forward_backward, 1000):8.1f} us issued per call")
+    print_profile(forward_backward, 20)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--import", dest="modules", nargs="*", default=[], help="modules to import, then re-time")
+    parser.add_argument("--attention", action="store_true", help="attention calls only (forward, backward, both)")
     args = parser.parse_args()
+    if args.attention:
+        attention_host_costs()
+        return
     x_small = torch.randn(4, 1024, device="cuda")
     x_long = torch.randn(16, 262144, device="cuda")
     buf = torch.empty(1024, device="cuda")

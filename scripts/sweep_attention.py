@@ -35,12 +35,14 @@ attention_module = importlib.import_module("onlinesoftmax.attention")
 SHAPES = [(8, 16, 16, 1024, 128), (4, 16, 16, 4096, 128), (1, 16, 16, 16384, 128), (4, 32, 32, 4096, 64),
           (2, 32, 8, 8192, 128)]
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, loads). The first of each head dim is the plan of
-# 2026-11-23 (pointer loads); warp-specialized BLOCK_N = 64 is here because it once gave NaN.
+# 2026-11-23 (pointer loads); warp-specialized BLOCK_N = 64 at head dim 128 is here because it
+# computed NaN (a Triton 3.6 bug: see scripts/probe_warp_specialize.py), as did head dim 64
+# specialized with 3 stages or BLOCK_N = 64 (attention-sweep-forward-h100.log, runs 1-2).
 FORWARD_CANDIDATES = {
     128: [(128, 128, 8, 3, "pointer"), (128, 128, 8, 3, "rows"), (128, 128, 8, 2, "rows"),
           (128, 128, 4, 2, "ws"), (128, 64, 4, 3, "ws")],
-    64: [(64, 64, 4, 4, "pointer"), (64, 64, 4, 4, "rows"), (128, 64, 4, 4, "rows"), (128, 128, 8, 3, "rows"),
-         (128, 128, 4, 2, "ws"), (128, 128, 4, 3, "ws"), (128, 64, 4, 3, "ws")],
+    64: [(64, 64, 4, 4, "pointer"), (64, 64, 4, 4, "rows"), (64, 64, 4, 3, "rows"), (64, 64, 4, 5, "rows"),
+         (64, 128, 4, 3, "rows"), (128, 64, 8, 3, "rows"), (128, 64, 4, 3, "rows"), (64, 64, 8, 4, "rows")],
 }
 # ((dK/dV config), (dQ config), use_descriptor), configs as (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # The first of each head dim is the plan's. Two variants measured slower at every shape on the

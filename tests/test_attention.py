@@ -134,7 +134,7 @@ def test_forward_row_descriptors(shape, mode, gen, monkeypatch):
     """The forward's 2-D row descriptors, and its warp-specialized single loop (forced at every
     head dim and for causal masks too) where the keys fill whole blocks; the interpreter runs the
     same code unspecialized."""
-    config = plan.ATTENTION_CONFIGS["forward"][1][1]
+    config = plan.ATTENTION_FORWARD_WARP_SPECIALIZED[128][0]  # the GPU's; the interpreter keeps its own blocks
     monkeypatch.setattr(plan, "ATTENTION_FORWARD_WARP_SPECIALIZED", {64: (config, config), 128: (config, config)})
     q, k, v = make_qkv(gen, *ROW_SHAPES[shape], torch.bfloat16, requires_grad=True)
     out, lse = attention(q, k, v, causal=CAUSAL_ARG[mode], return_lse=True)
@@ -156,6 +156,22 @@ def test_row_descriptors_need_merged_heads(gen):
     out = attention(transposed, k, v)
     assert not plan.last_attention_plan().row_descriptors
     assert_matches(out, reference(q, k, v, "none")[0], torch.bfloat16, "transposed q")
+
+
+def test_single_row_views_keep_their_head_stride(gen):
+    """A one-query (or one-key) head viewed from (B, S, H, D): its row stride is H * D while heads
+    are D apart, so rows of heads do not follow each other and the row descriptors must not be used."""
+    # Head dim 128 and 128 keys: where the layout allows, the warp-specialized forward (Q by rows).
+    q, k, v = make_qkv(gen, 2, 4, 2, 1, 128, 128, torch.bfloat16)
+    q_view = torch.empty(2, 1, 4, 128, dtype=q.dtype, device=q.device).transpose(1, 2).copy_(q)
+    assert q_view.stride() == (512, 128, 512, 1) and not attention_module.rows_ok(q_view)
+    k_one = torch.empty(2, 1, 2, 128, dtype=k.dtype, device=k.device).transpose(1, 2).copy_(k[:, :, :1])
+    assert not attention_module.rows_ok(k_one)
+    for mode in MODES:
+        assert_matches(attention(q_view, k, v, causal=CAUSAL_ARG[mode]), reference(q, k, v, mode)[0],
+                       torch.bfloat16, f"one query, {mode}")
+        assert_matches(attention(q_view, k_one, k_one, causal=CAUSAL_ARG[mode]), reference(q, k_one, k_one, mode)[0],
+                       torch.bfloat16, f"one key, {mode}")
 
 
 @pytest.mark.parametrize("head_dim", attention_module.SUPPORTED_HEAD_DIMS)

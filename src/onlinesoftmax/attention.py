@@ -573,7 +573,8 @@ def rows_ok(*tensors: torch.Tensor) -> bool:
         if not descriptor_ok(t):
             return False
         batch, heads, seq = t.shape[:3]
-        if batch * heads * seq >= 2**31 or (seq > 1 and _head_stride(t) != seq * t.stride(2)):
+        # Even with one row a head: its row stride is the descriptor's, so it must be the head stride.
+        if batch * heads * seq >= 2**31 or _head_stride(t) != seq * t.stride(2):
             return False
     return True
 

@@ -566,17 +566,20 @@ def descriptor_ok(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def rows_ok(*tensors: torch.Tensor) -> bool:
-    """Whether each (B, H, S, D) tensor is a stack of (S, D) heads one after another, for 2-D
-    descriptors over (B * H * S, D): TMA's conditions plus heads that merge with their rows."""
+def heads_follow_rows(*tensors: torch.Tensor) -> bool:
+    """Whether each (B, H, S, D) tensor is a stack of (S, D) heads one after another, as 2-D
+    descriptors over (B * H * S, D) need (on top of descriptor_ok's conditions)."""
     for t in tensors:
-        if not descriptor_ok(t):
-            return False
         batch, heads, seq = t.shape[:3]
         # Even with one row a head: its row stride is the descriptor's, so it must be the head stride.
         if batch * heads * seq >= 2**31 or _head_stride(t) != seq * t.stride(2):
             return False
     return True
+
+
+def rows_ok(*tensors: torch.Tensor) -> bool:
+    """Whether the tensors allow the forward's row descriptors: TMA's conditions, heads after heads."""
+    return descriptor_ok(*tensors) and heads_follow_rows(*tensors)
 
 
 def _strides(t: torch.Tensor):
@@ -612,9 +615,10 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str,
     ``use_descriptor`` overrides the layout check: False forces pointer loads everywhere."""
     batch, n_heads_q, n_queries, head_dim = q.shape
     n_heads_kv, n_keys = k.shape[1], k.shape[2]
+    tma_ok = descriptor_ok(q, k, v)
     chosen = planner.attention_plan("forward", head_dim, q.dtype, mode != "none", q.device, n_queries, n_keys,
-                                    descriptor_ok(q, k, v) if use_descriptor is None else use_descriptor,
-                                    rows_ok(q, k, v) and use_descriptor is not False)
+                                    tma_ok if use_descriptor is None else use_descriptor,
+                                    tma_ok and use_descriptor is not False and heads_follow_rows(q, k, v))
     planner.record_attention(chosen)
     if chosen.path == "torch":
         return cpu.attention_forward(q, k, v, mode, scale)

@@ -92,6 +92,7 @@ def main():
         return
     x_small = torch.randn(4, 1024, device="cuda")
     x_long = torch.randn(16, 262144, device="cuda")
+    x_long_bf16 = x_long.bfloat16()
     buf = torch.empty(1024, device="cuda")
     x_vocab = torch.randn(1, 151936, device="cuda")
     x_vocab_bf16 = x_vocab.bfloat16()
@@ -107,15 +108,21 @@ def main():
         "torch.softmax 16x262144": lambda: torch.softmax(x_long, -1),
         "onlinesoftmax.softmax 16x262144 (split_row)": lambda: onlinesoftmax.softmax(x_long),
         "onlinesoftmax.softmax 16x262144 looped": lambda: onlinesoftmax.softmax(x_long, strategy="looped"),
+        "onlinesoftmax.softmax 16x262144 bf16": lambda: onlinesoftmax.softmax(x_long_bf16),
         "torch.empty 16x262144": lambda: torch.empty_like(x_long),
         "onlinesoftmax.softmax_topk 1x151936 k1 (split)": lambda: onlinesoftmax.softmax_topk(x_vocab, 1),
         "onlinesoftmax.softmax_topk 1x151936 k1 bf16": lambda: onlinesoftmax.softmax_topk(x_vocab_bf16, 1),
         "onlinesoftmax.softmax_topk 1x25000 k5 (single)": lambda: onlinesoftmax.softmax_topk(x_small_vocab, 5),
         "torch.topk(torch.softmax) 1x151936 k1": lambda: torch.topk(torch.softmax(x_vocab, -1), 1),
     }
+    try:  # a peer's host cost beside ours, where it is installed
+        from quack.softmax import softmax_fwd
+        cases["quack softmax_fwd 16x262144 bf16"] = lambda: softmax_fwd(x_long_bf16)
+    except Exception as exc:
+        print(f"quack not importable ({type(exc).__name__}): its host cost is not measured")
     for name, fn in cases.items():
         print(f"{name:48s} {per_call_us(fn, 3000 if 'x262144' not in name else 300):8.1f} us issued per call")
-    print_profile(lambda: onlinesoftmax.softmax(x_long), 25)
+    print_profile(lambda: onlinesoftmax.softmax(x_long_bf16), 25)
     print_profile(lambda: onlinesoftmax.softmax_topk(x_vocab_bf16, 1), 20)
     if args.modules:
         topk_cases = {name: fn for name, fn in cases.items() if "topk" in name}

@@ -107,3 +107,5 @@ def poisoned_outputs(monkeypatch):
         return torch.full(shape, poison, dtype=dtype, device=device)
 
     monkeypatch.setattr(buffers, "empty", nan_filled)
+    # Scratch kept between launches (row_exchange) is made again from the NaN-filled buffers.
+    monkeypatch.setattr(buffers, "_EXCHANGE", {})

@@ -113,6 +113,42 @@ def test_row_on_chip_packs_rows_and_loops_persistently(gen):
     assert_matches(out, torch.softmax(x.double(), -1), torch.float32)
 
 
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_row_on_chip_holding_the_input_dtype(op, dtype, monkeypatch, gen):
+    # The plan holds only long bf16 rows in their own dtype; forced here at every width and dtype,
+    # on a strided view with special values in some rows, so that the held path is judged as the
+    # other one is.
+    monkeypatch.setattr(plan, "ROW_ON_CHIP_HOLD_INPUT_MIN_COLS", {d: 1 for d in DTYPES})
+    plan._choose.cache_clear()
+    softmax_module._RECIPES.clear()
+    try:
+        x = layout(make_logits((6, 2, 37), dtype, gen), "sliced", -1)
+        x[0, 0, 3] = float("-inf")
+        x[1, 1] = float("-inf")
+        x[2, 0, 5] = float("nan")
+        x[3, 1, 36] = float("inf")
+        if op == "logsumexp":
+            out, ref = onlinesoftmax.logsumexp(x, -1, strategy="row_on_chip"), torch.logsumexp(x.double(), -1)
+        else:
+            out = OPS[op][0](x, -1, strategy="row_on_chip", temperature=0.7)
+            ref = OPS[op][1](x.double() / 0.7, -1)
+        assert plan.last_plan().hold_input
+        assert_matches(out, ref, dtype, f"{op} held in {dtype}")
+    finally:
+        plan._choose.cache_clear()
+        softmax_module._RECIPES.clear()
+
+
+def test_row_on_chip_holds_only_long_bf16_rows():
+    cuda = torch.device("cuda")
+    held = {(dtype, cols): plan._choose("softmax", 64, cols, dtype, cuda, "auto", None, 132, False).hold_input
+            for dtype in DTYPES for cols in (4096, 32768)}
+    assert held == {(d, c): d == torch.bfloat16 and c == 32768 for d in DTYPES for c in (4096, 32768)}
+    assert not plan._choose("softmax_backward", 64, 32768, torch.bfloat16, cuda, "auto", None, 132, False).hold_input
+
+
 @pytest.mark.parametrize("strategy", strategies_here())
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
 def test_special_values_match_torch(op, strategy):
@@ -430,7 +466,9 @@ def small_split_tiles(monkeypatch):
 def assert_counters_left_zero():
     # Every launch must leave its stream's counters zero, or the next launch waits forever.
     torch.cuda.synchronize()
-    for counters in softmax_module._buffers._COUNTERS.values():
+    exchanges = softmax_module._buffers._EXCHANGE.values()
+    assert exchanges, "no launch used the stream's kept counters"
+    for _, counters in exchanges:
         assert not counters.any(), "split_row_on_chip left a counter set"
 
 
@@ -524,23 +562,25 @@ def test_more_than_2_31_elements(shape, strategy):
 
 
 @gpu_only
+@pytest.mark.parametrize("copy", [0, 1])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
-def test_opaque_widening_is_exact_for_every_16_bit_pattern(dtype):
-    # The backward kernels widen y and dy through inline PTX on the GPU (the interpreter, and so
-    # CI, takes .to(tl.float32)): both must give the same fp32 bits for every value, NaN aside.
+def test_opaque_widening_is_exact_for_every_16_bit_pattern(dtype, copy):
+    # The kernels that hold 16-bit tiles widen them through inline PTX on the GPU (the interpreter,
+    # and so CI, takes .to(tl.float32)), by two instruction sequences (COPY): each must give the
+    # same fp32 bits as torch for every value, NaN aside.
     import triton
     import triton.language as tl
 
     from onlinesoftmax._triton import widen_opaque
 
     @triton.jit
-    def widen_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+    def widen_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr, COPY: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(out_ptr + offs, widen_opaque(tl.load(x_ptr + offs), True))
+        tl.store(out_ptr + offs, widen_opaque(tl.load(x_ptr + offs), True, COPY))
 
     x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype).cuda()
     out = torch.full(x.shape, float("nan"), device="cuda")
-    widen_kernel[(x.numel() // 1024,)](x, out, BLOCK=1024)
+    widen_kernel[(x.numel() // 1024,)](x, out, BLOCK=1024, COPY=copy)
     expected = x.float()
     nan = expected.isnan()
     assert torch.equal(out.isnan(), nan)

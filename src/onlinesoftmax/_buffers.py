@@ -14,24 +14,32 @@ def empty(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-_COUNTERS: dict = {}
+_EXCHANGE: dict = {}
 
 
-def zeroed_counters(n: int, device: torch.device) -> torch.Tensor:
-    """``n`` int32 counters that are zero when the next kernel on the current stream starts.
+def row_exchange(parts: int, counters: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scratch for programs of one launch that meet in device memory (split_row_on_chip): ``parts``
+    float32 slots for their partials and ``counters`` int32 counters that are zero when the next
+    kernel on the current stream starts.
 
-    For kernels that leave their counters zero when they finish (split_row_on_chip's tickets and
-    row arrivals): one buffer per (device, stream) then serves every launch, since a stream runs
-    its kernels one after another, and no launch pays for zeroing it. Under CUDA graph capture a
-    fresh zeroed buffer is recorded with the graph instead (its memset node runs at every replay),
-    so that a graph replayed on another stream never shares counters with eager launches.
+    The kernels that use them write every partial before any program reads it and leave their
+    counters zero when they finish, so one pair per (device, stream) serves every launch, since a
+    stream runs its kernels one after another: a call pays for neither an allocation nor a zeroing
+    (on the H100 machine's host one allocation cost about as much as the launch). Under CUDA graph
+    capture a fresh pair is recorded with the graph instead (its memset node runs at every replay),
+    so that a graph replayed on another stream never shares them with eager launches. The partials
+    come from :func:`empty`, like every other buffer (the tests fill those with NaN).
     """
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return torch.zeros(n, dtype=torch.int32, device=device)
+        return empty((parts,), torch.float32, device), torch.zeros(counters, dtype=torch.int32, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (index, torch._C._cuda_getCurrentRawStream(index))  # the stream handle, without a Stream object
-    counters = _COUNTERS.get(key)
-    if counters is None or counters.numel() < n:
-        counters = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _COUNTERS[key] = counters
-    return counters
+    pair = _EXCHANGE.get(key)
+    if pair is None or pair[0].numel() < parts or pair[1].numel() < counters:
+        old_parts, old_counters = pair if pair is not None else (None, None)
+        if old_parts is None or old_parts.numel() < parts:
+            old_parts = empty((max(parts, 4096),), torch.float32, device)
+        if old_counters is None or old_counters.numel() < counters:
+            old_counters = torch.zeros(max(counters, 1024), dtype=torch.int32, device=device)
+        pair = _EXCHANGE[key] = (old_parts, old_counters)
+    return pair

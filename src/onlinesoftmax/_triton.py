@@ -173,19 +173,27 @@ def stream_grad_dot(y_row, dy_row, y_stride, dy_stride, start, stop,
 
 
 @triton.jit
-def widen_opaque(x, OPAQUE: tl.constexpr):
+def widen_opaque(x, OPAQUE: tl.constexpr, COPY: tl.constexpr = 0):
     """``x`` as fp32 (the same values as ``x.to(tl.float32)``). With OPAQUE, a 16-bit ``x`` is
     converted by inline PTX, which the compiler cannot merge with an earlier conversion of the same
     value: a tile converted once before a wait and again after it stays in registers at 16 bits
-    across the wait (half the registers). The interpreter runs no PTX: pass OPAQUE=False there."""
+    across the wait (half the registers). COPY 1 converts with other instructions than COPY 0, so
+    that neither LLVM nor ptxas merges the two either: for a tile widened once before a wait and
+    once after it in straight-line code. The interpreter runs no PTX: pass OPAQUE=False there."""
     # Two 16-bit values per 32-bit register in, two fp32 out (a bf16 is an fp32's top half).
     if OPAQUE and x.dtype == tl.bfloat16:
-        return tl.inline_asm_elementwise("shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000;", "=r,=r,r", [x],
-                                         dtype=tl.float32, is_pure=True, pack=2)
+        if COPY == 0:
+            asm: tl.constexpr = "shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000;"
+        else:  # byte permutes: low half to the top with zeros below, high half kept with zeros below
+            asm: tl.constexpr = "prmt.b32 $0, $2, 0, 0x1044; prmt.b32 $1, $2, 0, 0x3244;"
+        return tl.inline_asm_elementwise(asm, "=r,=r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
     elif OPAQUE and x.dtype == tl.float16:
-        return tl.inline_asm_elementwise(
-            "{ .reg .f16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }", "=r,=r,r", [x],
-            dtype=tl.float32, is_pure=True, pack=2)
+        if COPY == 0:
+            asm: tl.constexpr = "{ .reg .f16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }"
+        else:  # halves taken by shifts rather than a register split
+            asm: tl.constexpr = ("{ .reg .b32 t; .reg .b16 lo, hi; cvt.u16.u32 lo, $2; shr.b32 t, $2, 16; "
+                                 "cvt.u16.u32 hi, t; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }")
+        return tl.inline_asm_elementwise(asm, "=r,=r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
     else:
         return x.to(tl.float32)
 
@@ -219,7 +227,7 @@ def stream_write_grad(y_row, dy_row, dx_row, y_stride, dy_stride, dx_stride, sta
 # (scripts/sweep_split_on_chip.py sync): polls of neighbouring rows no longer queue on one line. The
 # counters are zero when a launch starts and every launch leaves them zero (the last ticket and
 # each row's last arrival reset them), so one buffer serves a stream's launches one after another
-# (see _buffers.zeroed_counters). No program waits on a counter after its job is done: resetting
+# (see _buffers.row_exchange). No program waits on a counter after its job is done: resetting
 # costs no extra round trip through L2.
 
 

@@ -55,6 +55,15 @@ BACKWARD_OPS = ("softmax_backward", "log_softmax_backward")
 ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
 # Backward holds two tiles (y and dy) on chip, so it stops a factor of two earlier.
 BACKWARD_ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
+# row_on_chip keeps rows of at least this many columns in their own dtype between the maximum, the
+# sum and the write, widening the tile for each use (the exponentials are computed twice): where
+# that halves the registers, more programs fit on an SM and one's loads overlap another's writes.
+# ptxas for sm_90 (scripts/kernel_resources.py), bf16 forward, 32 warps: 1024x32768 63 -> 32
+# registers (1 -> 2 programs an SM), and on the H100 58.3 -> 51.3 us under CUDA graphs (2302 ->
+# 2619 GB/s; 16 warps: 64.4, scripts/sweep_held_tiles.py); 4096x16384 32 registers either way.
+# float16 gains nothing (54 registers: ptxas merges its two conversions), float32 has nothing to
+# narrow.
+ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 # row_on_chip packs short rows until a program's tile has about this many elements.
 ROW_TILE_ELEMENTS = 4096
 # (tile elements up to, num_warps): about 16 elements per thread, 4 16-byte loads of fp32.
@@ -104,6 +113,11 @@ SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
 # benchmarks/results/tune_split_on_chip_max_before_scale-h100.json), us, on chip / split_row:
 # bf16 256x151936 82.2 / 94.7, 64x128256 21.6 / 19.7, 16x262144 12.2 / 12.5; fp32 256x151936 went
 # from 149.7 to 129.2 (40 registers instead of 57). Every forward now takes it where it applies.
+# The 2-byte chunk now also waits for its row at 16 bits (widen_opaque: 40 registers instead of 60
+# at 8192 x 8 warps, 6 programs an SM instead of 4). H100, CUDA-graph replays, us, 16-bit / fp32
+# wait (scripts/sweep_held_tiles.py, benchmarks/results/sweep_held_tiles-h100.log): bf16 256x151936
+# 70.6 / 82.8, 64x128256 18.0 / 20.4, 16x262144 11.9 / 12.0; the tile stays at 8192 x 8 warps
+# (16384 x 16: 74.7, 20.1, 12.1; 4096 x 8: 81.8, 19.6, 12.1).
 
 # The interpreter runs on a CPU with no SMs; a small count keeps persistent loops and split rows
 # exercised at test sizes.
@@ -174,6 +188,7 @@ class Plan:
     chunk_size: int = 0
     num_chunks: int = 1
     launches: int = 1
+    hold_input: bool = False  # row_on_chip: the tile waits in the input dtype (2-byte types)
 
     @property
     def passes(self) -> int:
@@ -261,6 +276,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         block = next_power_of_2(cols)
         rows_per_program = min(max(1, ROW_TILE_ELEMENTS // block), next_power_of_2(rows))
         warps = _warps_for_tile(block * rows_per_program)
+        hold_input = not backward and block >= ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, block + 1)
         row_blocks = _cdiv(rows, rows_per_program)
         programs = row_blocks
         if rows_per_program > 1:
@@ -268,7 +284,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
             # 32768-column rows ran at 2237 GB/s against 2722 for one program per row.
             programs = min(row_blocks, sms * max(1, min(MAX_PROGRAMS_PER_SM, 64 // warps)))
         return Plan(op, strategy, "one_pass", rows, cols, dtype, block, rows_per_program, warps,
-                    (max(programs, 1),))
+                    (max(programs, 1),), hold_input=hold_input)
 
     if strategy == "split_row_on_chip":
         if algorithm != "auto" and not backward:

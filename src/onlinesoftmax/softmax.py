@@ -63,9 +63,11 @@ def row_on_chip_softmax_kernel(
     inv_temperature,
     BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr,
     LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
+    HOLD_INPUT: tl.constexpr, OPAQUE_WIDEN: tl.constexpr,
 ):
     # One read and one write per element: the [rows, cols] tile stays in registers between the
-    # max, the sum and the write. Persistent: each program loops over row blocks.
+    # max, the sum and the write. Persistent: each program loops over row blocks. HOLD_INPUT keeps
+    # the tile in the input dtype and widens it for each use (see split_row_on_chip_softmax_kernel).
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_COLS)
     col_mask = cols < n_cols
@@ -74,19 +76,32 @@ def row_on_chip_softmax_kernel(
         mask = (rows < n_rows)[:, None] & col_mask[None, :]
         p_x = x_ptr + row_offset(rows, inner, x_stride_outer, x_stride_inner)[:, None] \
             + col_offset(cols, x_stride_col, CONTIGUOUS)[None, :]
-        # Scaled before the maximum here: taking it unscaled, as split_row_on_chip does, cost this
-        # kernel registers instead (ptxas for sm_90, 65536x256: 48 -> 59 fp32, 32 -> 37 bf16).
-        b_x = tl.load(p_x, mask=mask, other=NEG_INF).to(tl.float32) * inv_temperature  # [R, C]
-        if WRITE_LSE:
-            b_m = max_keep_nan(b_x, 1)  # [R]
+        b_in = tl.load(p_x, mask=mask, other=NEG_INF)  # [R, C]
+        if HOLD_INPUT:
+            # Unscaled maximum, then scaled: the same number (see split_row_on_chip_softmax_kernel).
+            b_x = b_in.to(tl.float32)
+            if WRITE_LSE:
+                b_m = max_keep_nan(b_x, 1) * inv_temperature  # [R]
+            else:
+                b_m = tl.max(b_x, 1) * inv_temperature
+            b_x = widen_opaque(b_in, OPAQUE_WIDEN, 1) * inv_temperature
         else:
-            # A NaN already turns the sum, and so the whole row, into NaN: the plain max will do.
-            b_m = tl.max(b_x, 1)
+            # Scaled before the maximum here: taking it unscaled, as split_row_on_chip does, cost this
+            # kernel registers instead (ptxas for sm_90, 65536x256: 48 -> 59 fp32, 32 -> 37 bf16).
+            b_x = b_in.to(tl.float32) * inv_temperature
+            if WRITE_LSE:
+                b_m = max_keep_nan(b_x, 1)  # [R]
+            else:
+                # A NaN already turns the sum, and so the whole row, into NaN: the plain max will do.
+                b_m = tl.max(b_x, 1)
         b_e = tl.exp(b_x - b_m[:, None])
         b_d = tl.sum(b_e, 1)  # an all -inf row gives NaN here, as torch.softmax does
         if WRITE_LSE:
             tl.store(lse_ptr + rows, finish_lse(b_m, tl.sum(tl.where(mask, b_e, 0.0), 1)), mask=rows < n_rows)
         if WRITE_Y:
+            if HOLD_INPUT:
+                b_x = widen_opaque(b_in, OPAQUE_WIDEN, 0) * inv_temperature
+                b_e = tl.exp(b_x - b_m[:, None])
             if LOG:
                 b_y = (b_x - b_m[:, None]) - tl.log(b_d)[:, None]
             else:
@@ -196,7 +211,7 @@ def split_row_on_chip_softmax_kernel(
     y_stride_outer, y_stride_col, y_stride_inner,
     chunk_size, num_chunks, inv_temperature,
     BLOCK_COLS: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr,
-    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
+    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr, OPAQUE_WIDEN: tl.constexpr,
 ):
     # A row too long for one program's registers, held by num_chunks programs at once: each keeps
     # its chunk in registers, publishes the chunk's (m, d), waits for the rest of the row, merges
@@ -204,8 +219,11 @@ def split_row_on_chip_softmax_kernel(
     # and one write per element, as row_on_chip, where split_row reads the row twice.
     row, chunk, cols, mask = claim_chunk(sync_ptr, n_cols, chunk_size, num_chunks, BLOCK_COLS)
     x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
-    b_x = tl.load(x_row + col_offset(cols, x_stride_col, CONTIGUOUS), mask=mask, other=NEG_INF)
-    b_x = b_x.to(tl.float32)
+    # The chunk waits for the row in the input dtype (widened again after the wait, opaquely on the
+    # GPU: see widen_opaque), as in split_row_on_chip_backward_kernel: half the registers for 2-byte
+    # inputs, so more programs (and their loads) fit on an SM.
+    b_in = tl.load(x_row + col_offset(cols, x_stride_col, CONTIGUOUS), mask=mask, other=NEG_INF)
+    b_x = b_in.to(tl.float32)
     # The maximum is taken of the unscaled chunk and then scaled: the same number, as rounding
     # x * (1/T) is monotone in x for T > 0, but ptxas otherwise keeps the chunk twice (scaled for
     # the maximum, unscaled for the exponentials), 96 registers a thread instead of 72 (fp32, 4
@@ -215,12 +233,15 @@ def split_row_on_chip_softmax_kernel(
     else:
         # A NaN makes its chunk's d, and through the merge the whole row, NaN: tl.max will do.
         m = tl.max(b_x, 0) * inv_temperature
-    b_x = b_x * inv_temperature
+    # Widened again (COPY 1), not reusing b_x: the chunk then lives at 16 bits from the maximum on,
+    # not as fp32 through the maximum's exchange between warps.
+    b_x = widen_opaque(b_in, OPAQUE_WIDEN, 1) * inv_temperature
     d = tl.sum(tl.exp(b_x - tl.where(m == NEG_INF, 0.0, m)), 0)  # an all -inf chunk is (-inf, 0)
     n_parts = tl.num_programs(0).to(tl.int64)  # the two planes of parts: m, then d
     store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
     wait_for_row(sync_ptr, row, num_chunks)
     m, d = merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2, True)
+    b_x = widen_opaque(b_in, OPAQUE_WIDEN, 0) * inv_temperature
     if WRITE_LSE:
         if chunk == 0:
             tl.store(lse_ptr + row, finish_lse(m, d))
@@ -470,9 +491,10 @@ _split_row_backward_dot = Launcher(split_row_backward_dot_kernel)
 _split_row_backward_apply = Launcher(split_row_backward_apply_kernel)
 
 
-def _row_counters(rows: int, device: torch.device) -> torch.Tensor:
-    # split_row_on_chip's ticket counter and one arrival counter per row (see _triton.take_ticket).
-    return _buffers.zeroed_counters(COUNTER_STRIDE.value * (1 + rows), device)
+def _row_exchange(plan: planner.Plan, planes: int, device: torch.device):
+    # split_row_on_chip's partials (``planes`` floats per chunk) and its counters: the ticket
+    # counter and one arrival counter per row (see _triton.take_ticket).
+    return _buffers.row_exchange(planes * plan.rows * plan.num_chunks, COUNTER_STRIDE.value * (1 + plan.rows), device)
 
 
 def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
@@ -507,18 +529,19 @@ def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
         _row_on_chip_softmax(
             chosen.grid, launch_key, x, y, lse, chosen.rows, n_cols, inner, *recipe.in_strides, *recipe.out_strides,
             inv_t, BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
-            num_warps=chosen.num_warps, **common)
+            HOLD_INPUT=chosen.hold_input, OPAQUE_WIDEN=planner.inline_ptx_allowed(), num_warps=chosen.num_warps,
+            **common)
     elif chosen.strategy == "looped":
         _looped_softmax(
             chosen.grid, launch_key, x, y, lse, n_cols, inner, *recipe.in_strides, *recipe.out_strides, inv_t,
             BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", num_warps=chosen.num_warps, **common)
     elif chosen.strategy == "split_row_on_chip":
-        parts = _buffers.empty((2, chosen.rows, chosen.num_chunks), torch.float32, x.device)
+        parts, counters = _row_exchange(chosen, 2, x.device)  # (m, d) per chunk
         _split_row_on_chip_softmax(
-            chosen.grid, launch_key, x, y, lse, parts, _row_counters(chosen.rows, x.device),
+            chosen.grid, launch_key, x, y, lse, parts, counters,
             n_cols, inner, *recipe.in_strides, *recipe.out_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
             BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=planner.next_power_of_2(chosen.num_chunks),
-            num_warps=chosen.num_warps, **common)
+            OPAQUE_WIDEN=planner.inline_ptx_allowed(), num_warps=chosen.num_warps, **common)
     else:
         # One buffer for the three planes, no views of it: on the H100 machine's host each tensor
         # view cost about 5 us per call, as much as a launch.
@@ -574,9 +597,9 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temp
             chosen.grid, launch_key, y, dy, dx, n_cols, inner, *y_strides, *dy_strides, *dx_strides, inv_t,
             BLOCK=chosen.block_cols, CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
     elif chosen.strategy == "split_row_on_chip":
-        parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, y.device)
+        parts, counters = _row_exchange(chosen, 1, y.device)  # the dot per chunk
         _split_row_on_chip_backward(
-            chosen.grid, launch_key, y, dy, dx, parts, _row_counters(chosen.rows, y.device),
+            chosen.grid, launch_key, y, dy, dx, parts, counters,
             n_cols, inner, *y_strides, *dy_strides, *dx_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
             BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=planner.next_power_of_2(chosen.num_chunks),
             CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=planner.inline_ptx_allowed(),

@@ -1,0 +1,99 @@
+"""Tiles held at 16 bits (GPU): the on-chip forward kernels with the chunk kept in its input dtype
+while it waits, against the same kernels holding fp32, on the bench shapes where it matters.
+
+    python scripts/sweep_held_tiles.py
+
+split_row_on_chip (2-byte forward): the chunk waits for its row at 16 bits (widen_opaque; 40
+registers a thread instead of 60 at 8192 x 8 warps, ptxas for sm_90), timed at several tile and
+warp sizes; "fp32 hold" runs the same kernel with the inline-PTX widening off, which lets the
+compiler keep the fp32 chunk across the wait as before. row_on_chip (bf16 1024x32768): the row
+held at 16 bits (32 registers at 32 warps: 2 programs an SM instead of 1) or as fp32.
+
+Each line: CUDA-graph replays over rotated inputs (the kernel) and do_bench with L2 flushes (eager,
+what the bench reports), GB/s counting x read once and y written once, and the relative error
+against float64 on the first input. Float32 rows are a control: their code path did not change.
+"""
+
+import contextlib
+import importlib
+from unittest import mock
+
+import torch
+
+import onlinesoftmax
+from onlinesoftmax import plan
+from onlinesoftmax.bench.harness import copy_bandwidth_gbs, graph_time_ms, relative_error, rotation_count, time_ms
+
+softmax_module = importlib.import_module("onlinesoftmax.softmax")
+
+
+@contextlib.contextmanager
+def settings(fp32_hold=False, **constants):
+    saved = {name: getattr(plan, name) for name in constants}
+    for name, value in constants.items():
+        setattr(plan, name, value)
+    plan._choose.cache_clear()
+    softmax_module._RECIPES.clear()
+    patch = mock.patch.object(plan, "inline_ptx_allowed", lambda: False) if fp32_hold else contextlib.nullcontext()
+    try:
+        with patch:
+            yield
+    finally:
+        for name, value in saved.items():
+            setattr(plan, name, value)
+        plan._choose.cache_clear()
+        softmax_module._RECIPES.clear()
+
+
+def split_variants():
+    yield "plan (16-bit hold)", {}
+    yield "plan, fp32 hold", dict(fp32_hold=True)
+    for tile_bytes, warp_bytes in ((16384, 1024), (32768, 2048), (32768, 4096), (32768, 1024), (8192, 1024),
+                                   (8192, 512)):
+        yield f"tile {tile_bytes} B, warp {warp_bytes} B", dict(
+            SPLIT_ON_CHIP_TILE_BYTES={"forward": tile_bytes, "backward": plan.SPLIT_ON_CHIP_TILE_BYTES["backward"]},
+            SPLIT_ON_CHIP_WARP_BYTES={"forward": warp_bytes, "backward": plan.SPLIT_ON_CHIP_WARP_BYTES["backward"]})
+
+
+def row_variants():
+    yield "plan (16-bit hold)", {}
+    yield "fp32 hold", dict(ROW_ON_CHIP_HOLD_INPUT_MIN_COLS={})
+    yield "16-bit hold, 16 warps", dict(WARPS_BY_TILE_ELEMENTS=((512, 1), (1024, 2), (2048, 4), (4096, 8), (8192, 16),
+                                                               (65536, 16)))
+
+
+CASES = [
+    (torch.bfloat16, 64, 128256, split_variants),
+    (torch.bfloat16, 16, 262144, split_variants),
+    (torch.bfloat16, 256, 151936, split_variants),
+    (torch.bfloat16, 1024, 32768, row_variants),
+    (torch.float32, 64, 128256, lambda: iter([("plan (fp32: unchanged)", {})])),
+    (torch.float32, 256, 151936, lambda: iter([("plan (fp32: unchanged)", {})])),
+]
+
+
+def main():
+    copy = copy_bandwidth_gbs()
+    print(f"copy bandwidth {copy:.0f} GB/s; {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(20261125)
+    for dtype, rows, cols, variants in CASES:
+        nbytes = 2 * rows * cols * dtype.itemsize
+        xs = [(torch.randn(rows, cols, device="cuda", dtype=torch.float32, generator=gen).mul_(2).to(dtype),)
+              for _ in range(rotation_count(nbytes))]
+        ref = torch.softmax(xs[0][0].double(), -1)
+        for name, values in variants():
+            with settings(**values):
+                call = lambda x: onlinesoftmax.softmax(x)  # noqa: E731
+                err = relative_error(call(*xs[0]), ref)
+                chosen = plan.last_plan()
+                graph = graph_time_ms(call, xs)
+                eager = time_ms(call, xs)
+            shape = f"{str(dtype)[6:]} {rows}x{cols}"
+            config = f"{chosen.strategy} {chosen.block_cols}x{chosen.num_warps}w"
+            print(f"{shape:18s} {name:26s} {config:28s} graph {graph * 1e3:7.1f} us {nbytes / graph / 1e6:5.0f} GB/s"
+                  f"   eager {eager * 1e3:7.1f} us {nbytes / eager / 1e6:5.0f} GB/s   err {err:.1e}", flush=True)
+        del xs
+
+
+if __name__ == "__main__":
+    main()

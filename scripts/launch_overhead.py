@@ -125,7 +125,7 @@ def main():
     print_profile(lambda: onlinesoftmax.softmax(x_long_bf16), 25)
     print_profile(lambda: onlinesoftmax.softmax_topk(x_vocab_bf16, 1), 20)
     if args.modules:
-        topk_cases = {name: fn for name, fn in cases.items() if "topk" in name}
+        topk_cases = {name: fn for name, fn in cases.items() if "topk" in name or "bf16" in name}
         for module in args.modules:
             importlib.import_module(module)
             print(f"imported {module}")

@@ -1,7 +1,7 @@
 """Tuning data for plan.py's constants (GPU): time the forward softmax on the shapes where a setting
 is in doubt, under alternative values of the constants, in one process.
 
-    python scripts/tune_softmax.py [--out tune.json] [--strategy split_row_on_chip] [--backward]
+    python scripts/tune_softmax.py [--out tune.json] [--strategy split_row_on_chip] [--backward] [--shapes 4096x4096]
 
 Each line is one shape and one constant set; GB/s counts x read once and y written once (backward:
 y and dy read, dx written). Times are
@@ -59,6 +59,16 @@ def on_chip_variants(max_cols):
                        ROW_ON_CHIP_MAX_COLS=max_cols)
 
 
+def on_chip_grid_variants():
+    # Short rows: rows packed per program (tile), persistent loop or one program per row block,
+    # warps per tile.
+    base = plan.WARPS_BY_TILE_ELEMENTS
+    for tile, persistent, warps_scale in itertools.product((1024, 2048, 4096), (True, False), (0.5, 1)):
+        table = tuple((limit, max(1, min(32, int(w * warps_scale)))) for limit, w in base)
+        yield dict(ROW_TILE_ELEMENTS=tile, ROW_ON_CHIP_PERSISTENT={"forward": persistent, "backward": persistent},
+                   WARPS_BY_TILE_ELEMENTS=table)
+
+
 def split_on_chip_variants():
     for tile_bytes, warp_bytes in itertools.product((8192, 16384, 32768), (1024, 2048, 4096)):
         yield dict(SPLIT_ON_CHIP_TILE_BYTES={"forward": tile_bytes, "backward": tile_bytes},
@@ -82,9 +92,12 @@ CASES = [
     (torch.float32, 256, 151936, "looped", looped_variants),
     (torch.bfloat16, 1024, 32768, "looped", looped_variants),
     (torch.bfloat16, 1024, 32768, "row_on_chip", lambda: on_chip_variants({4: 32768, 2: 32768})),
-    (torch.bfloat16, 4096, 4096, "row_on_chip", lambda: on_chip_variants(plan.ROW_ON_CHIP_MAX_COLS)),
-    (torch.float32, 32768, 1024, "row_on_chip", lambda: on_chip_variants(plan.ROW_ON_CHIP_MAX_COLS)),
-    (torch.bfloat16, 65536, 256, "row_on_chip", lambda: on_chip_variants(plan.ROW_ON_CHIP_MAX_COLS)),
+    (torch.float32, 4096, 4096, "row_on_chip", on_chip_grid_variants),
+    (torch.bfloat16, 4096, 4096, "row_on_chip", on_chip_grid_variants),
+    (torch.float32, 32768, 1024, "row_on_chip", on_chip_grid_variants),
+    (torch.bfloat16, 32768, 1024, "row_on_chip", on_chip_grid_variants),
+    (torch.float32, 65536, 256, "row_on_chip", on_chip_grid_variants),
+    (torch.bfloat16, 65536, 256, "row_on_chip", on_chip_grid_variants),
 ]
 
 
@@ -95,7 +108,7 @@ def describe(values):
             value = "/".join(str(w) for _, w in value)
         elif isinstance(value, dict):
             value = value.get(2, value.get("forward"))
-        parts.append(f"{name}={value}")
+        parts.append(f"{name}={int(value) if isinstance(value, bool) else value}")
     return " ".join(parts)
 
 
@@ -104,12 +117,15 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--strategy", default=None, help="only the cases of this strategy")
     parser.add_argument("--backward", action="store_true", help="time softmax backward instead")
+    parser.add_argument("--shapes", default=None, help="only these ROWSxCOLS, comma-separated")
     args = parser.parse_args()
     copy = copy_bandwidth_gbs()
     print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
     results = []
     for dtype, rows, cols, strategy, variants in CASES:
         if args.strategy and strategy != args.strategy:
+            continue
+        if args.shapes and f"{rows}x{cols}" not in args.shapes.split(","):
             continue
         nbytes = (3 if args.backward else 2) * rows * cols * dtype.itemsize
         count = rotation_count(nbytes)

@@ -49,7 +49,7 @@ class Launcher:
             self.fn[grid](*args, **meta)
             return
         device = torch._C._cuda_getDevice()
-        if args[0].device.index != device:
+        if args[0].get_device() != device:
             # Triton launches on the current device; run where the tensors are, as torch ops do.
             with torch.cuda.device(args[0].device):
                 return self(grid, key, *args, **meta)

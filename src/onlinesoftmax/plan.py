@@ -68,8 +68,14 @@ ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 ROW_TILE_ELEMENTS = 4096
 # (tile elements up to, num_warps): about 16 elements per thread, 4 16-byte loads of fp32.
 WARPS_BY_TILE_ELEMENTS = ((512, 1), (1024, 2), (2048, 4), (4096, 8), (8192, 16), (65536, 32))
-# Resident programs per SM aimed at by the persistent grid (bounded by 64 warps per SM).
-MAX_PROGRAMS_PER_SM = 8
+# Whether packed short rows (several per program) loop persistently over row blocks (a grid of at
+# most MAX_PROGRAMS_PER_SM per SM), or take one program per row block. H100, forward, CUDA graphs,
+# GB/s, persistent / one program per row block at the same tile and warps (scripts/tune_softmax.py
+# --strategy row_on_chip, 2026-11-25 09:39 UTC, benchmarks/results/tune_row_on_chip-h100.json):
+# fp32 32768x1024 2654 / 2846, 65536x256 2651 / 2755; bf16 32768x1024 2560 / 2747, 65536x256 2512 /
+# 2550 (with 1024-element tiles 2617). The backward keeps the persistent grid until measured.
+ROW_ON_CHIP_PERSISTENT = {"forward": False, "backward": True}
+MAX_PROGRAMS_PER_SM = 8  # bounded by 64 warps per SM
 
 # looped and split_row stream blocks of this many elements per iteration (16 KB in flight).
 STREAM_BLOCK = {4: 4096, 2: 8192}
@@ -279,9 +285,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         hold_input = not backward and block >= ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, block + 1)
         row_blocks = _cdiv(rows, rows_per_program)
         programs = row_blocks
-        if rows_per_program > 1:
-            # Persistent only for packed short rows: on the H100 a persistent grid over whole
-            # 32768-column rows ran at 2237 GB/s against 2722 for one program per row.
+        if rows_per_program > 1 and ROW_ON_CHIP_PERSISTENT["backward" if backward else "forward"]:
+            # Never for whole rows of a program: on the H100 a persistent grid over 32768-column
+            # rows ran at 2237 GB/s against 2722 for one program per row.
             programs = min(row_blocks, sms * max(1, min(MAX_PROGRAMS_PER_SM, 64 // warps)))
         return Plan(op, strategy, "one_pass", rows, cols, dtype, block, rows_per_program, warps,
                     (max(programs, 1),), hold_input=hold_input)

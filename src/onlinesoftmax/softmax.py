@@ -458,6 +458,7 @@ class _Recipe:
     out_strides: tuple
     contiguous: bool
     lse_shape: tuple
+    opaque_widen: bool  # kernels may widen 16-bit tiles through inline PTX (not under the interpreter)
 
 
 _RECIPES: dict = {}
@@ -472,7 +473,8 @@ def _recipe(key, t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: O
         laid_out, inner, in_strides, side = _row_layout(t, dim)
         out_strides = _contiguous_row_strides(t.shape, dim, inner, side)
         recipe = _Recipe(chosen, laid_out is not t, inner, in_strides, out_strides,
-                         in_strides[1] == 1 and out_strides[1] == 1, t.shape[:dim] + t.shape[dim + 1:])
+                         in_strides[1] == 1 and out_strides[1] == 1, t.shape[:dim] + t.shape[dim + 1:],
+                         planner.inline_ptx_allowed())
         if len(_RECIPES) >= _MAX_RECIPES:
             _RECIPES.clear()
         _RECIPES[key] = recipe
@@ -503,7 +505,8 @@ def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
     """Run ``op`` over ``dim`` of ``x``: softmax / log_softmax return y (dtype ``out_dtype``);
     logsumexp returns the fp32 log-sum-exp with ``dim`` removed. Inputs are validated by callers."""
     out_dtype = out_dtype or x.dtype
-    key = (x.shape, x.stride(), x.dtype, x.device, dim, op, out_dtype, algorithm, strategy,
+    device = x.device
+    key = (x.shape, x.stride(), x.dtype, device, dim, op, out_dtype, algorithm, strategy,
            planner.interpreter_active())
     recipe = _recipe(key, x, dim, op, algorithm, strategy)
     chosen = recipe.plan
@@ -512,8 +515,8 @@ def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
     if chosen.strategy == "torch":
         return cpu.forward(x, dim, op, 1.0 / temperature, out_dtype, chosen.algorithm)
     # The output a launch does not write is passed as x: a valid pointer that is never stored to.
-    y = x if write_lse else _buffers.empty(x.shape, out_dtype, x.device)
-    lse = _buffers.empty(recipe.lse_shape, torch.float32, x.device) if write_lse else x
+    y = x if write_lse else _buffers.empty(x.shape, out_dtype, device)
+    lse = _buffers.empty(recipe.lse_shape, torch.float32, device) if write_lse else x
     if x.numel() == 0:
         if write_lse:
             lse.fill_(float("-inf"))
@@ -529,23 +532,23 @@ def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
         _row_on_chip_softmax(
             chosen.grid, launch_key, x, y, lse, chosen.rows, n_cols, inner, *recipe.in_strides, *recipe.out_strides,
             inv_t, BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
-            HOLD_INPUT=chosen.hold_input, OPAQUE_WIDEN=planner.inline_ptx_allowed(), num_warps=chosen.num_warps,
+            HOLD_INPUT=chosen.hold_input, OPAQUE_WIDEN=recipe.opaque_widen, num_warps=chosen.num_warps,
             **common)
     elif chosen.strategy == "looped":
         _looped_softmax(
             chosen.grid, launch_key, x, y, lse, n_cols, inner, *recipe.in_strides, *recipe.out_strides, inv_t,
             BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", num_warps=chosen.num_warps, **common)
     elif chosen.strategy == "split_row_on_chip":
-        parts, counters = _row_exchange(chosen, 2, x.device)  # (m, d) per chunk
+        parts, counters = _row_exchange(chosen, 2, device)  # (m, d) per chunk
         _split_row_on_chip_softmax(
             chosen.grid, launch_key, x, y, lse, parts, counters,
             n_cols, inner, *recipe.in_strides, *recipe.out_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
             BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=planner.next_power_of_2(chosen.num_chunks),
-            OPAQUE_WIDEN=planner.inline_ptx_allowed(), num_warps=chosen.num_warps, **common)
+            OPAQUE_WIDEN=recipe.opaque_widen, num_warps=chosen.num_warps, **common)
     else:
         # One buffer for the three planes, no views of it: on the H100 machine's host each tensor
         # view cost about 5 us per call, as much as a launch.
-        parts = _buffers.empty((3, chosen.rows, chosen.num_chunks), torch.float32, x.device)
+        parts = _buffers.empty((3, chosen.rows, chosen.num_chunks), torch.float32, device)
         chunks_pow2 = planner.next_power_of_2(chosen.num_chunks)
         passes = (PARTIAL_MAX, PARTIAL_SUM) if chosen.algorithm == "safe" else (PARTIAL_ONLINE,)
         for partial_pass in passes:
@@ -569,14 +572,15 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temp
     out_dtype = out_dtype or y.dtype
     # dy (from upstream) can be any view and is laid out by the recipe; y (our own output) and dx
     # are contiguous, so y's shape and dtype complete the key.
-    key = (dy.shape, dy.stride(), dy.dtype, y.dtype, y.device, dim, op, out_dtype, strategy,
+    device = y.device
+    key = (dy.shape, dy.stride(), dy.dtype, y.dtype, device, dim, op, out_dtype, strategy,
            planner.interpreter_active())
     recipe = _recipe(key, dy, dim, op, "auto", strategy)
     chosen = recipe.plan
     planner.record(chosen)
     if chosen.strategy == "torch":
         return cpu.backward(y, dy, dim, log, 1.0 / temperature, out_dtype)
-    dx = _buffers.empty(y.shape, out_dtype, y.device)
+    dx = _buffers.empty(y.shape, out_dtype, device)
     if y.numel() == 0:
         return dx
     if recipe.copy_input:
@@ -590,22 +594,22 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temp
         _row_on_chip_backward(
             chosen.grid, launch_key, y, dy, dx, chosen.rows, n_cols, inner, *y_strides, *dy_strides, *dx_strides,
             inv_t, BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
-            CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=planner.inline_ptx_allowed(),
+            CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=recipe.opaque_widen,
             num_warps=chosen.num_warps)
     elif chosen.strategy == "looped":
         _looped_backward(
             chosen.grid, launch_key, y, dy, dx, n_cols, inner, *y_strides, *dy_strides, *dx_strides, inv_t,
             BLOCK=chosen.block_cols, CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
     elif chosen.strategy == "split_row_on_chip":
-        parts, counters = _row_exchange(chosen, 1, y.device)  # the dot per chunk
+        parts, counters = _row_exchange(chosen, 1, device)  # the dot per chunk
         _split_row_on_chip_backward(
             chosen.grid, launch_key, y, dy, dx, parts, counters,
             n_cols, inner, *y_strides, *dy_strides, *dx_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
             BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=planner.next_power_of_2(chosen.num_chunks),
-            CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=planner.inline_ptx_allowed(),
+            CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=recipe.opaque_widen,
             num_warps=chosen.num_warps)
     else:
-        parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, y.device)
+        parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, device)
         _split_row_backward_dot(
             chosen.grid, launch_key, y, dy, parts, n_cols, inner, *y_strides, *dy_strides,
             chosen.chunk_size, chosen.num_chunks,

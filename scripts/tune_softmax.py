@@ -51,22 +51,20 @@ def looped_variants():
 
 
 def on_chip_variants(max_cols):
+    # Rows long enough for a program each: the row length held on chip and the warps per tile.
     base = plan.WARPS_BY_TILE_ELEMENTS
-    for tile, per_sm in itertools.product((2048, 4096, 8192, 16384), (4, 8)):
-        for warps_scale in (0.5, 1, 2):
-            table = tuple((limit, max(1, min(32, int(w * warps_scale)))) for limit, w in base)
-            yield dict(ROW_TILE_ELEMENTS=tile, MAX_PROGRAMS_PER_SM=per_sm, WARPS_BY_TILE_ELEMENTS=table,
-                       ROW_ON_CHIP_MAX_COLS=max_cols)
+    for warps_scale in (0.5, 1, 2):
+        table = tuple((limit, max(1, min(32, int(w * warps_scale)))) for limit, w in base)
+        yield dict(WARPS_BY_TILE_ELEMENTS=table, ROW_ON_CHIP_MAX_COLS=max_cols)
 
 
 def on_chip_grid_variants():
-    # Short rows: rows packed per program (tile), persistent loop or one program per row block,
-    # warps per tile.
+    # Short rows: rows packed per program (tile) and warps per tile. (The 2026-11-25 runs also
+    # crossed these with a persistent grid, since removed: tune_row_on_chip-h100.json.)
     base = plan.WARPS_BY_TILE_ELEMENTS
-    for tile, persistent, warps_scale in itertools.product((1024, 2048, 4096), (True, False), (0.5, 1)):
+    for tile, warps_scale in itertools.product((1024, 2048, 4096), (0.5, 1)):
         table = tuple((limit, max(1, min(32, int(w * warps_scale)))) for limit, w in base)
-        yield dict(ROW_TILE_ELEMENTS=tile, ROW_ON_CHIP_PERSISTENT={"forward": persistent, "backward": persistent},
-                   WARPS_BY_TILE_ELEMENTS=table)
+        yield dict(ROW_TILE_ELEMENTS=tile, WARPS_BY_TILE_ELEMENTS=table)
 
 
 def split_on_chip_variants():

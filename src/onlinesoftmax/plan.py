@@ -8,8 +8,7 @@ Strategies
 ----------
 ``row_on_chip``
     The whole row is loaded into registers once: max, sum and the normalized write happen on
-    chip, so memory sees one read and one write. Short rows are packed several to a program,
-    and the grid is persistent (at most ``SMs * programs_per_sm`` programs loop over row blocks).
+    chip, so memory sees one read and one write. Short rows are packed several to a program.
 ``looped``
     One program per row, looping over it in blocks: the online pass computes (m, d) per lane and
     merges the lanes at the end, the second pass writes. ``algorithm="safe"`` adds a third pass
@@ -68,14 +67,14 @@ ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 ROW_TILE_ELEMENTS = 4096
 # (tile elements up to, num_warps): about 16 elements per thread, 4 16-byte loads of fp32.
 WARPS_BY_TILE_ELEMENTS = ((512, 1), (1024, 2), (2048, 4), (4096, 8), (8192, 16), (65536, 32))
-# Whether packed short rows (several per program) loop persistently over row blocks (a grid of at
-# most MAX_PROGRAMS_PER_SM per SM), or take one program per row block. H100, forward, CUDA graphs,
-# GB/s, persistent / one program per row block at the same tile and warps (scripts/tune_softmax.py
-# --strategy row_on_chip, 2026-11-25 09:39 UTC, benchmarks/results/tune_row_on_chip-h100.json):
-# fp32 32768x1024 2654 / 2846, 65536x256 2651 / 2755; bf16 32768x1024 2560 / 2747, 65536x256 2512 /
-# 2550 (with 1024-element tiles 2617). The backward keeps the persistent grid until measured.
-ROW_ON_CHIP_PERSISTENT = {"forward": False, "backward": True}
-MAX_PROGRAMS_PER_SM = 8  # bounded by 64 warps per SM
+# One program per block of rows: a persistent grid (at most 8 programs an SM looping over the row
+# blocks, as this planner had until 2026-11-25) measured slower on the H100 in both directions.
+# CUDA graphs, GB/s, persistent / one program per row block at the same tile and warps
+# (scripts/tune_softmax.py --strategy row_on_chip [--backward], 2026-11-25 ~09:40-09:50 UTC,
+# benchmarks/results/tune_row_on_chip-h100.json and tune_row_on_chip_backward-h100.json): forward
+# fp32 32768x1024 2654 / 2846, 65536x256 2651 / 2755, bf16 32768x1024 2560 / 2747, 65536x256 2512 /
+# 2550; backward fp32 32768x1024 2856 / 2952, 65536x256 2789 / 2864, bf16 32768x1024 2729 / 2682
+# (2869 at 2048-element tiles), 65536x256 2674 / 2732.
 
 # looped and split_row stream blocks of this many elements per iteration (16 KB in flight).
 STREAM_BLOCK = {4: 4096, 2: 8192}
@@ -125,7 +124,7 @@ SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
 # 70.6 / 82.8, 64x128256 18.0 / 20.4, 16x262144 11.9 / 12.0; the tile stays at 8192 x 8 warps
 # (16384 x 16: 74.7, 20.1, 12.1; 4096 x 8: 81.8, 19.6, 12.1).
 
-# The interpreter runs on a CPU with no SMs; a small count keeps persistent loops and split rows
+# The interpreter runs on a CPU with no SMs; a small count keeps split rows
 # exercised at test sizes.
 INTERPRETER_SM_COUNT = 4
 
@@ -283,14 +282,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         rows_per_program = min(max(1, ROW_TILE_ELEMENTS // block), next_power_of_2(rows))
         warps = _warps_for_tile(block * rows_per_program)
         hold_input = not backward and block >= ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, block + 1)
-        row_blocks = _cdiv(rows, rows_per_program)
-        programs = row_blocks
-        if rows_per_program > 1 and ROW_ON_CHIP_PERSISTENT["backward" if backward else "forward"]:
-            # Never for whole rows of a program: on the H100 a persistent grid over 32768-column
-            # rows ran at 2237 GB/s against 2722 for one program per row.
-            programs = min(row_blocks, sms * max(1, min(MAX_PROGRAMS_PER_SM, 64 // warps)))
         return Plan(op, strategy, "one_pass", rows, cols, dtype, block, rows_per_program, warps,
-                    (max(programs, 1),), hold_input=hold_input)
+                    (_cdiv(rows, rows_per_program),), hold_input=hold_input)
 
     if strategy == "split_row_on_chip":
         if algorithm != "auto" and not backward:

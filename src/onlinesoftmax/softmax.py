@@ -66,49 +66,47 @@ def row_on_chip_softmax_kernel(
     HOLD_INPUT: tl.constexpr, OPAQUE_WIDEN: tl.constexpr,
 ):
     # One read and one write per element: the [rows, cols] tile stays in registers between the
-    # max, the sum and the write. Persistent: each program loops over row blocks. HOLD_INPUT keeps
-    # the tile in the input dtype and widens it for each use (see split_row_on_chip_softmax_kernel).
-    pid = tl.program_id(0)
+    # max, the sum and the write; one program per block of rows. HOLD_INPUT keeps the tile in the
+    # input dtype and widens it for each use (see split_row_on_chip_softmax_kernel).
     cols = tl.arange(0, BLOCK_COLS)
     col_mask = cols < n_cols
-    for row_block in range(pid, tl.cdiv(n_rows, ROWS_PER_PROGRAM), tl.num_programs(0)):
-        rows = row_block * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
-        mask = (rows < n_rows)[:, None] & col_mask[None, :]
-        p_x = x_ptr + row_offset(rows, inner, x_stride_outer, x_stride_inner)[:, None] \
-            + col_offset(cols, x_stride_col, CONTIGUOUS)[None, :]
-        b_in = tl.load(p_x, mask=mask, other=NEG_INF)  # [R, C]
-        if HOLD_INPUT:
-            # Unscaled maximum, then scaled: the same number (see split_row_on_chip_softmax_kernel).
-            b_x = b_in.to(tl.float32)
-            if WRITE_LSE:
-                b_m = max_keep_nan(b_x, 1) * inv_temperature  # [R]
-            else:
-                b_m = tl.max(b_x, 1) * inv_temperature
-            b_x = widen_opaque(b_in, OPAQUE_WIDEN, 1) * inv_temperature
-        else:
-            # Scaled before the maximum here: taking it unscaled, as split_row_on_chip does, cost this
-            # kernel registers instead (ptxas for sm_90, 65536x256: 48 -> 59 fp32, 32 -> 37 bf16).
-            b_x = b_in.to(tl.float32) * inv_temperature
-            if WRITE_LSE:
-                b_m = max_keep_nan(b_x, 1)  # [R]
-            else:
-                # A NaN already turns the sum, and so the whole row, into NaN: the plain max will do.
-                b_m = tl.max(b_x, 1)
-        b_e = tl.exp(b_x - b_m[:, None])
-        b_d = tl.sum(b_e, 1)  # an all -inf row gives NaN here, as torch.softmax does
+    rows = tl.program_id(0) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    p_x = x_ptr + row_offset(rows, inner, x_stride_outer, x_stride_inner)[:, None] \
+        + col_offset(cols, x_stride_col, CONTIGUOUS)[None, :]
+    b_in = tl.load(p_x, mask=mask, other=NEG_INF)  # [R, C]
+    if HOLD_INPUT:
+        # Unscaled maximum, then scaled: the same number (see split_row_on_chip_softmax_kernel).
+        b_x = b_in.to(tl.float32)
         if WRITE_LSE:
-            tl.store(lse_ptr + rows, finish_lse(b_m, tl.sum(tl.where(mask, b_e, 0.0), 1)), mask=rows < n_rows)
-        if WRITE_Y:
-            if HOLD_INPUT:
-                b_x = widen_opaque(b_in, OPAQUE_WIDEN, 0) * inv_temperature
-                b_e = tl.exp(b_x - b_m[:, None])
-            if LOG:
-                b_y = (b_x - b_m[:, None]) - tl.log(b_d)[:, None]
-            else:
-                b_y = b_e * (1.0 / b_d)[:, None]
-            p_y = y_ptr + row_offset(rows, inner, y_stride_outer, y_stride_inner)[:, None] \
-                + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :]
-            tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=mask)
+            b_m = max_keep_nan(b_x, 1) * inv_temperature  # [R]
+        else:
+            b_m = tl.max(b_x, 1) * inv_temperature
+        b_x = widen_opaque(b_in, OPAQUE_WIDEN, 1) * inv_temperature
+    else:
+        # Scaled before the maximum here: taking it unscaled, as split_row_on_chip does, cost this
+        # kernel registers instead (ptxas for sm_90, 65536x256: 48 -> 59 fp32, 32 -> 37 bf16).
+        b_x = b_in.to(tl.float32) * inv_temperature
+        if WRITE_LSE:
+            b_m = max_keep_nan(b_x, 1)  # [R]
+        else:
+            # A NaN already turns the sum, and so the whole row, into NaN: the plain max will do.
+            b_m = tl.max(b_x, 1)
+    b_e = tl.exp(b_x - b_m[:, None])
+    b_d = tl.sum(b_e, 1)  # an all -inf row gives NaN here, as torch.softmax does
+    if WRITE_LSE:
+        tl.store(lse_ptr + rows, finish_lse(b_m, tl.sum(tl.where(mask, b_e, 0.0), 1)), mask=rows < n_rows)
+    if WRITE_Y:
+        if HOLD_INPUT:
+            b_x = widen_opaque(b_in, OPAQUE_WIDEN, 0) * inv_temperature
+            b_e = tl.exp(b_x - b_m[:, None])
+        if LOG:
+            b_y = (b_x - b_m[:, None]) - tl.log(b_d)[:, None]
+        else:
+            b_y = b_e * (1.0 / b_d)[:, None]
+        p_y = y_ptr + row_offset(rows, inner, y_stride_outer, y_stride_inner)[:, None] \
+            + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :]
+        tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -270,28 +268,26 @@ def row_on_chip_backward_kernel(
     BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
     OPAQUE_WIDEN: tl.constexpr,
 ):
-    pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_COLS)
     col_mask = cols < n_cols
-    for row_block in range(pid, tl.cdiv(n_rows, ROWS_PER_PROGRAM), tl.num_programs(0)):
-        rows = row_block * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
-        mask = (rows < n_rows)[:, None] & col_mask[None, :]
-        p_y = y_ptr + row_offset(rows, inner, y_stride_outer, y_stride_inner)[:, None] \
-            + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :]
-        p_dy = dy_ptr + row_offset(rows, inner, dy_stride_outer, dy_stride_inner)[:, None] \
-            + col_offset(cols, dy_stride_col, CONTIGUOUS)[None, :]
-        # In the input dtype across the row's reduction, as in split_row_on_chip_backward_kernel.
-        b_y = tl.load(p_y, mask=mask, other=0.0)  # [R, C]
-        b_dy = tl.load(p_dy, mask=mask, other=0.0)
-        if LOG:
-            b_dot = tl.sum(b_dy.to(tl.float32), 1)
-        else:
-            b_dot = tl.sum(b_dy.to(tl.float32) * b_y.to(tl.float32), 1)
-        b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), b_dot[:, None],
-                             inv_temperature, LOG)
-        p_dx = dx_ptr + row_offset(rows, inner, dx_stride_outer, dx_stride_inner)[:, None] \
-            + col_offset(cols, dx_stride_col, CONTIGUOUS)[None, :]
-        tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    rows = tl.program_id(0) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    p_y = y_ptr + row_offset(rows, inner, y_stride_outer, y_stride_inner)[:, None] \
+        + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :]
+    p_dy = dy_ptr + row_offset(rows, inner, dy_stride_outer, dy_stride_inner)[:, None] \
+        + col_offset(cols, dy_stride_col, CONTIGUOUS)[None, :]
+    # In the input dtype across the row's reduction, as in split_row_on_chip_backward_kernel.
+    b_y = tl.load(p_y, mask=mask, other=0.0)  # [R, C]
+    b_dy = tl.load(p_dy, mask=mask, other=0.0)
+    if LOG:
+        b_dot = tl.sum(b_dy.to(tl.float32), 1)
+    else:
+        b_dot = tl.sum(b_dy.to(tl.float32) * b_y.to(tl.float32), 1)
+    b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), b_dot[:, None],
+                         inv_temperature, LOG)
+    p_dx = dx_ptr + row_offset(rows, inner, dx_stride_outer, dx_stride_inner)[:, None] \
+        + col_offset(cols, dx_stride_col, CONTIGUOUS)[None, :]
+    tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

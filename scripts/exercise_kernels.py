@@ -23,6 +23,8 @@ def main() -> int:
     # programs each, which meet at their row's counter.
     plan.SPLIT_ON_CHIP_TILE_BYTES = {"forward": 4096, "backward": 2048}  # 1024 / 512 fp32 elements
     plan.SPLIT_ON_CHIP_WARP_BYTES = {"forward": 1024, "backward": 1024}
+    # row_on_chip holds every 2-byte row in its own dtype (the plan: bf16 rows of 32768 only).
+    plan.ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 1, torch.float16: 1}
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for cols in (37, 3 * plan.STREAM_BLOCK[dtype.itemsize] + 17):
             for dim, shape in ((-1, (3, cols)), (0, (cols, 3))):

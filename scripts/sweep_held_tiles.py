@@ -51,8 +51,8 @@ def split_variants():
     for tile_bytes, warp_bytes in ((16384, 1024), (32768, 2048), (32768, 4096), (32768, 1024), (8192, 1024),
                                    (8192, 512)):
         yield f"tile {tile_bytes} B, warp {warp_bytes} B", dict(
-            SPLIT_ON_CHIP_TILE_BYTES={"forward": tile_bytes, "backward": plan.SPLIT_ON_CHIP_TILE_BYTES["backward"]},
-            SPLIT_ON_CHIP_WARP_BYTES={"forward": warp_bytes, "backward": plan.SPLIT_ON_CHIP_WARP_BYTES["backward"]})
+            SPLIT_ON_CHIP_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_TILE_BYTES, forward=tile_bytes),
+            SPLIT_ON_CHIP_WARP_BYTES=dict(plan.SPLIT_ON_CHIP_WARP_BYTES, forward=warp_bytes))
 
 
 def row_variants():

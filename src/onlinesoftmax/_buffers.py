@@ -36,10 +36,10 @@ def row_exchange(parts: int, counters: int, device: torch.device) -> tuple[torch
     key = (index, torch._C._cuda_getCurrentRawStream(index))  # the stream handle, without a Stream object
     pair = _EXCHANGE.get(key)
     if pair is None or pair[0].numel() < parts or pair[1].numel() < counters:
-        old_parts, old_counters = pair if pair is not None else (None, None)
-        if old_parts is None or old_parts.numel() < parts:
-            old_parts = empty((max(parts, 4096),), torch.float32, device)
-        if old_counters is None or old_counters.numel() < counters:
-            old_counters = torch.zeros(max(counters, 1024), dtype=torch.int32, device=device)
-        pair = _EXCHANGE[key] = (old_parts, old_counters)
+        kept_parts, kept_counters = pair or (None, None)
+        if kept_parts is None or kept_parts.numel() < parts:
+            kept_parts = empty((max(parts, 4096),), torch.float32, device)
+        if kept_counters is None or kept_counters.numel() < counters:
+            kept_counters = torch.zeros(max(counters, 1024), dtype=torch.int32, device=device)
+        pair = _EXCHANGE[key] = (kept_parts, kept_counters)
     return pair

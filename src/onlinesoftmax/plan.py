@@ -105,10 +105,13 @@ SPLIT_BELOW_ROWS_PER_SM = 2
 # bytes: bf16 256x151936 32768/8192 (16384 elements, 4 warps) 101.9, 16384/1024 (8192, 16 warps)
 # 91.6; 64x128256 26.2, 24.7; 16x262144 13.4, 13.7. The bench with 8192 x 16 (02:17 UTC,
 # trial_bf16_backward_8192x16-h100.md) confirmed the graph time of 256x151936 (0.0973 ms against
-# 0.1076) but took 0.1765 ms eager against 0.1039 (unexplained: no device time was left to look),
-# so 2-byte backward keeps 16384 x 4 until that is understood.
-SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": 32768}
-SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": 8192}
+# 0.1076) but took 0.1765 ms eager against 0.1039. Timed again both ways in one process
+# (scripts/probe_backward_eager.py, 2026-11-25 ~10:20 UTC, probe_backward_eager-h100.log), us,
+# 16384 x 4 / 8192 x 16: graph 101.9 / 92.6, eager with L2 flushes 103.5 / 96.4, eager over rotated
+# inputs 100.1 / 92.0: the slow eager time did not come back, so 2-byte backward takes 8192 x 16.
+# A value is bytes, or {element size: bytes} where the dtypes differ.
+SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": {4: 32768, 2: 16384}}
+SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
 SPLIT_ON_CHIP_MAX_TILE = 16384
 SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
 # 2-byte forward inputs stayed on split_row while split_row_on_chip's kernel kept each chunk twice
@@ -162,10 +165,15 @@ def _split_on_chip_max_chunks(sms: int) -> int:
     return max(1, int(sms * SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM))
 
 
+def _split_on_chip_bytes(table: dict, backward: bool, elem: int) -> int:
+    value = table["backward" if backward else "forward"]
+    return value[elem] if isinstance(value, dict) else value
+
+
 def _split_on_chip_tile(backward: bool, cols: int, elem: int, sms: int) -> int:
     """The chunk tile for rows of ``cols``: the smallest that keeps the chunks within bounds
     (above SPLIT_ON_CHIP_MAX_TILE when no tile does; the caller checks)."""
-    smallest = SPLIT_ON_CHIP_TILE_BYTES["backward" if backward else "forward"] // elem
+    smallest = _split_on_chip_bytes(SPLIT_ON_CHIP_TILE_BYTES, backward, elem) // elem
     return max(smallest, next_power_of_2(_cdiv(cols, _split_on_chip_max_chunks(sms))))
 
 
@@ -296,7 +304,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 f"strategy 'split_row_on_chip' holds a row in at most {_split_on_chip_max_chunks(sms)} programs "
                 f"side by side on this GPU, {SPLIT_ON_CHIP_MAX_TILE} elements each; a row of {cols} is longer. "
                 "Use strategy=None (split_row reads such rows twice)")
-        warps = min(32, max(1, tile * elem // SPLIT_ON_CHIP_WARP_BYTES["backward" if backward else "forward"]))
+        warps = min(32, max(1, tile * elem // _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem)))
         # The interpreter cannot run a row's programs side by side: one chunk per row there.
         num_chunks = 1 if interpreting else _cdiv(cols, tile)
         # Equal chunks, each a multiple of 16 elements (aligned vector loads).

@@ -87,6 +87,10 @@ CASES = [
     (torch.float32, 16, 262144, "split_row", split_variants),
     (torch.bfloat16, 16, 262144, "split_row", split_variants),
     (torch.float32, 256, 151936, "split_row", split_variants),
+    # The rows that still take split_row on the bench grid (probe_split_row_passes-h100.log: its
+    # partials pass reads at 62-76% of copy there); not yet run.
+    (torch.float32, 1, 16777216, "split_row", split_variants),
+    (torch.bfloat16, 1, 16777216, "split_row", split_variants),
     (torch.float32, 256, 151936, "looped", looped_variants),
     (torch.bfloat16, 1024, 32768, "looped", looped_variants),
     (torch.bfloat16, 1024, 32768, "row_on_chip", lambda: on_chip_variants({4: 32768, 2: 32768})),

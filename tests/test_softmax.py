@@ -409,6 +409,25 @@ def test_on_chip_strategies_refuse_multi_pass_algorithms(strategy):
         onlinesoftmax.softmax(torch.randn(3, 4, device=DEVICE), algorithm="safe", strategy=strategy)
 
 
+def test_split_row_on_chip_tiles_by_direction_and_element_size(monkeypatch):
+    # Table values are bytes, or {element size: bytes}; tiles are powers of two in elements, one warp
+    # per WARP_BYTES of a tile.
+    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_TILE_BYTES", {"forward": 8192, "backward": {4: 32768, 2: 16384}})
+    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_WARP_BYTES", {"forward": 2048, "backward": {4: 8192, 2: 1024}})
+    plan._choose.cache_clear()
+    cuda = torch.device("cuda")
+    try:
+        chosen = {(op, dtype): plan._choose(op, 64, 128256, dtype, cuda, "auto", None, 132, False)
+                  for op in ("softmax", "softmax_backward") for dtype in (torch.float32, torch.bfloat16)}
+        assert all(c.strategy == "split_row_on_chip" for c in chosen.values())
+        tiles = {key: (c.block_cols, c.num_warps) for key, c in chosen.items()}
+        assert tiles == {("softmax", torch.float32): (2048, 4), ("softmax", torch.bfloat16): (4096, 4),
+                         ("softmax_backward", torch.float32): (8192, 4),
+                         ("softmax_backward", torch.bfloat16): (8192, 16)}
+    finally:
+        plan._choose.cache_clear()
+
+
 @needs_triton
 def test_split_row_on_chip_refuses_rows_too_long_to_hold(monkeypatch):
     # A row needs all its programs resident at once: more chunks than that is an error, not a hang.

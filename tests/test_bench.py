@@ -169,6 +169,17 @@ def test_explain_prints_the_plan_without_a_gpu(capsys):
     assert cli.main(["explain", "1x16777216", "--dtype", "bf16", "--sms", "132"]) == 0
     out = capsys.readouterr().out
     assert "strategy:    split_row" in out and "bytes moved: 67.11 MB" in out
+    assert "registers:" not in out  # split_row streams; nothing waits in registers
+
+
+@pytest.mark.parametrize("shape, dtype, op, narrow", [("1024x32768", "bf16", "softmax", True),
+                                                      ("1024x32768", "fp32", "softmax", False),
+                                                      ("64x128256", "bf16", "softmax", True),
+                                                      ("64x128256", "bf16", "softmax_backward", True),
+                                                      ("4096x4096", "bf16", "softmax", False)])
+def test_explain_says_which_tiles_wait_at_16_bits(capsys, shape, dtype, op, narrow):
+    assert cli.main(["explain", shape, "--dtype", dtype, "--op", op, "--sms", "132"]) == 0
+    assert ("registers:   the tile waits in bfloat16" in capsys.readouterr().out) == narrow
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU demo runs only where there is no GPU")

@@ -232,6 +232,13 @@ class Plan:
             f"blocks:      {self.block_cols} cols x {self.rows_per_program} rows per tile"
             + (f"; {self.num_chunks} chunks of {self.chunk_size} per row" if self.strategy.startswith("split_row") else ""),
             f"passes:      {self.passes} read(s) of the input from device memory",
+        ]
+        # Which kernels keep a 2-byte tile at 16 bits while it waits (see _triton.widen_opaque).
+        narrow_backward = self.op in BACKWARD_OPS and self.strategy == "row_on_chip"
+        if self.hold_input or (self.dtype.itemsize == 2 and (self.strategy == "split_row_on_chip" or narrow_backward)):
+            lines.append(f"registers:   the tile waits in {str(self.dtype).replace('torch.', '')} (half the registers "
+                         "of float32), widened again for each use")
+        lines += [
             f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (each input read once, each output written once)",
         ]
         if bandwidth_gbs:

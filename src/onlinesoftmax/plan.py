@@ -106,7 +106,7 @@ SPLIT_BELOW_ROWS_PER_SM = 2
 # 91.6; 64x128256 26.2, 24.7; 16x262144 13.4, 13.7. The bench with 8192 x 16 (02:17 UTC,
 # trial_bf16_backward_8192x16-h100.md) confirmed the graph time of 256x151936 (0.0973 ms against
 # 0.1076) but took 0.1765 ms eager against 0.1039. Timed again both ways in one process
-# (scripts/probe_backward_eager.py, 2026-11-25 ~10:20 UTC, probe_backward_eager-h100.log), us,
+# (scripts/probe_backward_eager.py, 2026-11-25 ~10:13 UTC, probe_backward_eager-h100.log), us,
 # 16384 x 4 / 8192 x 16: graph 101.9 / 92.6, eager with L2 flushes 103.5 / 96.4, eager over rotated
 # inputs 100.1 / 92.0: the slow eager time did not come back, so 2-byte backward takes 8192 x 16.
 # A value is bytes, or {element size: bytes} where the dtypes differ.
@@ -201,7 +201,7 @@ class Plan:
     chunk_size: int = 0
     num_chunks: int = 1
     launches: int = 1
-    hold_input: bool = False  # row_on_chip: the tile waits in the input dtype (2-byte types)
+    hold_input: bool = False  # row_on_chip forward: the tile waits in the input dtype (ROW_ON_CHIP_HOLD_INPUT_MIN_COLS)
 
     @property
     def passes(self) -> int:

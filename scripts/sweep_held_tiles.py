@@ -6,12 +6,15 @@ while it waits, against the same kernels holding fp32, on the bench shapes where
 split_row_on_chip (2-byte forward): the chunk waits for its row at 16 bits (widen_opaque; 40
 registers a thread instead of 60 at 8192 x 8 warps, ptxas for sm_90), timed at several tile and
 warp sizes; "fp32 hold" runs the same kernel with the inline-PTX widening off, which lets the
-compiler keep the fp32 chunk across the wait as before. row_on_chip (bf16 1024x32768): the row
-held at 16 bits (32 registers at 32 warps: 2 programs an SM instead of 1) or as fp32.
+compiler keep the fp32 chunk across the wait as before; "maxnreg 32" caps the registers a thread
+(plan.SPLIT_ON_CHIP_MAX_REGISTERS: 40 -> 32 at the plan's tiles with no spill, 6 -> 8 programs an
+SM, in both dtypes; added after the 2026-11-25 run, not yet run). row_on_chip (bf16 1024x32768):
+the row held at 16 bits (32 registers at 32 warps: 2 programs an SM instead of 1) or as fp32.
 
 Each line: CUDA-graph replays over rotated inputs (the kernel) and do_bench with L2 flushes (eager,
 what the bench reports), GB/s counting x read once and y written once, and the relative error
-against float64 on the first input. Float32 rows are a control: their code path did not change.
+against float64 on the first input. Float32 rows: the plan (a control: its code path did not change
+with the 16-bit waits), and the register cap.
 """
 
 import contextlib
@@ -48,11 +51,21 @@ def settings(fp32_hold=False, **constants):
 def split_variants():
     yield "plan (16-bit hold)", {}
     yield "plan, fp32 hold", dict(fp32_hold=True)
+    yield "plan, maxnreg 32", dict(SPLIT_ON_CHIP_MAX_REGISTERS={"forward": 32, "backward": 0})
+    yield "16384 x 16 warps, maxnreg 32", dict(
+        SPLIT_ON_CHIP_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_TILE_BYTES, forward=32768),
+        SPLIT_ON_CHIP_WARP_BYTES=dict(plan.SPLIT_ON_CHIP_WARP_BYTES, forward=2048),
+        SPLIT_ON_CHIP_MAX_REGISTERS={"forward": 32, "backward": 0})
     for tile_bytes, warp_bytes in ((16384, 1024), (32768, 2048), (32768, 4096), (32768, 1024), (8192, 1024),
                                    (8192, 512)):
         yield f"tile {tile_bytes} B, warp {warp_bytes} B", dict(
             SPLIT_ON_CHIP_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_TILE_BYTES, forward=tile_bytes),
             SPLIT_ON_CHIP_WARP_BYTES=dict(plan.SPLIT_ON_CHIP_WARP_BYTES, forward=warp_bytes))
+
+
+def fp32_split_variants():
+    yield "plan", {}
+    yield "plan, maxnreg 32", dict(SPLIT_ON_CHIP_MAX_REGISTERS={"forward": 32, "backward": 0})
 
 
 def row_variants():
@@ -67,8 +80,9 @@ CASES = [
     (torch.bfloat16, 16, 262144, split_variants),
     (torch.bfloat16, 256, 151936, split_variants),
     (torch.bfloat16, 1024, 32768, row_variants),
-    (torch.float32, 64, 128256, lambda: iter([("plan (fp32: unchanged)", {})])),
-    (torch.float32, 256, 151936, lambda: iter([("plan (fp32: unchanged)", {})])),
+    (torch.float32, 64, 128256, fp32_split_variants),
+    (torch.float32, 256, 151936, fp32_split_variants),
+    (torch.float32, 16, 262144, fp32_split_variants),
 ]
 
 

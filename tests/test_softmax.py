@@ -429,6 +429,28 @@ def test_split_row_on_chip_tiles_by_direction_and_element_size(monkeypatch):
 
 
 @needs_triton
+def test_split_row_on_chip_under_a_register_cap(monkeypatch, gen):
+    # The plan passes its cap to Triton's compiler (maxnreg; the interpreter ignores it): results
+    # stay those of the uncapped kernel, forward and backward.
+    x = make_logits((3, 3000), torch.bfloat16, gen, outliers=False)
+    dy = make_logits((3, 3000), torch.bfloat16, gen, scale=1.0)
+    free_y = onlinesoftmax.softmax(x, strategy="split_row_on_chip")
+    free_dx = softmax_module.launch_backward(free_y, dy, 1, False, strategy="split_row_on_chip")
+    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_MAX_REGISTERS", {"forward": 32, "backward": 200})
+    plan._choose.cache_clear()
+    softmax_module._RECIPES.clear()
+    try:
+        y = onlinesoftmax.softmax(x, strategy="split_row_on_chip")
+        assert plan.last_plan().compile_options == {"maxnreg": 32}
+        dx = softmax_module.launch_backward(y, dy, 1, False, strategy="split_row_on_chip")
+        assert plan.last_plan().compile_options == {"maxnreg": 200}
+        assert torch.equal(y, free_y) and torch.equal(dx, free_dx)
+    finally:
+        plan._choose.cache_clear()
+        softmax_module._RECIPES.clear()
+
+
+@needs_triton
 def test_split_row_on_chip_refuses_rows_too_long_to_hold(monkeypatch):
     # A row needs all its programs resident at once: more chunks than that is an error, not a hang.
     monkeypatch.setattr(plan, "SPLIT_ON_CHIP_TILE_BYTES", {"forward": 64, "backward": 64})

@@ -75,7 +75,8 @@ def explain(args) -> int:
     else:
         device, sms = torch.device("cuda"), args.sms
         print(f"(no GPU here: planning for a CUDA device with {sms} SMs)")
-    chosen = plan.choose(args.op, rows, cols, dtype, device, args.algorithm, args.strategy, sms=sms)
+    # The GPU's plan, also where TRITON_INTERPRET=1 would give the interpreter's (one chunk a row).
+    chosen = plan.choose(args.op, rows, cols, dtype, device, args.algorithm, args.strategy, sms=sms, interpreting=False)
     print(chosen.describe(args.bandwidth))
     return 0
 

@@ -114,6 +114,15 @@ SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": {4: 32768, 2: 16384}}
 SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
 SPLIT_ON_CHIP_MAX_TILE = 16384
 SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
+# A cap on registers a thread for split_row_on_chip (Triton's maxnreg option), 0 for ptxas's own
+# choice. More programs an SM hold more of a row's chunks at once. ptxas for sm_90 (on the CPU
+# machine, 2026-11-25): the forward at the plan's tiles (fp32 4096 x 8 warps, bf16 8192 x 8) goes
+# from 40 registers to 32 under a cap of 32 with no spill (stack 0), 6 -> 8 programs an SM, which
+# would hold bf16 64x128256 (1024 programs) in one wave of 1056; but the 2-byte log_softmax (48
+# uncapped) spills 136 bytes under 32, and the fp32 backward (168 at 8192 x 4) spills under 128.
+# Not yet timed on the GPU (scripts/sweep_held_tiles.py times the softmax forward with and without
+# the cap), so no cap is set.
+SPLIT_ON_CHIP_MAX_REGISTERS = {"forward": 0, "backward": 0}
 # 2-byte forward inputs stayed on split_row while split_row_on_chip's kernel kept each chunk twice
 # in registers (scaled and unscaled: 80 registers a thread, 3 programs an SM, bf16 8192 x 8 warps).
 # With the maximum taken before scaling (60 registers, 4 programs), H100 CUDA-graph replays
@@ -202,6 +211,12 @@ class Plan:
     num_chunks: int = 1
     launches: int = 1
     hold_input: bool = False  # row_on_chip forward: the tile waits in the input dtype (ROW_ON_CHIP_HOLD_INPUT_MIN_COLS)
+    max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
+
+    @property
+    def compile_options(self) -> dict:
+        """Options for Triton's compiler beyond num_warps (the interpreter ignores them)."""
+        return {"maxnreg": self.max_registers} if self.max_registers else {}
 
     @property
     def passes(self) -> int:
@@ -228,7 +243,8 @@ class Plan:
         lines = [
             f"op:          {self.op}  ({self.rows} rows x {self.cols} cols, {str(self.dtype).replace('torch.', '')})",
             f"strategy:    {self.strategy}  (algorithm {self.algorithm})",
-            f"launches:    {self.launches}, first grid {self.grid}, {self.num_warps} warps/program",
+            f"launches:    {self.launches}, first grid {self.grid}, {self.num_warps} warps/program"
+            + (f", at most {self.max_registers} registers a thread" if self.max_registers else ""),
             f"blocks:      {self.block_cols} cols x {self.rows_per_program} rows per tile"
             + (f"; {self.num_chunks} chunks of {self.chunk_size} per row" if self.strategy.startswith("split_row") else ""),
             f"passes:      {self.passes} read(s) of the input from device memory",
@@ -247,14 +263,18 @@ class Plan:
 
 
 def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device,
-           algorithm: str = "auto", strategy: str | None = None, sms: int | None = None) -> Plan:
+           algorithm: str = "auto", strategy: str | None = None, sms: int | None = None,
+           interpreting: bool | None = None) -> Plan:
     """Pick the strategy and launch parameters for ``rows`` independent rows of ``cols`` elements.
 
-    ``sms`` overrides the device's multiprocessor count (to plan for a GPU this machine lacks).
+    ``sms`` overrides the device's multiprocessor count (to plan for a GPU this machine lacks);
+    ``interpreting`` whether the kernels run in Triton's interpreter (default: TRITON_INTERPRET).
     Decisions are cached: planning is on every call's path, ahead of a kernel of a few microseconds.
     """
     device = torch.device(device)
-    return _choose(op, rows, cols, dtype, device, algorithm, strategy, sms or sm_count(device), interpreter_active())
+    if interpreting is None:
+        interpreting = interpreter_active()
+    return _choose(op, rows, cols, dtype, device, algorithm, strategy, sms or sm_count(device), interpreting)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -318,7 +338,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         chunk = _cdiv(_cdiv(cols, num_chunks), 16) * 16
         num_chunks = _cdiv(cols, chunk)
         return Plan(op, strategy, "one_pass", rows, cols, dtype, next_power_of_2(chunk), 1, warps,
-                    (rows * num_chunks,), chunk_size=chunk, num_chunks=num_chunks)
+                    (rows * num_chunks,), chunk_size=chunk, num_chunks=num_chunks,
+                    max_registers=SPLIT_ON_CHIP_MAX_REGISTERS["backward" if backward else "forward"])
 
     resolved = "online" if algorithm == "auto" else algorithm
     if strategy == "torch":

@@ -540,7 +540,7 @@ def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
             chosen.grid, launch_key, x, y, lse, parts, counters,
             n_cols, inner, *recipe.in_strides, *recipe.out_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
             BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=planner.next_power_of_2(chosen.num_chunks),
-            OPAQUE_WIDEN=recipe.opaque_widen, num_warps=chosen.num_warps, **common)
+            OPAQUE_WIDEN=recipe.opaque_widen, num_warps=chosen.num_warps, **chosen.compile_options, **common)
     else:
         # One buffer for the three planes, no views of it: on the H100 machine's host each tensor
         # view cost about 5 us per call, as much as a launch.
@@ -603,7 +603,7 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temp
             n_cols, inner, *y_strides, *dy_strides, *dx_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
             BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=planner.next_power_of_2(chosen.num_chunks),
             CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=recipe.opaque_widen,
-            num_warps=chosen.num_warps)
+            num_warps=chosen.num_warps, **chosen.compile_options)
     else:
         parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, device)
         _split_row_backward_dot(

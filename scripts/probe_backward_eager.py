@@ -9,7 +9,6 @@ and eager once more with the inputs rotated instead of the L2 flushed (the flush
 dirty lines for the kernel to evict), to tell whether the slow eager time is the kernel's.
 """
 
-import contextlib
 import importlib
 import itertools
 
@@ -18,23 +17,14 @@ import triton
 
 from onlinesoftmax import plan
 from onlinesoftmax.bench.harness import graph_time_ms, rotation_count, time_ms
+from tune_softmax import constants  # scripts/ is on the path when a script runs
 
 softmax_module = importlib.import_module("onlinesoftmax.softmax")
 
 
-@contextlib.contextmanager
 def tiles(tile_bytes, warp_bytes):
-    saved = plan.SPLIT_ON_CHIP_TILE_BYTES, plan.SPLIT_ON_CHIP_WARP_BYTES
-    plan.SPLIT_ON_CHIP_TILE_BYTES = dict(saved[0], backward=tile_bytes)
-    plan.SPLIT_ON_CHIP_WARP_BYTES = dict(saved[1], backward=warp_bytes)
-    plan._choose.cache_clear()
-    softmax_module._RECIPES.clear()
-    try:
-        yield
-    finally:
-        plan.SPLIT_ON_CHIP_TILE_BYTES, plan.SPLIT_ON_CHIP_WARP_BYTES = saved
-        plan._choose.cache_clear()
-        softmax_module._RECIPES.clear()
+    return constants(SPLIT_ON_CHIP_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_TILE_BYTES, backward=tile_bytes),
+                     SPLIT_ON_CHIP_WARP_BYTES=dict(plan.SPLIT_ON_CHIP_WARP_BYTES, backward=warp_bytes))
 
 
 def rotated_ms(fn, input_sets, calls=200):

@@ -18,7 +18,6 @@ with the 16-bit waits), and the register cap.
 """
 
 import contextlib
-import importlib
 from unittest import mock
 
 import torch
@@ -26,26 +25,15 @@ import torch
 import onlinesoftmax
 from onlinesoftmax import plan
 from onlinesoftmax.bench.harness import copy_bandwidth_gbs, graph_time_ms, relative_error, rotation_count, time_ms
-
-softmax_module = importlib.import_module("onlinesoftmax.softmax")
+from tune_softmax import constants  # scripts/ is on the path when a script runs
 
 
 @contextlib.contextmanager
-def settings(fp32_hold=False, **constants):
-    saved = {name: getattr(plan, name) for name in constants}
-    for name, value in constants.items():
-        setattr(plan, name, value)
-    plan._choose.cache_clear()
-    softmax_module._RECIPES.clear()
+def settings(fp32_hold=False, **values):
+    # plan constants as in tune_softmax; fp32_hold turns the inline-PTX widening off.
     patch = mock.patch.object(plan, "inline_ptx_allowed", lambda: False) if fp32_hold else contextlib.nullcontext()
-    try:
-        with patch:
-            yield
-    finally:
-        for name, value in saved.items():
-            setattr(plan, name, value)
-        plan._choose.cache_clear()
-        softmax_module._RECIPES.clear()
+    with constants(**values), patch:
+        yield
 
 
 def split_variants():

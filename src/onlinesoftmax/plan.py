@@ -213,7 +213,7 @@ class Plan:
     hold_input: bool = False  # row_on_chip forward: the tile waits in the input dtype (ROW_ON_CHIP_HOLD_INPUT_MIN_COLS)
     max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
 
-    @property
+    @functools.cached_property  # read on every launch: built once per plan
     def compile_options(self) -> dict:
         """Options for Triton's compiler beyond num_warps (the interpreter ignores them)."""
         return {"maxnreg": self.max_registers} if self.max_registers else {}

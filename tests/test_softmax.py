@@ -430,21 +430,30 @@ def test_split_row_on_chip_tiles_by_direction_and_element_size(monkeypatch):
 
 @needs_triton
 def test_split_row_on_chip_under_a_register_cap(monkeypatch, gen):
-    # The plan passes its cap to Triton's compiler (maxnreg; the interpreter ignores it): results
-    # stay those of the uncapped kernel, forward and backward.
+    # The plan passes its cap to Triton's compiler (maxnreg; the interpreter ignores it), by op and
+    # element size: results stay those of the uncapped kernel, forward and backward.
     x = make_logits((3, 3000), torch.bfloat16, gen, outliers=False)
     dy = make_logits((3, 3000), torch.bfloat16, gen, scale=1.0)
-    free_y = onlinesoftmax.softmax(x, strategy="split_row_on_chip")
-    free_dx = softmax_module.launch_backward(free_y, dy, 1, False, strategy="split_row_on_chip")
-    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_MAX_REGISTERS", {"forward": 32, "backward": 200})
-    plan._choose.cache_clear()
-    softmax_module._RECIPES.clear()
-    try:
+
+    def run(caps):
+        monkeypatch.setattr(plan, "SPLIT_ON_CHIP_MAX_REGISTERS", caps)
+        plan._choose.cache_clear()
+        softmax_module._RECIPES.clear()
         y = onlinesoftmax.softmax(x, strategy="split_row_on_chip")
-        assert plan.last_plan().compile_options == {"maxnreg": 32}
+        options = [plan.last_plan().compile_options]
+        log_y = onlinesoftmax.log_softmax(x, strategy="split_row_on_chip")
+        options.append(plan.last_plan().compile_options)
         dx = softmax_module.launch_backward(y, dy, 1, False, strategy="split_row_on_chip")
-        assert plan.last_plan().compile_options == {"maxnreg": 200}
-        assert torch.equal(y, free_y) and torch.equal(dx, free_dx)
+        options.append(plan.last_plan().compile_options)
+        return (y, log_y, dx), options
+
+    try:
+        free, options = run(dict.fromkeys(plan.FORWARD_OPS + plan.BACKWARD_OPS, 0))
+        assert options == [{}, {}, {}]
+        capped, options = run({"softmax": 32, "log_softmax": {4: 32, 2: 40}, "logsumexp": 0,
+                               "softmax_backward": 200, "log_softmax_backward": 0})
+        assert options == [{"maxnreg": 32}, {"maxnreg": 40}, {"maxnreg": 200}]
+        assert all(torch.equal(a, b) for a, b in zip(free, capped))
     finally:
         plan._choose.cache_clear()
         softmax_module._RECIPES.clear()

@@ -114,15 +114,21 @@ SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": {4: 32768, 2: 16384}}
 SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
 SPLIT_ON_CHIP_MAX_TILE = 16384
 SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
-# A cap on registers a thread for split_row_on_chip (Triton's maxnreg option), 0 for ptxas's own
-# choice. More programs an SM hold more of a row's chunks at once. ptxas for sm_90 (on the CPU
-# machine, 2026-11-25): the forward at the plan's tiles (fp32 4096 x 8 warps, bf16 8192 x 8) goes
-# from 40 registers to 32 under a cap of 32 with no spill (stack 0), 6 -> 8 programs an SM, which
-# would hold bf16 64x128256 (1024 programs) in one wave of 1056; but the 2-byte log_softmax (48
-# uncapped) spills 136 bytes under 32, and the fp32 backward (168 at 8192 x 4) spills under 128.
-# Not yet timed on the GPU (scripts/sweep_held_tiles.py times the softmax forward with and without
-# the cap), so no cap is set.
-SPLIT_ON_CHIP_MAX_REGISTERS = {"forward": 0, "backward": 0}
+# A cap on registers a thread for split_row_on_chip (Triton's maxnreg option), by op (and element
+# size), 0 for ptxas's own choice. More programs an SM hold more of a row's chunks at once. ptxas
+# for sm_90 (scripts/kernel_resources.py machinery on the CPU machine): the forward at the plan's
+# tiles (fp32 4096 x 8 warps, 2-byte 8192 x 8) goes from 40 registers to 32 under a cap of 32 with
+# no spill, 6 -> 8 programs an SM (bf16 64x128256's 1024 programs then fit in one wave of 1056);
+# the 2-byte log_softmax (48 uncapped) spills 136 bytes under 32 and 56 under 40, so it has no cap,
+# and the fp32 backward (168 at 8192 x 4) spills under 128. H100, softmax, us, CUDA graphs / eager
+# with L2 flushes, uncapped -> 32 (scripts/sweep_held_tiles.py, 2026-11-25 ~10:56 and ~11:00 UTC,
+# benchmarks/results/sweep_held_tiles-h100.log runs 2 and 3; run 3's figures): bf16 256x151936
+# 71.3 -> 68.6 / 73.3 -> 68.7, 64x128256 18.7 -> 17.8 / 23.5 -> 20.6, 16x262144 11.8 -> 12.2 /
+# 15.0 -> 14.7 (graph 11.8 -> 12.2 in run 2 too: the one shape the cap does not help); fp32
+# 256x151936 129.3 -> 125.3 / 131.4 -> 125.4, 64x128256 33.1 -> 31.5 / 36.5 -> 33.1, 16x262144
+# 19.5 -> 17.7 / 24.1 -> 20.3; fp32 log_softmax 256x151936 129.1 -> 124.8 / 129.2 -> 124.1.
+SPLIT_ON_CHIP_MAX_REGISTERS = {"softmax": 32, "log_softmax": {4: 32, 2: 0}, "logsumexp": 0,
+                               "softmax_backward": 0, "log_softmax_backward": 0}
 # 2-byte forward inputs stayed on split_row while split_row_on_chip's kernel kept each chunk twice
 # in registers (scaled and unscaled: 80 registers a thread, 3 programs an SM, bf16 8192 x 8 warps).
 # With the maximum taken before scaling (60 registers, 4 programs), H100 CUDA-graph replays
@@ -174,9 +180,13 @@ def _split_on_chip_max_chunks(sms: int) -> int:
     return max(1, int(sms * SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM))
 
 
-def _split_on_chip_bytes(table: dict, backward: bool, elem: int) -> int:
-    value = table["backward" if backward else "forward"]
+def _for_element_size(value, elem: int) -> int:
+    """A plan table's entry: a number, or {element size: number} where the dtypes differ."""
     return value[elem] if isinstance(value, dict) else value
+
+
+def _split_on_chip_bytes(table: dict, backward: bool, elem: int) -> int:
+    return _for_element_size(table["backward" if backward else "forward"], elem)
 
 
 def _split_on_chip_tile(backward: bool, cols: int, elem: int, sms: int) -> int:
@@ -339,7 +349,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         num_chunks = _cdiv(cols, chunk)
         return Plan(op, strategy, "one_pass", rows, cols, dtype, next_power_of_2(chunk), 1, warps,
                     (rows * num_chunks,), chunk_size=chunk, num_chunks=num_chunks,
-                    max_registers=SPLIT_ON_CHIP_MAX_REGISTERS["backward" if backward else "forward"])
+                    max_registers=_for_element_size(SPLIT_ON_CHIP_MAX_REGISTERS[op], elem))
 
     resolved = "online" if algorithm == "auto" else algorithm
     if strategy == "torch":

@@ -428,10 +428,33 @@ def test_split_row_on_chip_tiles_by_direction_and_element_size(monkeypatch):
         plan._choose.cache_clear()
 
 
+def test_split_row_on_chip_register_cap_only_beyond_one_uncapped_wave():
+    # The plan's constants on a 132-SM GPU: the cap where a launch has more programs than the SMs
+    # hold uncapped, none for launches that fit (bf16 16x262144: 512 programs) or for the 2-byte
+    # log_softmax (it would spill), none backward.
+    plan._choose.cache_clear()
+    cuda = torch.device("cuda")
+    try:
+        def cap(op, rows, cols, dtype):
+            chosen = plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False)
+            assert chosen.strategy == "split_row_on_chip"
+            return chosen.max_registers, chosen.grid[0]
+        assert cap("softmax", 16, 262144, torch.bfloat16) == (0, 512)
+        assert cap("softmax", 16, 262144, torch.float32) == (32, 1024)
+        assert cap("softmax", 64, 128256, torch.bfloat16) == (32, 1024)
+        assert cap("log_softmax", 256, 151936, torch.float32)[0] == 32
+        assert cap("log_softmax", 256, 151936, torch.bfloat16)[0] == 0
+        assert cap("softmax_backward", 256, 151936, torch.float32)[0] == 0
+    finally:
+        plan._choose.cache_clear()
+
+
 @needs_triton
 def test_split_row_on_chip_under_a_register_cap(monkeypatch, gen):
     # The plan passes its cap to Triton's compiler (maxnreg; the interpreter ignores it), by op and
-    # element size: results stay those of the uncapped kernel, forward and backward.
+    # element size, where a launch has more programs than fit uncapped: results stay those of the
+    # uncapped kernel, forward and backward.
+    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM", 0)
     x = make_logits((3, 3000), torch.bfloat16, gen, outliers=False)
     dy = make_logits((3, 3000), torch.bfloat16, gen, scale=1.0)
 

@@ -127,8 +127,13 @@ SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
 # 15.0 -> 14.7 (graph 11.8 -> 12.2 in run 2 too: the one shape the cap does not help); fp32
 # 256x151936 129.3 -> 125.3 / 131.4 -> 125.4, 64x128256 33.1 -> 31.5 / 36.5 -> 33.1, 16x262144
 # 19.5 -> 17.7 / 24.1 -> 20.3; fp32 log_softmax 256x151936 129.1 -> 124.8 / 129.2 -> 124.1.
+# The cap buys programs an SM, which only counts where a launch has more programs than the GPU
+# holds uncapped (6 an SM at the plan's forward tiles); below that it cost bf16 16x262144 (512
+# programs) 11.8 -> 12.2 us in both sweep runs and 11.9 -> 12.3 (graph) in the bench of ~11:15 UTC,
+# so launches of at most SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM x SMs programs run uncapped.
 SPLIT_ON_CHIP_MAX_REGISTERS = {"softmax": 32, "log_softmax": {4: 32, 2: 0}, "logsumexp": 0,
                                "softmax_backward": 0, "log_softmax_backward": 0}
+SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM = 6
 # 2-byte forward inputs stayed on split_row while split_row_on_chip's kernel kept each chunk twice
 # in registers (scaled and unscaled: 80 registers a thread, 3 programs an SM, bf16 8192 x 8 warps).
 # With the maximum taken before scaling (60 registers, 4 programs), H100 CUDA-graph replays
@@ -347,9 +352,12 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         # Equal chunks, each a multiple of 16 elements (aligned vector loads).
         chunk = _cdiv(_cdiv(cols, num_chunks), 16) * 16
         num_chunks = _cdiv(cols, chunk)
+        programs = rows * num_chunks
+        cap = _for_element_size(SPLIT_ON_CHIP_MAX_REGISTERS[op], elem)
+        if programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms:
+            cap = 0  # one wave without the cap: it would buy nothing
         return Plan(op, strategy, "one_pass", rows, cols, dtype, next_power_of_2(chunk), 1, warps,
-                    (rows * num_chunks,), chunk_size=chunk, num_chunks=num_chunks,
-                    max_registers=_for_element_size(SPLIT_ON_CHIP_MAX_REGISTERS[op], elem))
+                    (programs,), chunk_size=chunk, num_chunks=num_chunks, max_registers=cap)
 
     resolved = "online" if algorithm == "auto" else algorithm
     if strategy == "torch":

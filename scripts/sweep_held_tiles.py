@@ -1,7 +1,7 @@
 """Tiles held at 16 bits (GPU): the on-chip forward kernels with the chunk kept in its input dtype
 while it waits, against the same kernels holding fp32, on the bench shapes where it matters.
 
-    python scripts/sweep_held_tiles.py
+    python scripts/sweep_held_tiles.py [--cols 32768]   (only the cases of rows that long)
 
 split_row_on_chip (2-byte forward): the chunk waits for its row at 16 bits (widen_opaque; 40
 registers a thread instead of 60 at 8192 x 8 warps, ptxas for sm_90), under the plan's register
@@ -17,6 +17,7 @@ against float64 on the first input. (The 2026-11-25 ~09:32 run in the log also t
 and warps, since removed from here: none beat the plan's.)
 """
 
+import argparse
 import contextlib
 from unittest import mock
 
@@ -50,11 +51,18 @@ def fp32_split_variants():
     yield "plan, no register cap", UNCAPPED
 
 
+SIXTEEN_WARPS = dict(WARPS_BY_TILE_ELEMENTS=((512, 1), (1024, 2), (2048, 4), (4096, 8), (8192, 16), (65536, 16)))
+
+
 def row_variants():
     yield "plan (16-bit hold)", {}
     yield "fp32 hold", dict(ROW_ON_CHIP_HOLD_INPUT_MIN_COLS={})
-    yield "16-bit hold, 16 warps", dict(WARPS_BY_TILE_ELEMENTS=((512, 1), (1024, 2), (2048, 4), (4096, 8), (8192, 16),
-                                                               (65536, 16)))
+    yield "16-bit hold, 16 warps", SIXTEEN_WARPS
+
+
+def fp32_row_variants():
+    yield "plan", {}
+    yield "16 warps", SIXTEEN_WARPS
 
 
 CASES = [
@@ -62,6 +70,10 @@ CASES = [
     ("softmax", torch.bfloat16, 16, 262144, split_variants),
     ("softmax", torch.bfloat16, 256, 151936, split_variants),
     ("softmax", torch.bfloat16, 1024, 32768, row_variants),
+    ("log_softmax", torch.bfloat16, 1024, 32768, row_variants),
+    ("softmax", torch.float32, 1024, 32768, fp32_row_variants),
+    ("log_softmax", torch.float32, 1024, 32768, fp32_row_variants),
+    ("softmax", torch.float16, 1024, 32768, fp32_row_variants),
     ("softmax", torch.float32, 64, 128256, fp32_split_variants),
     ("softmax", torch.float32, 256, 151936, fp32_split_variants),
     ("softmax", torch.float32, 16, 262144, fp32_split_variants),
@@ -72,10 +84,15 @@ OPS = {"softmax": (onlinesoftmax.softmax, torch.softmax), "log_softmax": (online
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cols", type=int, default=None, help="only the cases of rows of this many elements")
+    only_cols = parser.parse_args().cols
     copy = copy_bandwidth_gbs()
     print(f"copy bandwidth {copy:.0f} GB/s; {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(20261125)
     for op, dtype, rows, cols, variants in CASES:
+        if only_cols is not None and cols != only_cols:
+            continue
         ours, torch_op = OPS[op]
         nbytes = 2 * rows * cols * dtype.itemsize
         xs = [(torch.randn(rows, cols, device="cuda", dtype=torch.float32, generator=gen).mul_(2).to(dtype),)

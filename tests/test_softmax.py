@@ -146,10 +146,13 @@ def test_row_on_chip_holding_the_input_dtype(op, dtype, monkeypatch, gen):
 
 
 def test_row_on_chip_holds_only_long_bf16_rows():
+    # ... and a held row takes at most ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS (16), the others 32.
     cuda = torch.device("cuda")
-    held = {(dtype, cols): plan._choose("softmax", 64, cols, dtype, cuda, "auto", None, 132, False).hold_input
-            for dtype in DTYPES for cols in (4096, 32768)}
+    chosen = {(dtype, cols): plan._choose("softmax", 64, cols, dtype, cuda, "auto", None, 132, False)
+              for dtype in DTYPES for cols in (4096, 32768)}
+    held = {key: c.hold_input for key, c in chosen.items()}
     assert held == {(d, c): d == torch.bfloat16 and c == 32768 for d in DTYPES for c in (4096, 32768)}
+    assert {d: chosen[d, 32768].num_warps for d in DTYPES} == {d: 16 if d == torch.bfloat16 else 32 for d in DTYPES}
     assert not plan._choose("softmax_backward", 64, 32768, torch.bfloat16, cuda, "auto", None, 132, False).hold_input
 
 

@@ -63,6 +63,14 @@ BACKWARD_ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
 # float16 gains nothing (54 registers: ptxas merges its two conversions), float32 has nothing to
 # narrow.
 ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
+# A held row takes at most this many warps: at 16 warps bf16 1024x32768 needs 64 registers a thread
+# (63 for log_softmax), still 2 programs an SM, with half the warps in each cross-warp reduction,
+# where at 32 warps the log_softmax's 36 registers left 1 program an SM. H100, CUDA graphs, us, 32
+# -> 16 warps (scripts/sweep_held_tiles.py --cols 32768, 2026-11-25 ~11:55 UTC, run 4 of
+# sweep_held_tiles-h100.log): softmax 52.5 -> 51.9 (runs 2 and 3: 52.8 -> 51.3, 53.0 -> 51.2),
+# log_softmax 55.4 -> 50.8. fp32 and fp16 rows (not held) stay at 32 warps: 97.4 / 55.4 there
+# against 99.2 / 55.6 at 16.
+ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS = 16
 # row_on_chip packs short rows until a program's tile has about this many elements.
 ROW_TILE_ELEMENTS = 4096
 # (tile elements up to, num_warps): about 16 elements per thread, 4 16-byte loads of fp32.
@@ -332,6 +340,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         rows_per_program = min(max(1, ROW_TILE_ELEMENTS // block), next_power_of_2(rows))
         warps = _warps_for_tile(block * rows_per_program)
         hold_input = not backward and block >= ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, block + 1)
+        if hold_input:
+            warps = min(warps, ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS)
         return Plan(op, strategy, "one_pass", rows, cols, dtype, block, rows_per_program, warps,
                     (_cdiv(rows, rows_per_program),), hold_input=hold_input)
 

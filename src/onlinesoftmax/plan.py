@@ -66,7 +66,7 @@ ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 # A held row takes at most this many warps: at 16 warps bf16 1024x32768 needs 64 registers a thread
 # (63 for log_softmax), still 2 programs an SM, with half the warps in each cross-warp reduction,
 # where at 32 warps the log_softmax's 36 registers left 1 program an SM. H100, CUDA graphs, us, 32
-# -> 16 warps (scripts/sweep_held_tiles.py --cols 32768, 2026-11-25 ~11:55 UTC, run 4 of
+# -> 16 warps (scripts/sweep_held_tiles.py --cols 32768, 2026-11-25 ~11:44 UTC, run 4 of
 # sweep_held_tiles-h100.log): softmax 52.5 -> 51.9 (runs 2 and 3: 52.8 -> 51.3, 53.0 -> 51.2),
 # log_softmax 55.4 -> 50.8. fp32 and fp16 rows (not held) stay at 32 warps: 97.4 / 55.4 there
 # against 99.2 / 55.6 at 16.

@@ -60,7 +60,7 @@ def row_variants():
     yield "16-bit hold, 16 warps", SIXTEEN_WARPS
 
 
-def fp32_row_variants():
+def unheld_row_variants():
     yield "plan", {}
     yield "16 warps", SIXTEEN_WARPS
 
@@ -71,9 +71,9 @@ CASES = [
     ("softmax", torch.bfloat16, 256, 151936, split_variants),
     ("softmax", torch.bfloat16, 1024, 32768, row_variants),
     ("log_softmax", torch.bfloat16, 1024, 32768, row_variants),
-    ("softmax", torch.float32, 1024, 32768, fp32_row_variants),
-    ("log_softmax", torch.float32, 1024, 32768, fp32_row_variants),
-    ("softmax", torch.float16, 1024, 32768, fp32_row_variants),
+    ("softmax", torch.float32, 1024, 32768, unheld_row_variants),
+    ("log_softmax", torch.float32, 1024, 32768, unheld_row_variants),
+    ("softmax", torch.float16, 1024, 32768, unheld_row_variants),
     ("softmax", torch.float32, 64, 128256, fp32_split_variants),
     ("softmax", torch.float32, 256, 151936, fp32_split_variants),
     ("softmax", torch.float32, 16, 262144, fp32_split_variants),

@@ -137,7 +137,7 @@ SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
 # 19.5 -> 17.7 / 24.1 -> 20.3; fp32 log_softmax 256x151936 129.1 -> 124.8 / 129.2 -> 124.1.
 # The cap buys programs an SM, which only counts where a launch has more programs than the GPU
 # holds uncapped (6 an SM at the plan's forward tiles); below that it cost bf16 16x262144 (512
-# programs) 11.8 -> 12.2 us in both sweep runs and 11.9 -> 12.3 (graph) in the bench of ~11:15 UTC,
+# programs) 11.8 -> 12.2 us in both sweep runs and 11.9 -> 12.3 (graph) in the bench of 11:12 UTC,
 # so launches of at most SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM x SMs programs run uncapped.
 SPLIT_ON_CHIP_MAX_REGISTERS = {"softmax": 32, "log_softmax": {4: 32, 2: 0}, "logsumexp": 0,
                                "softmax_backward": 0, "log_softmax_backward": 0}

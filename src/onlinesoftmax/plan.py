@@ -139,6 +139,9 @@ SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
 # holds uncapped (6 an SM at the plan's forward tiles); below that it cost bf16 16x262144 (512
 # programs) 11.8 -> 12.2 us in both sweep runs and 11.9 -> 12.3 (graph) in the bench of 11:12 UTC,
 # so launches of at most SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM x SMs programs run uncapped.
+# The cap assumes SPLIT_ON_CHIP_WARP_BYTES' 64 bytes of chunk a thread: tiles that give a thread
+# more spill under it (benchmarks/results/probe_split_rows_of_32768-h100.log, forced tiles of 128
+# bytes a thread: 2-3x slower).
 SPLIT_ON_CHIP_MAX_REGISTERS = {"softmax": 32, "log_softmax": {4: 32, 2: 0}, "logsumexp": 0,
                                "softmax_backward": 0, "log_softmax_backward": 0}
 SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM = 6

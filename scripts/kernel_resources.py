@@ -174,8 +174,6 @@ def attention_cases(dtype):
             yield f"forward {label}", lambda q=q, k=k, mode=mode: attention_module.launch_forward(q, k, k, mode, 0.1)
             yield f"backward {label}", lambda q=q, k=k, mode=mode: attention_module.launch_backward(
                 q, q, k, k, q, torch.empty(q.shape[:3]), mode, 0.1)
-            yield f"bwd atomic {label}", lambda q=q, k=k, mode=mode: attention_module.launch_backward(
-                q, q, k, k, q, torch.empty(q.shape[:3]), mode, 0.1, deterministic=False)
 
 
 def main():

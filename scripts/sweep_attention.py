@@ -44,22 +44,19 @@ FORWARD_CANDIDATES = {
     64: [(64, 64, 4, 4, "pointer"), (64, 64, 4, 4, "rows"), (64, 64, 4, 3, "rows"), (64, 64, 4, 5, "rows"),
          (64, 128, 4, 3, "rows"), (128, 64, 8, 3, "rows"), (128, 64, 4, 3, "rows"), (64, 64, 8, 4, "rows")],
 }
-# ((dK/dV config), (dQ config), use_descriptor), configs as (BLOCK_M, BLOCK_N, num_warps, num_stages);
-# a dQ config of None runs deterministic=False: the dK/dV kernel adds dQ in float32 through TMA
-# reductions (the backward_dkdv_atomic row). The first of each head dim is the plan's. Two variants measured slower at every shape on the
+# ((dK/dV config), (dQ config), use_descriptor), configs as (BLOCK_M, BLOCK_N, num_warps, num_stages).
+# The first of each head dim is the plan's. Two variants measured slower at every shape on the
 # H100 (attention-sweep-backward-h100.log, 2026-11-25) and were removed: the dQ kernel with the
 # forward's row descriptors and warp specialization, and a dK/dV kernel that also adds dQ with
 # float32 atomics (five matrix products per block pair instead of seven; 246 against 289 TFLOP/s
 # at head dim 128, its registers full).
 BACKWARD_CANDIDATES = {
     128: [((32, 128, 8, 3), (128, 64, 8, 2), True), ((32, 128, 8, 2), (128, 32, 8, 3), True),
-          ((32, 128, 8, 3), None, True), ((32, 128, 8, 2), None, True), ((64, 128, 8, 2), None, True),
-          ((64, 64, 4, 3), None, True), ((32, 64, 4, 3), None, True)],
+          ((64, 64, 8, 2), (64, 64, 4, 3), True), ((32, 128, 8, 3), (128, 64, 8, 2), False)],
     64: [((32, 64, 4, 3), (64, 64, 4, 3), True), ((32, 128, 8, 3), (128, 64, 4, 3), True),
-         ((32, 64, 4, 3), None, True), ((64, 64, 4, 3), None, True), ((32, 128, 8, 3), None, True),
-         ((64, 128, 8, 3), None, True)],
+         ((64, 128, 8, 3), (128, 64, 8, 3), True)],
 }
-DEADLINE_S = 200
+DEADLINE_S = 170
 TOLERANCE = 2e-2  # relative error against SDPA in bf16
 
 
@@ -171,15 +168,12 @@ def main() -> int:
                 if time.time() - start > DEADLINE_S:
                     print(f"  bwd {candidate}: skipped (past the {DEADLINE_S} s budget)")
                     continue
-                atomic = dq_config is None
-                force("backward_dkdv_atomic" if atomic else "backward_dkdv", dkdv)
-                if not atomic:
-                    force("backward_dq", dq_config)
+                force("backward_dkdv", dkdv)
+                force("backward_dq", dq_config)
                 try:
                     def backward():
                         return attention_module.launch_backward(d_out, q, k, v, out, lse, mode, scale,
-                                                                use_descriptor=use_descriptor,
-                                                                deterministic=not atomic)
+                                                                use_descriptor=use_descriptor)
                     grads = backward()
                     err = max(rel(g, r) for g, r in zip(grads, ref_grads))
                     ms = time_ms(backward)
@@ -187,8 +181,7 @@ def main() -> int:
                     status = "ok" if err <= TOLERANCE else f"WRONG ({err:.1e})"
                     print(f"  bwd {candidate}: {tflops:6.1f} TFLOP/s  max rel err {err:.1e}  {status}")
                     if status == "ok":
-                        kind = "backward_atomic" if atomic else "backward"
-                        best_rows.setdefault((kind, head_dim, causal), {}).setdefault(candidate, []).append(tflops)
+                        best_rows.setdefault(("backward", head_dim, causal), {}).setdefault(candidate, []).append(tflops)
                 except Exception as exc:
                     print(f"  bwd {candidate}: error {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}")
             restore()
@@ -197,21 +190,18 @@ def main() -> int:
     table = {}
     for (kernel, head_dim, causal), results in sorted(best_rows.items()):
         best = max(results, key=lambda c: statistics.geometric_mean(results[c]))
-        print(f"  {kernel:15s} D={head_dim:3d} {'causal    ' if causal else 'non-causal'} {best}: "
+        print(f"  {kernel:8s} D={head_dim:3d} {'causal    ' if causal else 'non-causal'} {best}: "
               f"{statistics.geometric_mean(results[best]):.1f} TFLOP/s over {len(results[best])} shape(s)")
         table[(kernel, head_dim, causal)] = best
     print("\n# plan.py ATTENTION_CONFIGS (rows not measured keep their current values; the loads of the best\n"
           "# candidates above go to ATTENTION_USE_DESCRIPTOR, ATTENTION_FORWARD_ROW_DESCRIPTORS and\n"
           "# ATTENTION_FORWARD_WARP_SPECIALIZED):")
-    measured_as = {"forward": "forward", "backward_dkdv": "backward", "backward_dq": "backward",
-                   "backward_dkdv_atomic": "backward_atomic"}
-    for kernel, parts in (("forward", (0,)), ("backward_dkdv", (0,)), ("backward_dq", (1,)),
-                          ("backward_dkdv_atomic", (0,))):
+    for kernel, parts in (("forward", (0,)), ("backward_dkdv", (0,)), ("backward_dq", (1,))):
         rows = []
         for limit, non_causal, causal in saved[kernel]:
             picked = []
             for is_causal, current in ((False, non_causal), (True, causal)):
-                best = table.get((measured_as[kernel], limit, is_causal))
+                best = table.get(("forward" if kernel == "forward" else "backward", limit, is_causal))
                 if best is None:
                     picked.append(current)
                 else:

@@ -331,9 +331,8 @@ def load_row_stats(lse_ptr, delta_ptr, bh, rows, n_queries):
 @triton.jit
 def dkdv_step(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols, block_start,
               n_queries, n_keys, head_dim, qk_scale, causal_offset, stride_qs, stride_qd, stride_dos, stride_dod,
-              desc_dq_acc, dq_acc_ptr,
               BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-              MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+              MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
     # Transposed form: the key block is the tile's row dimension, so dK and dV accumulate as [N, D].
     rows = block_start + tl.arange(0, BLOCK_M)
     q = load_tile(desc_q, q_base, bh, block_start, n_queries, stride_qs, stride_qd, head_dim,
@@ -346,49 +345,37 @@ def dkdv_step(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr
                    BLOCK_M, BLOCK_D, USE_DESCRIPTOR)  # [M, D]
     dv = mma(p_t.to(do.dtype), do, dv)
     dp_t = mma(v, tl.trans(do), None)  # [N, M]
-    ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
-    dk = mma(ds_t, q, dk)
-    if DQ_ATOMIC != 0:
-        # This key block's share of dQ, transposed ([D, M] = K^T dS^T: the head dim is the tile's
-        # row side, a multiple of 64 for Hopper's wgmma where BLOCK_M is 32), added in float32 to a
-        # (B * Hq, D, Sq) buffer: TMA's bulk reduction (one instruction a tile) on the GPU, atomic
-        # adds elsewhere. The order of the additions varies from run to run.
-        dq_t = mma(tl.trans(k), ds_t, None)
-        if DQ_ATOMIC == 2:
-            desc_dq_acc.atomic_add([bh, 0, block_start], dq_t.reshape(1, BLOCK_D, BLOCK_M))
-        else:
-            d = tl.arange(0, BLOCK_D)
-            ptrs = dq_acc_ptr + (bh.to(tl.int64) * head_dim + d[:, None]) * n_queries + rows[None, :]
-            tl.atomic_add(ptrs, dq_t, mask=(d < head_dim)[:, None] & (rows < n_queries)[None, :], sem="relaxed")
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk = mma(ds_t.to(q.dtype), q, dk)
     return dk, dv
 
 
 @triton.jit
 def dkdv_query_blocks(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
                       start_m, stop_m, n_queries, n_keys, head_dim, qk_scale, causal_offset,
-                      stride_qs, stride_qd, stride_dos, stride_dod, desc_dq_acc, dq_acc_ptr,
+                      stride_qs, stride_qd, stride_dos, stride_dod,
                       BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                      MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                      MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
     if MASKED:
         # The diagonal's few query blocks are not software-pipelined: a second pipelined loop made
         # ptxas spill dK and dV at head dim 128 (sm_90, 8 warps).
         for block_start in tl.range(start_m, stop_m, BLOCK_M, num_stages=1):
             dk, dv = dkdv_step(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
                                block_start, n_queries, n_keys, head_dim, qk_scale, causal_offset,
-                               stride_qs, stride_qd, stride_dos, stride_dod, desc_dq_acc, dq_acc_ptr,
-                               BLOCK_M, BLOCK_D, CAUSAL, MASKED, USE_DESCRIPTOR, DQ_ATOMIC)
+                               stride_qs, stride_qd, stride_dos, stride_dod,
+                               BLOCK_M, BLOCK_D, CAUSAL, MASKED, USE_DESCRIPTOR)
     else:
         for block_start in tl.range(start_m, stop_m, BLOCK_M):
             dk, dv = dkdv_step(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
                                block_start, n_queries, n_keys, head_dim, qk_scale, causal_offset,
-                               stride_qs, stride_qd, stride_dos, stride_dod, desc_dq_acc, dq_acc_ptr,
-                               BLOCK_M, BLOCK_D, CAUSAL, MASKED, USE_DESCRIPTOR, DQ_ATOMIC)
+                               stride_qs, stride_qd, stride_dos, stride_dod,
+                               BLOCK_M, BLOCK_D, CAUSAL, MASKED, USE_DESCRIPTOR)
     return dk, dv
 
 
 @triton.jit(do_not_specialize=COUNT_ARGS)
 def attention_backward_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_acc_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     n_heads_q, group, batch, n_queries, n_keys, head_dim,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
@@ -397,11 +384,8 @@ def attention_backward_dkdv_kernel(
     q_head_stride, k_head_stride, v_head_stride, do_head_stride,
     qk_scale, scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr,
 ):
-    # DQ_ATOMIC: 0 leaves dQ to attention_backward_dq_kernel (deterministic); 1 and 2 add each
-    # key block's share of dQ here, through atomic adds (1) or TMA reductions (2), into the float32
-    # buffer at dq_acc_ptr, (B * Hq, D, Sq), that attention_backward_dq_finish_kernel turns into dQ.
     n_heads_kv = n_heads_q // group
     start_n = tl.program_id(0) * BLOCK_N
     kv_bh = tl.program_id(1)
@@ -421,12 +405,6 @@ def attention_backward_dkdv_kernel(
                               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     desc_dv = head_descriptor(dv_ptr, batch * n_heads_kv, n_keys, head_dim, n_keys * head_dim, head_dim,
                               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    if DQ_ATOMIC == 2:
-        desc_dq_acc = tl.make_tensor_descriptor(dq_acc_ptr, shape=[batch * n_heads_q, head_dim, n_queries],
-                                                strides=[head_dim * n_queries, n_queries, 1],
-                                                block_shape=[1, BLOCK_D, BLOCK_M])
-    else:
-        desc_dq_acc = dq_acc_ptr
     k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
     k = load_tile(desc_k, k_base, kv_bh, start_n, n_keys, stride_ks, stride_kd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
@@ -453,12 +431,12 @@ def attention_backward_dkdv_kernel(
         if CAUSAL:
             dk, dv = dkdv_query_blocks(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
                                        masked_start, full_start, n_queries, n_keys, head_dim, qk_scale, causal_offset,
-                                       stride_qs, stride_qd, stride_dos, stride_dod, desc_dq_acc, dq_acc_ptr,
-                                       BLOCK_M, BLOCK_D, CAUSAL, True, USE_DESCRIPTOR, DQ_ATOMIC)
+                                       stride_qs, stride_qd, stride_dos, stride_dod,
+                                       BLOCK_M, BLOCK_D, CAUSAL, True, USE_DESCRIPTOR)
         dk, dv = dkdv_query_blocks(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
                                    full_start, q_stop, n_queries, n_keys, head_dim, qk_scale, causal_offset,
-                                   stride_qs, stride_qd, stride_dos, stride_dod, desc_dq_acc, dq_acc_ptr,
-                                   BLOCK_M, BLOCK_D, CAUSAL, False, USE_DESCRIPTOR, DQ_ATOMIC)
+                                   stride_qs, stride_qd, stride_dos, stride_dod,
+                                   BLOCK_M, BLOCK_D, CAUSAL, False, USE_DESCRIPTOR)
     dk_base = dk_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
     dv_base = dv_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
     store_tile(desc_dk, dk_base, kv_bh, start_n, n_keys, head_dim, head_dim, (dk * scale).to(dk_ptr.dtype.element_ty),
@@ -545,20 +523,6 @@ def attention_backward_dq_kernel(
                BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
 
 
-@triton.jit
-def attention_backward_dq_finish_kernel(dq_acc_ptr, dq_ptr, n_queries, head_dim, scale,
-                                        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dQ = scale * (the float32 sums the dK/dV kernel added), back from (D, Sq) to (Sq, D) a head."""
-    bh = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    d = tl.arange(0, BLOCK_D)
-    mask = (d < head_dim)[:, None] & (rows < n_queries)[None, :]
-    head = bh.to(tl.int64) * head_dim * n_queries
-    dq_t = tl.load(dq_acc_ptr + head + d[:, None] * n_queries + rows[None, :], mask=mask, other=0.0)
-    tl.store(dq_ptr + head + rows[None, :] * head_dim + d[:, None], (dq_t * scale).to(dq_ptr.dtype.element_ty),
-             mask=mask)
-
-
 # --------------------------------------------------------------------------------------------
 # Launchers
 # --------------------------------------------------------------------------------------------
@@ -639,7 +603,6 @@ _forward_launcher = Launcher(attention_forward_kernel)
 _delta_launcher = Launcher(attention_backward_delta_kernel)
 _dkdv_launcher = Launcher(attention_backward_dkdv_kernel)
 _dq_launcher = Launcher(attention_backward_dq_kernel)
-_dq_finish_launcher = Launcher(attention_backward_dq_finish_kernel)
 
 
 def _layout_key(*tensors: torch.Tensor) -> tuple:
@@ -678,18 +641,13 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str,
 
 
 def launch_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                    lse: torch.Tensor, mode: str, scale: float, use_descriptor: Optional[bool] = None,
-                    deterministic: bool = True):
-    """(dq, dk, dv) from the saved forward (out, lse) and the upstream gradient ``do``.
-    ``deterministic=False`` adds dQ inside the dK/dV kernel with float32 atomics instead of
-    recomputing it in a kernel of its own (five matrix products per block pair instead of seven;
-    the order of the additions, hence dQ's last bits, varies from run to run)."""
+                    lse: torch.Tensor, mode: str, scale: float, use_descriptor: Optional[bool] = None):
+    """(dq, dk, dv) from the saved forward (out, lse) and the upstream gradient ``do``."""
     batch, n_heads_q, n_queries, head_dim = q.shape
     n_heads_kv, n_keys = k.shape[1], k.shape[2]
     causal = mode != "none"
     ok = descriptor_ok(q, k, v, do) if use_descriptor is None else use_descriptor
-    dkdv_kernel = "backward_dkdv" if deterministic else "backward_dkdv_atomic"
-    dkdv_plan = planner.attention_plan(dkdv_kernel, head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok)
+    dkdv_plan = planner.attention_plan("backward_dkdv", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok)
     dq_plan = planner.attention_plan("backward_dq", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok)
     planner.record_attention(dkdv_plan)
     if dkdv_plan.path == "torch":
@@ -711,28 +669,16 @@ def launch_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     args = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_head_strides(q, k, v, do),
             scale * LOG2E, scale, _causal_offset(mode, n_queries, n_keys))
-    if deterministic:
-        dq_acc, dq_atomic = dq, 0
-    else:
-        dq_acc = torch.zeros((batch, n_heads_q, head_dim, n_queries), dtype=torch.float32, device=q.device)
-        dq_atomic = 2 if dkdv_plan.tma_reduce else 1
     _dkdv_launcher(
         (triton.cdiv(n_keys, dkdv_plan.block_n), batch * n_heads_kv), key,
-        q, k, v, do, lse, delta, dk, dv, dq_acc, *args,
+        q, k, v, do, lse, delta, dk, dv, *args,
         BLOCK_M=dkdv_plan.block_m, BLOCK_N=dkdv_plan.block_n, BLOCK_D=dkdv_plan.block_d, CAUSAL=causal,
-        USE_DESCRIPTOR=dkdv_plan.use_descriptor, DQ_ATOMIC=dq_atomic,
-        num_warps=dkdv_plan.num_warps, num_stages=dkdv_plan.num_stages)
-    if deterministic:
-        _dq_launcher(
-            (triton.cdiv(n_queries, dq_plan.block_m), batch * n_heads_q), key,
-            q, k, v, do, lse, delta, dq, *args,
-            BLOCK_M=dq_plan.block_m, BLOCK_N=dq_plan.block_n, BLOCK_D=dq_plan.block_d, CAUSAL=causal,
-            USE_DESCRIPTOR=dq_plan.use_descriptor, num_warps=dq_plan.num_warps, num_stages=dq_plan.num_stages)
-    else:
-        finish_block = 64
-        _dq_finish_launcher(
-            (triton.cdiv(n_queries, finish_block), batch * n_heads_q), key,
-            dq_acc, dq, n_queries, head_dim, scale, BLOCK_M=finish_block, BLOCK_D=dkdv_plan.block_d, num_warps=4)
+        USE_DESCRIPTOR=dkdv_plan.use_descriptor, num_warps=dkdv_plan.num_warps, num_stages=dkdv_plan.num_stages)
+    _dq_launcher(
+        (triton.cdiv(n_queries, dq_plan.block_m), batch * n_heads_q), key,
+        q, k, v, do, lse, delta, dq, *args,
+        BLOCK_M=dq_plan.block_m, BLOCK_N=dq_plan.block_n, BLOCK_D=dq_plan.block_d, CAUSAL=causal,
+        USE_DESCRIPTOR=dq_plan.use_descriptor, num_warps=dq_plan.num_warps, num_stages=dq_plan.num_stages)
     return dq, dk, dv
 
 

@@ -434,9 +434,6 @@ ATTENTION_CONFIGS = {
     "backward_dkdv": ((64, (32, 64, 4, 3), (32, 64, 4, 3)),
                       (128, (32, 128, 8, 3), (32, 128, 8, 3)),
                       (256, (32, 64, 8, 2), (32, 64, 8, 1))),
-    "backward_dkdv_atomic": ((64, (32, 64, 4, 3), (32, 64, 4, 3)),
-                             (128, (32, 128, 8, 3), (32, 128, 8, 3)),
-                             (256, (32, 64, 8, 2), (32, 64, 8, 1))),
     "backward_dq": ((64, (64, 64, 4, 3), (64, 64, 4, 3)),
                     (128, (128, 64, 8, 2), (128, 64, 8, 2)),
                     (256, (64, 32, 4, 2), (64, 32, 4, 2))),
@@ -444,8 +441,7 @@ ATTENTION_CONFIGS = {
 # Whether a kernel loads through TMA descriptors when the layout allows it. The same sweep: the
 # forward at head dim 128 ran at 460 TFLOP/s (geometric mean of 4 shapes) with pointer loads
 # against 446 at best with descriptors; both backward kernels were fastest with descriptors.
-ATTENTION_USE_DESCRIPTOR = {"forward": False, "backward_dkdv": True, "backward_dkdv_atomic": True,
-                            "backward_dq": True}
+ATTENTION_USE_DESCRIPTOR = {"forward": False, "backward_dkdv": True, "backward_dq": True}
 # Padded head dims whose forward reads K and V in its unmasked key loop through 2-D descriptors
 # over the rows of every head (batch * heads * keys, head_dim), where the layout allows it (heads
 # one after another, as in a contiguous (B, H, S, D) tensor): TMA with no 3-D tile reshaped into
@@ -467,7 +463,6 @@ ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2))}
 ATTENTION_INTERPRETER_CONFIGS = {
     "forward": (16, 32, 4, 1),
     "backward_dkdv": (16, 32, 4, 1),
-    "backward_dkdv_atomic": (16, 32, 4, 1),
     "backward_dq": (32, 16, 4, 1),
 }
 ATTENTION_KERNELS = tuple(ATTENTION_CONFIGS)
@@ -485,9 +480,6 @@ class AttentionPlan:
     use_descriptor: bool = False
     row_descriptors: bool = False
     warp_specialize: bool = False
-    # backward_dkdv_atomic: dQ added through TMA reductions (else atomic adds): Hopper's TMA, the
-    # float32 (D, Sq) rows 16-byte aligned (Sq a multiple of 4). The interpreter has no TMA reduction.
-    tma_reduce: bool = False
     block_m: int = 0
     block_n: int = 0
     block_d: int = 0
@@ -498,8 +490,6 @@ class AttentionPlan:
         if self.path == "torch":
             return f"attention {self.kernel}: torch (blockwise online, CPU), head dim {self.head_dim}"
         loads = "TMA tensor descriptors" if self.use_descriptor else "masked pointer loads"
-        if self.kernel == "backward_dkdv_atomic":
-            loads += ", dQ added in float32 by " + ("TMA reductions" if self.tma_reduce else "atomic adds")
         if self.warp_specialize:
             loads = "warp-specialized, TMA row descriptors (12 warps: a producer and two consumer warpgroups)"
         elif self.row_descriptors:
@@ -535,9 +525,8 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     if specialized is not None and n_keys % (config if interpreting else specialized)[1] == 0:
         return AttentionPlan(kernel, "triton", head_dim, dtype, causal, False, True, True, block_d=block_d,
                              **dict(zip(_CONFIG_FIELDS, config if interpreting else specialized)))
-    tma_reduce = kernel == "backward_dkdv_atomic" and use_descriptor and not interpreting and n_queries % 4 == 0
-    return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, rows, False, tma_reduce,
-                         block_d=block_d, **dict(zip(_CONFIG_FIELDS, config)))
+    return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, rows, False, block_d=block_d,
+                         **dict(zip(_CONFIG_FIELDS, config)))
 
 
 _CONFIG_FIELDS = ("block_m", "block_n", "num_warps", "num_stages")

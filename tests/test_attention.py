@@ -256,6 +256,20 @@ def test_backward_is_deterministic(gen):
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
+def test_register_caps_reach_gpu_plans_only(monkeypatch):
+    # The GPU's plans carry each cap to Triton as maxnreg; the interpreter's carry none.
+    assert plan.ATTENTION_MAX_REGISTERS
+    for (kernel, block_d, causal), cap in plan.ATTENTION_MAX_REGISTERS.items():
+        monkeypatch.setattr(plan, "interpreter_active", lambda: False)
+        on_gpu = plan.attention_plan(kernel, block_d, torch.bfloat16, causal, torch.device("cuda"), 4096, 4096, True)
+        other = plan.attention_plan(kernel, block_d, torch.bfloat16, not causal, torch.device("cuda"), 4096, 4096, True)
+        assert on_gpu.compile_options == {"maxnreg": cap} and f"at most {cap} registers" in on_gpu.describe()
+        assert other.max_registers == plan.ATTENTION_MAX_REGISTERS.get((kernel, block_d, not causal), 0)
+        monkeypatch.setattr(plan, "interpreter_active", lambda: True)
+        interpreted = plan.attention_plan(kernel, block_d, torch.bfloat16, causal, torch.device("cpu"), 4096, 4096, True)
+        assert interpreted.compile_options == {}
+
+
 def test_lse_merges_partial_attentions(gen):
     """Two attentions over disjoint halves of the keys, merged through their lse, give the full one."""
     q, k, v = make_qkv(gen, 1, 2, 2, 18, 40, 64, torch.float16)

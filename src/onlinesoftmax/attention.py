@@ -636,7 +636,8 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str,
         scale * LOG2E, _causal_offset(mode, n_queries, n_keys),
         BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, BLOCK_D=chosen.block_d, CAUSAL=mode != "none",
         USE_DESCRIPTOR=chosen.use_descriptor, ROW_DESCRIPTORS=chosen.row_descriptors,
-        WARP_SPECIALIZE=chosen.warp_specialize, num_warps=chosen.num_warps, num_stages=chosen.num_stages)
+        WARP_SPECIALIZE=chosen.warp_specialize, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
+        **chosen.compile_options)
     return out, lse
 
 
@@ -673,12 +674,14 @@ def launch_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         (triton.cdiv(n_keys, dkdv_plan.block_n), batch * n_heads_kv), key,
         q, k, v, do, lse, delta, dk, dv, *args,
         BLOCK_M=dkdv_plan.block_m, BLOCK_N=dkdv_plan.block_n, BLOCK_D=dkdv_plan.block_d, CAUSAL=causal,
-        USE_DESCRIPTOR=dkdv_plan.use_descriptor, num_warps=dkdv_plan.num_warps, num_stages=dkdv_plan.num_stages)
+        USE_DESCRIPTOR=dkdv_plan.use_descriptor, num_warps=dkdv_plan.num_warps, num_stages=dkdv_plan.num_stages,
+        **dkdv_plan.compile_options)
     _dq_launcher(
         (triton.cdiv(n_queries, dq_plan.block_m), batch * n_heads_q), key,
         q, k, v, do, lse, delta, dq, *args,
         BLOCK_M=dq_plan.block_m, BLOCK_N=dq_plan.block_n, BLOCK_D=dq_plan.block_d, CAUSAL=causal,
-        USE_DESCRIPTOR=dq_plan.use_descriptor, num_warps=dq_plan.num_warps, num_stages=dq_plan.num_stages)
+        USE_DESCRIPTOR=dq_plan.use_descriptor, num_warps=dq_plan.num_warps, num_stages=dq_plan.num_stages,
+        **dq_plan.compile_options)
     return dq, dk, dv
 
 

@@ -421,7 +421,9 @@ def last_plan() -> Plan | None:
 # and streams query blocks, so BLOCK_N is the large side. Backward dQ: the mirror image.
 # Every row compiles for sm_90 (Triton 3.6, checked ahead of time with ptxas -v) to wgmma and TMA
 # loads without register spills, except the causal dK/dV at head dims 128 (16 bytes) and 256 (96
-# bytes); BLOCK_M = 64 in dK/dV spilled 140-870 bytes at D = 128.
+# bytes) and the launches capped in ATTENTION_MAX_REGISTERS below; BLOCK_M = 64 in dK/dV spilled
+# 140-870 bytes at D = 128. The backward rows at head dims 64 (dK/dV) and 128 (dQ) are session 10's
+# (ATTENTION_MAX_REGISTERS says why).
 # Head dims 64 and 128 are the best of scripts/sweep_attention.py on the H100 (2026-11-23; D = 64
 # from one shape, D = 128 the geometric mean of four); head dim 256 was not swept and keeps the
 # starting point above. The forward at head dim 64, non-causal, with row descriptors: (64, 128, 4, 3)
@@ -431,11 +433,11 @@ ATTENTION_CONFIGS = {
     "forward": ((64, (64, 128, 4, 3), (64, 64, 4, 4)),
                 (128, (128, 128, 8, 3), (128, 128, 8, 3)),
                 (256, (64, 64, 4, 2), (64, 64, 4, 2))),
-    "backward_dkdv": ((64, (32, 64, 4, 3), (32, 64, 4, 3)),
+    "backward_dkdv": ((64, (32, 64, 4, 2), (32, 64, 4, 2)),
                       (128, (32, 128, 8, 3), (32, 128, 8, 3)),
                       (256, (32, 64, 8, 2), (32, 64, 8, 1))),
     "backward_dq": ((64, (64, 64, 4, 3), (64, 64, 4, 3)),
-                    (128, (128, 64, 8, 2), (128, 64, 8, 2)),
+                    (128, (128, 32, 8, 2), (128, 32, 8, 2)),
                     (256, (64, 32, 4, 2), (64, 32, 4, 2))),
 }
 # Whether a kernel loads through TMA descriptors when the layout allows it. The same sweep: the
@@ -458,6 +460,20 @@ ATTENTION_FORWARD_ROW_DESCRIPTORS = (64, 128)
 # Triton 3.6 computes NaN with BLOCK_N = 64 at either head dim and with 3 stages at head dim 64
 # (same sweep): those configs are not to be used.
 ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2))}
+# Backward launches that hold one more program an SM with fewer registers a thread, by (kernel,
+# padded head dim, causal): a register cap (Triton's maxnreg) where ptxas would otherwise take more.
+# H100, bf16, backward TFLOP/s, the plan before -> after (2026-11-25, session 10,
+# benchmarks/results/probe_backward_occupancy-h100.log; two runs of the old plan differ by up to 6%):
+# * head dim 64, dK/dV: 2 stages instead of 3 take 153 registers instead of 197 non-causal, 3
+#   programs an SM instead of 2: 4x32x4096 255 -> 299; causal 232 -> 204 registers still holds 2,
+#   capped at 168 (56 bytes of stack) 3: 219-224 -> 248 (uncapped 2 stages: 215).
+# * head dim 128, dQ: 32-key blocks at 136-141 registers (no spill at 128 non-causal, 32 bytes of
+#   stack causal) hold 2 programs of 8 warps an SM where 64-key blocks at 174 held 1: 8x16x1024
+#   222 -> 245, causal 134 -> 141; 4x16x4096 299-309 -> 308, causal 235-237 -> 243; GQA 2x32/8x8192
+#   315-335 -> 337, causal 279-283 -> 281. Uncapped, the 32-key blocks ran slower (259 at S4096),
+#   and 64-key blocks capped at 128 spill 248 bytes (272).
+ATTENTION_MAX_REGISTERS = {("backward_dkdv", 64, True): 168, ("backward_dq", 128, False): 128,
+                           ("backward_dq", 128, True): 128}
 # The interpreter runs at test sizes: small, unequal blocks so that every loop runs several
 # iterations and the causal diagonal falls inside and across blocks.
 ATTENTION_INTERPRETER_CONFIGS = {
@@ -485,6 +501,12 @@ class AttentionPlan:
     block_d: int = 0
     num_warps: int = 0
     num_stages: int = 0
+    max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
+
+    @functools.cached_property
+    def compile_options(self) -> dict:
+        """Options for Triton's compiler beyond num_warps and num_stages (the interpreter ignores them)."""
+        return {"maxnreg": self.max_registers} if self.max_registers else {}
 
     def describe(self) -> str:
         if self.path == "torch":
@@ -494,8 +516,9 @@ class AttentionPlan:
             loads = "warp-specialized, TMA row descriptors (12 warps: a producer and two consumer warpgroups)"
         elif self.row_descriptors:
             loads = f"TMA row descriptors for whole key blocks, {loads} on the diagonal and past the last key"
+        cap = f", at most {self.max_registers} registers a thread" if self.max_registers else ""
         return (f"attention {self.kernel}: BLOCK_M {self.block_m}, BLOCK_N {self.block_n}, head dim "
-                f"{self.head_dim} padded to {self.block_d}, {self.num_warps} warps, {self.num_stages} stages, "
+                f"{self.head_dim} padded to {self.block_d}, {self.num_warps} warps, {self.num_stages} stages{cap}, "
                 f"{'causal' if self.causal else 'non-causal'}, {loads}")
 
 
@@ -525,8 +548,9 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     if specialized is not None and n_keys % (config if interpreting else specialized)[1] == 0:
         return AttentionPlan(kernel, "triton", head_dim, dtype, causal, False, True, True, block_d=block_d,
                              **dict(zip(_CONFIG_FIELDS, config if interpreting else specialized)))
+    cap = 0 if interpreting else ATTENTION_MAX_REGISTERS.get((kernel, block_d, causal), 0)
     return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, rows, False, block_d=block_d,
-                         **dict(zip(_CONFIG_FIELDS, config)))
+                         max_registers=cap, **dict(zip(_CONFIG_FIELDS, config)))
 
 
 _CONFIG_FIELDS = ("block_m", "block_n", "num_warps", "num_stages")

@@ -3,13 +3,17 @@ TFLOP/s of the backward alone (out and lse given; 2.5 x 4*B*Hq*S^2*D, half causa
 against variants of its dK/dV or dQ config and register cap, on the GPU, same inputs, the plan
 timed first and last (run-to-run spread). Registers per variant: scripts/kernel_resources.py.
 
-    python scripts/probe_backward_occupancy.py
+    python scripts/probe_backward_occupancy.py [--dkdv-128]
+
+By default: head dim 64's dK/dV variants, then head dim 128's dQ variants; --dkdv-128: head dim
+128's dK/dV variants (key blocks of 64 on one warpgroup, two programs an SM) instead.
 
 Variants name the config they force and the cap; "plan" is whatever plan.py holds when it runs
 (benchmarks/results/probe_backward_occupancy-h100.log says which plan that was).
 """
 
 import importlib
+import sys
 
 import torch
 import triton.testing
@@ -72,11 +76,18 @@ D64 = [("plan", None, None, None), ("dkdv 32x64x3 uncapped", "backward_dkdv", (3
        ("dkdv 32x64x3 cap168", "backward_dkdv", (32, 64, 4, 3), 168), ("plan", None, None, None)]
 
 
+D128_DKDV = [("plan", None, None, None), ("dkdv 32x64x3", "backward_dkdv", (32, 64, 4, 3), None),
+             ("dkdv 32x64x2", "backward_dkdv", (32, 64, 4, 2), None), ("dkdv 16x64x3", "backward_dkdv", (16, 64, 4, 3), None),
+             ("dkdv 16x64x2", "backward_dkdv", (16, 64, 4, 2), None), ("plan", None, None, None)]
+
+
 def main():
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}, triton {triton.__version__}")
-    run(4, 32, 32, 4096, 64, D64)
+    dkdv_128 = "--dkdv-128" in sys.argv
+    if not dkdv_128:
+        run(4, 32, 32, 4096, 64, D64)
     for shape in [(4, 16, 16, 4096, 128), (8, 16, 16, 1024, 128), (1, 16, 16, 16384, 128), (2, 32, 8, 8192, 128)]:
-        run(*shape, D128)
+        run(*shape, D128_DKDV if dkdv_128 else D128)
 
 
 if __name__ == "__main__":

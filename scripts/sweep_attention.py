@@ -45,16 +45,19 @@ FORWARD_CANDIDATES = {
          (64, 128, 4, 3, "rows"), (128, 64, 8, 3, "rows"), (128, 64, 4, 3, "rows"), (64, 64, 8, 4, "rows")],
 }
 # ((dK/dV config), (dQ config), use_descriptor), configs as (BLOCK_M, BLOCK_N, num_warps, num_stages).
-# The first of each head dim is the plan's. Two variants measured slower at every shape on the
+# The first of each head dim is the plan's (session 10), the second the plan before it. The plan's
+# register caps (plan.ATTENTION_MAX_REGISTERS) apply to every candidate of their head dim and
+# causality; scripts/probe_backward_occupancy.py times configs with and without them. Two variants measured slower at every shape on the
 # H100 (attention-sweep-backward-h100.log, 2026-11-25) and were removed: the dQ kernel with the
 # forward's row descriptors and warp specialization, and a dK/dV kernel that also adds dQ with
 # float32 atomics (five matrix products per block pair instead of seven; 246 against 289 TFLOP/s
 # at head dim 128, its registers full).
 BACKWARD_CANDIDATES = {
-    128: [((32, 128, 8, 3), (128, 64, 8, 2), True), ((32, 128, 8, 2), (128, 32, 8, 3), True),
-          ((64, 64, 8, 2), (64, 64, 4, 3), True), ((32, 128, 8, 3), (128, 64, 8, 2), False)],
-    64: [((32, 64, 4, 3), (64, 64, 4, 3), True), ((32, 128, 8, 3), (128, 64, 4, 3), True),
-         ((64, 128, 8, 3), (128, 64, 8, 3), True)],
+    128: [((32, 64, 4, 3), (128, 32, 8, 2), True), ((32, 128, 8, 3), (128, 64, 8, 2), True),
+          ((32, 128, 8, 2), (128, 32, 8, 3), True), ((64, 64, 8, 2), (64, 64, 4, 3), True),
+          ((32, 64, 4, 3), (128, 32, 8, 2), False)],
+    64: [((32, 64, 4, 2), (64, 64, 4, 3), True), ((32, 64, 4, 3), (64, 64, 4, 3), True),
+         ((32, 128, 8, 3), (128, 64, 4, 3), True), ((64, 128, 8, 3), (128, 64, 8, 3), True)],
 }
 DEADLINE_S = 170
 TOLERANCE = 2e-2  # relative error against SDPA in bf16

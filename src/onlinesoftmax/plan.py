@@ -420,9 +420,9 @@ def last_plan() -> Plan | None:
 # Backward dK/dV: one program holds a key block's K, V, dK and dV ([BLOCK_N, D] each, two in fp32)
 # and streams query blocks, so BLOCK_N is the large side. Backward dQ: the mirror image.
 # Every row compiles for sm_90 (Triton 3.6, checked ahead of time with ptxas -v) to wgmma and TMA
-# loads without register spills, except the causal dK/dV at head dims 128 (16 bytes) and 256 (96
+# loads without register spills, except the causal dK/dV at head dims 128 (112 bytes) and 256 (96
 # bytes) and the launches capped in ATTENTION_MAX_REGISTERS below; BLOCK_M = 64 in dK/dV spilled
-# 140-870 bytes at D = 128. The backward rows at head dims 64 (dK/dV) and 128 (dQ) are session 10's
+# 140-870 bytes at D = 128 (8 warps). The backward rows at head dims 64 and 128 are session 10's
 # (ATTENTION_MAX_REGISTERS says why).
 # Head dims 64 and 128 are the best of scripts/sweep_attention.py on the H100 (2026-11-23; D = 64
 # from one shape, D = 128 the geometric mean of four); head dim 256 was not swept and keeps the
@@ -434,7 +434,7 @@ ATTENTION_CONFIGS = {
                 (128, (128, 128, 8, 3), (128, 128, 8, 3)),
                 (256, (64, 64, 4, 2), (64, 64, 4, 2))),
     "backward_dkdv": ((64, (32, 64, 4, 2), (32, 64, 4, 2)),
-                      (128, (32, 128, 8, 3), (32, 128, 8, 3)),
+                      (128, (32, 64, 4, 3), (32, 64, 4, 3)),
                       (256, (32, 64, 8, 2), (32, 64, 8, 1))),
     "backward_dq": ((64, (64, 64, 4, 3), (64, 64, 4, 3)),
                     (128, (128, 32, 8, 2), (128, 32, 8, 2)),
@@ -462,16 +462,26 @@ ATTENTION_FORWARD_ROW_DESCRIPTORS = (64, 128)
 ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2))}
 # Backward launches that hold one more program an SM with fewer registers a thread, by (kernel,
 # padded head dim, causal): a register cap (Triton's maxnreg) where ptxas would otherwise take more.
-# H100, bf16, backward TFLOP/s, the plan before -> after (2026-11-25, session 10,
-# benchmarks/results/probe_backward_occupancy-h100.log; two runs of the old plan differ by up to 6%):
+# Each kernel runs one CTA after another with no overlap inside it, so a second program an SM is
+# what overlaps one's exp2 and elementwise work with the other's matrix products (Nsight Compute,
+# benchmarks/results/ncu_attention_peers-h100.txt: the old dK/dV kernel kept the tensor pipe
+# active 40% of its time, one program of 8 warps an SM). H100, bf16, backward TFLOP/s, old plan ->
+# new, same process (scripts/probe_backward_occupancy.py, 2026-11-25, session 10:
+# probe_backward_occupancy-h100.log and probe_backward_occupancy_dkdv128-h100.log; the plan timed
+# first and last moves by up to 3%):
 # * head dim 64, dK/dV: 2 stages instead of 3 take 153 registers instead of 197 non-causal, 3
-#   programs an SM instead of 2: 4x32x4096 255 -> 299; causal 232 -> 204 registers still holds 2,
-#   capped at 168 (56 bytes of stack) 3: 219-224 -> 248 (uncapped 2 stages: 215).
-# * head dim 128, dQ: 32-key blocks at 136-141 registers (no spill at 128 non-causal, 32 bytes of
-#   stack causal) hold 2 programs of 8 warps an SM where 64-key blocks at 174 held 1: 8x16x1024
-#   222 -> 245, causal 134 -> 141; 4x16x4096 299-309 -> 308, causal 235-237 -> 243; GQA 2x32/8x8192
-#   315-335 -> 337, causal 279-283 -> 281. Uncapped, the 32-key blocks ran slower (259 at S4096),
-#   and 64-key blocks capped at 128 spill 248 bytes (272).
+#   programs an SM instead of 2: 4x32x4096 254 -> 300; causal 232 -> 204 registers still holds 2,
+#   capped at 168 (56 bytes of stack) 3: 221 -> 248-252 (uncapped 2 stages: 216).
+# * head dim 128, dK/dV: 64-key blocks on one warpgroup (243 registers, 112 bytes of stack causal)
+#   run 2 programs of 4 warps an SM where 128-key blocks on 8 warps ran 1: 4x16x4096 306-313 ->
+#   334, causal 246-250 -> 277; 8x16x1024 240 -> 256, causal 141 -> 163; 1x16x16384 331-335 ->
+#   354, causal 295-306 -> 330; GQA 2x32/8x8192 327-334 -> 343, causal 285-287 -> 308.
+# * head dim 128, dQ: 32-key blocks capped at 128 registers (no spill non-causal, 32 bytes of
+#   stack causal; 136-141 uncapped) hold 2 programs of 8 warps an SM where 64-key blocks at 174
+#   held 1: 8x16x1024 221 -> 243, causal 133 -> 140; 4x16x4096 304 -> 313, causal 234 -> 248;
+#   level at 1x16x16384 (327 -> 333, causal 300 -> 299) and GQA (335 -> 331, causal 279 -> 282).
+#   Uncapped, the 32-key blocks ran slower (260 at S4096); 64-key blocks capped at 128 spill 248
+#   bytes (273).
 ATTENTION_MAX_REGISTERS = {("backward_dkdv", 64, True): 168, ("backward_dq", 128, False): 128,
                            ("backward_dq", 128, True): 128}
 # The interpreter runs at test sizes: small, unequal blocks so that every loop runs several

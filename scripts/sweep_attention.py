@@ -47,7 +47,7 @@ FORWARD_CANDIDATES = {
 # ((dK/dV config), (dQ config), use_descriptor), configs as (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # The first of each head dim is the plan's (session 10), the second the plan before it. The plan's
 # register caps (plan.ATTENTION_MAX_REGISTERS) apply to every candidate of their head dim and
-# causality; scripts/probe_backward_occupancy.py times configs with and without them. Two variants measured slower at every shape on the
+# causality; scripts/probe_occupancy.py times configs with and without them. Two variants measured slower at every shape on the
 # H100 (attention-sweep-backward-h100.log, 2026-11-25) and were removed: the dQ kernel with the
 # forward's row descriptors and warp specialization, and a dK/dV kernel that also adds dQ with
 # float32 atomics (five matrix products per block pair instead of seven; 246 against 289 TFLOP/s

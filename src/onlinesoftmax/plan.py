@@ -466,7 +466,7 @@ ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2))}
 # what overlaps one's exp2 and elementwise work with the other's matrix products (Nsight Compute,
 # benchmarks/results/ncu_attention_peers-h100.txt: the old dK/dV kernel kept the tensor pipe
 # active 40% of its time, one program of 8 warps an SM). H100, bf16, backward TFLOP/s, old plan ->
-# new, same process (scripts/probe_backward_occupancy.py, 2026-11-25, session 10:
+# new, same process (scripts/probe_occupancy.py, 2026-11-25, session 10:
 # probe_backward_occupancy-h100.log and probe_backward_occupancy_dkdv128-h100.log; the plan timed
 # first and last moves by up to 3%):
 # * head dim 64, dK/dV: 2 stages instead of 3 take 153 registers instead of 197 non-causal, 3

@@ -1,15 +1,15 @@
-"""Attention backward launches that hold one more program an SM (plan.ATTENTION_MAX_REGISTERS):
-TFLOP/s of the backward alone (out and lse given; 2.5 x 4*B*Hq*S^2*D, half causal) for the plan
-against variants of its dK/dV or dQ config and register cap, on the GPU, same inputs, the plan
-timed first and last (run-to-run spread). Registers per variant: scripts/kernel_resources.py.
+"""Attention launches that hold one more program an SM (plan.ATTENTION_MAX_REGISTERS): TFLOP/s of
+the plan against variants of one kernel's config and register cap, on the GPU, same inputs, the
+plan timed first and last (run-to-run spread). Backward alone (out and lse given): 2.5 x
+4*B*Hq*S^2*D, half causal; forward: 4*B*Hq*S^2*D. Registers per variant: scripts/kernel_resources.py.
 
-    python scripts/probe_backward_occupancy.py [--dkdv-128]
+    python scripts/probe_occupancy.py [--dkdv-128 | --forward-64 | --dq-128]
 
-By default: head dim 64's dK/dV variants, then head dim 128's dQ variants; --dkdv-128: head dim
-128's dK/dV variants (key blocks of 64 on one warpgroup, two programs an SM) instead.
-
-Variants name the config they force and the cap; "plan" is whatever plan.py holds when it runs
-(benchmarks/results/probe_backward_occupancy-h100.log says which plan that was).
+By default: head dim 64's dK/dV variants, then head dim 128's dQ variants (session 10's first
+run); --dkdv-128: head dim 128's dK/dV variants (key blocks of 64 on one warpgroup, two programs
+an SM); --forward-64: the head dim 64 forward under register caps; --dq-128: head dim 128's dQ
+on one warpgroup. Variants name the config they force and the cap; "plan" is whatever plan.py
+holds when it runs (each log in benchmarks/results/ says which plan that was).
 """
 
 import importlib
@@ -44,23 +44,27 @@ def force(kern, cfg, cap, head_dim, causal):
         plan.ATTENTION_MAX_REGISTERS[(kern, head_dim, causal)] = cap
 
 
-def run(batch, heads_q, heads_kv, seq, head_dim, variants):
+def run(batch, heads_q, heads_kv, seq, head_dim, variants, forward=False):
     q = torch.randn(batch, heads_q, seq, head_dim, device="cuda", generator=gen).bfloat16()
     d_out = torch.randn_like(q)
     k, v = (torch.randn(batch, heads_kv, seq, head_dim, device="cuda", generator=gen).bfloat16() for _ in range(2))
     scale = head_dim ** -0.5
     for mode in ("none", "top_left"):
         causal = mode != "none"
-        flops = 2.5 * 4 * batch * heads_q * seq * seq * head_dim / (2 if causal else 1)
-        out, lse = attention_module.launch_forward(q, k, v, mode, scale)
+        flops = (1 if forward else 2.5) * 4 * batch * heads_q * seq * seq * head_dim / (2 if causal else 1)
         force(None, None, None, head_dim, causal)
-        ref = attention_module.launch_backward(d_out, q, k, v, out, lse, mode, scale)
-        line = f"B{batch} H{heads_q}/{heads_kv} S{seq} D{head_dim} {mode}:"
+        out, lse = attention_module.launch_forward(q, k, v, mode, scale)
+
+        def call():
+            if forward:
+                return attention_module.launch_forward(q, k, v, mode, scale)[:1]
+            return attention_module.launch_backward(d_out, q, k, v, out, lse, mode, scale)
+        ref = call()
+        line = f"{'forward' if forward else 'backward'} B{batch} H{heads_q}/{heads_kv} S{seq} D{head_dim} {mode}:"
         for name, kernel, config, cap in variants:
             force(kernel, config, cap, head_dim, causal)
-            grads = attention_module.launch_backward(d_out, q, k, v, out, lse, mode, scale)
-            err = max(rel(a, b) for a, b in zip(grads, ref))
-            ms = time_ms(lambda: attention_module.launch_backward(d_out, q, k, v, out, lse, mode, scale))
+            err = max(rel(a, b) for a, b in zip(call(), ref))
+            ms = time_ms(call)
             line += f" | {name} {flops / ms / 1e9:.1f}" + ("" if err < 1e-2 else f" WRONG ({err:.1e})")
         print(line, flush=True)
     force(None, None, None, head_dim, False)
@@ -81,13 +85,25 @@ D128_DKDV = [("plan", None, None, None), ("dkdv 32x64x3", "backward_dkdv", (32, 
              ("dkdv 16x64x2", "backward_dkdv", (16, 64, 4, 2), None), ("plan", None, None, None)]
 
 
+FORWARD_64 = [("plan", None, None, None), ("cap 168", "forward", None, 168), ("cap 128", "forward", None, 128),
+              ("cap 112", "forward", None, 112), ("plan", None, None, None)]
+D128_DQ = [("plan", None, None, None), ("dq 64x64x3", "backward_dq", (64, 64, 4, 3), 0),
+           ("dq 64x32x3", "backward_dq", (64, 32, 4, 3), 0), ("dq 64x64x2", "backward_dq", (64, 64, 4, 2), 0),
+           ("plan", None, None, None)]
+SHAPES_128 = [(4, 16, 16, 4096, 128), (8, 16, 16, 1024, 128), (1, 16, 16, 16384, 128), (2, 32, 8, 8192, 128)]
+
+
 def main():
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}, triton {triton.__version__}")
-    dkdv_128 = "--dkdv-128" in sys.argv
-    if not dkdv_128:
+    if "--forward-64" in sys.argv:
+        run(4, 32, 32, 4096, 64, FORWARD_64, forward=True)
+        return
+    lists = {"--dkdv-128": D128_DKDV, "--dq-128": D128_DQ}
+    chosen = next((lists[flag] for flag in lists if flag in sys.argv), None)
+    if chosen is None:
         run(4, 32, 32, 4096, 64, D64)
-    for shape in [(4, 16, 16, 4096, 128), (8, 16, 16, 1024, 128), (1, 16, 16, 16384, 128), (2, 32, 8, 8192, 128)]:
-        run(*shape, D128_DKDV if dkdv_128 else D128)
+    for shape in SHAPES_128:
+        run(*shape, chosen or D128)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ attention_module = importlib.import_module("onlinesoftmax.attention")
 CASES = [  # (direction, batch, heads, seq, head_dim, causal)
     ("forward", 4, 16, 4096, 128, False),
     ("forward", 8, 16, 1024, 128, False),
+    ("forward", 8, 16, 1024, 128, True),
+    ("forward", 4, 32, 4096, 64, True),
     ("backward", 4, 16, 4096, 128, False),
 ]
 

@@ -219,8 +219,18 @@ def _warps_for_tile(elements: int) -> int:
     return WARPS_BY_TILE_ELEMENTS[-1][1]
 
 
+class _RegisterCap:
+    """``compile_options`` from a plan's ``max_registers`` (a cap on registers a thread, Triton's
+    maxnreg; 0: the compiler's choice), built once per plan since every launch reads it."""
+
+    @functools.cached_property
+    def compile_options(self) -> dict:
+        """Options for Triton's compiler beyond num_warps and num_stages (the interpreter ignores them)."""
+        return {"maxnreg": self.max_registers} if self.max_registers else {}
+
+
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Plan(_RegisterCap):
     """One launch decision. ``grid`` is what the first (or only) kernel is launched with."""
 
     op: str
@@ -238,11 +248,6 @@ class Plan:
     launches: int = 1
     hold_input: bool = False  # row_on_chip forward: the tile waits in the input dtype (ROW_ON_CHIP_HOLD_INPUT_MIN_COLS)
     max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
-
-    @functools.cached_property  # read on every launch: built once per plan
-    def compile_options(self) -> dict:
-        """Options for Triton's compiler beyond num_warps (the interpreter ignores them)."""
-        return {"maxnreg": self.max_registers} if self.max_registers else {}
 
     @property
     def passes(self) -> int:
@@ -495,7 +500,7 @@ ATTENTION_KERNELS = tuple(ATTENTION_CONFIGS)
 
 
 @dataclasses.dataclass(frozen=True)
-class AttentionPlan:
+class AttentionPlan(_RegisterCap):
     """One attention launch decision. ``path`` is "triton" or "torch" (CPU tensors, no interpreter)."""
 
     kernel: str
@@ -512,11 +517,6 @@ class AttentionPlan:
     num_warps: int = 0
     num_stages: int = 0
     max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
-
-    @functools.cached_property
-    def compile_options(self) -> dict:
-        """Options for Triton's compiler beyond num_warps and num_stages (the interpreter ignores them)."""
-        return {"maxnreg": self.max_registers} if self.max_registers else {}
 
     def describe(self) -> str:
         if self.path == "torch":

@@ -13,7 +13,10 @@ import secrets
 import pytest
 import torch
 
-from onlinesoftmax import plan
+import contextlib
+
+import onlinesoftmax
+from onlinesoftmax.ops.softmax import plan
 
 # The one tolerance table: bound on ||out - ref|| / ||ref|| against a float64 reference, by the
 # dtype the result is stored in. float32 accumulates and stores in fp32 (a few ulps per element);
@@ -33,8 +36,18 @@ gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 
 
 def strategies_here():
-    """Every strategy that can run on this machine: all four with Triton, only 'torch' without."""
-    return plan.STRATEGIES if TRITON_RUNS else ("torch",)
+    """Every softmax strategy that can run on this machine: the Triton ones only with Triton."""
+    return plan.STRATEGIES if TRITON_RUNS else ("torch", "vectorized")
+
+
+@pytest.fixture
+def plan_override():
+    """``plan_override(op="softmax", **tables)``: run the rest of the test under other plan tables
+    (onlinesoftmax.override_plan); every override is undone, and the plan caches cleared, after it."""
+    with contextlib.ExitStack() as stack:
+        def override(op="softmax", **tables):
+            return stack.enter_context(onlinesoftmax.override_plan(op, **tables))
+        yield override
 
 
 @pytest.fixture

@@ -7,19 +7,18 @@ runs the same tests on CUDA tensors plus the long lengths and every head dim at 
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
 import torch
 
 import onlinesoftmax
-from onlinesoftmax import cpu, plan
+from onlinesoftmax import cpu
+from onlinesoftmax.ops.attention import launch as attention_module, op as attention_op, plan
 
 from conftest import (DEVICE, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, gpu_only, make_logits,
                       relative_error)
 
-attention_module = importlib.import_module("onlinesoftmax.attention")
 attention = onlinesoftmax.attention
 MODES = ("none", "top_left", "bottom_right")
 CAUSAL_ARG = {"none": False, "top_left": "top_left", "bottom_right": "bottom_right"}
@@ -59,11 +58,11 @@ def reference_grads(q, k, v, d_out, mode, scale=None):
     return [t.grad for t in leaves]
 
 
-def force_descriptor(monkeypatch, use_descriptor: bool):
+def force_descriptor(monkeypatch, plan_override, use_descriptor: bool):
     monkeypatch.setattr(attention_module, "descriptor_ok", lambda *tensors: use_descriptor)
     # Where the layout allows it, the plan still picks per kernel (the forward prefers pointer
     # loads on the H100); forcing descriptors on covers every kernel's TMA path.
-    monkeypatch.setattr(plan, "ATTENTION_USE_DESCRIPTOR", dict.fromkeys(plan.ATTENTION_USE_DESCRIPTOR, True))
+    plan_override("attention", ATTENTION_USE_DESCRIPTOR=dict.fromkeys(plan.ATTENTION_USE_DESCRIPTOR, True))
 
 
 def expected_path():
@@ -107,8 +106,8 @@ SHAPES = {
                          ids=["bf16-descriptor", "fp16-pointer"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
-def test_matches_float64(shape, mode, dtype, use_descriptor, gen, monkeypatch):
-    force_descriptor(monkeypatch, use_descriptor)
+def test_matches_float64(shape, mode, dtype, use_descriptor, gen, monkeypatch, plan_override):
+    force_descriptor(monkeypatch, plan_override, use_descriptor)
     q, k, v = make_qkv(gen, *SHAPES[shape], dtype, requires_grad=True)
     check_all(q, k, v, mode, dtype, f"{shape} {mode}", gen)
     chosen = plan.last_attention_plan()
@@ -130,12 +129,12 @@ ROW_SHAPES = {
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("shape", list(ROW_SHAPES), ids=list(ROW_SHAPES))
-def test_forward_row_descriptors(shape, mode, gen, monkeypatch):
+def test_forward_row_descriptors(shape, mode, gen, plan_override):
     """The forward's 2-D row descriptors, and its warp-specialized single loop (forced at every
     head dim and for causal masks too) where the keys fill whole blocks; the interpreter runs the
     same code unspecialized."""
     config = plan.ATTENTION_FORWARD_WARP_SPECIALIZED[128][0]  # the GPU's; the interpreter keeps its own blocks
-    monkeypatch.setattr(plan, "ATTENTION_FORWARD_WARP_SPECIALIZED", {64: (config, config), 128: (config, config)})
+    plan_override("attention", ATTENTION_FORWARD_WARP_SPECIALIZED={64: (config, config), 128: (config, config)})
     q, k, v = make_qkv(gen, *ROW_SHAPES[shape], torch.bfloat16, requires_grad=True)
     out, lse = attention(q, k, v, causal=CAUSAL_ARG[mode], return_lse=True)
     chosen = plan.last_attention_plan()
@@ -174,7 +173,7 @@ def test_single_row_views_keep_their_head_stride(gen):
                        torch.bfloat16, f"one key, {mode}")
 
 
-@pytest.mark.parametrize("head_dim", attention_module.SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", attention_op.SUPPORTED_HEAD_DIMS)
 def test_every_head_dim(head_dim, gen):
     # 80, 96 and 192 are padded to 128 and 256 inside the kernels, with the padding masked.
     q, k, v = make_qkv(gen, 1, 2, 1, 20, 23, head_dim, torch.bfloat16, requires_grad=True)
@@ -343,7 +342,7 @@ def test_errors(args, kwargs, error, words):
 
 
 @gpu_only
-@pytest.mark.parametrize("head_dim", attention_module.SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", attention_op.SUPPORTED_HEAD_DIMS)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("n_queries, n_keys", [(1000, 1000), (4097, 4097), (1, 4097), (4097, 1000), (1000, 2048)])
 def test_long_sequences_gpu(n_queries, n_keys, mode, head_dim, gen):

@@ -92,24 +92,24 @@ def test_softmax_summary_geomean_and_best_peer():
 
 
 def test_results_files_carry_the_command_environment_and_rows(tmp_path, monkeypatch):
-    monkeypatch.setattr("sys.argv", ["onlinesoftmax", "bench", "softmax", "--name", "unit"])
+    monkeypatch.setattr("sys.argv", ["onlinesoftmax", "bench", "softmax", "--out", "unit"])
     rows = [Row("3x7", "float32", "forward", "torch", ms=1.0, gbs=10.0, rel_error=0.0),
             Row("3x7", "float32", "forward", "onlinesoftmax", ms=0.5, gbs=20.0, rel_error=1e-7)]
     harness.finish_rows(rows, 40.0)
-    args = argparse.Namespace(out=str(tmp_path), name="unit", seed=7)
+    args = argparse.Namespace(out=str(tmp_path), seed=7)
     stem = harness.write_results(args, "softmax", rows, 40.0, "a note")
-    assert stem == str(tmp_path / "unit")
-    payload = json.loads((tmp_path / "unit.json").read_text())
-    assert payload["environment"]["command"] == "onlinesoftmax bench softmax --name unit"
+    assert stem == str(tmp_path / "softmax")
+    payload = json.loads((tmp_path / "softmax.json").read_text())
+    assert payload["environment"]["command"] == "onlinesoftmax bench softmax --out unit"
     assert payload["seed"] == 7 and payload["copy_gbs"] == 40.0
     assert [r["impl"] for r in payload["rows"]] == ["torch", "onlinesoftmax"]
     assert payload["rows"][1]["speedup_vs_torch"] == 2.0
-    md = (tmp_path / "unit.md").read_text()
-    assert "Command: `onlinesoftmax bench softmax --name unit`" in md and "a note" in md
+    md = (tmp_path / "softmax.md").read_text()
+    assert "Command: `onlinesoftmax bench softmax --out unit`" in md and "a note" in md
     assert "| forward | float32 | 3x7 | onlinesoftmax | 0.5000 | 20 | 50.0 | 2.00x |" in md
-    assert (tmp_path / "unit.png").read_bytes()[:4] == b"\x89PNG"
-    # Suites other than the main job write beside it under their own name.
-    assert harness.write_results(args, "topk", rows, 40.0) == str(tmp_path / "topk-unit")
+    assert (tmp_path / "softmax.png").read_bytes()[:4] == b"\x89PNG"
+    # Every suite writes into the results folder under its own name.
+    assert harness.write_results(args, "topk", rows, 40.0) == str(tmp_path / "topk")
 
 
 def test_merge_keeps_the_earlier_runs_rows_of_cases_not_measured_again(tmp_path, monkeypatch):
@@ -117,7 +117,7 @@ def test_merge_keeps_the_earlier_runs_rows_of_cases_not_measured_again(tmp_path,
         return [Row(case, dtype, direction, impl, ms=ms * (2 if impl == "torch" else 1), gbs=1.0 / ms, rel_error=0.0)
                 for direction in ("forward", "backward") for case in ("3x7", "5x9") for impl in ("torch", "onlinesoftmax")]
 
-    args = argparse.Namespace(out=str(tmp_path), name="unit", seed=7, merge=True)
+    args = argparse.Namespace(out=str(tmp_path), seed=7, merge=True)
     dates = iter(f"2026-11-25 0{hour}:00:00 UTC" for hour in range(1, 9))  # runs apart in time, as on the device
     monkeypatch.setattr(harness, "environment", lambda command: {"command": command, "date": next(dates),
                                                                 "torch": "t", "triton": "t", "device": "d"})
@@ -138,9 +138,9 @@ def test_merge_keeps_the_earlier_runs_rows_of_cases_not_measured_again(tmp_path,
     assert kept.pct_of_copy == 100.0 / 40.0 and kept.speedup_vs_torch == 2.0  # its own run's figures
     assert runs == [{"command": "onlinesoftmax bench --dtype fp32", "date": "2026-11-25 01:00:00 UTC", "copy_gbs": 40.0}]
     harness.write_results(args, "softmax", rows, 50.0, "", None, runs)
-    payload = json.loads((tmp_path / "unit.json").read_text())
+    payload = json.loads((tmp_path / "softmax.json").read_text())
     assert payload["earlier_runs"] == runs and len(payload["rows"]) == 15
-    assert "come from earlier runs (--merge): `onlinesoftmax bench --dtype fp32`" in (tmp_path / "unit.md").read_text()
+    assert "come from earlier runs (--merge): `onlinesoftmax bench --dtype fp32`" in (tmp_path / "softmax.md").read_text()
     # A third run that measures every float32 case again: the first run's rows are gone, and so is
     # its record; the second run's are kept.
     monkeypatch.setattr("sys.argv", ["onlinesoftmax", "bench", "--dtype", "fp32", "--merge"])
@@ -182,16 +182,45 @@ def test_explain_says_which_tiles_wait_at_16_bits(capsys, shape, dtype, op, narr
     assert ("registers:   the tile waits in bfloat16" in capsys.readouterr().out) == narrow
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU demo runs only where there is no GPU")
-def test_bench_without_a_gpu_runs_the_cpu_demo(capsys, tmp_path):
-    assert cli.main(["bench", "--out", str(tmp_path)]) == 0
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU check runs only where there is no GPU")
+@pytest.mark.parametrize("suite", ["softmax", "topk", "attention"])
+def test_bench_without_a_gpu_runs_the_suites_cpu_check(capsys, tmp_path, suite):
+    assert cli.main(["bench", suite, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "No CUDA GPU found" in out and "1x262144" in out
+    assert "No CUDA GPU here" in out and " ok" in out and "FAIL" not in out
     assert not list(tmp_path.iterdir())  # no GPU, no results files
+
+
+def test_no_arguments_print_help_and_exit_0(capsys):
+    assert cli.main([]) == 0
+    assert "usage: onlinesoftmax" in capsys.readouterr().out
+
+
+def test_version(capsys):
+    import onlinesoftmax
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0 and onlinesoftmax.__version__ in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, slug", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                        ("NVIDIA A100-SXM4-40GB", "a100"), ("NVIDIA GeForce RTX 4090", "rtx4090"),
+                                        ("Some New GPU", "some-new-gpu")])
+def test_results_go_to_a_folder_named_after_the_device(name, slug):
+    assert harness.device_slug(name) == slug
+
+
+def test_existing_results_are_not_overwritten_unless_asked(tmp_path, capsys, monkeypatch):
+    (tmp_path / "softmax.json").write_text("{}")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cli.main(["bench", "softmax", "--out", str(tmp_path)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (tmp_path / "softmax.json").read_text() == "{}"
 
 
 def test_merge_is_refused_for_suites_that_do_not_merge(capsys):
     # Only the softmax suite merges; elsewhere the flag would be ignored silently.
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["bench", "topk", "--merge"])
-    assert exit_info.value.code == 2 and "--merge applies to the softmax suite only" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--merge applies to the softmax suites only" in capsys.readouterr().err

@@ -9,7 +9,6 @@ launch of a varied workload and hold each key's calls to that, with Triton's own
 from __future__ import annotations
 
 import collections
-import importlib
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from triton.backends.compiler import BaseBackend
 
 import onlinesoftmax
 from onlinesoftmax import _launch
+from onlinesoftmax.ops.softmax import kernels as softmax_kernels, launch as softmax_launch
 
 from conftest import make_logits, needs_triton
 
@@ -73,7 +73,7 @@ def test_the_check_catches_a_key_that_leaves_out_the_alignment(gen, monkeypatch)
         return launch(self, grid, key, *args, **meta)
 
     monkeypatch.setattr(_launch.Launcher, "__call__", recording)
-    monkeypatch.setattr(importlib.import_module("onlinesoftmax.softmax"), "aligned", lambda t: True)
+    monkeypatch.setattr(softmax_launch, "aligned", lambda t: True)
     flat = make_logits((6 * 64 + 4,), torch.float32, gen)
     onlinesoftmax.softmax(flat[:384].view(6, 64)[:, :40], strategy="looped")
     onlinesoftmax.softmax(flat[1:385].view(6, 64)[:, :40], strategy="looped")  # 4 bytes off
@@ -84,5 +84,4 @@ def test_the_check_catches_a_key_that_leaves_out_the_alignment(gen, monkeypatch)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the fast path is the one taken")
 def test_interpreted_kernels_take_tritons_own_path():
     # Under the interpreter the kernels are not JITFunctions and must not reach the compiled path.
-    softmax_module = importlib.import_module("onlinesoftmax.softmax")
-    assert not _launch.Launcher(softmax_module.row_on_chip_softmax_kernel).fast
+    assert not _launch.Launcher(softmax_kernels.row_on_chip_softmax_kernel).fast

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
@@ -11,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import onlinesoftmax
-from onlinesoftmax import plan
-softmax_module = importlib.import_module("onlinesoftmax.softmax")
+from onlinesoftmax import _buffers, _device
+from onlinesoftmax.ops.softmax import launch as softmax_launch, op as softmax_op, plan
 
 from conftest import (DEVICE, DTYPES, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, gpu_only, make_logits,
                       needs_triton, strategies_here)
@@ -24,7 +23,8 @@ OPS = {
 # (strategy, algorithm) pairs: the on-chip strategies are one pass by construction, the streaming
 # ones take both.
 STRATEGY_ALGORITHMS = [("row_on_chip", "auto"), ("split_row_on_chip", "auto"), ("looped", "online"), ("looped", "safe"),
-                       ("split_row", "online"), ("split_row", "safe"), ("torch", "online"), ("torch", "safe")]
+                       ("split_row", "online"), ("split_row", "safe"), ("vectorized", "online"), ("vectorized", "safe"),
+                       ("torch", "auto")]
 
 
 def runnable(strategy):
@@ -33,7 +33,7 @@ def runnable(strategy):
 
 def strategy_params():
     return [pytest.param(s, a, id=f"{s}-{a}",
-                         marks=[] if s == "torch" else [needs_triton]) for s, a in STRATEGY_ALGORITHMS]
+                         marks=[] if s in ("torch", "vectorized") else [needs_triton]) for s, a in STRATEGY_ALGORITHMS]
 
 
 def test_the_comparison_ignores_only_what_float32_cannot_hold_as_a_normal():
@@ -111,7 +111,7 @@ def test_row_on_chip_packs_short_rows(gen):
     assert chosen.grid[0] == -(-x.shape[0] // chosen.rows_per_program)
     assert_matches(out, torch.softmax(x.double(), -1), torch.float32)
     dy = make_logits(x.shape, torch.float32, gen, scale=1.0)
-    dx = softmax_module.launch_backward(out, dy, 1, False, strategy="row_on_chip")
+    dx = softmax_launch.launch_backward(out, dy, 1, False, strategy="row_on_chip")
     assert plan.last_plan().grid == chosen.grid
     y64 = out.double()
     assert_matches(dx, y64 * (dy.double() - (y64 * dy.double()).sum(-1, keepdim=True)), torch.float32, "backward")
@@ -120,29 +120,23 @@ def test_row_on_chip_packs_short_rows(gen):
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
-def test_row_on_chip_holding_the_input_dtype(op, dtype, monkeypatch, gen):
+def test_row_on_chip_holding_the_input_dtype(op, dtype, plan_override, gen):
     # The plan holds only long bf16 rows in their own dtype; forced here at every width and dtype,
     # on a strided view with special values in some rows, so that the held path is judged as the
     # other one is.
-    monkeypatch.setattr(plan, "ROW_ON_CHIP_HOLD_INPUT_MIN_COLS", {d: 1 for d in DTYPES})
-    plan._choose.cache_clear()
-    softmax_module._RECIPES.clear()
-    try:
-        x = layout(make_logits((6, 2, 37), dtype, gen), "sliced", -1)
-        x[0, 0, 3] = float("-inf")
-        x[1, 1] = float("-inf")
-        x[2, 0, 5] = float("nan")
-        x[3, 1, 36] = float("inf")
-        if op == "logsumexp":
-            out, ref = onlinesoftmax.logsumexp(x, -1, strategy="row_on_chip"), torch.logsumexp(x.double(), -1)
-        else:
-            out = OPS[op][0](x, -1, strategy="row_on_chip", temperature=0.7)
-            ref = OPS[op][1](x.double() / 0.7, -1)
-        assert plan.last_plan().hold_input
-        assert_matches(out, ref, dtype, f"{op} held in {dtype}")
-    finally:
-        plan._choose.cache_clear()
-        softmax_module._RECIPES.clear()
+    plan_override(ROW_ON_CHIP_HOLD_INPUT_MIN_COLS={d: 1 for d in DTYPES})
+    x = layout(make_logits((6, 2, 37), dtype, gen), "sliced", -1)
+    x[0, 0, 3] = float("-inf")
+    x[1, 1] = float("-inf")
+    x[2, 0, 5] = float("nan")
+    x[3, 1, 36] = float("inf")
+    if op == "logsumexp":
+        out, ref = onlinesoftmax.logsumexp(x, -1, strategy="row_on_chip"), torch.logsumexp(x.double(), -1)
+    else:
+        out = OPS[op][0](x, -1, strategy="row_on_chip", temperature=0.7)
+        ref = OPS[op][1](x.double() / 0.7, -1)
+    assert plan.last_plan().hold_input
+    assert_matches(out, ref, dtype, f"{op} held in {dtype}")
 
 
 def test_row_on_chip_holds_only_long_bf16_rows():
@@ -241,7 +235,7 @@ def test_output_dtype(strategy, gen):
 @pytest.mark.parametrize("kind, dim", [("sliced", -1), ("transposed", -1), ("transposed", 0), ("sliced", 1)])
 def test_strided_views_are_read_in_place(kind, dim, gen):
     x = layout(make_logits(SHAPE, torch.float32, gen), kind, dim)
-    viewed = softmax_module._row_layout(x, dim % x.dim())[0]
+    viewed = softmax_launch._row_layout(x, dim % x.dim())[0]
     assert viewed.data_ptr() == x.data_ptr(), "a hidden .contiguous() copy was made"
     assert_matches(onlinesoftmax.softmax(x, dim), torch.softmax(x.double(), dim), torch.float32)
 
@@ -249,7 +243,7 @@ def test_strided_views_are_read_in_place(kind, dim, gen):
 def test_uncollapsible_view_is_copied_and_correct(gen):
     # Rows that need three strides (a permuted 4-d tensor) fall back to one documented copy.
     x = make_logits((4, 5, 6, 7), torch.float32, gen).permute(2, 0, 3, 1)
-    viewed = softmax_module._row_layout(x, 1)[0]
+    viewed = softmax_launch._row_layout(x, 1)[0]
     assert viewed.data_ptr() != x.data_ptr()
     assert_matches(onlinesoftmax.softmax(x, 1), torch.softmax(x.double(), 1), torch.float32)
 
@@ -277,7 +271,9 @@ def test_gradients_match_float64_autograd(op, dtype, strategy, dim, kind, gen):
     dy = make_logits(SHAPE, dtype, gen, scale=1.0)
     out = ours(x, dim, temperature=1.5, strategy=strategy)
     (dx,) = torch.autograd.grad(out, x, dy)
-    assert plan.last_plan().strategy == strategy and plan.last_plan().op == f"{op}_backward"
+    # The "torch" strategy's backward is torch's own autograd: no plan of ours runs for it.
+    assert plan.last_plan().strategy == strategy
+    assert plan.last_plan().op == (op if strategy == "torch" else f"{op}_backward")
     if dtype == torch.float32:
         # End to end: the gradient of the float64 function of the same input.
         x64 = x.detach().double().requires_grad_()
@@ -342,10 +338,10 @@ def test_torch_compile_fullgraph_forward_and_backward(gen):
 
 def test_custom_ops_pass_opcheck(gen):
     x = make_logits((4, 20), torch.float32, gen)
-    torch.library.opcheck(softmax_module._forward_op, (x, 1, "softmax", 1.0, None, "auto", None))
-    torch.library.opcheck(softmax_module._forward_op, (x, 0, "logsumexp", 1.0, None, "auto", None))
+    torch.library.opcheck(softmax_op._forward_op, (x, 1, "softmax", 1.0, None, "auto", None))
+    torch.library.opcheck(softmax_op._forward_op, (x, 0, "logsumexp", 1.0, None, "auto", None))
     y = torch.softmax(x, 1)
-    torch.library.opcheck(softmax_module._backward_op, (y, torch.randn_like(y), 1, False, 1.0, None, None))
+    torch.library.opcheck(softmax_op._backward_op, (y, torch.randn_like(y), 1, False, 1.0, None, None))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -373,12 +369,11 @@ def test_property_random_shapes_dims_dtypes_scales(shape, data, dtype, log_scale
 @pytest.mark.parametrize("fn", [onlinesoftmax.softmax, onlinesoftmax.log_softmax, onlinesoftmax.logsumexp])
 def test_bad_input_raises_clear_errors(fn):
     x = torch.randn(3, 4)
-    with pytest.raises(TypeError, match="floating-point"):
-        fn(torch.ones(3, 4, dtype=torch.int64))
-    with pytest.raises(TypeError, match="floating-point"):
-        fn(torch.ones(3, 4, dtype=torch.bool))
-    with pytest.raises(TypeError, match="float64"):
-        fn(x.double())
+    if fn is not onlinesoftmax.logsumexp:  # torch.logsumexp takes integers (in the default float dtype)
+        with pytest.raises(TypeError, match="floating-point"):
+            fn(torch.ones(3, 4, dtype=torch.int64))
+        with pytest.raises(TypeError, match="floating-point"):
+            fn(torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match="Tensor"):
         fn([1.0, 2.0])
     with pytest.raises(ValueError, match="out of range"):
@@ -389,6 +384,32 @@ def test_bad_input_raises_clear_errors(fn):
         fn(torch.randn(3, 4, device="meta"))
     with pytest.raises(ValueError, match="strategy"):
         fn(x, strategy="fastest")
+    with pytest.raises(ValueError, match="Triton kernels"):
+        fn(x.double(), strategy="looped")
+
+
+@pytest.mark.parametrize("fn, ref", [(onlinesoftmax.softmax, torch.softmax), (onlinesoftmax.log_softmax, torch.log_softmax),
+                                     (onlinesoftmax.logsumexp, torch.logsumexp)])
+def test_dtypes_the_kernels_do_not_take_give_torchs_answer(fn, ref, gen):
+    # float64 (and integer logsumexp) as torch computes them: the plan hands them to torch's kernels.
+    x = make_logits((3, 70), torch.float64, gen)
+    assert torch.equal(fn(x, 1), ref(x, 1)) and fn(x, 1).dtype == torch.float64
+    assert plan.last_plan().strategy == "torch"
+    ints = torch.randint(-5, 5, (4, 9), generator=gen).to(DEVICE)
+    if fn is onlinesoftmax.logsumexp:
+        assert_matches(fn(ints, 1), ref(ints.double(), 1), torch.float32)
+        assert fn(ints, 1).dtype == torch.get_default_dtype()
+    else:
+        out = fn(ints, 1, torch.float64)  # dtype positional, as torch allows
+        assert out.dtype == torch.float64 and torch.allclose(out, ref(ints, 1, dtype=torch.float64))
+
+
+def test_logsumexp_takes_several_dims_and_keepdim(gen):
+    x = make_logits((4, 5, 6), torch.float32, gen)
+    for dim, keepdim in (((0, 2), False), ((2, 0), True), (1, True), ((-1, -2, -3), False)):
+        assert_matches(onlinesoftmax.logsumexp(x, dim, keepdim), torch.logsumexp(x.double(), dim, keepdim),
+                       torch.float32, f"dim={dim} keepdim={keepdim}")
+    assert onlinesoftmax.logsumexp(torch.tensor(2.0, device=DEVICE), 0, True).shape == ()
 
 
 @pytest.mark.parametrize("fn", [onlinesoftmax.softmax, onlinesoftmax.log_softmax])
@@ -403,6 +424,8 @@ def test_bad_options_raise(fn):
         fn(x, algorithm="two-pass")
     with pytest.raises(TypeError, match="dtype"):
         fn(x, dtype=torch.int32)
+    with pytest.raises(TypeError, match="dtype"):
+        fn(x, -1, "float32")
 
 
 @needs_triton
@@ -412,93 +435,75 @@ def test_on_chip_strategies_refuse_multi_pass_algorithms(strategy):
         onlinesoftmax.softmax(torch.randn(3, 4, device=DEVICE), algorithm="safe", strategy=strategy)
 
 
-def test_split_row_on_chip_tiles_by_direction_and_element_size(monkeypatch):
+def test_split_row_on_chip_tiles_by_direction_and_element_size(plan_override):
     # Table values are bytes, or {element size: bytes}; tiles are powers of two in elements, one warp
     # per WARP_BYTES of a tile.
-    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_TILE_BYTES", {"forward": 8192, "backward": {4: 32768, 2: 16384}})
-    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_WARP_BYTES", {"forward": 2048, "backward": {4: 8192, 2: 1024}})
-    plan._choose.cache_clear()
+    plan_override(SPLIT_ON_CHIP_TILE_BYTES={"forward": 8192, "backward": {4: 32768, 2: 16384}})
+    plan_override(SPLIT_ON_CHIP_WARP_BYTES={"forward": 2048, "backward": {4: 8192, 2: 1024}})
     cuda = torch.device("cuda")
-    try:
-        chosen = {(op, dtype): plan._choose(op, 64, 128256, dtype, cuda, "auto", None, 132, False)
-                  for op in ("softmax", "softmax_backward") for dtype in (torch.float32, torch.bfloat16)}
-        assert all(c.strategy == "split_row_on_chip" for c in chosen.values())
-        tiles = {key: (c.block_cols, c.num_warps) for key, c in chosen.items()}
-        assert tiles == {("softmax", torch.float32): (2048, 4), ("softmax", torch.bfloat16): (4096, 4),
-                         ("softmax_backward", torch.float32): (8192, 4),
-                         ("softmax_backward", torch.bfloat16): (8192, 16)}
-    finally:
-        plan._choose.cache_clear()
+    chosen = {(op, dtype): plan._choose(op, 64, 128256, dtype, cuda, "auto", None, 132, False)
+              for op in ("softmax", "softmax_backward") for dtype in (torch.float32, torch.bfloat16)}
+    assert all(c.strategy == "split_row_on_chip" for c in chosen.values())
+    tiles = {key: (c.block_cols, c.num_warps) for key, c in chosen.items()}
+    assert tiles == {("softmax", torch.float32): (2048, 4), ("softmax", torch.bfloat16): (4096, 4),
+                     ("softmax_backward", torch.float32): (8192, 4),
+                     ("softmax_backward", torch.bfloat16): (8192, 16)}
 
 
 def test_split_row_on_chip_register_cap_only_beyond_one_uncapped_wave():
     # The plan's constants on a 132-SM GPU: the cap where a launch has more programs than the SMs
     # hold uncapped, none for launches that fit (bf16 16x262144: 512 programs) or for the 2-byte
     # log_softmax (it would spill), none backward.
-    plan._choose.cache_clear()
     cuda = torch.device("cuda")
-    try:
-        def cap(op, rows, cols, dtype):
-            chosen = plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False)
-            assert chosen.strategy == "split_row_on_chip"
-            return chosen.max_registers, chosen.grid[0]
-        assert cap("softmax", 16, 262144, torch.bfloat16) == (0, 512)
-        assert cap("softmax", 16, 262144, torch.float32) == (32, 1024)
-        assert cap("softmax", 64, 128256, torch.bfloat16) == (32, 1024)
-        assert cap("log_softmax", 256, 151936, torch.float32)[0] == 32
-        assert cap("log_softmax", 256, 151936, torch.bfloat16)[0] == 0
-        assert cap("softmax_backward", 256, 151936, torch.float32)[0] == 0
-    finally:
-        plan._choose.cache_clear()
+    def cap(op, rows, cols, dtype):
+        chosen = plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False)
+        assert chosen.strategy == "split_row_on_chip"
+        return chosen.max_registers, chosen.grid[0]
+    assert cap("softmax", 16, 262144, torch.bfloat16) == (0, 512)
+    assert cap("softmax", 16, 262144, torch.float32) == (32, 1024)
+    assert cap("softmax", 64, 128256, torch.bfloat16) == (32, 1024)
+    assert cap("log_softmax", 256, 151936, torch.float32)[0] == 32
+    assert cap("log_softmax", 256, 151936, torch.bfloat16)[0] == 0
+    assert cap("softmax_backward", 256, 151936, torch.float32)[0] == 0
 
 
 @needs_triton
-def test_split_row_on_chip_under_a_register_cap(monkeypatch, gen):
+def test_split_row_on_chip_under_a_register_cap(plan_override, gen):
     # The plan passes its cap to Triton's compiler (maxnreg; the interpreter ignores it), by op and
     # element size, where a launch has more programs than fit uncapped: results stay those of the
     # uncapped kernel, forward and backward.
-    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM", 0)
+    plan_override(SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM=0)
     x = make_logits((3, 3000), torch.bfloat16, gen, outliers=False)
     dy = make_logits((3, 3000), torch.bfloat16, gen, scale=1.0)
 
     def run(caps):
-        monkeypatch.setattr(plan, "SPLIT_ON_CHIP_MAX_REGISTERS", caps)
-        plan._choose.cache_clear()
-        softmax_module._RECIPES.clear()
+        plan_override(SPLIT_ON_CHIP_MAX_REGISTERS=caps)
         y = onlinesoftmax.softmax(x, strategy="split_row_on_chip")
         options = [plan.last_plan().compile_options]
         log_y = onlinesoftmax.log_softmax(x, strategy="split_row_on_chip")
         options.append(plan.last_plan().compile_options)
-        dx = softmax_module.launch_backward(y, dy, 1, False, strategy="split_row_on_chip")
+        dx = softmax_launch.launch_backward(y, dy, 1, False, strategy="split_row_on_chip")
         options.append(plan.last_plan().compile_options)
         return (y, log_y, dx), options
 
-    try:
-        free, options = run(dict.fromkeys(plan.FORWARD_OPS + plan.BACKWARD_OPS, 0))
-        assert options == [{}, {}, {}]
-        capped, options = run({"softmax": 32, "log_softmax": {4: 32, 2: 40}, "logsumexp": 0,
-                               "softmax_backward": 200, "log_softmax_backward": 0})
-        assert options == [{"maxnreg": 32}, {"maxnreg": 40}, {"maxnreg": 200}]
-        assert all(torch.equal(a, b) for a, b in zip(free, capped))
-    finally:
-        plan._choose.cache_clear()
-        softmax_module._RECIPES.clear()
+    free, options = run(dict.fromkeys(plan.FORWARD_OPS + plan.BACKWARD_OPS, 0))
+    assert options == [{}, {}, {}]
+    capped, options = run({"softmax": 32, "log_softmax": {4: 32, 2: 40}, "logsumexp": 0,
+                           "softmax_backward": 200, "log_softmax_backward": 0})
+    assert options == [{"maxnreg": 32}, {"maxnreg": 40}, {"maxnreg": 200}]
+    assert all(torch.equal(a, b) for a, b in zip(free, capped))
 
 
 @needs_triton
-def test_split_row_on_chip_refuses_rows_too_long_to_hold(monkeypatch):
+def test_split_row_on_chip_refuses_rows_too_long_to_hold(plan_override):
     # A row needs all its programs resident at once: more chunks than that is an error, not a hang.
-    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_TILE_BYTES", {"forward": 64, "backward": 64})
-    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_MAX_TILE", 16)
-    plan._choose.cache_clear()
-    try:
-        cols = 16 * plan._split_on_chip_max_chunks(plan.sm_count(DEVICE)) + 1
-        with pytest.raises(ValueError, match="side by side"):
-            onlinesoftmax.softmax(torch.randn(2, cols, device=DEVICE), strategy="split_row_on_chip")
-        onlinesoftmax.softmax(torch.randn(2, cols, device=DEVICE))  # the automatic choice goes elsewhere
-        assert plan.last_plan().strategy != "split_row_on_chip"
-    finally:
-        plan._choose.cache_clear()
+    plan_override(SPLIT_ON_CHIP_TILE_BYTES={"forward": 64, "backward": 64})
+    plan_override(SPLIT_ON_CHIP_MAX_TILE=16)
+    cols = 16 * plan._split_on_chip_max_chunks(_device.sm_count(DEVICE)) + 1
+    with pytest.raises(ValueError, match="side by side"):
+        onlinesoftmax.softmax(torch.randn(2, cols, device=DEVICE), strategy="split_row_on_chip")
+    onlinesoftmax.softmax(torch.randn(2, cols, device=DEVICE))  # the automatic choice goes elsewhere
+    assert plan.last_plan().strategy != "split_row_on_chip"
 
 
 @needs_triton
@@ -531,22 +536,18 @@ def test_repeated_calls_reuse_launches_safely(strategy, gen):
 
 
 @pytest.fixture
-def small_split_tiles(monkeypatch):
+def small_split_tiles(plan_override):
     """split_row_on_chip with chunks of at most 4096 (forward) / 2048 (backward) bytes of input, so
     that test-sized rows take many programs each."""
-    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_TILE_BYTES", {"forward": 4096, "backward": 2048})
-    monkeypatch.setattr(plan, "SPLIT_ON_CHIP_WARP_BYTES", {"forward": 1024, "backward": 1024})
-    plan._choose.cache_clear()
-    softmax_module._RECIPES.clear()
+    plan_override(SPLIT_ON_CHIP_TILE_BYTES={"forward": 4096, "backward": 2048})
+    plan_override(SPLIT_ON_CHIP_WARP_BYTES={"forward": 1024, "backward": 1024})
     yield
-    plan._choose.cache_clear()
-    softmax_module._RECIPES.clear()
 
 
 def assert_counters_left_zero():
     # Every launch must leave its stream's counters zero, or the next launch waits forever.
     torch.cuda.synchronize()
-    exchanges = softmax_module._buffers._EXCHANGE.values()
+    exchanges = _buffers._EXCHANGE.values()
     assert exchanges, "no launch used the stream's kept counters"
     for _, counters in exchanges:
         assert not counters.any(), "split_row_on_chip left a counter set"

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import onlinesoftmax
-from onlinesoftmax import plan, reference
-from onlinesoftmax import topk as topk_module
+from onlinesoftmax import _device, reference
+from onlinesoftmax.ops.topk import launch as topk_module, op as topk_op, plan
 from onlinesoftmax._launch import aligned
 
 from conftest import DEVICE, DTYPES, assert_matches, make_logits, needs_triton
@@ -215,7 +215,7 @@ def test_one_kept_per_lane_with_long_lists(k, strategy, num_chunks, second_read,
     x2 = make_logits((1, 600), torch.float32, gen)
     x2[0, 100:400:3] = 2.5  # 100 ties across lanes: the lower columns win
     x2[0, :60] = x2[0, 256:316] = float("-inf")  # lanes 0-59 start with two -inf
-    values, indices, lse = run(x2, k, (strategy, num_chunks, plan.next_power_of_2(k), 1, second_read))
+    values, indices, lse = run(x2, k, (strategy, num_chunks, _device.next_power_of_2(k), 1, second_read))
     ref_values, ref_indices, ref_lse = expected(x2, k)
     assert torch.equal(indices.cpu(), ref_indices)
     assert_matches(values, ref_values, torch.float32, "values")
@@ -311,7 +311,7 @@ def test_any_dim_and_strided_views(dim, gen):
 def test_gradient(path, dtype, gen):
     strategy, num_chunks, block, _ = path
     x = make_logits((3, 300), dtype, gen, outliers=False).requires_grad_()
-    values, indices, lse = topk_module._SoftmaxTopkFunction.apply(x, 6, 0.8, strategy, block, num_chunks)
+    values, indices, lse = topk_op._SoftmaxTopkFunction.apply(x, 6, 0.8, strategy, block, num_chunks)
     dv = torch.randn(values.shape, generator=gen, dtype=torch.float64).to(DEVICE)
     dlse = torch.randn(lse.shape, generator=gen, dtype=torch.float64).to(DEVICE)
     ((values.double() * dv).sum() + (lse.double() * dlse).sum()).backward()
@@ -344,7 +344,7 @@ def test_deterministic(gen):
 
 @needs_triton
 def test_auto_plan_splits_few_rows_only(gen):
-    sms = plan.sm_count(DEVICE)
+    sms = _device.sm_count(DEVICE)
     few = make_logits((1, 5000), torch.float32, gen)  # 2 chunks of 2 blocks even with the GPU's blocks
     onlinesoftmax.softmax_topk(few, 3)
     assert plan.last_topk_plan().strategy == "split" and plan.last_topk_plan().num_chunks > 1

@@ -1,10 +1,20 @@
-"""onlinesoftmax: softmax, log-softmax, logsumexp, fused softmax + top-k and attention for PyTorch as
-Triton kernels built on the online normalizer (Milakov & Gimelshein, 2018)."""
+"""onlinesoftmax: softmax, log-softmax, logsumexp, fused softmax + top-k, attention, decoding
+attention over a KV cache and cross-entropy for PyTorch, as Triton kernels built on the online
+normalizer (Milakov & Gimelshein, 2018)."""
 
-from .attention import attention
-from .softmax import DimensionError, log_softmax, logsumexp, softmax
-from .topk import softmax_topk
-from . import distributed  # softmax family over a dim sharded across ranks
+from importlib.metadata import PackageNotFoundError, version as _version
 
-__all__ = ["softmax", "log_softmax", "logsumexp", "attention", "softmax_topk", "DimensionError"]
-__version__ = "0.1.0"
+from ._device import override_plan
+from ._validate import DimensionError
+from .ops.attention import attention
+from .ops.softmax import log_softmax, logsumexp, softmax
+from .ops.topk import softmax_topk
+from . import distributed  # the same ops over a dim sharded across ranks
+
+try:
+    __version__ = _version("onlinesoftmax")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = ["softmax", "log_softmax", "logsumexp", "softmax_topk", "attention", "override_plan",
+           "DimensionError", "distributed"]

@@ -20,6 +20,8 @@ takes Triton's path; without any, the fast path hands the launcher None for the 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton import knobs
 from triton.runtime.jit import JITFunction
@@ -87,3 +89,13 @@ def op_when_compiling(custom_op, launch):
 def aligned(t: torch.Tensor) -> bool:
     """Whether Triton sees ``t``'s pointer as 16-byte aligned (part of its specialization)."""
     return t.data_ptr() % 16 == 0
+
+
+class RegisterCap:
+    """``compile_options`` from a plan's ``max_registers`` (a cap on registers a thread, Triton's
+    maxnreg; 0: the compiler's choice), built once per plan since every launch reads it."""
+
+    @functools.cached_property
+    def compile_options(self) -> dict:
+        """Options for Triton's compiler beyond num_warps and num_stages (the interpreter ignores them)."""
+        return {"maxnreg": self.max_registers} if self.max_registers else {}

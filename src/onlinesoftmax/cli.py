@@ -1,10 +1,16 @@
-"""Command line: ``onlinesoftmax bench | explain | check``."""
+"""Command line: ``onlinesoftmax bench | explain | check``.
+
+Exit codes, the same for every command and suite: 0 when everything it checked was correct, 1 when
+a result of ours was wrong (or a bench row of ours failed), 2 for a usage error (including results
+that would overwrite existing files without ``--overwrite``). Without a GPU, ``bench`` runs the
+suite's CPU correctness check and says that timings need a CUDA GPU.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import statistics
+import os
 import sys
 import time
 
@@ -15,15 +21,22 @@ DEFAULT_BANDWIDTH_GBS = 3000.0
 DEFAULT_SMS = 132
 
 # `onlinesoftmax bench SUITE`: each suite is a module of onlinesoftmax.bench with a run(args) -> int
-# that reads the shared options below (--dtype, --shape, --out, --name, --seed, ...).
+# that reads the shared options below (--dtype, --shape, --out, --seed, ...).
 SUITES = {
     "softmax": ".bench.softmax_suite:run",
+    "sweep": ".bench.sweep_suite:run",
+    "host": ".bench.host_suite:run",
     "attention": ".bench.attention_suite:run",
-    "distributed": ".bench.distributed_suite:run",  # under torchrun, one GPU per rank
-    "ladder": ".bench.ladder_suite:run",
+    "decode": ".bench.decode_suite:run",
     "topk": ".bench.topk_suite:run",
     "topk_paper": ".bench.topk_suite:run_paper",
+    "distributed": ".bench.distributed_suite:run",  # under torchrun, one GPU per rank
+    "ladder": ".bench.ladder_suite:run",
 }
+
+
+# Suites whose grid can be measured in parts (--merge adds a run's rows to the results file).
+MERGING_SUITES = ("softmax",)
 
 
 def _parse_shape(text: str) -> tuple[int, int]:
@@ -36,45 +49,32 @@ def _parse_shape(text: str) -> tuple[int, int]:
     return rows, cols
 
 
-def cpu_demo() -> int:
-    """Without a GPU: correctness against float64 and timings of the CPU path next to torch."""
-    import onlinesoftmax
-    from .bench.harness import relative_error
+def cpu_check(suite: str) -> int:
+    """Without a GPU: the suite's ops against float64 on small CPU inputs, run as the interpreter
+    (``TRITON_INTERPRET=1``) or torch's kernels allow here. Returns the exit code."""
+    from .checks import run_checks
 
-    print(f"{'shape':>12s} {'dtype':>9s} {'torch ms':>9s} {'ours ms':>9s} {'rel err':>9s}")
-    gen = torch.Generator().manual_seed(0)
-    failures = 0
-    for shape in [(64, 1024), (8, 32768), (1, 262144)]:
-        for dtype in (torch.float32, torch.bfloat16):
-            x = (torch.randn(shape, generator=gen) * 3).to(dtype)
-            ref = torch.softmax(x.double(), -1)
-            err = relative_error(onlinesoftmax.softmax(x), ref)
-            failures += not err < (1e-5 if dtype == torch.float32 else 1e-2)
-            times = {}
-            for name, fn in (("torch", lambda: torch.softmax(x, -1)), ("ours", lambda: onlinesoftmax.softmax(x))):
-                fn()  # warm-up: first calls pay for allocation and dispatch setup
-                samples = []
-                for _ in range(7):
-                    t0 = time.perf_counter()
-                    fn()
-                    samples.append((time.perf_counter() - t0) * 1e3)
-                times[name] = statistics.median(samples)
-            print(f"{shape[0]:>5d}x{shape[1]:<6d} {str(dtype)[6:]:>9s} {times['torch']:9.3f} {times['ours']:9.3f} {err:9.1e}")
-    print("CPU path: the split-and-merge algorithm in vectorized torch (onlinesoftmax.cpu); "
-          "GPU numbers need a CUDA device.")
-    return 1 if failures else 0
+    print(f"No CUDA GPU here: `bench {suite}` times GPU kernels, so it runs its CPU correctness "
+          "check instead (no results written).")
+    return run_checks(suite)
 
 
 def explain(args) -> int:
-    from . import plan
-
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    rows, cols = args.shape
     if torch.cuda.is_available():
         device, sms = torch.device("cuda"), None
     else:
         device, sms = torch.device("cuda"), args.sms
         print(f"(no GPU here: planning for a CUDA device with {sms} SMs)")
+    if args.op == "softmax_topk":
+        from .ops.topk import plan
+
+        rows, cols = args.shape
+        print(plan.topk_plan(rows, cols, args.k, dtype, device, sms=sms).describe(args.bandwidth))
+        return 0
+    from .ops.softmax import plan
+
+    rows, cols = args.shape
     # The GPU's plan, also where TRITON_INTERPRET=1 would give the interpreter's (one chunk a row).
     chosen = plan.choose(args.op, rows, cols, dtype, device, args.algorithm, args.strategy, sms=sms, interpreting=False)
     print(chosen.describe(args.bandwidth))
@@ -82,63 +82,76 @@ def explain(args) -> int:
 
 
 def check(args) -> int:
-    """Self-check: every op on the available device against torch in float64."""
-    import onlinesoftmax
-    from . import plan
-    from .bench.harness import relative_error
+    """Self-check: every op on the available device against float64."""
+    from .checks import run_checks
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator().manual_seed(0)
-    print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}")
-    print(f"{'op':>12s} {'shape':>14s} {'dtype':>9s} {'strategy':>12s} {'rel err':>9s}")
-    failures = 0
-    for shape in [(33, 1000), (4, 50000)]:
-        for dtype in (torch.float32, torch.bfloat16):
-            x = (torch.randn(shape, generator=gen) * 3).to(device=device, dtype=dtype)
-            for name, ours, ref in (("softmax", onlinesoftmax.softmax, torch.softmax),
-                                    ("log_softmax", onlinesoftmax.log_softmax, torch.log_softmax),
-                                    ("logsumexp", onlinesoftmax.logsumexp, torch.logsumexp)):
-                err = relative_error(ours(x, -1), ref(x.double(), -1))
-                ok = err < (1e-5 if dtype == torch.float32 else 1e-2)
-                failures += not ok
-                print(f"{name:>12s} {str(shape):>14s} {str(dtype)[6:]:>9s} {plan.last_plan().strategy:>12s} "
-                      f"{err:9.1e} {'ok' if ok else 'FAIL'}")
-    return 1 if failures else 0
+    return run_checks("all")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="onlinesoftmax", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _existing_results(args) -> list[str]:
+    from .bench.harness import _stem
 
-    bench = sub.add_parser("bench", help="benchmark against every peer (GPU); a CPU demo without one")
+    stems = [_stem(args, args.suite)] + ([_stem(args, "softmax")] if args.suite == "sweep" else [])
+    return [stem + ".json" for stem in stems[:1] if os.path.exists(stem + ".json")]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="onlinesoftmax", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"onlinesoftmax {__version__}")
+    sub = parser.add_subparsers(dest="command")
+
+    bench = sub.add_parser("bench", help="benchmark against every peer (GPU); a CPU correctness check without one")
     bench.add_argument("suite", nargs="?", default="softmax", choices=list(SUITES))
-    bench.add_argument("--dtype", default="fp32,bf16", help="comma-separated: fp32,bf16,fp16")
+    bench.add_argument("--dtype", default=None, help="comma-separated: fp32,bf16,fp16 (default: the suite's)")
     bench.add_argument("--shape", action="append",
-                       help="one case, dims joined by x as the suite takes them (softmax: ROWSxCOLS); repeatable; default: the grid")
+                       help="one case, dims joined by x as the suite takes them (softmax: ROWSxCOLS); repeatable")
     bench.add_argument("--no-backward", action="store_true")
     bench.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replay timings")
-    bench.add_argument("--out", default="benchmarks/results")
-    bench.add_argument("--name", default="h100", help="results go to OUT/NAME.* for softmax, OUT/SUITE-NAME.* for the other suites")
+    bench.add_argument("--out", default=None,
+                       help="results folder (default: benchmarks/results/<device>, e.g. benchmarks/results/h100)")
+    bench.add_argument("--overwrite", action="store_true", help="replace results already in the results folder")
     bench.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     bench.add_argument("--merge", action="store_true",
-                       help="softmax suite: keep the rows of the existing results file that this run does not measure")
+                       help="keep the rows of the existing results file that this run does not measure")
+    bench.add_argument("--random", type=int, default=0, metavar="N",
+                       help="sweep suites: add N seeded random shapes (--seed) to the grid")
+    bench.add_argument("--quick", action="store_true", help="sweep suites: a smaller grid")
 
     exp = sub.add_parser("explain", help="print the launch plan for a shape")
     exp.add_argument("shape", type=_parse_shape)
     exp.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     exp.add_argument("--op", default="softmax", choices=["softmax", "log_softmax", "logsumexp",
-                                                          "softmax_backward", "log_softmax_backward"])
+                                                          "softmax_backward", "log_softmax_backward",
+                                                          "softmax_topk"])
+    exp.add_argument("--k", type=int, default=50, help="softmax_topk: k")
     exp.add_argument("--algorithm", default="auto", choices=["auto", "online", "safe"])
     exp.add_argument("--strategy", default=None, choices=["row_on_chip", "looped", "split_row", "split_row_on_chip"])
     exp.add_argument("--sms", type=int, default=DEFAULT_SMS, help="SM count to plan for when no GPU is present")
     exp.add_argument("--bandwidth", type=float, default=DEFAULT_BANDWIDTH_GBS, help="GB/s for the floor time")
 
-    sub.add_parser("check", help="run each op against torch on the available device")
+    sub.add_parser("check", help="run each op against float64 on the available device")
+    return parser
 
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     if args.command == "bench":
-        if args.merge and args.suite != "softmax":
-            parser.error(f"--merge applies to the softmax suite only, not {args.suite!r}")
+        if args.merge and args.suite not in MERGING_SUITES:
+            parser.error(f"--merge applies to the {' and '.join(MERGING_SUITES)} suites only, not {args.suite!r}")
+        if not torch.cuda.is_available() and args.suite not in ("distributed",):
+            return cpu_check(args.suite)
+        existing = _existing_results(args)
+        if existing and not (args.overwrite or args.merge):
+            print(f"onlinesoftmax bench: {existing[0]} exists; pass --overwrite to replace it, --merge to add "
+                  "this run's rows to it, or --out DIR to write elsewhere", file=sys.stderr)
+            return 2
         module_name, function = SUITES[args.suite].split(":")
         return getattr(importlib.import_module(module_name, __package__), function)(args)
     if args.command == "explain":

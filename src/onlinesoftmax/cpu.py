@@ -1,8 +1,10 @@
-"""The same algorithms for tensors without Triton: vectorized PyTorch (the ``"torch"`` strategy).
+"""The library's algorithms for tensors without Triton, in vectorized PyTorch.
 
-Used for CPU tensors when Triton's interpreter is off. ``"online"`` is the split-row algorithm:
-the row is cut into chunks, every chunk's (m, d) is computed at once, and the partials are merged
-with the (m, d) operator. ``"safe"`` is the three-pass version. Accumulation is float32.
+The softmax family's ``"vectorized"`` strategy (on request: CPU tensors get torch's own kernels by
+default), and the CPU paths of attention and softmax_topk when Triton's interpreter is off.
+``"online"`` is the split-row algorithm: the row is cut into chunks, every chunk's (m, d) is
+computed at once, and the partials are merged with the (m, d) operator. ``"safe"`` is the
+three-pass version. Accumulation is float32.
 """
 
 from __future__ import annotations
@@ -13,25 +15,31 @@ import torch
 CHUNK = 4096
 
 
-def _reference_point(m: torch.Tensor) -> torch.Tensor:
+def reference_point(m: torch.Tensor) -> torch.Tensor:
     # exp(-inf - -inf) is NaN; an all -inf group keeps d = 0 by measuring from 0 instead.
     return torch.where(m == float("-inf"), torch.zeros_like(m), m)
+
+
+def merge_normalizers(m: torch.Tensor, d: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (m, d) operator applied over ``axis`` at once (amax keeps NaN, as the kernels' max)."""
+    m_all = m.amax(axis)
+    return m_all, (d * torch.exp(m - reference_point(m_all).unsqueeze(axis))).sum(axis)
 
 
 def normalizer(x: torch.Tensor, algorithm: str = "online") -> tuple[torch.Tensor, torch.Tensor]:
     """(m, d) over the last dim of a float32 tensor with at least one column."""
     if algorithm == "safe":
         m = x.amax(-1)
-        return m, torch.exp(x - _reference_point(m).unsqueeze(-1)).sum(-1)
+        return m, torch.exp(x - reference_point(m).unsqueeze(-1)).sum(-1)
     n = x.shape[-1]
     chunks = -(-n // CHUNK)
     if chunks * CHUNK != n:
         x = torch.nn.functional.pad(x, (0, chunks * CHUNK - n), value=float("-inf"))
     parts = x.reshape(*x.shape[:-1], chunks, CHUNK)
     part_m = parts.amax(-1)  # amax propagates NaN, like the kernels' max
-    part_d = torch.exp(parts - _reference_point(part_m).unsqueeze(-1)).sum(-1)
+    part_d = torch.exp(parts - reference_point(part_m).unsqueeze(-1)).sum(-1)
     m = part_m.amax(-1)
-    return m, (part_d * torch.exp(part_m - _reference_point(m).unsqueeze(-1))).sum(-1)
+    return m, (part_d * torch.exp(part_m - reference_point(m).unsqueeze(-1))).sum(-1)
 
 
 def finish_lse(m: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -104,7 +112,7 @@ def attention_forward(q, k, v, mode: str, scale: float):
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
         m_new = torch.maximum(m, s.amax(-1))
-        m_ref = _reference_point(m_new)
+        m_ref = reference_point(m_new)
         p = torch.exp(s - m_ref.unsqueeze(-1))
         alpha = torch.exp(m - m_ref)
         l = l * alpha + p.sum(-1)

@@ -22,7 +22,6 @@ Targets (issue 7): the collective adds <= 30 us per call, and ``sharded total`` 
 from __future__ import annotations
 
 import datetime
-import importlib
 import os
 
 import torch
@@ -74,21 +73,24 @@ def _rows_for(label, dtype, op, x_full, shard, world, rank):
     import onlinesoftmax
     from onlinesoftmax import distributed
 
-    topk_ops = importlib.import_module("onlinesoftmax.topk")
+    from onlinesoftmax.distributed._group import all_gather
+    from onlinesoftmax.ops.softmax import launch as softmax_rows
+
     rows_n, n_local = shard.shape
 
     def gather_then_single():
-        whole = distributed._all_gather(shard, None).permute(1, 0, 2).reshape(rows_n, world * n_local)
+        whole = all_gather(shard, None).permute(1, 0, 2).reshape(rows_n, world * n_local)
         return onlinesoftmax.softmax(whole) if op == "softmax" else onlinesoftmax.softmax_topk(whole, TOPK_K)
 
     if op == "softmax":
         x2 = shard.contiguous()
-        pairs = distributed._all_gather(torch.stack(distributed._local_normalizer(x2, "split_row")), None)
+        pairs = all_gather(torch.stack(softmax_rows.row_normalizers(x2)), None)
         payload = torch.empty(2 * rows_n, dtype=torch.float32, device="cuda")
+        m_parts, d_parts = pairs[:, 0].t().contiguous(), pairs[:, 1].t().contiguous()
 
         def local_kernels():
-            distributed._local_normalizer(x2, "split_row")
-            return distributed._write_normalized(x2, pairs, False, "split_row")
+            softmax_rows.row_normalizers(x2)
+            return softmax_rows.normalize_rows(x2, m_parts, d_parts, False)
 
         impls = {
             "sharded total": lambda: distributed.softmax(shard, -1, validate=False),
@@ -103,14 +105,14 @@ def _rows_for(label, dtype, op, x_full, shard, world, rank):
         payload = torch.empty(8 + rows_n * (TOPK_K + 1) * 4 + rows_n * TOPK_K * 8, dtype=torch.uint8, device="cuda")
         impls = {
             "sharded total": lambda: distributed.softmax_topk(shard, TOPK_K, -1, validate=False),
-            "local kernels": lambda: topk_ops.softmax_topk(shard, TOPK_K, -1, return_lse=True),
+            "local kernels": lambda: onlinesoftmax.softmax_topk(shard, TOPK_K, -1, return_lse=True),
             "single-GPU whole": lambda: onlinesoftmax.softmax_topk(x_full, TOPK_K),
         }
         values, indices = distributed.softmax_topk(shard, TOPK_K, -1)
         probs = torch.softmax(x_full.double(), -1)
         err = harness.relative_error(values, probs.gather(-1, indices))
         moved = x_full.numel() * dtype.itemsize
-    impls["collective"] = lambda: distributed._all_gather(payload, None)
+    impls["collective"] = lambda: all_gather(payload, None)
     impls["gather + single-GPU"] = gather_then_single
     status = "ok" if err <= harness.tolerance(dtype) else "WRONG"
     rows = []
@@ -128,7 +130,7 @@ def run(args) -> int:
         return 2
     rank, world = dist.get_rank(), dist.get_world_size()
     shapes = [harness.parse_dims(s, 2) for s in args.shape] if args.shape else DEFAULT_SHAPES
-    dtypes = [DTYPES[d] for d in args.dtype.split(",")]
+    dtypes = [DTYPES[d] for d in (args.dtype or "fp32,bf16").split(",")]
     rows = []
     for dtype in dtypes:
         for n_rows, n_cols in shapes:

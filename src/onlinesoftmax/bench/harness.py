@@ -293,6 +293,12 @@ def plot(path, rows: list[Row], copy_gbs: Optional[float], title: str) -> None:
 
 
 def print_table(rows: list[Row], title: str) -> None:
+    """The rows as a table that stays readable in 100 columns: skipped implementations are named
+    in one line each above it instead of taking rows (and width) of their own."""
+    skipped = dict.fromkeys((r.impl, r.status[len("skipped: "):]) for r in rows if r.status.startswith("skipped"))
+    for impl, reason in skipped:
+        print(f"skipped {impl}: {reason}")
+    rows = [r for r in rows if not r.status.startswith("skipped")]
     try:
         from rich.console import Console
         from rich.table import Table
@@ -301,7 +307,7 @@ def print_table(rows: list[Row], title: str) -> None:
         for cells in [table_columns(rows)] + table_rows(rows):
             print("  ".join(f"{c:>10s}" for c in cells))
         return
-    table = Table(title=title)
+    table = Table(title=title, min_width=60)
     for col in table_columns(rows):
         table.add_column(col, justify="right" if col not in ("impl", "status", "case") else "left")
     for cells, r in zip(table_rows(rows), rows):
@@ -349,8 +355,27 @@ def run_cases(suite: str, cases: list[Case], impls: dict[str, list[Implementatio
     return rows
 
 
+def device_slug(name: str) -> str:
+    """A results folder name for a device: ``"NVIDIA H100 80GB HBM3"`` -> ``"h100"``."""
+    import re
+
+    lowered = name.lower()
+    known = re.search(r"\b(gb200|b200|h200|h100|h800|a100|a800|a10g?|l40s?|l4|v100|t4|rtx ?\d{4})\b", lowered)
+    if known:
+        return known.group(1).replace(" ", "")
+    return re.sub(r"[^a-z0-9]+", "-", lowered).strip("-") or "device"
+
+
+def results_dir(args) -> str:
+    """``--out``, else ``benchmarks/results/<device>`` for the device this run measures."""
+    if getattr(args, "out", None):
+        return args.out
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return os.path.join("benchmarks", "results", device_slug(name))
+
+
 def _stem(args, suite: str) -> str:
-    return os.path.join(args.out, args.name if suite == "softmax" else f"{suite}-{args.name}")
+    return os.path.join(results_dir(args), suite)
 
 
 def merge_with_previous(args, suite: str, rows: list[Row]) -> tuple[list[Row], list[dict]]:
@@ -382,13 +407,12 @@ def write_results(args, suite: str, rows: list[Row], copy_gbs: Optional[float], 
                   extra: Optional[dict] = None, earlier_runs: Optional[list] = None) -> str:
     """Print the table and write the results; returns the path stem.
 
-    The main job's files are ``{out}/{name}.json|md|png`` (``benchmarks/results/h100.*``); every
-    other suite writes ``{out}/{suite}-{name}.*`` beside them.
+    Every suite writes ``{results_dir}/{suite}.json|md|png`` (``benchmarks/results/h100/softmax.*``).
     """
     env = environment("onlinesoftmax " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     print_table(rows, f"{suite} on {env['device']}" + (f" (copy {copy_gbs:.0f} GB/s)" if copy_gbs else ""))
-    os.makedirs(args.out, exist_ok=True)
     stem = _stem(args, suite)
+    os.makedirs(os.path.dirname(stem), exist_ok=True)
     for row in rows:
         row.run_date = row.run_date or env["date"]
     if earlier_runs:
@@ -405,3 +429,11 @@ def write_results(args, suite: str, rows: list[Row], copy_gbs: Optional[float], 
         print(notes)
     print(f"wrote {stem}.json, {stem}.md, {stem}.png")
     return stem
+
+
+def exit_code(rows: list[Row], ours: str = "onlinesoftmax") -> int:
+    """1 when a row of ours is wrong, NaN or failed; else 0 (the exit-code rule of every suite)."""
+    bad = [r for r in rows if r.impl.startswith(ours) and (r.status in ("WRONG", "NaN") or r.status.startswith("error"))]
+    for r in bad:
+        print(f"FAILED: {r.direction} {r.case} {r.dtype} {r.impl}: {r.status}")
+    return 1 if bad else 0

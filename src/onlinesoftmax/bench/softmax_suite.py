@@ -127,11 +127,7 @@ def cases(shapes, dtypes, directions, device="cuda") -> list[Case]:
 
 def run(args) -> int:
     """``onlinesoftmax bench softmax``: the grid, every peer, forward and backward; writes the results."""
-    if not torch.cuda.is_available():
-        print("No CUDA GPU found: running the CPU correctness-and-timing demo instead (no results written).")
-        from ..cli import cpu_demo
-        return cpu_demo()
-    dtypes = [DTYPES[d] for d in args.dtype.split(",")]
+    dtypes = [DTYPES[d] for d in (args.dtype or "fp32,bf16").split(",")]
     directions = ["forward"] + ([] if args.no_backward else ["backward"])
     gen = torch.Generator().manual_seed(args.seed)
     print(f"seed {args.seed}; measuring device copy bandwidth ...", flush=True)
@@ -144,7 +140,7 @@ def run(args) -> int:
     summary = softmax_summary(rows, copy_gbs)
     harness.write_results(args, "softmax", rows, copy_gbs, summary_text(summary), {"summary": summary},
                           earlier_runs)
-    return 0
+    return harness.exit_code(rows)
 
 
 def softmax_summary(rows, copy_gbs) -> dict:

@@ -105,11 +105,8 @@ def _floor_notes(rows, shapes, dtypes, copy_gbs) -> tuple[str, list]:
 
 
 def run(args) -> int:
-    """The issue's grid, fp32 and bf16, every peer; writes OUT/topk-NAME.{json,md,png}."""
-    if not torch.cuda.is_available():
-        print("bench topk needs a CUDA GPU (the CPU path is tested by tests/test_topk.py).")
-        return 1
-    dtypes = [DTYPES[d] for d in args.dtype.split(",")]
+    """The grid, fp32 and bf16, every peer; writes RESULTS/topk.{json,md,png}."""
+    dtypes = [DTYPES[d] for d in (args.dtype or "fp32,bf16").split(",")]
     shapes = [harness.parse_dims(t, 3) for t in args.shape] if args.shape else GRID
     gen = torch.Generator().manual_seed(args.seed)
     print(f"seed {args.seed}; measuring device copy bandwidth ...", flush=True)
@@ -127,7 +124,7 @@ def run(args) -> int:
              "the k chosen logits (router weights), not the row, so its row checks its selection only: the row "
              "probabilities of its indices.\n\n" + notes)
     harness.write_results(args, "topk", rows, copy_gbs, notes, {"floors": summary})
-    return 0
+    return harness.exit_code(rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,10 +159,7 @@ def _paper_point(batch, vocab, gen):
 
 def run_paper(args) -> int:
     """Speed-up of online over safe softmax and of fused over unfused softmax + top-k (K = 5)
-    against V, at batch 4000 and 10, fp32; writes OUT/topk_paper-NAME.{json,md,png}."""
-    if not torch.cuda.is_available():
-        print("bench topk_paper needs a CUDA GPU.")
-        return 1
+    against V, at batch 4000 and 10, fp32; writes RESULTS/topk_paper.{json,md,png}."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,8 +178,8 @@ def run_paper(args) -> int:
             points.append(point)
             print(f"batch {batch:5d} V {vocab:9d}: online/safe {point['online_over_safe']:.2f}x, "
                   f"fused/unfused {point['fused_over_unfused']:.2f}x", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"topk_paper-{args.name}")
+    stem = harness._stem(args, "topk_paper")
+    os.makedirs(os.path.dirname(stem), exist_ok=True)
     env = harness.environment("onlinesoftmax bench topk_paper")
     with open(stem + ".json", "w") as f:
         json.dump({"environment": env, "k": PAPER_K, "points": points}, f, indent=1)

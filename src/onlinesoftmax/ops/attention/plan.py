@@ -1,0 +1,141 @@
+"""Flash attention launch decisions: block sizes, warps, stages, load path and register caps by
+kernel, head dim and causality. The measurements behind each value are in ``docs/perf-attention.md``.
+
+A config is (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). Rows are (largest head dim,
+non-causal config, causal config); the first row whose head dim is >= D applies, D being padded to
+a power of two inside the kernels (80 -> 128, 96 -> 128, 192 -> 256). Forward: BLOCK_M = 128 on 8
+warps gives each warpgroup 64 query rows for wgmma; head dim 256 halves BLOCK_M (a 128 x 256 fp32
+accumulator alone would take 128 registers a thread). Backward dK/dV holds a key block's K, V, dK
+and dV and streams query blocks, so BLOCK_N is its large side; dQ is the mirror image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from ..._device import interpreter_active, next_power_of_2, plan_cache
+from ..._launch import RegisterCap
+
+# Head dims 64 and 128: the best of a sweep on the H100; head dim 256 was not swept (a starting point).
+ATTENTION_CONFIGS = {
+    "forward": ((64, (64, 128, 4, 3), (64, 64, 4, 4)),
+                (128, (128, 128, 8, 3), (128, 128, 8, 3)),
+                (256, (64, 64, 4, 2), (64, 64, 4, 2))),
+    "backward_dkdv": ((64, (32, 64, 4, 2), (32, 64, 4, 2)),
+                      (128, (32, 64, 4, 3), (32, 64, 4, 3)),
+                      (256, (32, 64, 8, 2), (32, 64, 8, 1))),
+    "backward_dq": ((64, (64, 64, 4, 3), (64, 64, 4, 3)),
+                    (128, (128, 32, 8, 2), (128, 32, 8, 2)),
+                    (256, (64, 32, 4, 2), (64, 32, 4, 2))),
+}
+# TMA descriptors where the layout allows: both backward kernels ran fastest with them, the generic forward with pointers.
+ATTENTION_USE_DESCRIPTOR = {"forward": False, "backward_dkdv": True, "backward_dq": True}
+# Padded head dims whose forward reads whole key blocks through 2-D descriptors over every head's rows (D64: 380 -> 418 TFLOP/s).
+ATTENTION_FORWARD_ROW_DESCRIPTORS = (64, 128)
+# Forwards Triton warp-specializes (a producer warpgroup loading, two consumers), by padded head dim:
+# (non-causal, causal) config; head dim 128 gained 8-20%; BLOCK_N = 64 and D64 with 3 stages computed NaN in Triton 3.6.
+ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2))}
+# Register caps (Triton's maxnreg) that fit one more backward program an SM, by (kernel, padded head dim, causal).
+ATTENTION_MAX_REGISTERS = {("backward_dkdv", 64, True): 168, ("backward_dq", 128, False): 128,
+                           ("backward_dq", 128, True): 128}
+# The interpreter runs at test sizes: small, unequal blocks so that every loop runs several
+# iterations and the causal diagonal falls inside and across blocks.
+ATTENTION_INTERPRETER_CONFIGS = {
+    "forward": (16, 32, 4, 1),
+    "backward_dkdv": (16, 32, 4, 1),
+    "backward_dq": (32, 16, 4, 1),
+}
+ATTENTION_KERNELS = tuple(ATTENTION_CONFIGS)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionPlan(RegisterCap):
+    """One attention launch decision. ``path`` is "triton" or "torch" (CPU tensors, no interpreter)."""
+
+    kernel: str
+    path: str
+    head_dim: int
+    dtype: torch.dtype
+    causal: bool
+    use_descriptor: bool = False
+    row_descriptors: bool = False
+    warp_specialize: bool = False
+    block_m: int = 0
+    block_n: int = 0
+    block_d: int = 0
+    num_warps: int = 0
+    num_stages: int = 0
+    max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
+
+    def describe(self) -> str:
+        if self.path == "torch":
+            return f"attention {self.kernel}: torch (blockwise online, CPU), head dim {self.head_dim}"
+        loads = "TMA tensor descriptors" if self.use_descriptor else "masked pointer loads"
+        if self.warp_specialize:
+            loads = "warp-specialized, TMA row descriptors (12 warps: a producer and two consumer warpgroups)"
+        elif self.row_descriptors:
+            loads = f"TMA row descriptors for whole key blocks, {loads} on the diagonal and past the last key"
+        cap = f", at most {self.max_registers} registers a thread" if self.max_registers else ""
+        return (f"attention {self.kernel}: BLOCK_M {self.block_m}, BLOCK_N {self.block_n}, head dim "
+                f"{self.head_dim} padded to {self.block_d}, {self.num_warps} warps, {self.num_stages} stages{cap}, "
+                f"{'causal' if self.causal else 'non-causal'}, {loads}")
+
+
+def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device,
+                   n_queries: int = 0, n_keys: int = 0, descriptor_ok: bool = True,
+                   rows_ok: bool = False) -> AttentionPlan:
+    """Block sizes, warps and stages for one attention kernel; ``descriptor_ok`` says whether the
+    tensors' layout allows TMA, ``rows_ok`` whether it allows the forward's row descriptors (the
+    launcher checks strides and alignment). Cached: planning is on every call's path."""
+    if kernel not in ATTENTION_CONFIGS:
+        raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS}")
+    return _attention_plan(kernel, head_dim, dtype, causal, torch.device(device).type, n_keys,
+                           bool(descriptor_ok), bool(rows_ok), interpreter_active())
+
+
+@plan_cache
+def _clear():
+    _attention_plan.cache_clear()
+
+
+@functools.lru_cache(maxsize=4096)
+def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, descriptor_ok, rows_ok,
+                    interpreting) -> AttentionPlan:
+    if device_type != "cuda" and not interpreting:
+        return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
+    block_d = next_power_of_2(head_dim)
+    if interpreting:
+        config = ATTENTION_INTERPRETER_CONFIGS[kernel]
+    else:
+        row = next((r for r in ATTENTION_CONFIGS[kernel] if block_d <= r[0]), ATTENTION_CONFIGS[kernel][-1])
+        config = row[2] if causal else row[1]
+    use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR[kernel])
+    rows = kernel == "forward" and rows_ok and (interpreting or block_d in ATTENTION_FORWARD_ROW_DESCRIPTORS)
+    specialized = (ATTENTION_FORWARD_WARP_SPECIALIZED.get(block_d, (None, None))[causal]
+                   if rows and head_dim == block_d else None)
+    # The interpreter keeps its small blocks (and ignores the specialization, running the same code).
+    if specialized is not None and n_keys % (config if interpreting else specialized)[1] == 0:
+        return AttentionPlan(kernel, "triton", head_dim, dtype, causal, False, True, True, block_d=block_d,
+                             **dict(zip(_CONFIG_FIELDS, config if interpreting else specialized)))
+    cap = 0 if interpreting else ATTENTION_MAX_REGISTERS.get((kernel, block_d, causal), 0)
+    return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, rows, False, block_d=block_d,
+                         max_registers=cap, **dict(zip(_CONFIG_FIELDS, config)))
+
+
+_CONFIG_FIELDS = ("block_m", "block_n", "num_warps", "num_stages")
+
+
+_last_attention_plan: AttentionPlan | None = None
+
+
+def record_attention(chosen: AttentionPlan) -> None:
+    global _last_attention_plan
+    _last_attention_plan = chosen
+
+
+def last_attention_plan() -> AttentionPlan | None:
+    """The plan of the most recent attention launch (forward, or backward's dK/dV kernel)."""
+    return _last_attention_plan

@@ -1,0 +1,381 @@
+"""softmax, log_softmax and logsumexp: the Triton kernels of every strategy (see ``plan.py``).
+
+Every strategy computes the online normalizer (m, d) of each row (seed 001): the running maximum
+m and the sum d of exp(x - m), merged with the associative operator
+
+    (m_a, d_a) (+) (m_b, d_b) = (M, d_a e^(m_a - M) + d_b e^(m_b - M)),   M = max(m_a, m_b)
+
+and then writes y = exp(x - m) / d. The strategies differ only in where the row lives while that
+happens (registers, a loop over device memory, or several programs); ``plan.py`` chooses between
+them and ``op.py`` launches them.
+
+Layout: a row is every index but the softmax dim's. The kernels address rows through two
+(size, stride) levels, row r at (r // inner) * stride_outer + (r % inner) * stride_inner, so
+strided, sliced and transposed tensors are read in place whenever their row dims merge into two
+such levels (slices of a 3-d tensor in every dim do); other views are copied once with
+``.contiguous()``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..._triton import (
+    NEG_INF,
+    claim_chunk,
+    col_offset,
+    finish_lse,
+    grad_from_dot,
+    max_keep_nan,
+    merge_row_partials,
+    row_offset,
+    widen_opaque,
+    store_row_partial,
+    stream_grad_dot,
+    stream_max,
+    stream_online_normalizer,
+    stream_sum_exp,
+    stream_write_grad,
+    stream_write_normalized,
+    wait_for_row,
+)
+
+# --------------------------------------------------------------------------------------------
+# Forward kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def row_on_chip_softmax_kernel(
+    x_ptr, y_ptr, lse_ptr,
+    n_rows, n_cols, inner,
+    x_stride_outer, x_stride_col, x_stride_inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    inv_temperature,
+    BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr,
+    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
+    HOLD_INPUT: tl.constexpr, OPAQUE_WIDEN: tl.constexpr,
+):
+    # One read and one write per element: the [rows, cols] tile stays in registers between the
+    # max, the sum and the write; one program per block of rows. HOLD_INPUT keeps the tile in the
+    # input dtype and widens it for each use (see split_row_on_chip_softmax_kernel).
+    cols = tl.arange(0, BLOCK_COLS)
+    col_mask = cols < n_cols
+    rows = tl.program_id(0) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    p_x = x_ptr + row_offset(rows, inner, x_stride_outer, x_stride_inner)[:, None] \
+        + col_offset(cols, x_stride_col, CONTIGUOUS)[None, :]
+    b_in = tl.load(p_x, mask=mask, other=NEG_INF)  # [R, C]
+    if HOLD_INPUT:
+        # Unscaled maximum, then scaled: the same number (see split_row_on_chip_softmax_kernel).
+        b_x = b_in.to(tl.float32)
+        if WRITE_LSE:
+            b_m = max_keep_nan(b_x, 1) * inv_temperature  # [R]
+        else:
+            b_m = tl.max(b_x, 1) * inv_temperature
+        b_x = widen_opaque(b_in, OPAQUE_WIDEN, 1) * inv_temperature
+    else:
+        # Scaled before the maximum here: taking it unscaled, as split_row_on_chip does, cost this
+        # kernel registers instead (ptxas for sm_90, 65536x256: 48 -> 59 fp32, 32 -> 37 bf16).
+        b_x = b_in.to(tl.float32) * inv_temperature
+        if WRITE_LSE:
+            b_m = max_keep_nan(b_x, 1)  # [R]
+        else:
+            # A NaN already turns the sum, and so the whole row, into NaN: the plain max will do.
+            b_m = tl.max(b_x, 1)
+    b_e = tl.exp(b_x - b_m[:, None])
+    b_d = tl.sum(b_e, 1)  # an all -inf row gives NaN here, as torch.softmax does
+    if WRITE_LSE:
+        tl.store(lse_ptr + rows, finish_lse(b_m, tl.sum(tl.where(mask, b_e, 0.0), 1)), mask=rows < n_rows)
+    if WRITE_Y:
+        if HOLD_INPUT:
+            b_x = widen_opaque(b_in, OPAQUE_WIDEN, 0) * inv_temperature
+            b_e = tl.exp(b_x - b_m[:, None])
+        if LOG:
+            b_y = (b_x - b_m[:, None]) - tl.log(b_d)[:, None]
+        else:
+            b_y = b_e * (1.0 / b_d)[:, None]
+        p_y = y_ptr + row_offset(rows, inner, y_stride_outer, y_stride_inner)[:, None] \
+            + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :]
+        tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def looped_softmax_kernel(
+    x_ptr, y_ptr, lse_ptr,
+    n_cols, inner,
+    x_stride_outer, x_stride_col, x_stride_inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    inv_temperature,
+    BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, SAFE: tl.constexpr,
+    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    # One program per row. Online: 2 reads of x (normalizer, write). Safe: 3 (max, sum, write).
+    row = tl.program_id(0)
+    x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
+    if SAFE:
+        m = stream_max(x_row, x_stride_col, 0, n_cols, inv_temperature, BLOCK, CONTIGUOUS)
+        d = stream_sum_exp(x_row, x_stride_col, 0, n_cols, m, inv_temperature, BLOCK, CONTIGUOUS)
+    else:
+        m, d = stream_online_normalizer(x_row, x_stride_col, 0, n_cols, inv_temperature, BLOCK, CONTIGUOUS)
+    if WRITE_LSE:
+        tl.store(lse_ptr + row, finish_lse(m, d))
+    if WRITE_Y:
+        y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+        stream_write_normalized(x_row, y_row, x_stride_col, y_stride_col, 0, n_cols, m, d, inv_temperature,
+                                BLOCK, CONTIGUOUS, LOG)
+
+
+# split_row passes for the partials kernel
+PARTIAL_ONLINE = 0  # (m, d) of the chunk in one read
+PARTIAL_MAX = 1  # safe, pass 1: the chunk's maximum
+PARTIAL_SUM = 2  # safe, pass 2: sum of exp(x - M) with M the row maximum merged from pass 1
+
+
+@triton.jit
+def split_row_partials_kernel(
+    x_ptr, parts_ptr,
+    n_cols, inner, x_stride_outer, x_stride_col, x_stride_inner,
+    chunk_size, num_chunks, inv_temperature,
+    BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, PASS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    start = chunk * chunk_size
+    stop = tl.minimum(start + chunk_size, n_cols)
+    x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
+    # parts holds three [rows, chunks] planes: m, d (store_row_partial) and (safe algorithm) the
+    # chunk maxima.
+    n_parts = tl.num_programs(0).to(tl.int64) * num_chunks
+    part_max_ptr = parts_ptr + 2 * n_parts
+    part = row.to(tl.int64) * num_chunks + chunk
+    if PASS == 0:
+        m, d = stream_online_normalizer(x_row, x_stride_col, start, stop, inv_temperature, BLOCK, CONTIGUOUS)
+        store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
+    elif PASS == 1:
+        tl.store(part_max_ptr + part, stream_max(x_row, x_stride_col, start, stop, inv_temperature, BLOCK, CONTIGUOUS))
+    else:
+        # Every chunk sums against the row maximum, so the merge that follows only adds the d's.
+        idx = tl.arange(0, CHUNKS_POW2)
+        row_maxes = tl.load(part_max_ptr + row.to(tl.int64) * num_chunks + idx, mask=idx < num_chunks, other=NEG_INF)
+        m = max_keep_nan(row_maxes, 0)
+        store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m,
+                          stream_sum_exp(x_row, x_stride_col, start, stop, m, inv_temperature, BLOCK, CONTIGUOUS))
+
+
+@triton.jit
+def split_row_normalize_kernel(
+    x_ptr, y_ptr, lse_ptr, parts_ptr,
+    n_cols, inner,
+    x_stride_outer, x_stride_col, x_stride_inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    chunk_size, n_partials, inv_temperature,
+    BLOCK: tl.constexpr, PARTIALS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr,
+    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    # Every program merges all of its row's n_partials partials itself (a chunk's each, or a rank's
+    # each in onlinesoftmax.distributed; from L2, in the same fixed tree order), which saves a
+    # launch and keeps the result deterministic.
+    # Programs run in the reverse of the partials launch's order: the chunks that launch read
+    # last are the ones still in L2, so they are read again first.
+    row = tl.num_programs(0) - 1 - tl.program_id(0)
+    chunk = tl.num_programs(1) - 1 - tl.program_id(1)
+    n_parts = tl.num_programs(0).to(tl.int64) * n_partials  # the planes of split_row_partials_kernel
+    m, d = merge_row_partials(parts_ptr, n_parts, row, n_partials, PARTIALS_POW2, False)
+    if WRITE_LSE:
+        tl.store(lse_ptr + row, finish_lse(m, d))
+    if WRITE_Y:
+        start = chunk * chunk_size
+        stop = tl.minimum(start + chunk_size, n_cols)
+        x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
+        y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+        stream_write_normalized(x_row, y_row, x_stride_col, y_stride_col, start, stop, m, d, inv_temperature,
+                                BLOCK, CONTIGUOUS, LOG)
+
+
+@triton.jit
+def split_row_on_chip_softmax_kernel(
+    x_ptr, y_ptr, lse_ptr, parts_ptr, sync_ptr,
+    n_cols, inner,
+    x_stride_outer, x_stride_col, x_stride_inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    chunk_size, num_chunks, inv_temperature,
+    BLOCK_COLS: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr,
+    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr, OPAQUE_WIDEN: tl.constexpr,
+):
+    # A row too long for one program's registers, held by num_chunks programs at once: each keeps
+    # its chunk in registers, publishes the chunk's (m, d), waits for the rest of the row, merges
+    # the row's partials (all programs in the same fixed order) and writes from registers. One read
+    # and one write per element, as row_on_chip, where split_row reads the row twice.
+    row, chunk, cols, mask = claim_chunk(sync_ptr, n_cols, chunk_size, num_chunks, BLOCK_COLS)
+    x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
+    # The chunk waits for the row in the input dtype (widened again after the wait, opaquely on the
+    # GPU: see widen_opaque), as in split_row_on_chip_backward_kernel: half the registers for 2-byte
+    # inputs, so more programs (and their loads) fit on an SM.
+    b_in = tl.load(x_row + col_offset(cols, x_stride_col, CONTIGUOUS), mask=mask, other=NEG_INF)
+    b_x = b_in.to(tl.float32)
+    # The maximum is taken of the unscaled chunk and then scaled: the same number, as rounding
+    # x * (1/T) is monotone in x for T > 0, but ptxas otherwise keeps the chunk twice (scaled for
+    # the maximum, unscaled for the exponentials), 96 registers a thread instead of 72 (fp32, 4
+    # warps), which left 5 programs on an SM instead of 7.
+    if WRITE_LSE:
+        m = max_keep_nan(b_x, 0) * inv_temperature
+    else:
+        # A NaN makes its chunk's d, and through the merge the whole row, NaN: tl.max will do.
+        m = tl.max(b_x, 0) * inv_temperature
+    # Widened again (COPY 1), not reusing b_x: the chunk then lives at 16 bits from the maximum on,
+    # not as fp32 through the maximum's exchange between warps.
+    b_x = widen_opaque(b_in, OPAQUE_WIDEN, 1) * inv_temperature
+    d = tl.sum(tl.exp(b_x - tl.where(m == NEG_INF, 0.0, m)), 0)  # an all -inf chunk is (-inf, 0)
+    n_parts = tl.num_programs(0).to(tl.int64)  # the two planes of parts: m, then d
+    store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
+    wait_for_row(sync_ptr, row, num_chunks)
+    m, d = merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2, True)
+    b_x = widen_opaque(b_in, OPAQUE_WIDEN, 0) * inv_temperature
+    if WRITE_LSE:
+        if chunk == 0:
+            tl.store(lse_ptr + row, finish_lse(m, d))
+    if WRITE_Y:
+        if LOG:
+            b_y = (b_x - m) - tl.log(d)
+        else:
+            b_y = tl.exp(b_x - m) * (1.0 / d)  # an all -inf row gives NaN, as torch.softmax does
+        y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+        tl.store(y_row + col_offset(cols, y_stride_col, CONTIGUOUS), b_y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Backward kernels: dx = (y * (dy - sum(dy * y))) / T, or (dy - exp(y) * sum(dy)) / T for log
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def row_on_chip_backward_kernel(
+    y_ptr, dy_ptr, dx_ptr,
+    n_rows, n_cols, inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    dy_stride_outer, dy_stride_col, dy_stride_inner,
+    dx_stride_outer, dx_stride_col, dx_stride_inner,
+    inv_temperature,
+    BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+    OPAQUE_WIDEN: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK_COLS)
+    col_mask = cols < n_cols
+    rows = tl.program_id(0) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    p_y = y_ptr + row_offset(rows, inner, y_stride_outer, y_stride_inner)[:, None] \
+        + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :]
+    p_dy = dy_ptr + row_offset(rows, inner, dy_stride_outer, dy_stride_inner)[:, None] \
+        + col_offset(cols, dy_stride_col, CONTIGUOUS)[None, :]
+    # In the input dtype across the row's reduction, as in split_row_on_chip_backward_kernel.
+    b_y = tl.load(p_y, mask=mask, other=0.0)  # [R, C]
+    b_dy = tl.load(p_dy, mask=mask, other=0.0)
+    if LOG:
+        b_dot = tl.sum(b_dy.to(tl.float32), 1)
+    else:
+        b_dot = tl.sum(b_dy.to(tl.float32) * b_y.to(tl.float32), 1)
+    b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), b_dot[:, None],
+                         inv_temperature, LOG)
+    p_dx = dx_ptr + row_offset(rows, inner, dx_stride_outer, dx_stride_inner)[:, None] \
+        + col_offset(cols, dx_stride_col, CONTIGUOUS)[None, :]
+    tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def looped_backward_kernel(
+    y_ptr, dy_ptr, dx_ptr,
+    n_cols, inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    dy_stride_outer, dy_stride_col, dy_stride_inner,
+    dx_stride_outer, dx_stride_col, dx_stride_inner,
+    inv_temperature,
+    BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+):
+    row = tl.program_id(0)
+    y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+    dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
+    dx_row = dx_ptr + row_offset(row, inner, dx_stride_outer, dx_stride_inner)
+    dot = stream_grad_dot(y_row, dy_row, y_stride_col, dy_stride_col, 0, n_cols, BLOCK, CONTIGUOUS, LOG)
+    stream_write_grad(y_row, dy_row, dx_row, y_stride_col, dy_stride_col, dx_stride_col, 0, n_cols, dot,
+                      inv_temperature, BLOCK, CONTIGUOUS, LOG)
+
+
+@triton.jit
+def split_row_backward_dot_kernel(
+    y_ptr, dy_ptr, part_ptr,
+    n_cols, inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    dy_stride_outer, dy_stride_col, dy_stride_inner,
+    chunk_size, num_chunks,
+    BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    start = chunk * chunk_size
+    stop = tl.minimum(start + chunk_size, n_cols)
+    y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+    dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
+    dot = stream_grad_dot(y_row, dy_row, y_stride_col, dy_stride_col, start, stop, BLOCK, CONTIGUOUS, LOG)
+    tl.store(part_ptr + row.to(tl.int64) * num_chunks + chunk, dot)
+
+
+@triton.jit
+def split_row_backward_apply_kernel(
+    y_ptr, dy_ptr, dx_ptr, part_ptr,
+    n_cols, inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    dy_stride_outer, dy_stride_col, dy_stride_inner,
+    dx_stride_outer, dx_stride_col, dx_stride_inner,
+    chunk_size, n_partials, inv_temperature,
+    BLOCK: tl.constexpr, PARTIALS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+):
+    # Reverse order, as in split_row_normalize_kernel: what the dot launch read last is in L2.
+    row = tl.num_programs(0) - 1 - tl.program_id(0)
+    chunk = tl.num_programs(1) - 1 - tl.program_id(1)
+    # The row's n_partials dot products (a chunk's each, or a rank's each), summed in index order.
+    idx = tl.arange(0, PARTIALS_POW2)
+    dot = tl.sum(tl.load(part_ptr + row.to(tl.int64) * n_partials + idx, mask=idx < n_partials, other=0.0), 0)
+    start = chunk * chunk_size
+    stop = tl.minimum(start + chunk_size, n_cols)
+    y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+    dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
+    dx_row = dx_ptr + row_offset(row, inner, dx_stride_outer, dx_stride_inner)
+    stream_write_grad(y_row, dy_row, dx_row, y_stride_col, dy_stride_col, dx_stride_col, start, stop, dot,
+                      inv_temperature, BLOCK, CONTIGUOUS, LOG)
+
+
+@triton.jit
+def split_row_on_chip_backward_kernel(
+    y_ptr, dy_ptr, dx_ptr, part_ptr, sync_ptr,
+    n_cols, inner,
+    y_stride_outer, y_stride_col, y_stride_inner,
+    dy_stride_outer, dy_stride_col, dy_stride_inner,
+    dx_stride_outer, dx_stride_col, dx_stride_inner,
+    chunk_size, num_chunks, inv_temperature,
+    BLOCK_COLS: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+    OPAQUE_WIDEN: tl.constexpr,
+):
+    # As split_row_on_chip_softmax_kernel: the chunk's y and dy stay in registers while the row's
+    # programs exchange their partial dot products, so y and dy are read once.
+    row, chunk, cols, mask = claim_chunk(sync_ptr, n_cols, chunk_size, num_chunks, BLOCK_COLS)
+    y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
+    dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
+    # y and dy wait for the row's dot in their input dtype (widened again after the wait, opaquely
+    # on the GPU: see widen_opaque): two 16384-element bf16 tiles as fp32 took 255 registers a
+    # thread and a stack at 4 warps (2 programs an SM).
+    b_y = tl.load(y_row + col_offset(cols, y_stride_col, CONTIGUOUS), mask=mask, other=0.0)
+    b_dy = tl.load(dy_row + col_offset(cols, dy_stride_col, CONTIGUOUS), mask=mask, other=0.0)
+    if LOG:
+        dot = tl.sum(b_dy.to(tl.float32), 0)
+    else:
+        dot = tl.sum(b_dy.to(tl.float32) * b_y.to(tl.float32), 0)
+    tl.store(part_ptr + row.to(tl.int64) * num_chunks + chunk, dot)
+    wait_for_row(sync_ptr, row, num_chunks)
+    idx = tl.arange(0, CHUNKS_POW2)
+    dot = tl.sum(tl.load(part_ptr + row.to(tl.int64) * num_chunks + idx, mask=idx < num_chunks, other=0.0,
+                         volatile=True), 0)
+    b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), dot, inv_temperature, LOG)
+    dx_row = dx_ptr + row_offset(row, inner, dx_stride_outer, dx_stride_inner)
+    tl.store(dx_row + col_offset(cols, dx_stride_col, CONTIGUOUS), b_dx.to(dx_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,378 @@
+"""softmax / log_softmax / logsumexp launchers: row layout, cached launch recipes, the launches.
+
+``launch_forward`` and ``launch_backward`` run one call of a validated op on the strategy
+``plan.py`` chose. ``row_normalizers``, ``normalize_rows``, ``grad_dots`` and ``grad_rows`` are
+the launchers :mod:`onlinesoftmax.distributed` builds on: each rank reduces its shard's rows to
+partials, the ranks exchange them, and each writes its shard from the merged partials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+
+from ... import _buffers, cpu
+from ..._device import inline_ptx_allowed, interpreter_active, next_power_of_2, plan_cache, triton_runs_on
+from ..._launch import Launcher, aligned
+from ..._triton import COUNTER_STRIDE
+from . import plan as planner
+from .kernels import (
+    PARTIAL_MAX,
+    PARTIAL_ONLINE,
+    PARTIAL_SUM,
+    looped_backward_kernel,
+    looped_softmax_kernel,
+    row_on_chip_backward_kernel,
+    row_on_chip_softmax_kernel,
+    split_row_backward_apply_kernel,
+    split_row_backward_dot_kernel,
+    split_row_normalize_kernel,
+    split_row_on_chip_backward_kernel,
+    split_row_on_chip_softmax_kernel,
+    split_row_partials_kernel,
+)
+
+
+def _stride_groups(sizes, strides):
+    """Merge adjacent dims whose strides chain (stride[i] == stride[i+1] * size[i+1]) into
+    (size, stride) groups, outermost first; size-1 dims carry no stride and are dropped."""
+    groups = []
+    for size, stride in reversed([(sz, st) for sz, st in zip(sizes, strides) if sz != 1]):
+        if groups and stride == groups[-1][1] * groups[-1][0]:
+            groups[-1] = (groups[-1][0] * size, groups[-1][1])
+        else:
+            groups.append((size, stride))
+    return groups[::-1]
+
+
+def _row_layout(t: torch.Tensor, dim: int):
+    """Describe the rows of ``t`` (every index but ``dim``) with at most two (size, stride) levels.
+
+    Returns ``(t, inner, strides, side)``: row r sits at ``(r // inner) * stride_outer +
+    (r % inner) * stride_inner`` and its columns ``stride_col`` apart; ``side`` says where the
+    two levels come from ("both" sides of ``dim``, or all "before" / "after" it), which fixes the
+    matching strides of a contiguous output. Views that need three or more levels are copied.
+    """
+    before = _stride_groups(t.shape[:dim], t.stride()[:dim])
+    after = _stride_groups(t.shape[dim + 1:], t.stride()[dim + 1:])
+    groups = before + after
+    if len(groups) > 2:
+        return _row_layout(t.contiguous(), dim)
+    side = "both" if before and after else ("after" if after else "before")
+    col_stride = t.stride(dim) if t.shape[dim] > 1 else 1
+    if len(groups) == 2:
+        return t, groups[1][0], (groups[0][1], col_stride, groups[1][1]), side
+    return t, 1, (groups[0][1] if groups else 0, col_stride, 0), side
+
+
+def _contiguous_row_strides(shape, dim: int, inner: int, side: str):
+    """Strides of a contiguous tensor of ``shape`` under the row split ``inner`` of another tensor."""
+    cols = shape[dim]
+    inner_total = math.prod(shape[dim + 1:])
+    if side == "both":
+        return cols * inner_total, inner_total, 1
+    unit = 1 if side == "after" else cols  # distance between consecutive rows
+    return inner * unit, inner_total, unit
+
+
+def _shape_rows(shape, dim):
+    return math.prod(shape[:dim]) * math.prod(shape[dim + 1:]), shape[dim]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: one object per signature
+class _Recipe:
+    """Everything about a launch that the input's shape, strides, dtype and options decide.
+
+    Built once per distinct call signature and reused, so that a repeated call (a decode loop, a
+    training step) costs a dictionary lookup, an allocation and the launches. The recipe's own
+    identity, with the input pointer's alignment, is the compiled-kernel key (see ``_launch``).
+    """
+
+    plan: planner.Plan
+    copy_input: bool  # the row dims do not merge into two (size, stride) levels: copy once
+    inner: int
+    in_strides: tuple
+    out_strides: tuple
+    contiguous: bool
+    lse_shape: tuple
+    opaque_widen: bool  # kernels may widen 16-bit tiles through inline PTX (not under the interpreter)
+
+
+_RECIPES: dict = {}
+_MAX_RECIPES = 4096  # distinct (shape, strides, dtype, options) signatures kept; then start over
+plan_cache(_RECIPES.clear)
+
+
+def _recipe(key, t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: Optional[str]) -> _Recipe:
+    recipe = _RECIPES.get(key)
+    if recipe is None:
+        n_rows, n_cols = _shape_rows(t.shape, dim)
+        chosen = planner.choose(op, n_rows, n_cols, t.dtype, t.device, algorithm, strategy)
+        laid_out, inner, in_strides, side = _row_layout(t, dim)
+        out_strides = _contiguous_row_strides(t.shape, dim, inner, side)
+        recipe = _Recipe(chosen, laid_out is not t, inner, in_strides, out_strides,
+                         in_strides[1] == 1 and out_strides[1] == 1, t.shape[:dim] + t.shape[dim + 1:],
+                         inline_ptx_allowed())
+        if len(_RECIPES) >= _MAX_RECIPES:
+            _RECIPES.clear()
+        _RECIPES[key] = recipe
+    return recipe
+
+
+_row_on_chip_softmax = Launcher(row_on_chip_softmax_kernel)
+_looped_softmax = Launcher(looped_softmax_kernel)
+_split_row_partials = Launcher(split_row_partials_kernel)
+_split_row_normalize = Launcher(split_row_normalize_kernel)
+_split_row_on_chip_softmax = Launcher(split_row_on_chip_softmax_kernel)
+_split_row_on_chip_backward = Launcher(split_row_on_chip_backward_kernel)
+_row_on_chip_backward = Launcher(row_on_chip_backward_kernel)
+_looped_backward = Launcher(looped_backward_kernel)
+_split_row_backward_dot = Launcher(split_row_backward_dot_kernel)
+_split_row_backward_apply = Launcher(split_row_backward_apply_kernel)
+
+
+def _row_exchange(plan: planner.Plan, planes: int, device: torch.device):
+    # split_row_on_chip's partials (``planes`` floats per chunk) and its counters: the ticket
+    # counter and one arrival counter per row (see _triton.take_ticket).
+    return _buffers.row_exchange(planes * plan.rows * plan.num_chunks, COUNTER_STRIDE.value * (1 + plan.rows), device)
+
+
+def torch_forward(x: torch.Tensor, dim: int, op: str, inv_temperature: float, out_dtype: torch.dtype) -> torch.Tensor:
+    """The ``"torch"`` strategy: torch's own kernels, with the launchers' conventions (a float32
+    lse; ``out_dtype`` at least as wide as ``x``'s, the callers having rounded narrower inputs)."""
+    wide = torch.promote_types(x.dtype, torch.float32)
+    if inv_temperature != 1.0:
+        x = x.to(wide) * inv_temperature
+    if op == "logsumexp":
+        return torch.logsumexp(x.to(wide), dim)
+    fn = torch.log_softmax if op == "log_softmax" else torch.softmax
+    return fn(x, dim) if x.dtype == out_dtype else fn(x, dim, dtype=out_dtype)
+
+
+def torch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, inv_temperature: float,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    """The ``"torch"`` strategy's backward: aten's softmax backward kernels."""
+    backward = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
+    dx = backward(dy.to(y.dtype), y, dim, y.dtype)
+    if inv_temperature != 1.0:
+        dx = dx * inv_temperature
+    return dx.to(out_dtype)
+
+
+def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
+                   out_dtype: Optional[torch.dtype] = None, algorithm: str = "auto",
+                   strategy: Optional[str] = None) -> torch.Tensor:
+    """Run ``op`` over ``dim`` of ``x``: softmax / log_softmax return y (dtype ``out_dtype``);
+    logsumexp returns the fp32 log-sum-exp with ``dim`` removed. Inputs are validated by callers."""
+    out_dtype = out_dtype or x.dtype
+    device = x.device
+    key = (x.shape, x.stride(), x.dtype, device, dim, op, out_dtype, algorithm, strategy,
+           interpreter_active())
+    recipe = _recipe(key, x, dim, op, algorithm, strategy)
+    chosen = recipe.plan
+    planner.record(chosen)
+    write_lse = op == "logsumexp"
+    if chosen.strategy == "torch":
+        return torch_forward(x, dim, op, 1.0 / temperature, out_dtype)
+    if chosen.strategy == "vectorized":
+        return cpu.forward(x, dim, op, 1.0 / temperature, out_dtype, chosen.algorithm)
+    # The output a launch does not write is passed as x: a valid pointer that is never stored to.
+    y = x if write_lse else _buffers.empty(x.shape, out_dtype, device)
+    lse = _buffers.empty(recipe.lse_shape, torch.float32, device) if write_lse else x
+    if x.numel() == 0:
+        if write_lse:
+            lse.fill_(float("-inf"))
+        return lse if write_lse else y
+    if recipe.copy_input:
+        x = x.contiguous()
+        y = x if write_lse else y
+    launch_key = (recipe, aligned(x))
+    common = dict(LOG=op == "log_softmax", WRITE_Y=not write_lse, WRITE_LSE=write_lse, CONTIGUOUS=recipe.contiguous)
+    inv_t = 1.0 / temperature
+    n_cols, inner = chosen.cols, recipe.inner
+    if chosen.strategy == "row_on_chip":
+        _row_on_chip_softmax(
+            chosen.grid, launch_key, x, y, lse, chosen.rows, n_cols, inner, *recipe.in_strides, *recipe.out_strides,
+            inv_t, BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
+            HOLD_INPUT=chosen.hold_input, OPAQUE_WIDEN=recipe.opaque_widen, num_warps=chosen.num_warps,
+            **common)
+    elif chosen.strategy == "looped":
+        _looped_softmax(
+            chosen.grid, launch_key, x, y, lse, n_cols, inner, *recipe.in_strides, *recipe.out_strides, inv_t,
+            BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", num_warps=chosen.num_warps, **common)
+    elif chosen.strategy == "split_row_on_chip":
+        parts, counters = _row_exchange(chosen, 2, device)  # (m, d) per chunk
+        _split_row_on_chip_softmax(
+            chosen.grid, launch_key, x, y, lse, parts, counters,
+            n_cols, inner, *recipe.in_strides, *recipe.out_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
+            BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
+            OPAQUE_WIDEN=recipe.opaque_widen, num_warps=chosen.num_warps, **chosen.compile_options, **common)
+    else:
+        # One buffer for the three planes, no views of it: on the H100 machine's host each tensor
+        # view cost about 5 us per call, as much as a launch.
+        parts = _buffers.empty((3, chosen.rows, chosen.num_chunks), torch.float32, device)
+        chunks_pow2 = next_power_of_2(chosen.num_chunks)
+        passes = (PARTIAL_MAX, PARTIAL_SUM) if chosen.algorithm == "safe" else (PARTIAL_ONLINE,)
+        for partial_pass in passes:
+            _split_row_partials(
+                chosen.grid, (launch_key, partial_pass), x, parts, n_cols, inner,
+                *recipe.in_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
+                BLOCK=chosen.block_cols, CHUNKS_POW2=chunks_pow2, CONTIGUOUS=recipe.contiguous, PASS=partial_pass,
+                num_warps=chosen.num_warps)
+        _split_row_normalize(
+            (chosen.rows, 1 if write_lse else chosen.num_chunks), launch_key,
+            x, y, lse, parts, n_cols, inner, *recipe.in_strides, *recipe.out_strides,
+            chosen.chunk_size, chosen.num_chunks, inv_t,
+            BLOCK=chosen.block_cols, PARTIALS_POW2=chunks_pow2, num_warps=chosen.num_warps, **common)
+    return lse if write_lse else y
+
+
+def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temperature: float = 1.0,
+                    out_dtype: Optional[torch.dtype] = None, strategy: Optional[str] = None) -> torch.Tensor:
+    """dx for y = softmax(x / T) (or log_softmax) given the upstream gradient dy."""
+    op = "log_softmax_backward" if log else "softmax_backward"
+    out_dtype = out_dtype or y.dtype
+    # dy (from upstream) can be any view and is laid out by the recipe; y (our own output) and dx
+    # are contiguous, so y's shape and dtype complete the key.
+    device = y.device
+    key = (dy.shape, dy.stride(), dy.dtype, y.dtype, device, dim, op, out_dtype, strategy,
+           interpreter_active())
+    recipe = _recipe(key, dy, dim, op, "auto", strategy)
+    chosen = recipe.plan
+    planner.record(chosen)
+    if chosen.strategy == "torch":
+        return torch_backward(y, dy, dim, log, 1.0 / temperature, out_dtype)
+    if chosen.strategy == "vectorized":
+        return cpu.backward(y, dy, dim, log, 1.0 / temperature, out_dtype)
+    dx = _buffers.empty(y.shape, out_dtype, device)
+    if y.numel() == 0:
+        return dx
+    if recipe.copy_input:
+        dy = dy.contiguous()
+    y = y.contiguous()
+    y_strides = dx_strides = recipe.out_strides
+    launch_key = (recipe, aligned(dy), aligned(y))
+    inv_t = 1.0 / temperature
+    n_cols, inner, dy_strides = chosen.cols, recipe.inner, recipe.in_strides
+    if chosen.strategy == "row_on_chip":
+        _row_on_chip_backward(
+            chosen.grid, launch_key, y, dy, dx, chosen.rows, n_cols, inner, *y_strides, *dy_strides, *dx_strides,
+            inv_t, BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
+            CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=recipe.opaque_widen,
+            num_warps=chosen.num_warps)
+    elif chosen.strategy == "looped":
+        _looped_backward(
+            chosen.grid, launch_key, y, dy, dx, n_cols, inner, *y_strides, *dy_strides, *dx_strides, inv_t,
+            BLOCK=chosen.block_cols, CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
+    elif chosen.strategy == "split_row_on_chip":
+        parts, counters = _row_exchange(chosen, 1, device)  # the dot per chunk
+        _split_row_on_chip_backward(
+            chosen.grid, launch_key, y, dy, dx, parts, counters,
+            n_cols, inner, *y_strides, *dy_strides, *dx_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
+            BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
+            CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=recipe.opaque_widen,
+            num_warps=chosen.num_warps, **chosen.compile_options)
+    else:
+        parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, device)
+        _split_row_backward_dot(
+            chosen.grid, launch_key, y, dy, parts, n_cols, inner, *y_strides, *dy_strides,
+            chosen.chunk_size, chosen.num_chunks,
+            BLOCK=chosen.block_cols, CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
+        _split_row_backward_apply(
+            chosen.grid, launch_key, y, dy, dx, parts, n_cols, inner, *y_strides, *dy_strides, *dx_strides,
+            chosen.chunk_size, chosen.num_chunks, inv_t,
+            BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(chosen.num_chunks),
+            CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
+    return dx
+
+
+
+
+# --------------------------------------------------------------------------------------------
+# Rows reduced to partials and written from merged partials (onlinesoftmax.distributed)
+# --------------------------------------------------------------------------------------------
+# Each takes contiguous (rows, cols) tensors. With ``triton=False``, and on CPU tensors without the
+# interpreter, they run the same arithmetic in torch (onlinesoftmax.cpu).
+
+
+def _split_row_plan(op: str, t: torch.Tensor) -> planner.Plan:
+    chosen = planner.choose(op, t.shape[0], t.shape[1], t.dtype, t.device, "online", "split_row")
+    planner.record(chosen)
+    return chosen
+
+
+def row_normalizers(x2: torch.Tensor, triton: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, d) of every row of ``x2``, float32; (-inf, 0) where a row has no column."""
+    rows, n = x2.shape
+    if n == 0 or rows == 0:
+        return (torch.full((rows,), float("-inf"), device=x2.device), torch.zeros(rows, device=x2.device))
+    if not (triton and triton_runs_on(x2.device)):
+        return cpu.normalizer(x2.float())
+    chosen = _split_row_plan("logsumexp", x2)
+    parts = _buffers.empty((2, rows, chosen.num_chunks), torch.float32, x2.device)  # the m and d planes
+    _split_row_partials(
+        chosen.grid, (chosen, aligned(x2)), x2, parts, n, 1, n, 1, 0, chosen.chunk_size, chosen.num_chunks, 1.0,
+        BLOCK=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), CONTIGUOUS=True,
+        PASS=PARTIAL_ONLINE, num_warps=chosen.num_warps)
+    return cpu.merge_normalizers(parts[0], parts[1], 1)
+
+
+def normalize_rows(x2: torch.Tensor, m_parts: torch.Tensor, d_parts: torch.Tensor, log: bool,
+                   triton: bool = True) -> torch.Tensor:
+    """softmax (or log_softmax) of ``x2``'s rows from (rows, n) float32 partials, merged in index order."""
+    rows, n = x2.shape
+    if not (triton and triton_runs_on(x2.device)):
+        m, d = cpu.merge_normalizers(m_parts, d_parts, 1)
+        xt = x2.float()
+        y = (xt - m[:, None]) - torch.log(d)[:, None] if log else torch.exp(xt - m[:, None]) / d[:, None]
+        return y.to(x2.dtype)
+    y = _buffers.empty(x2.shape, x2.dtype, x2.device)
+    if y.numel() == 0:
+        return y
+    chosen = _split_row_plan("softmax", x2)
+    n_partials = m_parts.shape[1]
+    parts = torch.stack([m_parts, d_parts])  # the (m, d) planes the kernel merges
+    _split_row_normalize(
+        (rows, chosen.num_chunks), (chosen, aligned(x2), n_partials),
+        x2, y, x2, parts, n, 1, n, 1, 0, n, 1, 0, chosen.chunk_size, n_partials, 1.0,
+        BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(n_partials), CONTIGUOUS=True,
+        LOG=log, WRITE_Y=True, WRITE_LSE=False, num_warps=chosen.num_warps)
+    return y
+
+
+def grad_dots(y2: torch.Tensor, dy2: torch.Tensor, log: bool, triton: bool = True) -> torch.Tensor:
+    """Per row, float32: sum(dy * y) for softmax, sum(dy) for log_softmax."""
+    rows, n = y2.shape
+    if n == 0 or not (triton and triton_runs_on(y2.device)):
+        return dy2.float().sum(1) if log else (dy2.float() * y2.float()).sum(1)
+    chosen = _split_row_plan("softmax_backward", y2)
+    parts = _buffers.empty((rows, chosen.num_chunks), torch.float32, y2.device)
+    _split_row_backward_dot(
+        chosen.grid, (chosen, aligned(y2), aligned(dy2)), y2, dy2, parts, n, 1, n, 1, 0, n, 1, 0,
+        chosen.chunk_size, chosen.num_chunks,
+        BLOCK=chosen.block_cols, CONTIGUOUS=True, LOG=log, num_warps=chosen.num_warps)
+    return parts.sum(1)
+
+
+def grad_rows(y2: torch.Tensor, dy2: torch.Tensor, dot_parts: torch.Tensor, log: bool,
+              triton: bool = True) -> torch.Tensor:
+    """dx of ``y2``'s rows from (rows, n) float32 partial dots, summed in index order."""
+    rows, n = y2.shape
+    if not (triton and triton_runs_on(y2.device)):
+        dot = dot_parts.sum(1)[:, None]
+        y32, dy32 = y2.float(), dy2.float()
+        return (dy32 - torch.exp(y32) * dot if log else y32 * (dy32 - dot)).to(y2.dtype)
+    dx = _buffers.empty(y2.shape, y2.dtype, y2.device)
+    if dx.numel() == 0:
+        return dx
+    chosen = _split_row_plan("softmax_backward", y2)
+    n_partials = dot_parts.shape[1]
+    _split_row_backward_apply(
+        (rows, chosen.num_chunks), (chosen, aligned(y2), aligned(dy2), n_partials),
+        y2, dy2, dx, dot_parts.contiguous(), n, 1, n, 1, 0, n, 1, 0, n, 1, 0, chosen.chunk_size, n_partials, 1.0,
+        BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(n_partials), CONTIGUOUS=True,
+        LOG=log, num_warps=chosen.num_warps)
+    return dx

@@ -1,0 +1,363 @@
+"""softmax, log_softmax and logsumexp: custom ops for torch.compile, autograd, the public functions.
+
+Every strategy computes the online normalizer (m, d) of each row (seed 001) and then writes
+y = exp(x - m) / d; ``plan.py`` picks where the row lives meanwhile, ``launch.py`` launches it.
+
+The public functions keep the host's work per call small, since training and serving code calls
+them eagerly many times a step: a call's signature (shape, strides, dtypes, options) maps to a
+prepared route in one dictionary lookup, so argument checks and planning run once per signature.
+Calls that the plan gives to torch's own kernels (CPU tensors, float64, other dtypes) call torch
+directly, autograd included.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Sequence, Union
+
+import torch
+
+from ... import _validate
+from ..._device import interpreter_active, plan_cache
+from ..._launch import op_when_compiling
+from . import plan as planner
+from .launch import launch_backward, launch_forward
+
+# --------------------------------------------------------------------------------------------
+# Custom ops: torch.compile sees two opaque ops with fake (shape-only) implementations
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("onlinesoftmax::forward", mutates_args=())
+def _forward_op(x: torch.Tensor, dim: int, op: str, temperature: float, out_dtype: Optional[torch.dtype],
+                algorithm: str, strategy: Optional[str]) -> torch.Tensor:
+    return launch_forward(x, dim, op, temperature, out_dtype, algorithm, strategy)
+
+
+@_forward_op.register_fake
+def _(x, dim, op, temperature, out_dtype, algorithm, strategy):
+    if op == "logsumexp":
+        return x.new_empty(x.shape[:dim] + x.shape[dim + 1:], dtype=torch.float32)
+    return x.new_empty(x.shape, dtype=out_dtype or x.dtype)
+
+
+@torch.library.custom_op("onlinesoftmax::backward", mutates_args=())
+def _backward_op(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temperature: float,
+                 out_dtype: Optional[torch.dtype], strategy: Optional[str]) -> torch.Tensor:
+    return launch_backward(y, dy, dim, log, temperature, out_dtype, strategy)
+
+
+@_backward_op.register_fake
+def _(y, dy, dim, log, temperature, out_dtype, strategy):
+    return y.new_empty(y.shape, dtype=out_dtype or y.dtype)
+
+
+_forward = op_when_compiling(_forward_op, launch_forward)
+_backward = op_when_compiling(_backward_op, launch_backward)
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd
+# --------------------------------------------------------------------------------------------
+
+
+class _SoftmaxFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, log, temperature, out_dtype, algorithm, strategy):
+        y = _forward(x, dim, "log_softmax" if log else "softmax", temperature, out_dtype, algorithm, strategy)
+        ctx.save_for_backward(y)
+        ctx.config = (dim, log, temperature, x.dtype, strategy)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        dim, log, temperature, x_dtype, strategy = ctx.config
+        return _backward(y, dy, dim, log, temperature, x_dtype, strategy), None, None, None, None, None, None
+
+
+class _LogSumExpFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, strategy, out_dtype):
+        lse = _forward(x, dim, "logsumexp", 1.0, None, "auto", strategy)
+        ctx.save_for_backward(x, lse)
+        ctx.dim = dim
+        # A fresh tensor even for float32: returning the saved tensor itself gave a wrong gradient
+        # under torch.compile on CUDA (torch 2.11; the copy is one float per row).
+        return lse.to(out_dtype, copy=True)
+
+    @staticmethod
+    def backward(ctx, dlse):
+        # d lse / dx = softmax(x): one elementwise expression in torch, from the fp32 lse.
+        x, lse = ctx.saved_tensors
+        grad = dlse.float().unsqueeze(ctx.dim) * torch.exp(x.float() - lse.unsqueeze(ctx.dim))
+        return grad.to(x.dtype), None, None, None
+
+
+# --------------------------------------------------------------------------------------------
+# Public functions
+# --------------------------------------------------------------------------------------------
+
+DimensionError = _validate.DimensionError
+KERNEL_DTYPES = planner.KERNEL_DTYPES
+
+
+class _Route(NamedTuple):
+    """What one call signature of a public function does, decided once."""
+
+    dim: int
+    cast_to: Optional[torch.dtype]  # the input is rounded to this dtype first (torch's dtype= semantics)
+    out_dtype: Optional[torch.dtype]
+    torch_path: bool  # torch's own kernels (the plan's "torch" strategy), autograd included
+
+
+_ROUTES: dict = {}
+_MAX_ROUTES = 4096
+plan_cache(_ROUTES.clear)
+
+
+def _temperature(temperature, name: str) -> float:
+    if temperature == 1.0 and type(temperature) in (float, int):
+        return 1.0
+    return _validate.positive(temperature, name, "temperature")
+
+
+def _softmax_route(x, dim, dtype, algorithm, strategy, name) -> _Route:
+    _validate.tensor(x, name)
+    _validate.device(x, name)
+    dim = _validate.dim(dim, x.dim(), name)
+    _validate.choice(algorithm, planner.ALGORITHMS, name, "algorithm")
+    if strategy is not None:
+        _validate.choice(strategy, planner.STRATEGIES, name, "strategy")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name}: dtype must be a torch.dtype or None, got {type(dtype).__name__}")
+    if dtype is None and not x.dtype.is_floating_point:
+        raise TypeError(f"{name} needs a floating-point tensor, got {_validate.dtype_name(x.dtype)}; pass "
+                        f"dtype=torch.float32 to compute in float32 (as torch.{name}(x, dim, dtype=...) does)")
+    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+        raise TypeError(f"{name}: dtype must be a floating-point dtype, got {_validate.dtype_name(dtype)}")
+    compute = dtype or x.dtype
+    kernels = compute in KERNEL_DTYPES
+    if strategy in planner.TRITON_STRATEGIES and not kernels:
+        raise ValueError(f"{name}: strategy {strategy!r} runs Triton kernels, which take float32, float16 and "
+                         f"bfloat16; got {_validate.dtype_name(compute)}")
+    # torch casts the input to ``dtype`` first. Upcasting a half input is exact, so the kernels
+    # read it as it is and write the wider dtype; anything else is cast.
+    exact = x.dtype in KERNEL_DTYPES and dtype is not None and dtype.itemsize >= x.dtype.itemsize
+    cast_to = dtype if dtype is not None and dtype != x.dtype and not exact else None
+    torch_path = not kernels or strategy == "torch" or (strategy is None and (
+        x.device.type != "cuda" and not interpreter_active()))
+    if not torch_path and strategy is None and x.device.type == "cuda" and x.numel() <= planner.TORCH_BELOW_ELEMENTS:
+        torch_path = True
+    return _Route(dim, cast_to, dtype, torch_path)
+
+
+def _route(table_key, make) -> _Route:
+    route = _ROUTES.get(table_key)
+    if route is None:
+        route = make()
+        if len(_ROUTES) >= _MAX_ROUTES:
+            _ROUTES.clear()
+        _ROUTES[table_key] = route
+    return route
+
+
+def _record_torch(op, x, dim, reason):
+    rows = x.numel() // x.shape[dim] if x.dim() and x.shape[dim] else 1
+    planner.record(planner.Plan(op, "torch", "auto", rows, x.shape[dim] if x.dim() else 1, x.dtype, reason=reason))
+
+
+def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
+    name = "log_softmax" if log else "softmax"
+    try:
+        key = (x.shape, x.stride(), x.dtype, x.device, dim, dtype, algorithm, strategy, log)
+    except AttributeError:
+        key = None  # not a tensor: the route's checks raise
+    route = _route(key, lambda: _softmax_route(x, dim, dtype, algorithm, strategy, name)) if key else \
+        _softmax_route(x, dim, dtype, algorithm, strategy, name)
+    temperature = _temperature(temperature, name)
+    if route.cast_to is not None:
+        x = x.to(route.cast_to)
+    if route.torch_path:
+        _record_torch(name, x, route.dim, "torch's own kernel for this device / dtype / size")
+        if temperature != 1.0:
+            x = x.to(torch.promote_types(x.dtype, torch.float32)) * (1.0 / temperature)
+        fn = torch.log_softmax if log else torch.softmax
+        return fn(x, route.dim) if route.out_dtype is None else fn(x, route.dim, dtype=route.out_dtype)
+    if x.dim() == 0:
+        return _softmax_like(x.reshape(1), 0, dtype, temperature, algorithm, strategy, log).reshape(())
+    if x.requires_grad and torch.is_grad_enabled():
+        return _SoftmaxFunction.apply(x, route.dim, log, temperature, route.out_dtype, algorithm, strategy)
+    return _forward(x, route.dim, name, temperature, route.out_dtype, algorithm, strategy)
+
+
+def softmax(x: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None, *, temperature: float = 1.0,
+            algorithm: str = "auto", strategy: Optional[str] = None) -> torch.Tensor:
+    """Softmax of ``x / temperature`` along ``dim``, computed with the online normalizer.
+
+    A drop-in for ``torch.softmax(x, dim, dtype)``: same arguments in the same places, same result.
+
+    Parameters
+    ----------
+    x : Tensor
+        Any shape (0-d included) and strides, on CUDA or CPU. float32, float16 and bfloat16 run
+        the Triton kernels on CUDA; float64 (and any input with a ``dtype`` the kernels do not
+        take) runs torch's own kernels, as do CPU tensors (see Notes).
+    dim : int
+        The dimension to normalize over (negative counts from the end).
+    dtype : torch.dtype, optional
+        As in torch: the input is cast to ``dtype`` before the operation and the result has that
+        dtype (an upcast of a half input is exact, so the kernels read it as it is). Needed for
+        integer inputs. Accumulation is float32 in the kernels in every case.
+    temperature : float
+        Divides the logits before the softmax; finite and > 0.
+    algorithm : {"auto", "online", "safe"}
+        ``"safe"``: three passes over memory (max, sum, write), as in the seeds. ``"online"``: two
+        (the (m, d) recurrence, then the write). ``"auto"``: the fastest strategy for the shape,
+        one pass when the row fits on chip.
+    strategy : str, optional
+        Expert/testing override (see ``onlinesoftmax/ops/softmax/plan.py``): the Triton strategies
+        ``"row_on_chip"``, ``"looped"``, ``"split_row"``, ``"split_row_on_chip"``; ``"torch"``
+        (torch's kernel); ``"vectorized"`` (the online split-and-merge algorithm in torch ops).
+
+    Returns
+    -------
+    Tensor
+        Same shape as ``x``, contiguous, dtype ``dtype or x.dtype``.
+
+    Notes
+    -----
+    Semantics follow ``torch.softmax``: ``-inf`` entries give 0, a row that is all ``-inf`` gives
+    NaN, any NaN or ``+inf`` in a row makes the whole row NaN. Differentiable (Triton backward
+    kernels) and traceable by ``torch.compile(fullgraph=True)``. CPU tensors run torch's own
+    kernel (torch's speed); under ``TRITON_INTERPRET=1`` they run the Triton kernels.
+
+    Raises
+    ------
+    TypeError
+        Non-tensor input, a non-floating input without ``dtype``, a non-float ``dtype``.
+    ValueError
+        ``temperature`` <= 0 or not finite, unknown ``algorithm`` or ``strategy``, a Triton
+        strategy for a dtype the kernels do not take, a device other than CUDA or CPU, ``dim`` out
+        of range (:class:`DimensionError`, also an IndexError).
+
+    Examples
+    --------
+    >>> import torch, onlinesoftmax
+    >>> onlinesoftmax.softmax(torch.tensor([1.0, 2.0, 3.0]))
+    tensor([0.0900, 0.2447, 0.6652])
+    """
+    return _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log=False)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None, *, temperature: float = 1.0,
+                algorithm: str = "auto", strategy: Optional[str] = None) -> torch.Tensor:
+    """Log-softmax of ``x / temperature`` along ``dim``: ``(x - m) - log(d)`` from the online normalizer.
+
+    A drop-in for ``torch.log_softmax(x, dim, dtype)``. Same arguments, dtypes, layouts and errors
+    as :func:`softmax`. ``-inf`` entries give ``-inf``; all ``-inf`` rows, NaN and ``+inf`` give
+    NaN rows, as ``torch.log_softmax``.
+
+    Examples
+    --------
+    >>> import torch, onlinesoftmax
+    >>> onlinesoftmax.log_softmax(torch.tensor([1.0, 2.0, 3.0]))
+    tensor([-2.4076, -1.4076, -0.4076])
+    """
+    return _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log=True)
+
+
+def _logsumexp_route(x, dim, keepdim, strategy) -> tuple:
+    name = "logsumexp"
+    _validate.tensor(x, name)
+    _validate.device(x, name)
+    dims = (dim,) if isinstance(dim, int) and not isinstance(dim, bool) else tuple(dim)
+    if not dims:
+        raise ValueError("logsumexp: dim must name at least one dimension")
+    dims = tuple(sorted({_validate.dim(d, x.dim(), name) for d in dims}))
+    if strategy is not None:
+        _validate.choice(strategy, planner.STRATEGIES, name, "strategy")
+    if not isinstance(keepdim, bool):
+        raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
+    # torch computes integer and bool inputs in the default float dtype.
+    compute = x.dtype if (x.dtype.is_floating_point or x.dtype.is_complex) else torch.get_default_dtype()
+    kernels = compute in KERNEL_DTYPES
+    if strategy in planner.TRITON_STRATEGIES and not kernels:
+        raise ValueError(f"logsumexp: strategy {strategy!r} runs Triton kernels, which take float32, float16 and "
+                         f"bfloat16; got {_validate.dtype_name(x.dtype)}")
+    torch_path = not kernels or strategy == "torch" or (strategy is None and (
+        x.device.type != "cuda" and not interpreter_active()))
+    if not torch_path and strategy is None and x.device.type == "cuda" and x.numel() <= planner.TORCH_BELOW_ELEMENTS:
+        torch_path = True
+    return dims, compute, torch_path
+
+
+def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]] = -1, keepdim: bool = False, *,
+              strategy: Optional[str] = None) -> torch.Tensor:
+    """``log(sum(exp(x), dim))`` as ``m + log(d)`` from the online normalizer: the primitive behind softmax.
+
+    A drop-in for ``torch.logsumexp(x, dim, keepdim)``.
+
+    Parameters
+    ----------
+    x : Tensor
+        Any shape and strides, on CUDA or CPU. Integer and bool inputs are computed in the
+        default float dtype, as torch does; float64 and complex run torch's own kernel.
+    dim : int or sequence of ints
+        The dimension(s) to reduce; several are reduced as one (moved last and flattened).
+    keepdim : bool
+        Keep the reduced dims with size 1.
+    strategy : str, optional
+        As in :func:`softmax` (the Triton strategies that write a log-sum-exp: ``"row_on_chip"``,
+        ``"looped"``, ``"split_row"``).
+
+    Returns
+    -------
+    Tensor
+        ``x``'s shape without ``dim`` (or with size-1 dims), in ``x.dtype`` (the default float
+        dtype for integer inputs), computed in float32. Conventions of ``torch.logsumexp``: an all
+        ``-inf`` (or empty) row gives ``-inf``, a ``+inf`` gives ``+inf``, NaN gives NaN.
+        Differentiable (the gradient is ``softmax(x)``).
+
+    Raises
+    ------
+    As :func:`softmax`.
+
+    Examples
+    --------
+    >>> import torch, onlinesoftmax
+    >>> onlinesoftmax.logsumexp(torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
+    tensor([0.6931, 1.6931])
+    """
+    try:
+        key = ("logsumexp", x.shape, x.stride(), x.dtype, x.device,
+               dim if isinstance(dim, int) else tuple(dim), keepdim, strategy)
+    except (AttributeError, TypeError):
+        key = None
+    route = _route(key, lambda: _logsumexp_route(x, dim, keepdim, strategy)) if key else \
+        _logsumexp_route(x, dim, keepdim, strategy)
+    dims, compute, torch_path = route
+    if torch_path:
+        _record_torch("logsumexp", x, dims[-1], "torch's own kernel for this device / dtype / size")
+        return torch.logsumexp(x, dims, keepdim)
+    if x.dtype != compute:
+        x = x.to(compute)
+    if len(dims) > 1:
+        x = x.movedim(dims, tuple(range(x.dim() - len(dims), x.dim()))).flatten(x.dim() - len(dims))
+        reduced = x.dim() - 1
+    else:
+        reduced = dims[0]
+    if x.dim() == 0:
+        return logsumexp(x.reshape(1), 0, strategy=strategy).reshape(())
+    if x.requires_grad and torch.is_grad_enabled():
+        lse = _LogSumExpFunction.apply(x, reduced, strategy, x.dtype)
+    else:
+        lse = _forward(x, reduced, "logsumexp", 1.0, None, "auto", strategy)
+        if lse.dtype != x.dtype:
+            lse = lse.to(x.dtype)
+    if keepdim:
+        for d in dims:
+            lse = lse.unsqueeze(d)
+    return lse
+
+
+__all__ = ["softmax", "log_softmax", "logsumexp", "DimensionError"]

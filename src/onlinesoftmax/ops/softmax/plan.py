@@ -1,0 +1,328 @@
+"""softmax / log_softmax / logsumexp launch decisions: shape, dtype and device -> strategy and parameters.
+
+Every decision the launchers make lives here as small tables, so that it can be printed
+(``onlinesoftmax explain``), tested (each strategy forced and asserted) and tuned in one place
+(:func:`onlinesoftmax.override_plan`). The measurements behind each value are in
+``docs/perf-softmax.md``.
+
+Strategies
+----------
+``row_on_chip``
+    The whole row is loaded into registers once: max, sum and the normalized write happen on
+    chip, so memory sees one read and one write. Short rows are packed several to a program.
+``looped``
+    One program per row, looping over it in blocks: the online pass computes (m, d) per lane and
+    merges the lanes at the end, the second pass writes. ``algorithm="safe"`` adds a third pass
+    (max, then sum, then write) as in the seeds.
+``split_row``
+    Few long rows cannot fill the GPU with one program per row, so each row is cut into chunks:
+    one launch writes a partial (m, d) per chunk, a second merges a row's partials with the (m, d)
+    operator in every program and writes its chunk.
+``split_row_on_chip``
+    A row longer than ``row_on_chip`` holds is held by several programs at once, each keeping a
+    chunk in registers: a program publishes its chunk's (m, d), waits at a counter in device memory
+    until the rest of its row has, merges the row's partials and writes from registers. One read
+    and one write per element. The wait needs a row's programs resident together: programs take
+    work by arrival order (a ticket counter), and a row has at most a fraction of the SMs' worth of
+    chunks (``SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM``), which leaves room for kernels of other streams.
+    A process confined to fewer than half of the SMs (MPS, green contexts) should pass
+    ``strategy="split_row"`` for rows over 32768. The interpreter runs programs one after another,
+    so there every row is one chunk.
+``torch``
+    torch's own kernel (``torch.softmax`` and friends): CPU tensors, float64, and calls so small
+    that the host's time decides (see ``TORCH_BELOW_ELEMENTS``).
+``vectorized``
+    The split-and-merge online algorithm in vectorized PyTorch (:mod:`onlinesoftmax.cpu`), on
+    request: it computes what the kernels compute, on any device, at torch-op speed.
+
+Chunk and block boundaries are aligned to absolute 16-byte addresses, not to the row start: a row
+of 50257 bf16 elements starts at a different alignment every row, and Triton vectorizes only loads
+it can prove aligned (see ``kernels.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from ..._device import cdiv, interpreter_active, next_power_of_2, plan_cache, sm_count
+from ..._launch import RegisterCap
+
+STRATEGIES = ("row_on_chip", "looped", "split_row", "split_row_on_chip", "torch", "vectorized")
+TRITON_STRATEGIES = ("row_on_chip", "looped", "split_row", "split_row_on_chip")
+ALGORITHMS = ("auto", "online", "safe")
+FORWARD_OPS = ("softmax", "log_softmax", "logsumexp")
+BACKWARD_OPS = ("softmax_backward", "log_softmax_backward")
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Largest row (a power of two, in elements) row_on_chip keeps in registers, by element size:
+# beyond it the row's registers leave too few programs an SM (bf16 1024x32768: 2415 GB/s on chip, 2177 looped).
+ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
+# The backward holds y and dy; the same limit measured best.
+BACKWARD_ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
+# bf16 rows at least this long wait in registers at 16 bits (widened for each use): half the registers, 2 programs an SM.
+ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
+# A held row takes at most 16 warps: 64 registers a thread, 2 programs an SM, half the warps in each cross-warp reduction.
+ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS = 16
+# row_on_chip packs short rows until a program's tile has about this many elements.
+ROW_TILE_ELEMENTS = 4096
+# (tile elements up to, num_warps): about 16 elements a thread, four 16-byte loads of fp32.
+WARPS_BY_TILE_ELEMENTS = ((512, 1), (1024, 2), (2048, 4), (4096, 8), (8192, 16), (65536, 32))
+
+# looped and split_row stream blocks of this many elements an iteration (16 KB in flight).
+STREAM_BLOCK = {4: 4096, 2: 8192}
+STREAM_WARPS = 8
+# split_row: 2 wide programs an SM beat 4 narrower ones (bf16 64x128256: 1771 against 1515 GB/s).
+SPLIT_PROGRAMS_PER_SM = 2
+SPLIT_WARPS = 16
+# The merge loads all of a row's partials in one tile.
+SPLIT_MAX_CHUNKS = 1024
+# Below this many rows an SM, rows alone cannot fill the GPU: split them.
+SPLIT_BELOW_ROWS_PER_SM = 2
+
+# split_row_on_chip: chunks of at most this much input each (forward / backward, which holds y and dy: per tensor);
+# many small programs beat few large ones. A value is bytes, or {element size: bytes}.
+SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": {4: 32768, 2: 16384}}
+# One warp per this many bytes of a program's tile.
+SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
+# Rows that need larger tiles than this go to split_row.
+SPLIT_ON_CHIP_MAX_TILE = 16384
+# A row's programs must be resident together: at most half the SMs' worth of chunks a row.
+SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
+# Register cap a thread (Triton's maxnreg) by op (and element size), 0 for the compiler's choice:
+# 32 lets 8 forward programs share an SM instead of 6 with no spill; the 2-byte log_softmax and the backward spill under it.
+SPLIT_ON_CHIP_MAX_REGISTERS = {"softmax": 32, "log_softmax": {4: 32, 2: 0}, "logsumexp": 0,
+                               "softmax_backward": 0, "log_softmax_backward": 0}
+# The cap buys programs an SM, which only counts beyond one uncapped wave (bf16 16x262144 lost 11.8 -> 12.2 us under it).
+SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM = 6
+
+# Tensors of at most this many elements run torch's own kernel on CUDA: there the host's time is
+# the call's time, and torch's dispatch is the leaner one (0 turns it off).
+TORCH_BELOW_ELEMENTS = 0
+
+
+def _split_on_chip_max_chunks(sms: int) -> int:
+    return max(1, int(sms * SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM))
+
+
+def _for_element_size(value, elem: int) -> int:
+    """A plan table's entry: a number, or {element size: number} where the dtypes differ."""
+    return value[elem] if isinstance(value, dict) else value
+
+
+def _split_on_chip_bytes(table: dict, backward: bool, elem: int) -> int:
+    return _for_element_size(table["backward" if backward else "forward"], elem)
+
+
+def _split_on_chip_tile(backward: bool, cols: int, elem: int, sms: int) -> int:
+    """The chunk tile for rows of ``cols``: the smallest that keeps the chunks within bounds
+    (above SPLIT_ON_CHIP_MAX_TILE when no tile does; the caller checks)."""
+    smallest = _split_on_chip_bytes(SPLIT_ON_CHIP_TILE_BYTES, backward, elem) // elem
+    return max(smallest, next_power_of_2(cdiv(cols, _split_on_chip_max_chunks(sms))))
+
+
+def _warps_for_tile(elements: int) -> int:
+    for limit, warps in WARPS_BY_TILE_ELEMENTS:
+        if elements <= limit:
+            return warps
+    return WARPS_BY_TILE_ELEMENTS[-1][1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan(RegisterCap):
+    """One launch decision. ``grid`` is what the first (or only) kernel is launched with."""
+
+    op: str
+    strategy: str
+    algorithm: str
+    rows: int
+    cols: int
+    dtype: torch.dtype
+    block_cols: int = 0
+    rows_per_program: int = 1
+    num_warps: int = 0
+    grid: tuple = ()
+    chunk_size: int = 0
+    num_chunks: int = 1
+    launches: int = 1
+    hold_input: bool = False  # row_on_chip forward: the tile waits in the input dtype
+    max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
+    reason: str = ""  # why a non-kernel strategy was taken
+
+    @property
+    def passes(self) -> int:
+        """Passes over the input in device memory (reads of x, or of y and dy for backward)."""
+        if self.strategy in ("row_on_chip", "split_row_on_chip", "torch") or (
+                self.op == "logsumexp" and self.algorithm == "online"):
+            return 1
+        if self.op in BACKWARD_OPS:
+            return 2
+        reads = {"online": 2, "safe": 3, "one_pass": 1}[self.algorithm]
+        return reads - 1 if self.op == "logsumexp" else reads
+
+    def bytes_moved(self, out_dtype: torch.dtype | None = None) -> int:
+        """Fewest bytes any implementation must move: each input read once, each output written once."""
+        elems = self.rows * self.cols
+        in_size = self.dtype.itemsize
+        out_size = (out_dtype or self.dtype).itemsize
+        if self.op in BACKWARD_OPS:
+            return elems * (2 * in_size + out_size)
+        if self.op == "logsumexp":
+            return elems * in_size + self.rows * out_size
+        return elems * (in_size + out_size)
+
+    def describe(self, bandwidth_gbs: float | None = None) -> str:
+        head = f"op:          {self.op}  ({self.rows} rows x {self.cols} cols, {str(self.dtype).replace('torch.', '')})"
+        if self.strategy in ("torch", "vectorized"):
+            lines = [head, f"strategy:    {self.strategy}  ({self.reason})"]
+        else:
+            lines = [
+                head,
+                f"strategy:    {self.strategy}  (algorithm {self.algorithm})",
+                f"launches:    {self.launches}, first grid {self.grid}, {self.num_warps} warps/program"
+                + (f", at most {self.max_registers} registers a thread" if self.max_registers else ""),
+                f"blocks:      {self.block_cols} cols x {self.rows_per_program} rows per tile"
+                + (f"; {self.num_chunks} chunks of {self.chunk_size} per row"
+                   if self.strategy.startswith("split_row") else ""),
+                f"passes:      {self.passes} read(s) of the input from device memory",
+            ]
+            narrow_backward = self.op in BACKWARD_OPS and self.strategy == "row_on_chip"
+            if self.hold_input or (self.dtype.itemsize == 2 and (self.strategy == "split_row_on_chip" or narrow_backward)):
+                lines.append(f"registers:   the tile waits in {str(self.dtype).replace('torch.', '')} (half the "
+                             "registers of float32), widened again for each use")
+        lines.append(f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (each input read once, each output written once)")
+        if bandwidth_gbs:
+            lines.append(f"floor:       {self.bytes_moved() / bandwidth_gbs / 1e6 * 1e3:.2f} us at {bandwidth_gbs:.0f} GB/s")
+        return "\n".join(lines)
+
+
+def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device,
+           algorithm: str = "auto", strategy: str | None = None, sms: int | None = None,
+           interpreting: bool | None = None) -> Plan:
+    """Pick the strategy and launch parameters for ``rows`` independent rows of ``cols`` elements.
+
+    ``sms`` overrides the device's multiprocessor count (to plan for a GPU this machine lacks);
+    ``interpreting`` whether the kernels run in Triton's interpreter (default: TRITON_INTERPRET).
+    Decisions are cached: planning is on every call's path, ahead of a kernel of a few microseconds.
+    """
+    device = torch.device(device)
+    if interpreting is None:
+        interpreting = interpreter_active()
+    return _choose(op, rows, cols, dtype, device, algorithm, strategy, sms or sm_count(device), interpreting)
+
+
+@plan_cache
+def _clear():
+    _choose.cache_clear()
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpreting) -> Plan:
+    if op not in FORWARD_OPS + BACKWARD_OPS:
+        raise ValueError(f"unknown op {op!r}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be None or one of {STRATEGIES}, got {strategy!r}")
+    triton_ok = device.type == "cuda" or interpreting
+    if strategy is None:
+        reason = ""
+        if not triton_ok:
+            reason = "a CPU tensor: torch's own kernel"
+        elif dtype not in KERNEL_DTYPES:
+            reason = f"{str(dtype).replace('torch.', '')}: torch's own kernel (the Triton kernels take fp32, fp16, bf16)"
+        elif not interpreting and rows * cols <= TORCH_BELOW_ELEMENTS:
+            reason = f"at most {TORCH_BELOW_ELEMENTS} elements: the host's time decides, and torch's path is leaner"
+        if reason:
+            return Plan(op, "torch", "auto", rows, cols, dtype, reason=reason)
+    elif strategy in TRITON_STRATEGIES and not triton_ok:
+        raise ValueError(
+            f"strategy {strategy!r} runs Triton kernels, which need a CUDA tensor "
+            "(or TRITON_INTERPRET=1 for CPU tensors); use strategy=None, 'torch' or 'vectorized' on CPU")
+    elif strategy in TRITON_STRATEGIES and dtype not in KERNEL_DTYPES:
+        raise ValueError(f"strategy {strategy!r} runs Triton kernels, which take float32, float16 and bfloat16; "
+                         f"got {dtype}: use strategy=None or 'torch'")
+    if strategy == "torch":
+        return Plan(op, "torch", "auto", rows, cols, dtype, reason="asked for")
+    if strategy == "vectorized":
+        return Plan(op, "vectorized", "online" if algorithm == "auto" else algorithm, rows, cols, dtype,
+                    reason="the online split-and-merge algorithm in vectorized torch ops, as asked")
+
+    rows, cols = max(rows, 1), max(cols, 1)  # empty tensors launch nothing; plan as for one element
+    backward = op in BACKWARD_OPS
+    elem = dtype.itemsize
+    on_chip_max = (BACKWARD_ROW_ON_CHIP_MAX_COLS if backward else ROW_ON_CHIP_MAX_COLS)[elem]
+    if strategy is None:
+        if algorithm == "auto" and next_power_of_2(cols) <= on_chip_max:
+            strategy = "row_on_chip"
+        elif (algorithm == "auto" and op != "logsumexp" and not interpreting
+              and _split_on_chip_tile(backward, cols, elem, sms) <= SPLIT_ON_CHIP_MAX_TILE):
+            strategy = "split_row_on_chip"
+        elif rows < SPLIT_BELOW_ROWS_PER_SM * sms and cols > STREAM_BLOCK[elem]:
+            strategy = "split_row"
+        else:
+            strategy = "looped"
+
+    if strategy in ("row_on_chip", "split_row_on_chip") and algorithm != "auto" and not backward:
+        raise ValueError(f"algorithm={algorithm!r} asks for {algorithm} passes over memory, but strategy "
+                         f"{strategy!r} reads the row once; use algorithm='auto'")
+    if strategy == "row_on_chip":
+        block = next_power_of_2(cols)
+        rows_per_program = min(max(1, ROW_TILE_ELEMENTS // block), next_power_of_2(rows))
+        warps = _warps_for_tile(block * rows_per_program)
+        hold_input = not backward and block >= ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, block + 1)
+        if hold_input:
+            warps = min(warps, ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS)
+        return Plan(op, strategy, "one_pass", rows, cols, dtype, block, rows_per_program, warps,
+                    (cdiv(rows, rows_per_program),), hold_input=hold_input)
+
+    if strategy == "split_row_on_chip":
+        tile = _split_on_chip_tile(backward, cols, elem, sms)
+        if tile > SPLIT_ON_CHIP_MAX_TILE:
+            raise ValueError(
+                f"strategy 'split_row_on_chip' holds a row in at most {_split_on_chip_max_chunks(sms)} programs "
+                f"side by side on this GPU, {SPLIT_ON_CHIP_MAX_TILE} elements each; a row of {cols} is longer. "
+                "Use strategy=None (split_row reads such rows twice)")
+        warps = min(32, max(1, tile * elem // _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem)))
+        # The interpreter cannot run a row's programs side by side: one chunk per row there.
+        num_chunks = 1 if interpreting else cdiv(cols, tile)
+        # Equal chunks, each a multiple of 16 elements; the kernels align them to absolute
+        # addresses, which can add one chunk's worth of 16 elements to a row's first chunk.
+        chunk = cdiv(cdiv(cols, num_chunks), 16) * 16
+        num_chunks = cdiv(cols, chunk)
+        programs = rows * num_chunks
+        cap = _for_element_size(SPLIT_ON_CHIP_MAX_REGISTERS[op], elem)
+        if programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms:
+            cap = 0  # one wave without the cap: it would buy nothing
+        return Plan(op, strategy, "one_pass", rows, cols, dtype, next_power_of_2(chunk), 1, warps,
+                    (programs,), chunk_size=chunk, num_chunks=num_chunks, max_registers=cap)
+
+    resolved = "online" if algorithm == "auto" else algorithm
+    block = min(STREAM_BLOCK[elem], next_power_of_2(cols))
+    if strategy == "looped":
+        return Plan(op, strategy, resolved, rows, cols, dtype, block, 1, STREAM_WARPS, (rows,))
+
+    # split_row: enough chunks per row to give every SM a few programs, never fewer than one block
+    # of work per chunk, never more chunks than one merge tile holds.
+    wanted_chunks = max(1, cdiv(SPLIT_PROGRAMS_PER_SM * sms, rows))
+    chunk = max(block, cdiv(cdiv(cols, wanted_chunks), block) * block)
+    chunk = max(chunk, cdiv(cdiv(cols, SPLIT_MAX_CHUNKS), block) * block)
+    num_chunks = cdiv(cols, chunk)
+    launches = 3 if (resolved == "safe" and not backward) else 2
+    return Plan(op, strategy, resolved, rows, cols, dtype, block, 1, SPLIT_WARPS, (rows, num_chunks),
+                chunk_size=chunk, num_chunks=num_chunks, launches=launches)
+
+
+_last_plan: Plan | None = None
+
+
+def record(plan: Plan) -> None:
+    global _last_plan
+    _last_plan = plan
+
+
+def last_plan() -> Plan | None:
+    """The plan of the most recent softmax-family launch in this process (tests assert which path ran)."""
+    return _last_plan

@@ -1,0 +1,109 @@
+"""softmax_topk launchers, on a 2-d (rows, cols) view (the public function moves ``dim`` last)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ... import _buffers, cpu
+from ..._device import interpreter_active, next_power_of_2
+from ..._launch import Launcher, aligned
+from . import plan as planner
+from .kernels import topk_backward_kernel, topk_merge_kernel, topk_stream_kernel
+
+
+def _row_align(x2: torch.Tensor, is_aligned: bool) -> int:
+    # Elements per 16-byte load when every row starts and ends on a 16-byte boundary (else 1).
+    # ``is_aligned``: ``aligned(x2)``, which the launcher has already computed for its key.
+    # Triton proves alignment only from integers divisible by 16, so rows of 25000 fp32 (100000
+    # bytes) would be read 4 bytes per load instruction: the kernels take this as a hint instead.
+    vector = 16 // x2.element_size()
+    whole = x2.stride(1) == 1 and x2.stride(0) % vector == 0 and x2.shape[1] % vector == 0 and is_aligned
+    return vector if whole else 1
+
+
+def rows_view(x: torch.Tensor, dim: int) -> torch.Tensor:
+    # A view whenever the other dims merge into one row stride (contiguous input, slices of the
+    # last dim, transposes of 2-d tensors); a copy otherwise.
+    return x.movedim(dim, -1).reshape(-1, x.shape[dim])
+
+
+_topk_stream = Launcher(topk_stream_kernel)
+_topk_merge = Launcher(topk_merge_kernel)
+
+
+def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optional[str] = None,
+                   block: Optional[int] = None, num_chunks: Optional[int] = None,
+                   lane_keep: Optional[int] = None, second_read: Optional[str] = None):
+    """(values, indices, lse) of a (rows, cols) tensor; ``strategy``/``block``/``num_chunks``/``lane_keep``/
+    ``second_read`` force the plan."""
+    n_rows, n_cols = x2.shape
+    values = _buffers.empty((n_rows, k), x2.dtype, x2.device)
+    indices = _buffers.empty((n_rows, k), torch.int64, x2.device)
+    lse = _buffers.empty((n_rows,), torch.float32, x2.device)
+    use_triton = x2.is_cuda or interpreter_active()
+    if not use_triton or k == 0 or k > planner.TOPK_MAX_K or n_rows == 0:
+        if n_rows:
+            cpu.softmax_topk(x2, k, 1.0 / temperature, values, indices, lse)
+        return values, indices, lse
+    chosen = planner.topk_plan(n_rows, n_cols, k, x2.dtype, x2.device, strategy, block, num_chunks,
+                               lane_keep=lane_keep, second_read=second_read)
+    planner.record_topk(chosen)
+    inv_t = 1.0 / temperature
+    # The plan fixes every integer argument but x's strides; with x's alignment they complete the
+    # compiled-kernel key (see onlinesoftmax._launch).
+    is_aligned = aligned(x2)
+    launch_key = (chosen, x2.stride(0), x2.stride(1), is_aligned, planner.TOPK_FEW_SURVIVORS)
+    common = dict(BLOCK=chosen.block, K_POW2=chosen.k_pow2, FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS,
+                  COMPACT=chosen.compact, LANE_KEEP=chosen.lane_keep,
+                  READ_SUSPECT_LANES=chosen.second_read == "lanes",
+                  CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2, is_aligned), WRITE_LSE=True,
+                  num_warps=chosen.num_warps)
+    # Each program's candidate list (split) and compaction scratch (compact plans); a single
+    # one-by-one launch touches neither.
+    part_keys = indices
+    if chosen.strategy == "split" or chosen.compact:
+        part_keys = _buffers.empty((n_rows, chosen.num_chunks, chosen.k_pow2), torch.int64, x2.device)
+    if chosen.strategy == "single":
+        _topk_stream(
+            (n_rows, 1), launch_key, x2, values, indices, lse, lse, lse, part_keys, n_cols, k, x2.stride(0),
+            x2.stride(1), k, n_cols, 1, inv_t, FINAL=True, **common)
+        return values, indices, lse
+    part_m = _buffers.empty((n_rows, chosen.num_chunks), torch.float32, x2.device)
+    part_d = _buffers.empty((n_rows, chosen.num_chunks), torch.float32, x2.device)
+    _topk_stream(
+        (n_rows, chosen.num_chunks), launch_key, x2, values, indices, lse, part_m, part_d, part_keys, n_cols, k,
+        x2.stride(0), x2.stride(1), k, chosen.chunk_size, chosen.num_chunks, inv_t, FINAL=False, **common)
+    _topk_merge(
+        (n_rows,), chosen, part_m, part_d, part_keys, values, indices, lse, k, k, chosen.num_chunks,
+        K_POW2=chosen.k_pow2, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), WRITE_LSE=True,
+        num_warps=planner.TOPK_MERGE_WARPS)
+    return values, indices, lse
+
+
+def launch_backward(x2: torch.Tensor, lse: torch.Tensor, indices: torch.Tensor, dv: torch.Tensor,
+                    dlse: torch.Tensor, temperature: float, strategy: Optional[str] = None,
+                    block: Optional[int] = None, num_chunks: Optional[int] = None) -> torch.Tensor:
+    """dx (rows, cols), contiguous, in x's dtype, for upstream gradients of the values and the lse."""
+    n_rows, n_cols = x2.shape
+    k = indices.shape[1]
+    dx = _buffers.empty((n_rows, n_cols), x2.dtype, x2.device)
+    if x2.numel() == 0:
+        return dx
+    if not (x2.is_cuda or interpreter_active()) or k > planner.TOPK_MAX_K:
+        dx.copy_(cpu.softmax_topk_backward(x2, lse, indices, dv, dlse, 1.0 / temperature))
+        return dx
+    # The backward streams x once whatever the forward's selection was: its blocks follow the
+    # running-list plans (lane_keep=0), which is what its timings were taken with.
+    chosen = planner.topk_plan(n_rows, n_cols, max(k, 1), x2.dtype, x2.device, strategy, block, num_chunks,
+                               lane_keep=0)
+    topk_backward_kernel[(n_rows, chosen.num_chunks)](
+        x2, lse, indices.contiguous(), dv.contiguous(), dlse.float().contiguous(), dx,
+        n_cols, k, x2.stride(0), x2.stride(1), chosen.chunk_size, 1.0 / temperature,
+        BLOCK=chosen.block, K_POW2=chosen.k_pow2, CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2, aligned(x2)),
+        num_warps=chosen.num_warps)
+    return dx
+
+
+# --------------------------------------------------------------------------------------------

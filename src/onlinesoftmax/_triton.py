@@ -105,70 +105,139 @@ def merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2: tl.cons
                              tl.load(parts_ptr + n_parts + row_parts, mask=part_mask, other=0.0, volatile=VOLATILE), 0)
 
 
+# Rows that do not start on a 16-byte boundary (a row of 50257 bf16 elements starts at a different
+# alignment in every row) are read and written in whole 16-byte granules: Triton issues 16-byte
+# accesses only where it can prove both the address and the mask uniform across each access, which
+# an element mask like ``cols < n_cols`` with an odd n_cols never is (one 2-byte load an element:
+# bf16 rows of 50257 ran at 0.11x of torch on the H100). The kernels address such a row from the
+# granule boundary at or below its start (``aligned_row``), load every granule that holds one of
+# its elements (``granule_masks``: the other elements of such a granule are the same 16 bytes of
+# memory, inside the tensor's allocation, and are masked out after the load), store whole granules
+# with a vector store and the partial granules at the two ends element by element. ALIGN is the
+# number of elements in 16 bytes where this applies, 1 elsewhere (every mask is then per element,
+# as before).
+
+
 @triton.jit
-def stream_online_normalizer(row_ptr, stride, start, stop, inv_temperature,
-                             BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
-    """(m, d) of row[start:stop] in one pass: per-lane online updates, lanes merged at the end."""
+def aligned_row(base_ptr, row_off, ALIGN: tl.constexpr):
+    """(pointer, head): row ``row_off`` of a 16-byte-aligned tensor addressed from the granule
+    boundary at or below its start; its columns sit at [head, head + n_cols) from that pointer."""
+    head = row_off % ALIGN
+    return base_ptr + tl.multiple_of(row_off - head, ALIGN), head
+
+
+@triton.jit
+def granule_masks(cols, lo, hi, ALIGN: tl.constexpr):
+    """(load, full, valid) over ``cols`` (consecutive, from a multiple of ALIGN) for the valid
+    range [lo, hi): granules holding a valid element, granules entirely valid, valid elements."""
+    granule = (cols // ALIGN) * ALIGN
+    return (granule + ALIGN > lo) & (granule < hi), (granule >= lo) & (granule + ALIGN <= hi), (cols >= lo) & (cols < hi)
+
+
+@triton.jit
+def load_granules(row_ptr, cols, stride, lo, hi, other, CONTIGUOUS: tl.constexpr, ALIGN: tl.constexpr):
+    """Row elements at ``cols`` within [lo, hi), ``other`` elsewhere, read in whole granules."""
+    load, _, valid = granule_masks(cols, lo, hi, ALIGN)
+    x = tl.load(row_ptr + col_offset(cols, stride, CONTIGUOUS), mask=load, other=other)
+    if ALIGN > 1:
+        x = tl.where(valid, x, other)
+    return x
+
+
+@triton.jit
+def stream_online_normalizer(row_ptr, stride, start, stop, head, inv_temperature,
+                             BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, ALIGN: tl.constexpr):
+    """(m, d) of row[start:stop] in one pass: per-lane online updates, lanes merged at the end.
+    ``row_ptr`` and ``head`` as ``aligned_row`` gives them; ``start`` a multiple of 16."""
     m = tl.full([BLOCK], NEG_INF, tl.float32)
     d = tl.zeros([BLOCK], tl.float32)
-    for block_start in range(start, stop, BLOCK):
+    for block_start in range(start, stop + head, BLOCK):
         cols = block_start + tl.arange(0, BLOCK)
-        m, d = online_update(m, d, load_scaled(row_ptr, cols, stride, stop, inv_temperature, CONTIGUOUS))
+        x = load_granules(row_ptr, cols, stride, start + head, stop + head, NEG_INF, CONTIGUOUS, ALIGN)
+        m, d = online_update(m, d, x.to(tl.float32) * inv_temperature)
     return merge_normalizers(m, d, 0)
 
 
 @triton.jit
-def stream_max(row_ptr, stride, start, stop, inv_temperature, BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
+def stream_max(row_ptr, stride, start, stop, head, inv_temperature,
+               BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, ALIGN: tl.constexpr):
     """Safe softmax, pass 1: the maximum of row[start:stop]."""
     m = tl.full([BLOCK], NEG_INF, tl.float32)
-    for block_start in range(start, stop, BLOCK):
+    for block_start in range(start, stop + head, BLOCK):
         cols = block_start + tl.arange(0, BLOCK)
-        m = nan_max(m, load_scaled(row_ptr, cols, stride, stop, inv_temperature, CONTIGUOUS))
+        x = load_granules(row_ptr, cols, stride, start + head, stop + head, NEG_INF, CONTIGUOUS, ALIGN)
+        m = nan_max(m, x.to(tl.float32) * inv_temperature)
     return max_keep_nan(m, 0)
 
 
 @triton.jit
-def stream_sum_exp(row_ptr, stride, start, stop, m, inv_temperature, BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
+def stream_sum_exp(row_ptr, stride, start, stop, head, m, inv_temperature,
+                   BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, ALIGN: tl.constexpr):
     """Safe softmax, pass 2: sum of exp(x - m) over row[start:stop] for a known maximum m."""
     m_ref = tl.where(m == NEG_INF, 0.0, m)
     d = tl.zeros([BLOCK], tl.float32)
-    for block_start in range(start, stop, BLOCK):
+    for block_start in range(start, stop + head, BLOCK):
         cols = block_start + tl.arange(0, BLOCK)
-        d += tl.exp(load_scaled(row_ptr, cols, stride, stop, inv_temperature, CONTIGUOUS) - m_ref)
+        x = load_granules(row_ptr, cols, stride, start + head, stop + head, NEG_INF, CONTIGUOUS, ALIGN)
+        d += tl.exp(x.to(tl.float32) * inv_temperature - m_ref)
     # An all -inf row sums to 0 here; the write pass turns (-inf, 0) into NaN, as torch does.
     return tl.sum(d, 0)
 
 
 @triton.jit
-def stream_write_normalized(x_row, y_row, x_stride, y_stride, start, stop, m, d, inv_temperature,
-                            BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr):
-    """Last pass: y = exp(x - m) / d, or (x - m) - log(d) for log-softmax, over row[start:stop]."""
-    scale = 1.0 / d
-    log_d = tl.log(d)
-    for block_start in range(start, stop, BLOCK):
-        cols = block_start + tl.arange(0, BLOCK)
-        x = load_scaled(x_row, cols, x_stride, stop, inv_temperature, CONTIGUOUS)
-        if LOG:
-            y = (x - m) - log_d
-        else:
-            y = tl.exp(x - m) * scale
-        tl.store(y_row + col_offset(cols, y_stride, CONTIGUOUS), y.to(y_row.dtype.element_ty), mask=cols < stop)
+def normalized(x, m, d, LOG: tl.constexpr):
+    # y = exp(x - m) / d, or (x - m) - log(d) for log-softmax, from the scaled logits x.
+    if LOG:
+        return (x - m) - tl.log(d)
+    return tl.exp(x - m) * (1.0 / d)
 
 
 @triton.jit
-def stream_grad_dot(y_row, dy_row, y_stride, dy_stride, start, stop,
-                    BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr):
+def write_normalized_granule(x_row, y_row, x_stride, y_stride, granule, lo, hi, m, d, inv_temperature,
+                             CONTIGUOUS: tl.constexpr, LOG: tl.constexpr, ALIGN: tl.constexpr):
+    """The valid elements of one partial granule, element by element (the edges of a row or chunk)."""
+    cols = granule + tl.arange(0, ALIGN)
+    mask = (cols >= lo) & (cols < hi)
+    x = tl.load(x_row + col_offset(cols, x_stride, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32) * inv_temperature
+    tl.store(y_row + col_offset(cols, y_stride, CONTIGUOUS), normalized(x, m, d, LOG).to(y_row.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
+def stream_write_normalized(x_row, y_row, x_stride, y_stride, start, stop, head, m, d, inv_temperature,
+                            BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr, ALIGN: tl.constexpr):
+    """Last pass: y = exp(x - m) / d, or (x - m) - log(d) for log-softmax, over row[start:stop].
+    ``x_row`` and ``y_row`` share ``head`` (the same row layout) when ALIGN > 1."""
+    lo = start + head
+    hi = stop + head
+    for block_start in range(start, hi, BLOCK):
+        cols = block_start + tl.arange(0, BLOCK)
+        load, full, _ = granule_masks(cols, lo, hi, ALIGN)
+        x = tl.load(x_row + col_offset(cols, x_stride, CONTIGUOUS), mask=load, other=NEG_INF)
+        y = normalized(x.to(tl.float32) * inv_temperature, m, d, LOG)
+        tl.store(y_row + col_offset(cols, y_stride, CONTIGUOUS), y.to(y_row.dtype.element_ty), mask=full)
+    if ALIGN > 1:
+        if lo % ALIGN != 0:
+            write_normalized_granule(x_row, y_row, x_stride, y_stride, lo - lo % ALIGN, lo, hi, m, d, inv_temperature,
+                                     CONTIGUOUS, LOG, ALIGN)
+        if hi % ALIGN != 0:
+            write_normalized_granule(x_row, y_row, x_stride, y_stride, hi - hi % ALIGN, lo, hi, m, d, inv_temperature,
+                                     CONTIGUOUS, LOG, ALIGN)
+
+
+@triton.jit
+def stream_grad_dot(y_row, dy_row, y_stride, dy_stride, start, stop, head,
+                    BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr, ALIGN: tl.constexpr):
     """Backward reduction over row[start:stop]: sum(dy * y) for softmax, sum(dy) for log-softmax."""
     acc = tl.zeros([BLOCK], tl.float32)
-    for block_start in range(start, stop, BLOCK):
+    for block_start in range(start, stop + head, BLOCK):
         cols = block_start + tl.arange(0, BLOCK)
-        mask = cols < stop
-        dy = tl.load(dy_row + col_offset(cols, dy_stride, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
+        dy = load_granules(dy_row, cols, dy_stride, start + head, stop + head, 0.0, CONTIGUOUS, ALIGN)
         if LOG:
-            acc += dy
+            acc += dy.to(tl.float32)
         else:
-            y = tl.load(y_row + col_offset(cols, y_stride, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
-            acc += dy * y
+            y = load_granules(y_row, cols, y_stride, start + head, stop + head, 0.0, CONTIGUOUS, ALIGN)
+            acc += dy.to(tl.float32) * y.to(tl.float32)
     return tl.sum(acc, 0)
 
 
@@ -209,15 +278,37 @@ def grad_from_dot(y, dy, dot, inv_temperature, LOG: tl.constexpr):
 
 
 @triton.jit
-def stream_write_grad(y_row, dy_row, dx_row, y_stride, dy_stride, dx_stride, start, stop, dot, inv_temperature,
-                      BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr):
-    for block_start in range(start, stop, BLOCK):
+def write_grad_granule(y_row, dy_row, dx_row, y_stride, dy_stride, dx_stride, granule, lo, hi, dot, inv_temperature,
+                       CONTIGUOUS: tl.constexpr, LOG: tl.constexpr, ALIGN: tl.constexpr):
+    """dx of the valid elements of one partial granule, element by element."""
+    cols = granule + tl.arange(0, ALIGN)
+    mask = (cols >= lo) & (cols < hi)
+    y = tl.load(y_row + col_offset(cols, y_stride, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_row + col_offset(cols, dy_stride, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
+    dx = grad_from_dot(y, dy, dot, inv_temperature, LOG)
+    tl.store(dx_row + col_offset(cols, dx_stride, CONTIGUOUS), dx.to(dx_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def stream_write_grad(y_row, dy_row, dx_row, y_stride, dy_stride, dx_stride, start, stop, head, dot, inv_temperature,
+                      BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr, ALIGN: tl.constexpr):
+    """dx over row[start:stop]; y, dy and dx share ``head`` (the same row layout) when ALIGN > 1."""
+    lo = start + head
+    hi = stop + head
+    for block_start in range(start, hi, BLOCK):
         cols = block_start + tl.arange(0, BLOCK)
-        mask = cols < stop
-        y = tl.load(y_row + col_offset(cols, y_stride, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_row + col_offset(cols, dy_stride, CONTIGUOUS), mask=mask, other=0.0).to(tl.float32)
+        load, full, _ = granule_masks(cols, lo, hi, ALIGN)
+        y = tl.load(y_row + col_offset(cols, y_stride, CONTIGUOUS), mask=load, other=0.0).to(tl.float32)
+        dy = tl.load(dy_row + col_offset(cols, dy_stride, CONTIGUOUS), mask=load, other=0.0).to(tl.float32)
         dx = grad_from_dot(y, dy, dot, inv_temperature, LOG)
-        tl.store(dx_row + col_offset(cols, dx_stride, CONTIGUOUS), dx.to(dx_row.dtype.element_ty), mask=mask)
+        tl.store(dx_row + col_offset(cols, dx_stride, CONTIGUOUS), dx.to(dx_row.dtype.element_ty), mask=full)
+    if ALIGN > 1:
+        if lo % ALIGN != 0:
+            write_grad_granule(y_row, dy_row, dx_row, y_stride, dy_stride, dx_stride, lo - lo % ALIGN, lo, hi, dot,
+                               inv_temperature, CONTIGUOUS, LOG, ALIGN)
+        if hi % ALIGN != 0:
+            write_grad_granule(y_row, dy_row, dx_row, y_stride, dy_stride, dx_stride, hi - hi % ALIGN, lo, hi, dot,
+                               inv_temperature, CONTIGUOUS, LOG, ALIGN)
 
 
 # Programs of one row that exchange partials through device memory (split_row_on_chip) meet at
@@ -246,14 +337,19 @@ def take_ticket(sync_ptr):
 
 
 @triton.jit
-def claim_chunk(sync_ptr, n_cols, chunk_size, num_chunks, BLOCK_COLS: tl.constexpr):
-    """Take a ticket; return this program's row and chunk, the chunk's columns and their mask."""
+def claim_chunk(sync_ptr, num_chunks):
+    """Take a ticket; return this program's row and chunk."""
     ticket = take_ticket(sync_ptr)
-    row = ticket // num_chunks
-    chunk = ticket % num_chunks
-    lanes = tl.arange(0, BLOCK_COLS)
-    cols = chunk * chunk_size + lanes
-    return row, chunk, cols, (lanes < chunk_size) & (cols < n_cols)
+    return ticket // num_chunks, ticket % num_chunks
+
+
+@triton.jit
+def chunk_span(chunk, chunk_size, head, n_cols, BLOCK_COLS: tl.constexpr):
+    """(cols, lo, hi): a chunk's tile of columns, counted from ``aligned_row``'s pointer, and its
+    valid range. Chunks start on multiples of chunk_size (a multiple of 16), so only the first and
+    last chunk of a row have partial granules."""
+    start = chunk * chunk_size
+    return start + tl.arange(0, BLOCK_COLS), tl.maximum(start, head), tl.minimum(start + chunk_size, head + n_cols)
 
 
 @triton.jit

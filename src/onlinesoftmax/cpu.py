@@ -164,17 +164,42 @@ def softmax_topk(x2: torch.Tensor, k: int, inv_temperature: float, values: torch
     descending sort; -0.0 made +0.0 first), rows that softmax turns into NaN give NaN values and
     indices 0..k-1. Also the path for CUDA tensors when k exceeds the kernels' list size.
     """
-    scaled = x2.float() * inv_temperature
-    scaled = torch.where(scaled == 0, 0.0, scaled)
-    row_lse = torch.logsumexp(scaled, -1)
-    row_max = scaled.amax(-1) if scaled.shape[-1] else torch.full_like(row_lse, float("-inf"))
-    nan_row = ~torch.isfinite(row_max)
-    order = torch.sort(scaled, dim=-1, descending=True, stable=True).indices[:, :k]
-    probs = torch.exp(scaled.gather(-1, order) - row_lse.unsqueeze(-1))
-    values.copy_(torch.where(nan_row.unsqueeze(-1), float("nan"), probs))
+    scaled = x2 if x2.dtype == torch.float32 and inv_temperature == 1.0 else x2.float() * inv_temperature
+    if k == 0 or scaled.shape[-1] == 0:
+        lse.copy_(torch.logsumexp(scaled, -1))
+        return
+    # Few full passes over the row (each costs as much as torch's fused softmax on a CPU): one
+    # topk of k + 1, which also shows whether the k-th value is tied beyond the k, and one softmax.
+    cols = scaled.shape[-1]
+    top = torch.topk(scaled, min(k + 1, cols), -1)
+    order = top.indices[:, :k]
+    kth = top.values[:, k - 1:k]
+    if cols > k:
+        crowded = ((top.values[:, k] == kth[:, 0]) | torch.isnan(kth[:, 0])).nonzero()[:, 0]
+    else:
+        crowded = order.new_empty(0)
+    if crowded.numel():
+        # torch.topk takes any of the elements tied at the k-th value; ours takes the lowest
+        # indices: every element above it, then the first ties.
+        rows, t = scaled[crowded], kth[crowded]
+        above, ties = rows > t, rows == t
+        chosen = above | (ties & (ties.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
+        # Rows holding NaN (their result is NaN, with indices 0..k-1 set below) keep any k columns.
+        nan_rows = torch.isnan(rows).any(-1, keepdim=True)
+        chosen = torch.where(nan_rows, torch.arange(rows.shape[-1]) < k, chosen)
+        order = order.index_put((crowded,), chosen.nonzero()[:, 1].reshape(-1, k))
+    # Within the k, by value with the lower index first (-0.0 and 0.0 compare equal).
+    order = order.sort(-1).values
+    order = order.gather(-1, torch.sort(scaled.gather(-1, order), dim=-1, descending=True, stable=True).indices)
+    probs = torch.softmax(scaled, -1)
+    values.copy_(probs.gather(-1, order))
+    row_max = scaled.amax(-1) if crowded.numel() else top.values[:, 0]
+    nan_row = torch.isnan(probs[:, 0])  # NaN or +inf in the row, or every entry -inf
     slots = torch.arange(k, device=x2.device).expand_as(order)
     indices.copy_(torch.where(nan_row.unsqueeze(-1), slots, order))
-    lse.copy_(row_lse)
+    # lse = m + log d, and d = 1 / p(argmax).
+    p_max = probs.gather(-1, order[:, :1])[:, 0]
+    lse.copy_(torch.where(torch.isinf(row_max) | torch.isnan(row_max), row_max, row_max - torch.log(p_max)))
 
 
 def softmax_topk_backward(x2, lse, indices, dv, dlse, inv_temperature: float) -> torch.Tensor:

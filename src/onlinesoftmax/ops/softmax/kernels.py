@@ -22,6 +22,13 @@ import triton
 import triton.language as tl
 
 from ..._triton import (
+    aligned_row,
+    chunk_span,
+    granule_masks,
+    load_granules,
+    normalized,
+    write_grad_granule,
+    write_normalized_granule,
     NEG_INF,
     claim_chunk,
     col_offset,
@@ -109,22 +116,23 @@ def looped_softmax_kernel(
     y_stride_outer, y_stride_col, y_stride_inner,
     inv_temperature,
     BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, SAFE: tl.constexpr,
-    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
+    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr, ALIGN: tl.constexpr,
 ):
     # One program per row. Online: 2 reads of x (normalizer, write). Safe: 3 (max, sum, write).
+    # ALIGN > 1: rows start anywhere and are read in whole 16-byte granules (see _triton.aligned_row).
     row = tl.program_id(0)
-    x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
+    x_row, head = aligned_row(x_ptr, row_offset(row, inner, x_stride_outer, x_stride_inner), ALIGN)
     if SAFE:
-        m = stream_max(x_row, x_stride_col, 0, n_cols, inv_temperature, BLOCK, CONTIGUOUS)
-        d = stream_sum_exp(x_row, x_stride_col, 0, n_cols, m, inv_temperature, BLOCK, CONTIGUOUS)
+        m = stream_max(x_row, x_stride_col, 0, n_cols, head, inv_temperature, BLOCK, CONTIGUOUS, ALIGN)
+        d = stream_sum_exp(x_row, x_stride_col, 0, n_cols, head, m, inv_temperature, BLOCK, CONTIGUOUS, ALIGN)
     else:
-        m, d = stream_online_normalizer(x_row, x_stride_col, 0, n_cols, inv_temperature, BLOCK, CONTIGUOUS)
+        m, d = stream_online_normalizer(x_row, x_stride_col, 0, n_cols, head, inv_temperature, BLOCK, CONTIGUOUS, ALIGN)
     if WRITE_LSE:
         tl.store(lse_ptr + row, finish_lse(m, d))
     if WRITE_Y:
-        y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
-        stream_write_normalized(x_row, y_row, x_stride_col, y_stride_col, 0, n_cols, m, d, inv_temperature,
-                                BLOCK, CONTIGUOUS, LOG)
+        y_row, _ = aligned_row(y_ptr, row_offset(row, inner, y_stride_outer, y_stride_inner), ALIGN)
+        stream_write_normalized(x_row, y_row, x_stride_col, y_stride_col, 0, n_cols, head, m, d, inv_temperature,
+                                BLOCK, CONTIGUOUS, LOG, ALIGN)
 
 
 # split_row passes for the partials kernel
@@ -139,29 +147,33 @@ def split_row_partials_kernel(
     n_cols, inner, x_stride_outer, x_stride_col, x_stride_inner,
     chunk_size, num_chunks, inv_temperature,
     BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, PASS: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     start = chunk * chunk_size
     stop = tl.minimum(start + chunk_size, n_cols)
-    x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
+    x_row, head = aligned_row(x_ptr, row_offset(row, inner, x_stride_outer, x_stride_inner), ALIGN)
     # parts holds three [rows, chunks] planes: m, d (store_row_partial) and (safe algorithm) the
     # chunk maxima.
     n_parts = tl.num_programs(0).to(tl.int64) * num_chunks
     part_max_ptr = parts_ptr + 2 * n_parts
     part = row.to(tl.int64) * num_chunks + chunk
     if PASS == 0:
-        m, d = stream_online_normalizer(x_row, x_stride_col, start, stop, inv_temperature, BLOCK, CONTIGUOUS)
+        m, d = stream_online_normalizer(x_row, x_stride_col, start, stop, head, inv_temperature, BLOCK, CONTIGUOUS,
+                                        ALIGN)
         store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
     elif PASS == 1:
-        tl.store(part_max_ptr + part, stream_max(x_row, x_stride_col, start, stop, inv_temperature, BLOCK, CONTIGUOUS))
+        tl.store(part_max_ptr + part, stream_max(x_row, x_stride_col, start, stop, head, inv_temperature, BLOCK,
+                                                 CONTIGUOUS, ALIGN))
     else:
         # Every chunk sums against the row maximum, so the merge that follows only adds the d's.
         idx = tl.arange(0, CHUNKS_POW2)
         row_maxes = tl.load(part_max_ptr + row.to(tl.int64) * num_chunks + idx, mask=idx < num_chunks, other=NEG_INF)
         m = max_keep_nan(row_maxes, 0)
         store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m,
-                          stream_sum_exp(x_row, x_stride_col, start, stop, m, inv_temperature, BLOCK, CONTIGUOUS))
+                          stream_sum_exp(x_row, x_stride_col, start, stop, head, m, inv_temperature, BLOCK,
+                                         CONTIGUOUS, ALIGN))
 
 
 @triton.jit
@@ -172,7 +184,7 @@ def split_row_normalize_kernel(
     y_stride_outer, y_stride_col, y_stride_inner,
     chunk_size, n_partials, inv_temperature,
     BLOCK: tl.constexpr, PARTIALS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr,
-    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
+    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr, ALIGN: tl.constexpr,
 ):
     # Every program merges all of its row's n_partials partials itself (a chunk's each, or a rank's
     # each in onlinesoftmax.distributed; from L2, in the same fixed tree order), which saves a
@@ -188,10 +200,10 @@ def split_row_normalize_kernel(
     if WRITE_Y:
         start = chunk * chunk_size
         stop = tl.minimum(start + chunk_size, n_cols)
-        x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
-        y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
-        stream_write_normalized(x_row, y_row, x_stride_col, y_stride_col, start, stop, m, d, inv_temperature,
-                                BLOCK, CONTIGUOUS, LOG)
+        x_row, head = aligned_row(x_ptr, row_offset(row, inner, x_stride_outer, x_stride_inner), ALIGN)
+        y_row, _ = aligned_row(y_ptr, row_offset(row, inner, y_stride_outer, y_stride_inner), ALIGN)
+        stream_write_normalized(x_row, y_row, x_stride_col, y_stride_col, start, stop, head, m, d, inv_temperature,
+                                BLOCK, CONTIGUOUS, LOG, ALIGN)
 
 
 @triton.jit
@@ -203,17 +215,21 @@ def split_row_on_chip_softmax_kernel(
     chunk_size, num_chunks, inv_temperature,
     BLOCK_COLS: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr,
     LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr, OPAQUE_WIDEN: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     # A row too long for one program's registers, held by num_chunks programs at once: each keeps
     # its chunk in registers, publishes the chunk's (m, d), waits for the rest of the row, merges
     # the row's partials (all programs in the same fixed order) and writes from registers. One read
-    # and one write per element, as row_on_chip, where split_row reads the row twice.
-    row, chunk, cols, mask = claim_chunk(sync_ptr, n_cols, chunk_size, num_chunks, BLOCK_COLS)
-    x_row = x_ptr + row_offset(row, inner, x_stride_outer, x_stride_inner)
+    # and one write per element, as row_on_chip, where split_row reads the row twice. ALIGN > 1:
+    # x and y share a row layout whose rows start anywhere; chunks are cut at 16-byte boundaries
+    # of memory (see _triton.aligned_row), which the plan's chunk count allows for.
+    row, chunk = claim_chunk(sync_ptr, num_chunks)
+    x_row, head = aligned_row(x_ptr, row_offset(row, inner, x_stride_outer, x_stride_inner), ALIGN)
+    cols, lo, hi = chunk_span(chunk, chunk_size, head, n_cols, BLOCK_COLS)
     # The chunk waits for the row in the input dtype (widened again after the wait, opaquely on the
     # GPU: see widen_opaque), as in split_row_on_chip_backward_kernel: half the registers for 2-byte
     # inputs, so more programs (and their loads) fit on an SM.
-    b_in = tl.load(x_row + col_offset(cols, x_stride_col, CONTIGUOUS), mask=mask, other=NEG_INF)
+    b_in = load_granules(x_row, cols, x_stride_col, lo, hi, NEG_INF, CONTIGUOUS, ALIGN)
     b_x = b_in.to(tl.float32)
     # The maximum is taken of the unscaled chunk and then scaled: the same number, as rounding
     # x * (1/T) is monotone in x for T > 0, but ptxas otherwise keeps the chunk twice (scaled for
@@ -237,12 +253,17 @@ def split_row_on_chip_softmax_kernel(
         if chunk == 0:
             tl.store(lse_ptr + row, finish_lse(m, d))
     if WRITE_Y:
-        if LOG:
-            b_y = (b_x - m) - tl.log(d)
-        else:
-            b_y = tl.exp(b_x - m) * (1.0 / d)  # an all -inf row gives NaN, as torch.softmax does
-        y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
-        tl.store(y_row + col_offset(cols, y_stride_col, CONTIGUOUS), b_y.to(y_ptr.dtype.element_ty), mask=mask)
+        b_y = normalized(b_x, m, d, LOG)  # an all -inf row gives NaN, as torch.softmax does
+        y_row, _ = aligned_row(y_ptr, row_offset(row, inner, y_stride_outer, y_stride_inner), ALIGN)
+        _, full, _ = granule_masks(cols, lo, hi, ALIGN)
+        tl.store(y_row + col_offset(cols, y_stride_col, CONTIGUOUS), b_y.to(y_ptr.dtype.element_ty), mask=full)
+        if ALIGN > 1:  # the partial granules at the row's two ends, from x again
+            if lo % ALIGN != 0:
+                write_normalized_granule(x_row, y_row, x_stride_col, y_stride_col, lo - lo % ALIGN, lo, hi, m, d,
+                                         inv_temperature, CONTIGUOUS, LOG, ALIGN)
+            if hi % ALIGN != 0:
+                write_normalized_granule(x_row, y_row, x_stride_col, y_stride_col, hi - hi % ALIGN, lo, hi, m, d,
+                                         inv_temperature, CONTIGUOUS, LOG, ALIGN)
 
 
 # --------------------------------------------------------------------------------------------
@@ -291,15 +312,16 @@ def looped_backward_kernel(
     dy_stride_outer, dy_stride_col, dy_stride_inner,
     dx_stride_outer, dx_stride_col, dx_stride_inner,
     inv_temperature,
-    BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+    BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr, ALIGN: tl.constexpr,
 ):
+    # ALIGN > 1: y, dy and dx share one row layout whose rows start anywhere (see _triton.aligned_row).
     row = tl.program_id(0)
-    y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
-    dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
-    dx_row = dx_ptr + row_offset(row, inner, dx_stride_outer, dx_stride_inner)
-    dot = stream_grad_dot(y_row, dy_row, y_stride_col, dy_stride_col, 0, n_cols, BLOCK, CONTIGUOUS, LOG)
-    stream_write_grad(y_row, dy_row, dx_row, y_stride_col, dy_stride_col, dx_stride_col, 0, n_cols, dot,
-                      inv_temperature, BLOCK, CONTIGUOUS, LOG)
+    y_row, head = aligned_row(y_ptr, row_offset(row, inner, y_stride_outer, y_stride_inner), ALIGN)
+    dy_row, _ = aligned_row(dy_ptr, row_offset(row, inner, dy_stride_outer, dy_stride_inner), ALIGN)
+    dx_row, _ = aligned_row(dx_ptr, row_offset(row, inner, dx_stride_outer, dx_stride_inner), ALIGN)
+    dot = stream_grad_dot(y_row, dy_row, y_stride_col, dy_stride_col, 0, n_cols, head, BLOCK, CONTIGUOUS, LOG, ALIGN)
+    stream_write_grad(y_row, dy_row, dx_row, y_stride_col, dy_stride_col, dx_stride_col, 0, n_cols, head, dot,
+                      inv_temperature, BLOCK, CONTIGUOUS, LOG, ALIGN)
 
 
 @triton.jit
@@ -309,15 +331,16 @@ def split_row_backward_dot_kernel(
     y_stride_outer, y_stride_col, y_stride_inner,
     dy_stride_outer, dy_stride_col, dy_stride_inner,
     chunk_size, num_chunks,
-    BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+    BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr, ALIGN: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     start = chunk * chunk_size
     stop = tl.minimum(start + chunk_size, n_cols)
-    y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
-    dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
-    dot = stream_grad_dot(y_row, dy_row, y_stride_col, dy_stride_col, start, stop, BLOCK, CONTIGUOUS, LOG)
+    y_row, head = aligned_row(y_ptr, row_offset(row, inner, y_stride_outer, y_stride_inner), ALIGN)
+    dy_row, _ = aligned_row(dy_ptr, row_offset(row, inner, dy_stride_outer, dy_stride_inner), ALIGN)
+    dot = stream_grad_dot(y_row, dy_row, y_stride_col, dy_stride_col, start, stop, head, BLOCK, CONTIGUOUS, LOG,
+                          ALIGN)
     tl.store(part_ptr + row.to(tl.int64) * num_chunks + chunk, dot)
 
 
@@ -330,6 +353,7 @@ def split_row_backward_apply_kernel(
     dx_stride_outer, dx_stride_col, dx_stride_inner,
     chunk_size, n_partials, inv_temperature,
     BLOCK: tl.constexpr, PARTIALS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     # Reverse order, as in split_row_normalize_kernel: what the dot launch read last is in L2.
     row = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -339,11 +363,11 @@ def split_row_backward_apply_kernel(
     dot = tl.sum(tl.load(part_ptr + row.to(tl.int64) * n_partials + idx, mask=idx < n_partials, other=0.0), 0)
     start = chunk * chunk_size
     stop = tl.minimum(start + chunk_size, n_cols)
-    y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
-    dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
-    dx_row = dx_ptr + row_offset(row, inner, dx_stride_outer, dx_stride_inner)
-    stream_write_grad(y_row, dy_row, dx_row, y_stride_col, dy_stride_col, dx_stride_col, start, stop, dot,
-                      inv_temperature, BLOCK, CONTIGUOUS, LOG)
+    y_row, head = aligned_row(y_ptr, row_offset(row, inner, y_stride_outer, y_stride_inner), ALIGN)
+    dy_row, _ = aligned_row(dy_ptr, row_offset(row, inner, dy_stride_outer, dy_stride_inner), ALIGN)
+    dx_row, _ = aligned_row(dx_ptr, row_offset(row, inner, dx_stride_outer, dx_stride_inner), ALIGN)
+    stream_write_grad(y_row, dy_row, dx_row, y_stride_col, dy_stride_col, dx_stride_col, start, stop, head, dot,
+                      inv_temperature, BLOCK, CONTIGUOUS, LOG, ALIGN)
 
 
 @triton.jit
@@ -355,18 +379,19 @@ def split_row_on_chip_backward_kernel(
     dx_stride_outer, dx_stride_col, dx_stride_inner,
     chunk_size, num_chunks, inv_temperature,
     BLOCK_COLS: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
-    OPAQUE_WIDEN: tl.constexpr,
+    OPAQUE_WIDEN: tl.constexpr, ALIGN: tl.constexpr,
 ):
     # As split_row_on_chip_softmax_kernel: the chunk's y and dy stay in registers while the row's
     # programs exchange their partial dot products, so y and dy are read once.
-    row, chunk, cols, mask = claim_chunk(sync_ptr, n_cols, chunk_size, num_chunks, BLOCK_COLS)
-    y_row = y_ptr + row_offset(row, inner, y_stride_outer, y_stride_inner)
-    dy_row = dy_ptr + row_offset(row, inner, dy_stride_outer, dy_stride_inner)
+    row, chunk = claim_chunk(sync_ptr, num_chunks)
+    y_row, head = aligned_row(y_ptr, row_offset(row, inner, y_stride_outer, y_stride_inner), ALIGN)
+    dy_row, _ = aligned_row(dy_ptr, row_offset(row, inner, dy_stride_outer, dy_stride_inner), ALIGN)
+    cols, lo, hi = chunk_span(chunk, chunk_size, head, n_cols, BLOCK_COLS)
     # y and dy wait for the row's dot in their input dtype (widened again after the wait, opaquely
     # on the GPU: see widen_opaque): two 16384-element bf16 tiles as fp32 took 255 registers a
     # thread and a stack at 4 warps (2 programs an SM).
-    b_y = tl.load(y_row + col_offset(cols, y_stride_col, CONTIGUOUS), mask=mask, other=0.0)
-    b_dy = tl.load(dy_row + col_offset(cols, dy_stride_col, CONTIGUOUS), mask=mask, other=0.0)
+    b_y = load_granules(y_row, cols, y_stride_col, lo, hi, 0.0, CONTIGUOUS, ALIGN)
+    b_dy = load_granules(dy_row, cols, dy_stride_col, lo, hi, 0.0, CONTIGUOUS, ALIGN)
     if LOG:
         dot = tl.sum(b_dy.to(tl.float32), 0)
     else:
@@ -377,5 +402,13 @@ def split_row_on_chip_backward_kernel(
     dot = tl.sum(tl.load(part_ptr + row.to(tl.int64) * num_chunks + idx, mask=idx < num_chunks, other=0.0,
                          volatile=True), 0)
     b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), dot, inv_temperature, LOG)
-    dx_row = dx_ptr + row_offset(row, inner, dx_stride_outer, dx_stride_inner)
-    tl.store(dx_row + col_offset(cols, dx_stride_col, CONTIGUOUS), b_dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    dx_row, _ = aligned_row(dx_ptr, row_offset(row, inner, dx_stride_outer, dx_stride_inner), ALIGN)
+    _, full, _ = granule_masks(cols, lo, hi, ALIGN)
+    tl.store(dx_row + col_offset(cols, dx_stride_col, CONTIGUOUS), b_dx.to(dx_ptr.dtype.element_ty), mask=full)
+    if ALIGN > 1:  # the partial granules at the row's two ends, from y and dy again
+        if lo % ALIGN != 0:
+            write_grad_granule(y_row, dy_row, dx_row, y_stride_col, dy_stride_col, dx_stride_col, lo - lo % ALIGN, lo,
+                               hi, dot, inv_temperature, CONTIGUOUS, LOG, ALIGN)
+        if hi % ALIGN != 0:
+            write_grad_granule(y_row, dy_row, dx_row, y_stride_col, dy_stride_col, dx_stride_col, hi - hi % ALIGN, lo,
+                               hi, dot, inv_temperature, CONTIGUOUS, LOG, ALIGN)

@@ -99,6 +99,7 @@ class _Recipe:
     contiguous: bool
     lse_shape: tuple
     opaque_widen: bool  # kernels may widen 16-bit tiles through inline PTX (not under the interpreter)
+    granule: int  # elements in 16 bytes where rows start off 16-byte boundaries and are read in granules, else 1
 
 
 _RECIPES: dict = {}
@@ -106,16 +107,27 @@ _MAX_RECIPES = 4096  # distinct (shape, strides, dtype, options) signatures kept
 plan_cache(_RECIPES.clear)
 
 
+def _row_granule(elem: int, in_strides: tuple, out_strides: tuple, contiguous: bool) -> int:
+    """Elements in 16 bytes when the rows start off 16-byte boundaries (an odd row length) and the
+    kernels can read them in whole granules: unit column stride, and the input's rows where the
+    output's are, so that one row offset aligns both. 1 otherwise."""
+    granule = 16 // elem
+    misaligned = in_strides[0] % granule or in_strides[2] % granule
+    return granule if contiguous and misaligned and in_strides == out_strides else 1
+
+
 def _recipe(key, t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: Optional[str]) -> _Recipe:
     recipe = _RECIPES.get(key)
     if recipe is None:
         n_rows, n_cols = _shape_rows(t.shape, dim)
-        chosen = planner.choose(op, n_rows, n_cols, t.dtype, t.device, algorithm, strategy)
         laid_out, inner, in_strides, side = _row_layout(t, dim)
         out_strides = _contiguous_row_strides(t.shape, dim, inner, side)
-        recipe = _Recipe(chosen, laid_out is not t, inner, in_strides, out_strides,
-                         in_strides[1] == 1 and out_strides[1] == 1, t.shape[:dim] + t.shape[dim + 1:],
-                         inline_ptx_allowed())
+        contiguous = in_strides[1] == 1 and out_strides[1] == 1
+        granule = _row_granule(t.element_size(), in_strides, out_strides, contiguous)
+        chosen = planner.choose(op, n_rows, n_cols, t.dtype, t.device, algorithm, strategy,
+                                misaligned_rows=granule > 1)
+        recipe = _Recipe(chosen, laid_out is not t, inner, in_strides, out_strides, contiguous,
+                         t.shape[:dim] + t.shape[dim + 1:], inline_ptx_allowed(), granule)
         if len(_RECIPES) >= _MAX_RECIPES:
             _RECIPES.clear()
         _RECIPES[key] = recipe
@@ -189,7 +201,10 @@ def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
     if recipe.copy_input:
         x = x.contiguous()
         y = x if write_lse else y
-    launch_key = (recipe, aligned(x))
+    is_aligned = aligned(x)
+    launch_key = (recipe, is_aligned)
+    # Rows read in 16-byte granules need a 16-byte-aligned tensor (outputs always are).
+    align = recipe.granule if is_aligned else 1
     common = dict(LOG=op == "log_softmax", WRITE_Y=not write_lse, WRITE_LSE=write_lse, CONTIGUOUS=recipe.contiguous)
     inv_t = 1.0 / temperature
     n_cols, inner = chosen.cols, recipe.inner
@@ -202,14 +217,16 @@ def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
     elif chosen.strategy == "looped":
         _looped_softmax(
             chosen.grid, launch_key, x, y, lse, n_cols, inner, *recipe.in_strides, *recipe.out_strides, inv_t,
-            BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", num_warps=chosen.num_warps, **common)
+            BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", ALIGN=align, num_warps=chosen.num_warps,
+            **common)
     elif chosen.strategy == "split_row_on_chip":
         parts, counters = _row_exchange(chosen, 2, device)  # (m, d) per chunk
         _split_row_on_chip_softmax(
             chosen.grid, launch_key, x, y, lse, parts, counters,
             n_cols, inner, *recipe.in_strides, *recipe.out_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
             BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
-            OPAQUE_WIDEN=recipe.opaque_widen, num_warps=chosen.num_warps, **chosen.compile_options, **common)
+            OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, num_warps=chosen.num_warps, **chosen.compile_options,
+            **common)
     else:
         # One buffer for the three planes, no views of it: on the H100 machine's host each tensor
         # view cost about 5 us per call, as much as a launch.
@@ -221,12 +238,12 @@ def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
                 chosen.grid, (launch_key, partial_pass), x, parts, n_cols, inner,
                 *recipe.in_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
                 BLOCK=chosen.block_cols, CHUNKS_POW2=chunks_pow2, CONTIGUOUS=recipe.contiguous, PASS=partial_pass,
-                num_warps=chosen.num_warps)
+                ALIGN=align, num_warps=chosen.num_warps)
         _split_row_normalize(
             (chosen.rows, 1 if write_lse else chosen.num_chunks), launch_key,
             x, y, lse, parts, n_cols, inner, *recipe.in_strides, *recipe.out_strides,
             chosen.chunk_size, chosen.num_chunks, inv_t,
-            BLOCK=chosen.block_cols, PARTIALS_POW2=chunks_pow2, num_warps=chosen.num_warps, **common)
+            BLOCK=chosen.block_cols, PARTIALS_POW2=chunks_pow2, ALIGN=align, num_warps=chosen.num_warps, **common)
     return lse if write_lse else y
 
 
@@ -254,7 +271,9 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temp
         dy = dy.contiguous()
     y = y.contiguous()
     y_strides = dx_strides = recipe.out_strides
-    launch_key = (recipe, aligned(dy), aligned(y))
+    both_aligned = aligned(dy) and aligned(y)
+    launch_key = (recipe, both_aligned)
+    align = recipe.granule if both_aligned else 1  # y, dy and dx in 16-byte granules (see launch_forward)
     inv_t = 1.0 / temperature
     n_cols, inner, dy_strides = chosen.cols, recipe.inner, recipe.in_strides
     if chosen.strategy == "row_on_chip":
@@ -266,26 +285,26 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temp
     elif chosen.strategy == "looped":
         _looped_backward(
             chosen.grid, launch_key, y, dy, dx, n_cols, inner, *y_strides, *dy_strides, *dx_strides, inv_t,
-            BLOCK=chosen.block_cols, CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
+            BLOCK=chosen.block_cols, CONTIGUOUS=recipe.contiguous, LOG=log, ALIGN=align, num_warps=chosen.num_warps)
     elif chosen.strategy == "split_row_on_chip":
         parts, counters = _row_exchange(chosen, 1, device)  # the dot per chunk
         _split_row_on_chip_backward(
             chosen.grid, launch_key, y, dy, dx, parts, counters,
             n_cols, inner, *y_strides, *dy_strides, *dx_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
             BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
-            CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=recipe.opaque_widen,
+            CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align,
             num_warps=chosen.num_warps, **chosen.compile_options)
     else:
         parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, device)
         _split_row_backward_dot(
             chosen.grid, launch_key, y, dy, parts, n_cols, inner, *y_strides, *dy_strides,
             chosen.chunk_size, chosen.num_chunks,
-            BLOCK=chosen.block_cols, CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
+            BLOCK=chosen.block_cols, CONTIGUOUS=recipe.contiguous, LOG=log, ALIGN=align, num_warps=chosen.num_warps)
         _split_row_backward_apply(
             chosen.grid, launch_key, y, dy, dx, parts, n_cols, inner, *y_strides, *dy_strides, *dx_strides,
             chosen.chunk_size, chosen.num_chunks, inv_t,
             BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(chosen.num_chunks),
-            CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
+            CONTIGUOUS=recipe.contiguous, LOG=log, ALIGN=align, num_warps=chosen.num_warps)
     return dx
 
 
@@ -296,6 +315,12 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temp
 # --------------------------------------------------------------------------------------------
 # Each takes contiguous (rows, cols) tensors. With ``triton=False``, and on CPU tensors without the
 # interpreter, they run the same arithmetic in torch (onlinesoftmax.cpu).
+
+
+def _contiguous_rows_align(*tensors: torch.Tensor) -> int:
+    """ALIGN for contiguous (rows, n) tensors: whole granules where rows start off 16-byte boundaries."""
+    granule = 16 // tensors[0].element_size()
+    return granule if tensors[0].shape[1] % granule and all(aligned(t) for t in tensors) else 1
 
 
 def _split_row_plan(op: str, t: torch.Tensor) -> planner.Plan:
@@ -316,7 +341,7 @@ def row_normalizers(x2: torch.Tensor, triton: bool = True) -> tuple[torch.Tensor
     _split_row_partials(
         chosen.grid, (chosen, aligned(x2)), x2, parts, n, 1, n, 1, 0, chosen.chunk_size, chosen.num_chunks, 1.0,
         BLOCK=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), CONTIGUOUS=True,
-        PASS=PARTIAL_ONLINE, num_warps=chosen.num_warps)
+        PASS=PARTIAL_ONLINE, ALIGN=_contiguous_rows_align(x2), num_warps=chosen.num_warps)
     return cpu.merge_normalizers(parts[0], parts[1], 1)
 
 
@@ -339,7 +364,7 @@ def normalize_rows(x2: torch.Tensor, m_parts: torch.Tensor, d_parts: torch.Tenso
         (rows, chosen.num_chunks), (chosen, aligned(x2), n_partials),
         x2, y, x2, parts, n, 1, n, 1, 0, n, 1, 0, chosen.chunk_size, n_partials, 1.0,
         BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(n_partials), CONTIGUOUS=True,
-        LOG=log, WRITE_Y=True, WRITE_LSE=False, num_warps=chosen.num_warps)
+        LOG=log, WRITE_Y=True, WRITE_LSE=False, ALIGN=_contiguous_rows_align(x2), num_warps=chosen.num_warps)
     return y
 
 
@@ -353,7 +378,8 @@ def grad_dots(y2: torch.Tensor, dy2: torch.Tensor, log: bool, triton: bool = Tru
     _split_row_backward_dot(
         chosen.grid, (chosen, aligned(y2), aligned(dy2)), y2, dy2, parts, n, 1, n, 1, 0, n, 1, 0,
         chosen.chunk_size, chosen.num_chunks,
-        BLOCK=chosen.block_cols, CONTIGUOUS=True, LOG=log, num_warps=chosen.num_warps)
+        BLOCK=chosen.block_cols, CONTIGUOUS=True, LOG=log, ALIGN=_contiguous_rows_align(y2, dy2),
+        num_warps=chosen.num_warps)
     return parts.sum(1)
 
 
@@ -374,5 +400,5 @@ def grad_rows(y2: torch.Tensor, dy2: torch.Tensor, dot_parts: torch.Tensor, log:
         (rows, chosen.num_chunks), (chosen, aligned(y2), aligned(dy2), n_partials),
         y2, dy2, dx, dot_parts.contiguous(), n, 1, n, 1, 0, n, 1, 0, n, 1, 0, chosen.chunk_size, n_partials, 1.0,
         BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(n_partials), CONTIGUOUS=True,
-        LOG=log, num_warps=chosen.num_warps)
+        LOG=log, ALIGN=_contiguous_rows_align(y2, dy2), num_warps=chosen.num_warps)
     return dx

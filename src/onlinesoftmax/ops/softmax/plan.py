@@ -37,7 +37,7 @@ Strategies
 
 Chunk and block boundaries are aligned to absolute 16-byte addresses, not to the row start: a row
 of 50257 bf16 elements starts at a different alignment every row, and Triton vectorizes only loads
-it can prove aligned (see ``kernels.py``).
+it can prove aligned (see ``_triton.aligned_row``).
 """
 
 from __future__ import annotations
@@ -200,17 +200,20 @@ class Plan(RegisterCap):
 
 def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device,
            algorithm: str = "auto", strategy: str | None = None, sms: int | None = None,
-           interpreting: bool | None = None) -> Plan:
+           interpreting: bool | None = None, misaligned_rows: bool = False) -> Plan:
     """Pick the strategy and launch parameters for ``rows`` independent rows of ``cols`` elements.
 
     ``sms`` overrides the device's multiprocessor count (to plan for a GPU this machine lacks);
-    ``interpreting`` whether the kernels run in Triton's interpreter (default: TRITON_INTERPRET).
+    ``interpreting`` whether the kernels run in Triton's interpreter (default: TRITON_INTERPRET);
+    ``misaligned_rows`` whether rows start off 16-byte boundaries and are cut at 16-byte boundaries
+    of memory (split_row_on_chip then covers up to 15 more elements a row).
     Decisions are cached: planning is on every call's path, ahead of a kernel of a few microseconds.
     """
     device = torch.device(device)
     if interpreting is None:
         interpreting = interpreter_active()
-    return _choose(op, rows, cols, dtype, device, algorithm, strategy, sms or sm_count(device), interpreting)
+    return _choose(op, rows, cols, dtype, device, algorithm, strategy, sms or sm_count(device), interpreting,
+                   misaligned_rows)
 
 
 @plan_cache
@@ -219,7 +222,7 @@ def _clear():
 
 
 @functools.lru_cache(maxsize=4096)
-def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpreting) -> Plan:
+def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpreting, misaligned_rows=False) -> Plan:
     if op not in FORWARD_OPS + BACKWARD_OPS:
         raise ValueError(f"unknown op {op!r}")
     if algorithm not in ALGORITHMS:
@@ -286,12 +289,14 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 f"side by side on this GPU, {SPLIT_ON_CHIP_MAX_TILE} elements each; a row of {cols} is longer. "
                 "Use strategy=None (split_row reads such rows twice)")
         warps = min(32, max(1, tile * elem // _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem)))
+        # Chunks start at 16-byte boundaries of memory: a row that starts off one spans up to 15
+        # elements more.
+        span = cols + (15 if misaligned_rows else 0)
         # The interpreter cannot run a row's programs side by side: one chunk per row there.
-        num_chunks = 1 if interpreting else cdiv(cols, tile)
-        # Equal chunks, each a multiple of 16 elements; the kernels align them to absolute
-        # addresses, which can add one chunk's worth of 16 elements to a row's first chunk.
-        chunk = cdiv(cdiv(cols, num_chunks), 16) * 16
-        num_chunks = cdiv(cols, chunk)
+        num_chunks = 1 if interpreting else cdiv(span, tile)
+        # Equal chunks, each a multiple of 16 elements.
+        chunk = cdiv(cdiv(span, num_chunks), 16) * 16
+        num_chunks = cdiv(span, chunk)
         programs = rows * num_chunks
         cap = _for_element_size(SPLIT_ON_CHIP_MAX_REGISTERS[op], elem)
         if programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms:

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import onlinesoftmax
-from onlinesoftmax import _buffers, _device
+from onlinesoftmax import _buffers, _device, _launch
 from onlinesoftmax.ops.softmax import launch as softmax_launch, op as softmax_op, plan
 
 from conftest import (DEVICE, DTYPES, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, gpu_only, make_logits,
@@ -504,6 +504,42 @@ def test_split_row_on_chip_refuses_rows_too_long_to_hold(plan_override):
         onlinesoftmax.softmax(torch.randn(2, cols, device=DEVICE), strategy="split_row_on_chip")
     onlinesoftmax.softmax(torch.randn(2, cols, device=DEVICE))  # the automatic choice goes elsewhere
     assert plan.last_plan().strategy != "split_row_on_chip"
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("strategy", ["looped", "split_row", "split_row_on_chip"])
+def test_rows_off_16_byte_boundaries_are_read_in_granules(strategy, dtype, gen, monkeypatch):
+    # Rows of an odd length start at another alignment each: the kernels then read and write whole
+    # 16-byte granules (ALIGN = elements in 16 bytes) and the partial granules at the row ends one
+    # element at a time. Forward and backward, against float64; a view whose rows are not where
+    # the output's are takes element masks (ALIGN = 1).
+    launched = []
+    launch = _launch.Launcher.__call__
+
+    def recording(self, grid, key, *args, **meta):
+        launched.append(meta.get("ALIGN"))
+        return launch(self, grid, key, *args, **meta)
+
+    monkeypatch.setattr(_launch.Launcher, "__call__", recording)
+    granule = 16 // dtype.itemsize
+    cols = 2 * plan.STREAM_BLOCK[dtype.itemsize] + 37  # several blocks and split chunks
+    x = make_logits((5, cols), dtype, gen, scale=2.0, outliers=False).requires_grad_()
+    dy = make_logits(x.shape, dtype, gen, scale=1.0)
+    for op, (ours, ref) in OPS.items():
+        launched.clear()
+        out = ours(x, -1, strategy=strategy)
+        (dx,) = torch.autograd.grad(out, x, dy)
+        assert launched and set(launched) == {granule}, launched
+        assert_matches(out, ref(x.detach().double(), -1), dtype, f"{op} {strategy}")
+        y64, dy64 = out.detach().double(), dy.double()
+        dx64 = (dy64 - y64.exp() * dy64.sum(-1, keepdim=True)) if op == "log_softmax" else \
+            y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+        assert_matches(dx, dx64, dtype, f"d{op} {strategy}")
+    launched.clear()
+    view = x.detach()[:, 1:]
+    assert_matches(onlinesoftmax.softmax(view, -1, strategy=strategy), torch.softmax(view.double(), -1), dtype)
+    assert set(launched) == {1}
 
 
 @needs_triton

@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version as _version
 from ._device import override_plan
 from ._validate import DimensionError
 from .ops.attention import attention
+from .ops.decode import attention_with_kvcache, merge_attention
 from .ops.softmax import log_softmax, logsumexp, softmax
 from .ops.topk import softmax_topk
 from . import distributed  # the same ops over a dim sharded across ranks
@@ -16,5 +17,5 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["softmax", "log_softmax", "logsumexp", "softmax_topk", "attention", "override_plan",
-           "DimensionError", "distributed"]
+__all__ = ["softmax", "log_softmax", "logsumexp", "softmax_topk", "attention", "attention_with_kvcache",
+           "merge_attention", "override_plan", "DimensionError", "distributed"]

@@ -6,11 +6,16 @@ The empty partial is ``(-inf, 0)``. All arithmetic is fp32 whatever the storage 
 Offsets are int64 so tensors over 2**31 elements address correctly.
 """
 
+import os
+
 import triton
 import triton.language as tl
 
 # A module-level constant must be a tl.constexpr for compiled kernels to read it.
 NEG_INF = tl.constexpr(float("-inf"))
+# Kernels compiled while Triton's interpreter is on (read once, at import: the interpreter is chosen
+# per process); True only where the interpreter lacks an operation the compiled code uses.
+INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 @triton.jit
@@ -138,6 +143,9 @@ def granule_masks(cols, lo, hi, ALIGN: tl.constexpr):
 def load_granules(row_ptr, cols, stride, lo, hi, other, CONTIGUOUS: tl.constexpr, ALIGN: tl.constexpr):
     """Row elements at ``cols`` within [lo, hi), ``other`` elsewhere, read in whole granules."""
     load, _, valid = granule_masks(cols, lo, hi, ALIGN)
+    if INTERPRETING:
+        # Triton 3.6's interpreter has no 16-bit scalar for tl.where; it has no vector loads either.
+        return tl.load(row_ptr + col_offset(cols, stride, CONTIGUOUS), mask=valid, other=other)
     x = tl.load(row_ptr + col_offset(cols, stride, CONTIGUOUS), mask=load, other=other)
     if ALIGN > 1:
         x = tl.where(valid, x, other)

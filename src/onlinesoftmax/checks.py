@@ -66,10 +66,17 @@ def _attention(gen, device):
         yield "attention" + (" causal" if causal else ""), tuple(q.shape), torch.bfloat16, _relative_error(out, ref), 2e-2
 
 
+def _decode(gen, device):
+    from .bench import decode_suite
+
+    yield from decode_suite.check(gen, device)
+
+
 CHECKS = {
     "softmax": (_softmax_family,),
     "topk": (_topk,),
     "attention": (_attention,),
+    "decode": (_decode,),
 }
 SUITE_CHECKS = {"sweep": "softmax", "host": "softmax", "topk_paper": "topk", "ladder": "softmax"}
 

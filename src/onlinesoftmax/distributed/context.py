@@ -13,29 +13,22 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..cpu import reference_point
 from ..ops.attention import attention as attention_op
 from ..ops.attention import launch as attention_launch
 from ..ops.attention.op import validate as validate_attention
+from ..ops.decode.op import launch_merge
 from ._group import NoContext, all_gather, check_group, gather_shapes
 
 
 def _merge_stacked(outs: torch.Tensor, lses: torch.Tensor, out_dtype: torch.dtype):
-    """Merge partial attentions stacked on dim 0 (in that order): fp32, -inf partials weigh 0."""
-    lses = lses.float()
-    m = lses.amax(0)
-    weights = torch.exp(lses - reference_point(m).unsqueeze(0))  # -inf partials: weight 0
-    total = weights.sum(0)
-    has_keys = total > 0
-    lse = torch.where(has_keys, reference_point(m) + torch.log(torch.where(has_keys, total, 1.0)),
-                      torch.full_like(m, float("-inf")))
-    scale = weights / torch.where(has_keys, total, 1.0).unsqueeze(0)
-    out = (outs.float() * scale.unsqueeze(-1)).sum(0)
+    """Merge partial attentions stacked on dim 0, in that order: the public merge's kernel."""
+    out, lse = launch_merge(outs, lses)
     return out.to(out_dtype), lse
 
 
 def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor):
-    """Merge two attentions over disjoint key sets through their log-sum-exp.
+    """Merge two attentions over disjoint key sets through their log-sum-exp
+    (:func:`onlinesoftmax.merge_attention` of the pair).
 
     Parameters
     ----------
@@ -51,7 +44,8 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
         ``w_a out_a + w_b out_b`` with ``w_x = exp(lse_x - lse)``, computed in float32.
     lse : Tensor, shape (...), float32
         ``logaddexp(lse_a, lse_b)``; ``-inf`` (with an output of zeros, never NaN) when both
-        partials are empty. A NaN in either input propagates.
+        partials are empty; an empty partial's output is not read. A NaN lse, or NaN in the output
+        of a partial that has keys, propagates.
 
     Raises
     ------

@@ -107,13 +107,16 @@ _MAX_RECIPES = 4096  # distinct (shape, strides, dtype, options) signatures kept
 plan_cache(_RECIPES.clear)
 
 
-def _row_granule(elem: int, in_strides: tuple, out_strides: tuple, contiguous: bool) -> int:
+def _row_granule(elem: int, inner: int, in_strides: tuple, out_strides: tuple, contiguous: bool) -> int:
     """Elements in 16 bytes when the rows start off 16-byte boundaries (an odd row length) and the
     kernels can read them in whole granules: unit column stride, and the input's rows where the
     output's are, so that one row offset aligns both. 1 otherwise."""
     granule = 16 // elem
-    misaligned = in_strides[0] % granule or in_strides[2] % granule
-    return granule if contiguous and misaligned and in_strides == out_strides else 1
+    # The inner stride only counts where there is more than one inner row.
+    row_strides = (in_strides[0], in_strides[2]) if inner > 1 else (in_strides[0],)
+    same_rows = row_strides == ((out_strides[0], out_strides[2]) if inner > 1 else (out_strides[0],))
+    misaligned = any(stride % granule for stride in row_strides)
+    return granule if contiguous and misaligned and same_rows else 1
 
 
 def _recipe(key, t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: Optional[str]) -> _Recipe:
@@ -123,7 +126,7 @@ def _recipe(key, t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: O
         laid_out, inner, in_strides, side = _row_layout(t, dim)
         out_strides = _contiguous_row_strides(t.shape, dim, inner, side)
         contiguous = in_strides[1] == 1 and out_strides[1] == 1
-        granule = _row_granule(t.element_size(), in_strides, out_strides, contiguous)
+        granule = _row_granule(t.element_size(), inner, in_strides, out_strides, contiguous)
         chosen = planner.choose(op, n_rows, n_cols, t.dtype, t.device, algorithm, strategy,
                                 misaligned_rows=granule > 1)
         recipe = _Recipe(chosen, laid_out is not t, inner, in_strides, out_strides, contiguous,

@@ -1,0 +1,554 @@
+"""cross_entropy: Triton kernels.
+
+Per row i with target t (y = softcap(x) / T, C classes, w the class weights, 1 without, W = sum w):
+
+    lse  = m + log(d)                                   the online normalizer (m, d) of y
+    loss = (1 - eps) w_t (lse - y_t) + eps/C (W lse - sum_c w_c y_c) + z lse^2
+    dL/dy_c = a p_c - b [c = t] - e w_c,   p_c = exp(y_c - lse)
+        b = s (1 - eps) w_t,   e = s eps / C,   a = b + e W + 2 z lse s_z
+
+with s (s_z) the upstream gradient over the reduction's denominator: 1 for "sum" and "none" (times
+the row's upstream gradient), 1 / sum_i w_t_i (1 / valid rows for the z term) for "mean". Ignored
+rows have loss 0 and gradient 0; a target outside [0, C) that is not ignore_index gives a NaN loss
+and a NaN gradient for its row (never an out-of-bounds read).
+
+Bytes (N rows, V columns, e bytes an element): ``cross_entropy_stream_kernel`` reads the logits
+once (N V e) and writes 8 bytes a row; ``cross_entropy_backward_kernel`` reads them again and writes
+the gradient (2 N V e); ``cross_entropy_on_chip_kernel`` reads once and writes the gradient over the
+logits (2 N V e, the floor of a fused forward and backward).
+
+Alignment: every tile of a row starts at an absolute address that is a multiple of 16 bytes (ALIGN
+elements), at or below the row's start, and its one mask is constant over each 16-byte vector (the
+vectors wholly inside the row), so that rows whose length is not a multiple of 16 bytes (50257
+columns) still load and store 16 bytes at a time; an element-granular mask makes Triton load such
+a tile 2 bytes at a time (ptxas for sm_90: LDG.E.U16 instead of LDG.E.128). The row's partial first
+and last vectors (fewer than ALIGN elements each; EDGES) go through a tile of 2 ALIGN lanes of
+their own, element by element, in one program of the row: their (m, d) joins that program's
+partial, their gradient is stored by it.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..._triton import (
+    COUNTER_STRIDE,
+    NEG_INF,
+    merge_row_partials,
+    nan_max,
+    store_row_partial,
+    take_ticket,
+    wait_for_row,
+)
+
+# --------------------------------------------------------------------------------------------
+# Row helpers
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def transform(x, softcap, inv_temperature, SOFTCAP: tl.constexpr):
+    """fp32 logits after the optional softcap (softcap * tanh(x / softcap)) and the temperature."""
+    x = x.to(tl.float32)
+    if SOFTCAP:
+        # tanh from one exponential of a non-positive number: no overflow, -inf -> -softcap, NaN stays.
+        e = tl.exp(-2.0 * tl.abs(x) / softcap)
+        t = (1.0 - e) / (1.0 + e)
+        x = softcap * tl.where(x < 0.0, -t, t)
+    return x * inv_temperature
+
+
+@triton.jit
+def row_tile(base, k, n_cols, col_stride, BLOCK: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,
+             EDGES: tl.constexpr):
+    """Tile ``k`` of the row whose first element is at offset ``base``: (start, offs, cols, full).
+
+    The tile's elements are at ``ptr + start + offs`` and in columns ``cols``; ``full`` marks the
+    16-byte vectors wholly inside the row, the only ones a tile loads, reduces and stores (the
+    row's partial vectors are edge_columns'). Tiles are aligned to absolute multiples of ALIGN
+    elements: a row with ``head = base % ALIGN`` has tile 0 start ``head`` elements before it, and
+    cdiv(n_cols + head, BLOCK) tiles. Without EDGES every row starts on a vector (head 0), which
+    the compiler then knows (the class weights of a tile load 16 bytes at a time too).
+    """
+    lanes = tl.arange(0, BLOCK)
+    if CONTIGUOUS:
+        head = 0
+        if EDGES:
+            head = (base % ALIGN).to(tl.int32)
+        first = k * BLOCK - head  # the column of lane 0
+        start = tl.multiple_of(base + first, ALIGN)
+        offs = lanes
+        cols = first + lanes
+        vcols = first + (lanes // ALIGN) * ALIGN  # the column starting each lane's vector
+        full = (vcols >= 0) & (vcols <= n_cols - ALIGN)
+    else:
+        start = base
+        cols = k * BLOCK + lanes
+        offs = cols.to(tl.int64) * col_stride
+        full = cols < n_cols
+    return start, offs, cols, full
+
+
+@triton.jit
+def edge_columns(base, n_cols, ALIGN: tl.constexpr):
+    """The row's columns in its partial first and last 16-byte vectors (those ``full`` leaves out), as
+    one tile of 2 ALIGN lanes, and their mask: stored element by element, by one program a row."""
+    lanes = tl.arange(0, 2 * ALIGN)
+    head = (base % ALIGN).to(tl.int32)
+    n_head = (ALIGN - head) % ALIGN  # elements before the row's first whole vector
+    tail_start = n_cols - (n_cols + head) % ALIGN  # first column of the last partial vector
+    is_head = lanes < ALIGN
+    cols = tl.where(is_head, lanes, tail_start + lanes - ALIGN)
+    # The tail leaves out a tiny row's head columns, which the head lanes own.
+    mask = tl.where(is_head, lanes < n_head, cols >= n_head) & (cols >= 0) & (cols < n_cols)
+    return cols, mask
+
+
+@triton.jit
+def edge_partial(x_ptr, weight_ptr, base, n_cols, read, softcap, inv_temperature, ALIGN: tl.constexpr,
+                 HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
+    """(m, d, smoothing sum) of the row's partial first and last vectors."""
+    cols, mask = edge_columns(base, n_cols, ALIGN)
+    mask = mask & read
+    x = tl.load(x_ptr + base + cols, mask=mask, other=0.0)
+    y = tl.where(mask, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
+    m, d = tile_normalizer(y)
+    s = 0.0
+    if SMOOTH:
+        s = smoothing_sum(y, weight_ptr, cols, mask, HAS_WEIGHT)
+    return m, d, s
+
+
+@triton.jit
+def load_row_target(target_ptr, row, target_stride, ignore_index, n_classes):
+    """The row's target (int64), whether it counts (not ignore_index), and whether it is out of range."""
+    target = tl.load(target_ptr + row.to(tl.int64) * target_stride).to(tl.int64)
+    valid = target != ignore_index
+    bad = valid & ((target < 0) | (target >= n_classes))
+    return target, valid, bad
+
+
+@triton.jit
+def gradient_scales(denom_ptr, upstream, MEAN: tl.constexpr):
+    """(s, s_z): the upstream gradient over the denominators of "mean" (sum of w_t, valid rows)."""
+    if MEAN:
+        return upstream / tl.load(denom_ptr + 1), upstream / tl.load(denom_ptr)
+    return upstream, upstream
+
+
+@triton.jit
+def row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes,
+                     SMOOTH: tl.constexpr, Z: tl.constexpr):
+    """(a, b, e) of dL/dy_c = a p_c - b [c = t] - e w_c."""
+    b = scale * (1.0 - label_smoothing) * w_t
+    a = b
+    e = scale * 0.0
+    if SMOOTH:
+        e = scale * label_smoothing / n_classes
+        a += e * w_sum
+    if Z:
+        a += 2.0 * z_loss * lse * scale_z
+    return a, b, e
+
+
+@triton.jit
+def gradient(y, cols, target, lse, a, b, e, weight_ptr, live, valid, bad, tanh_scale, inv_temperature,
+             HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
+    """dL/dx of a tile from its transformed logits ``y`` (lanes outside the row: -inf)."""
+    g = a * tl.exp(y - lse) - tl.where(cols == target, b, 0.0)
+    if SMOOTH:
+        if HAS_WEIGHT:
+            g -= e * tl.load(weight_ptr + cols, mask=live, other=0.0).to(tl.float32)
+        else:
+            g -= e
+    if SOFTCAP:
+        th = y * tanh_scale  # tanh(x / softcap): y = softcap * tanh(x / softcap) / T
+        g = g * (1.0 - th * th)
+    g = tl.where(valid, g * inv_temperature, 0.0)
+    return tl.where(bad, float("nan"), g)
+
+
+@triton.jit
+def row_loss(lse, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes,
+             SMOOTH: tl.constexpr, Z_IN_ROW: tl.constexpr):
+    """The row's loss; the z term only where the rows are not reduced (the reduction adds it with its
+    own denominator)."""
+    loss = (1.0 - label_smoothing) * w_t * (lse - y_t)
+    if SMOOTH:
+        loss += label_smoothing * (w_sum * lse - s) / n_classes
+    if Z_IN_ROW:
+        loss += z_loss * lse * lse
+    loss = tl.where(valid, loss, 0.0)
+    return tl.where(bad, float("nan"), loss)
+
+
+@triton.jit
+def class_weights(weight_ptr, target, valid, bad, denom_ptr, n_classes, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr):
+    """(w_t, W): the target's weight and the sum of all class weights (1 and C without weights)."""
+    w_t = 1.0
+    w_sum = n_classes * 1.0
+    if HAS_WEIGHT:
+        w_t = tl.load(weight_ptr + target, mask=valid & ~bad, other=0.0).to(tl.float32)
+        if SMOOTH:
+            w_sum = tl.load(denom_ptr + 2)
+    return w_t, w_sum
+
+
+@triton.jit
+def weighted(y, weight_ptr, cols, live, HAS_WEIGHT: tl.constexpr):
+    """y * w_c (y without class weights)."""
+    if HAS_WEIGHT:
+        y = y * tl.load(weight_ptr + cols, mask=live, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
+def smoothing_sum(y, weight_ptr, cols, live, HAS_WEIGHT: tl.constexpr):
+    """sum_c w_c y_c over a tile's row elements."""
+    return tl.sum(tl.where(live, weighted(y, weight_ptr, cols, live, HAS_WEIGHT), 0.0), 0)
+
+
+@triton.jit
+def tile_normalizer(y):
+    """(m, d) of a tile (-inf outside the row): an all -inf tile is (-inf, 0)."""
+    m = tl.max(y, 0)  # a NaN makes d, and so the row, NaN whether or not the maximum keeps it
+    return m, tl.sum(tl.exp(y - tl.where(m == NEG_INF, 0.0, m)), 0)
+
+
+@triton.jit
+def merge_pair(m_a, d_a, m_b, d_b):
+    """(m_a, d_a) (+) (m_b, d_b) for scalars, empty partials (-inf, 0) included."""
+    m = nan_max(m_a, m_b)
+    ref = tl.where(m == NEG_INF, 0.0, m)
+    return m, d_a * tl.exp(m_a - ref) + d_b * tl.exp(m_b - ref)
+
+
+@triton.jit
+def target_logit(x_row, target, col_stride, in_row, softcap, inv_temperature, SOFTCAP: tl.constexpr):
+    # One scalar load (the row was just read: an L2 hit). In-place kernels load it before any
+    # program of the row can have written its gradient there.
+    x_t = tl.load(x_row + target * col_stride, mask=in_row, other=0.0)
+    return tl.where(in_row, transform(x_t, softcap, inv_temperature, SOFTCAP), NEG_INF)
+
+
+@triton.jit
+def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target, lse, a, b, e, valid, bad, read, weight_ptr,
+                        softcap, tanh_scale, inv_temperature,
+                        ALIGN: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
+    """The gradient of the row's partial first and last vectors, element by element (no other store
+    touches them, so in place they still hold the logits)."""
+    cols, mask = edge_columns(base, n_cols, ALIGN)
+    x = tl.load(x_ptr + base + cols, mask=mask & read, other=0.0)
+    y = tl.where(mask & read, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
+    g = gradient(y, cols, target, lse, a, b, e, weight_ptr, mask, valid, bad, tanh_scale, inv_temperature,
+                 HAS_WEIGHT, SMOOTH, SOFTCAP)
+    tl.store(out_ptr + base + cols, g.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Forward: loss and lse from one read (strategies "stream" and, with WRITE_GRAD, "two_pass")
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def cross_entropy_stream_kernel(
+    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, parts_ptr, sync_ptr,
+    n_cols, x_stride, col_stride, target_stride, ignore_index, class_offset, n_classes,
+    label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, tiles_per_chunk,
+    BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,
+    EDGES: tl.constexpr, SPLIT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
+    SOFTCAP: tl.constexpr, Z: tl.constexpr, Z_IN_ROW: tl.constexpr, MEAN: tl.constexpr,
+    READ_IGNORED: tl.constexpr, WRITE_GRAD: tl.constexpr, STATS: tl.constexpr,
+):
+    # Program (row, chunk) reads tiles [chunk * tiles_per_chunk, ...) of its row (one tile, but for
+    # the longest rows): each tile's maximum, then its sum, merged as scalars. (Per-lane online
+    # accumulators, as the softmax's looped kernel keeps, took 162 registers a thread at 8192 bf16
+    # columns and 8 warps, ptxas for sm_90: one program an SM.) A row of one chunk is
+    # finished by its program; with SPLIT, each program publishes its partial and the row's last
+    # to arrive merges them in chunk order (no program waits, so any grid size runs, the
+    # interpreter's one program at a time included). WRITE_GRAD (one chunk a row, "two_pass"):
+    # a second pass over the row writes the gradient over the logits. STATS (distributed): the row's
+    # (m, d, smoothing sum, target logit or -inf) go to loss_ptr's four planes instead of a loss.
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    num_chunks = tl.num_programs(1)
+    target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_classes)
+    local_target = target - class_offset
+    read = valid | READ_IGNORED
+    base = row.to(tl.int64) * x_stride
+    head = 0
+    if EDGES:
+        head = (base % ALIGN).to(tl.int32)
+    k_start = chunk * tiles_per_chunk
+    k_stop = tl.minimum(k_start + tiles_per_chunk, (n_cols + head + BLOCK - 1) // BLOCK)
+    k_stop = tl.where(read, k_stop, k_start)  # an ignored row is not read
+    m = tl.full((), NEG_INF, tl.float32)
+    d = tl.zeros((), tl.float32)
+    s = tl.zeros((), tl.float32)
+    for k in range(k_start, k_stop):
+        start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
+        x = tl.load(x_ptr + start + offs, mask=full, other=0.0)
+        y = tl.where(full, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)  # [BLOCK]
+        tile_m, tile_d = tile_normalizer(y)
+        m, d = merge_pair(m, d, tile_m, tile_d)
+        if SMOOTH:
+            s += smoothing_sum(y, weight_ptr + class_offset, cols, full, HAS_WEIGHT)
+    if EDGES:
+        if chunk == 0:
+            edge_m, edge_d, edge_s = edge_partial(x_ptr, weight_ptr + class_offset, base, n_cols, read, softcap,
+                                                  inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
+            m, d = merge_pair(m, d, edge_m, edge_d)
+            s += edge_s
+    n_rows = tl.num_programs(0).to(tl.int64)
+    finish = True
+    if SPLIT:
+        n_parts = n_rows * num_chunks
+        store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
+        tl.store(parts_ptr + 2 * n_parts + row.to(tl.int64) * num_chunks + chunk, s)
+        tl.debug_barrier()  # the partials are stored before the arrival releases them
+        count_ptr = sync_ptr + COUNTER_STRIDE * (1 + row)
+        arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel") + 1
+        finish = arrived == num_chunks
+        if finish:
+            tl.atomic_xchg(count_ptr, 0, sem="relaxed")  # zero for the next launch
+            m, d = merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2, True)
+            idx = tl.arange(0, CHUNKS_POW2)
+            s = tl.sum(tl.load(parts_ptr + 2 * n_parts + row.to(tl.int64) * num_chunks + idx,
+                               mask=idx < num_chunks, other=0.0, volatile=True), 0)
+    if finish:
+        in_row = valid & (local_target >= 0) & (local_target < n_cols)
+        y_t = target_logit(x_ptr + base, local_target, col_stride, in_row, softcap, inv_temperature, SOFTCAP)
+        if STATS:
+            tl.store(loss_ptr + row, m)
+            tl.store(loss_ptr + n_rows + row, d)
+            tl.store(loss_ptr + 2 * n_rows + row, s)
+            tl.store(loss_ptr + 3 * n_rows + row, y_t)
+        else:
+            lse = m + tl.log(d)  # +inf or NaN in the row: NaN, as torch's cross_entropy
+            w_t, w_sum = class_weights(weight_ptr, target, valid, bad, denom_ptr, n_classes, HAS_WEIGHT, SMOOTH)
+            loss = row_loss(lse, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes, SMOOTH, Z_IN_ROW)
+            tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
+            tl.store(lse_ptr + row, lse)
+            if WRITE_GRAD:
+                scale, scale_z = gradient_scales(denom_ptr, 1.0, MEAN)
+                a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes, SMOOTH, Z)
+                for k in range(0, (n_cols + head + BLOCK - 1) // BLOCK):
+                    start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
+                    x = tl.load(x_ptr + start + offs, mask=full & read, other=0.0)
+                    y = tl.where(full & read, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
+                    g = gradient(y, cols, local_target, lse, a, b, e, weight_ptr, full, valid, bad, tanh_scale,
+                                 inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
+                    tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full)
+                if EDGES:
+                    write_edge_gradient(x_ptr, x_ptr, base, n_cols, local_target, lse, a, b, e, valid, bad, read, weight_ptr,
+                                        softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
+
+
+# --------------------------------------------------------------------------------------------
+# Forward with the gradient in place: one read, one write ("on_chip", "split_on_chip")
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def cross_entropy_on_chip_kernel(
+    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, parts_ptr, sync_ptr,
+    n_cols, x_stride, col_stride, target_stride, ignore_index, n_classes,
+    label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, num_chunks,
+    BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,
+    EDGES: tl.constexpr, SPLIT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
+    SOFTCAP: tl.constexpr, Z: tl.constexpr, Z_IN_ROW: tl.constexpr, MEAN: tl.constexpr,
+    READ_IGNORED: tl.constexpr,
+):
+    # A program holds one tile of BLOCK columns of its row in registers (the whole row without
+    # SPLIT). With SPLIT, num_chunks programs hold one row: each publishes its tile's (m, d) (and
+    # smoothing sum), waits at the row's counter until all have, merges them in chunk order and
+    # writes its tile's gradient over the logits from registers, as the softmax's
+    # split_row_on_chip kernel does (tickets: see _triton.take_ticket). Chunk 0 writes the loss,
+    # the lse and the row's partial first and last vectors (EDGES).
+    if SPLIT:
+        ticket = take_ticket(sync_ptr)
+        row = ticket // num_chunks
+        chunk = ticket % num_chunks
+    else:
+        row = tl.program_id(0)
+        chunk = 0
+    target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_classes)
+    read = valid | READ_IGNORED
+    base = row.to(tl.int64) * x_stride
+    start, offs, cols, full = row_tile(base, chunk, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
+    # The tile waits for its row in the input dtype and is converted again after the wait. (ptxas for
+    # sm_90, bf16, 16 elements a thread: 32 registers; converting through _triton.widen_opaque, as
+    # the softmax's split_row_on_chip does, took 52.)
+    live = full & read
+    b_in = tl.load(x_ptr + start + offs, mask=live, other=0.0)  # [BLOCK]
+    y = tl.where(live, transform(b_in, softcap, inv_temperature, SOFTCAP), NEG_INF)
+    m, d = tile_normalizer(y)
+    s = 0.0
+    if SMOOTH:
+        s = smoothing_sum(y, weight_ptr, cols, live, HAS_WEIGHT)
+    in_row = valid & ~bad
+    y_t = 0.0
+    if chunk == 0:  # before the row's wait: no program of the row has written yet
+        y_t = target_logit(x_ptr + base, target, col_stride, in_row, softcap, inv_temperature, SOFTCAP)
+        if EDGES:
+            edge_m, edge_d, edge_s = edge_partial(x_ptr, weight_ptr, base, n_cols, read, softcap, inv_temperature,
+                                                  ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
+            m, d = merge_pair(m, d, edge_m, edge_d)
+            s += edge_s
+    if SPLIT:
+        n_parts = tl.num_programs(0).to(tl.int64)  # rows x chunks: planes m, d, smoothing sum
+        store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
+        if SMOOTH:
+            tl.store(parts_ptr + 2 * n_parts + row.to(tl.int64) * num_chunks + chunk, s)
+        wait_for_row(sync_ptr, row, num_chunks)
+        m, d = merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2, True)
+        if SMOOTH:
+            if chunk == 0:
+                idx = tl.arange(0, CHUNKS_POW2)
+                s = tl.sum(tl.load(parts_ptr + 2 * n_parts + row.to(tl.int64) * num_chunks + idx,
+                                   mask=idx < num_chunks, other=0.0, volatile=True), 0)
+    lse = m + tl.log(d)
+    w_t, w_sum = class_weights(weight_ptr, target, valid, bad, denom_ptr, n_classes, HAS_WEIGHT, SMOOTH)
+    scale, scale_z = gradient_scales(denom_ptr, 1.0, MEAN)
+    a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes, SMOOTH, Z)
+    y = tl.where(live, transform(b_in, softcap, inv_temperature, SOFTCAP), NEG_INF)
+    g = gradient(y, cols, target, lse, a, b, e, weight_ptr, live, valid, bad, tanh_scale, inv_temperature,
+                 HAS_WEIGHT, SMOOTH, SOFTCAP)
+    tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full)
+    if chunk == 0:
+        loss = row_loss(lse, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes, SMOOTH, Z_IN_ROW)
+        tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
+        tl.store(lse_ptr + row, lse)
+        if EDGES:
+            write_edge_gradient(x_ptr, x_ptr, base, n_cols, target, lse, a, b, e, valid, bad, read, weight_ptr,
+                                softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
+
+
+# --------------------------------------------------------------------------------------------
+# Backward from the saved lse: one read of the logits, one write of the gradient
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def cross_entropy_backward_kernel(
+    x_ptr, dx_ptr, target_ptr, weight_ptr, denom_ptr, lse_ptr, grad_ptr,
+    n_cols, x_stride, col_stride, target_stride, grad_stride, ignore_index, class_offset, n_classes,
+    label_smoothing, z_loss, softcap, tanh_scale, inv_temperature,
+    BLOCK: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr, EDGES: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr, Z: tl.constexpr, MEAN: tl.constexpr,
+):
+    # Elementwise: program (row, k) writes tile k of the row. dx has x's strides (or is x: each
+    # element is read before the same program writes it). An ignored row is not read.
+    row = tl.program_id(0)
+    k = tl.program_id(1)
+    target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_classes)
+    local_target = target - class_offset
+    lse = tl.load(lse_ptr + row)
+    upstream = tl.load(grad_ptr + row.to(tl.int64) * grad_stride).to(tl.float32)
+    w_t, w_sum = class_weights(weight_ptr, target, valid, bad, denom_ptr, n_classes, HAS_WEIGHT, SMOOTH)
+    scale, scale_z = gradient_scales(denom_ptr, upstream, MEAN)
+    a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes, SMOOTH, Z)
+    base = row.to(tl.int64) * x_stride
+    start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
+    x = tl.load(x_ptr + start + offs, mask=full & valid, other=0.0)
+    y = tl.where(full & valid, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
+    g = gradient(y, cols, local_target, lse, a, b, e, weight_ptr + class_offset, full, valid, bad, tanh_scale,
+                 inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
+    tl.store(dx_ptr + start + offs, g.to(dx_ptr.dtype.element_ty), mask=full)
+    if EDGES:
+        if k == 0:
+            write_edge_gradient(x_ptr, dx_ptr, base, n_cols, local_target, lse, a, b, e, valid, bad, valid,
+                                weight_ptr + class_offset, softcap, tanh_scale, inv_temperature,
+                                ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
+
+
+# --------------------------------------------------------------------------------------------
+# Small kernels: denominators and the reduction; scaling a stored gradient by the upstream one
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def cross_entropy_reduce_kernel(
+    loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr,
+    n_rows, n_classes, target_stride, ignore_index, z_loss,
+    BLOCK: tl.constexpr, COUNT: tl.constexpr, SUM: tl.constexpr, MEAN: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, Z: tl.constexpr,
+):
+    # One program, rows in a fixed order: bitwise reproducible. COUNT writes denom = (valid rows,
+    # sum of their targets' weights, sum of all class weights); SUM reduces the rows' losses (and
+    # the z term from the lse, over valid rows) into out.
+    lanes = tl.arange(0, BLOCK)
+    if COUNT:
+        count = tl.zeros([BLOCK], tl.int32)
+        weights = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, n_rows, BLOCK):
+            rows = start + lanes
+            t = tl.load(target_ptr + rows.to(tl.int64) * target_stride, mask=rows < n_rows, other=ignore_index)
+            ok = (rows < n_rows) & (t != ignore_index)
+            count += ok.to(tl.int32)
+            if HAS_WEIGHT:
+                weights += tl.load(weight_ptr + t, mask=ok & (t >= 0) & (t < n_classes), other=0.0).to(tl.float32)
+        n_valid = tl.sum(count, 0).to(tl.float32)
+        tl.store(denom_ptr, n_valid)
+        if HAS_WEIGHT:
+            tl.store(denom_ptr + 1, tl.sum(weights, 0))
+            w_sum = tl.zeros([BLOCK], tl.float32)
+            for start in range(0, n_classes, BLOCK):
+                w_sum += tl.load(weight_ptr + start + lanes, mask=start + lanes < n_classes, other=0.0).to(tl.float32)
+            tl.store(denom_ptr + 2, tl.sum(w_sum, 0))
+        else:
+            tl.store(denom_ptr + 1, n_valid)
+            tl.store(denom_ptr + 2, n_classes * 1.0)
+    if SUM:
+        total = tl.zeros([BLOCK], tl.float32)
+        total_z = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, n_rows, BLOCK):
+            rows = start + lanes
+            total += tl.load(loss_ptr + rows, mask=rows < n_rows, other=0.0).to(tl.float32)
+            if Z:
+                t = tl.load(target_ptr + rows.to(tl.int64) * target_stride, mask=rows < n_rows, other=ignore_index)
+                lse = tl.load(lse_ptr + rows, mask=(rows < n_rows) & (t != ignore_index), other=0.0)
+                total_z += lse * lse
+        loss = tl.sum(total, 0)
+        loss_z = z_loss * tl.sum(total_z, 0)
+        if MEAN:  # all rows ignored: 0 / 0 = NaN, as torch
+            loss = loss / tl.load(denom_ptr + 1)
+            loss_z = loss_z / tl.load(denom_ptr)
+        if Z:
+            loss += loss_z
+        tl.store(out_ptr, loss.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def scale_rows_kernel(
+    x_ptr, out_ptr, grad_ptr, n_cols, x_stride, col_stride, grad_stride, tiles_per_row, n_tiles,
+    BLOCK: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr, EDGES: tl.constexpr,
+    PER_ROW: tl.constexpr, IN_PLACE: tl.constexpr,
+):
+    # out = x * upstream (one value, or one a row with PER_ROW), out having x's strides. Persistent
+    # programs loop over (row, tile) pairs. In place, an upstream gradient of 1 leaves the tile
+    # alone: without an early exit a "mean" loss's backward would read and write every gradient
+    # element again (1.4 ms at 8192 x 128256 bf16) to multiply it by 1, and knowing it is 1 on
+    # the host would cost a device synchronization.
+    stop = n_tiles
+    if IN_PLACE and not PER_ROW:
+        stop = tl.where(tl.load(grad_ptr).to(tl.float32) == 1.0, 0, n_tiles)
+    for tile in range(tl.program_id(0), stop, tl.num_programs(0)):
+        row = tile // tiles_per_row
+        k = tile % tiles_per_row
+        upstream = tl.load(grad_ptr + row.to(tl.int64) * grad_stride).to(tl.float32)
+        base = row.to(tl.int64) * x_stride
+        start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
+        if IN_PLACE and PER_ROW:  # (tl.where: the interpreter cannot AND a mask with a float comparison)
+            full = tl.where(upstream != 1.0, full, False)
+        x = tl.load(x_ptr + start + offs, mask=full, other=0.0)
+        tl.store(out_ptr + start + offs, (x.to(tl.float32) * upstream).to(out_ptr.dtype.element_ty), mask=full)
+        if EDGES:
+            if k == 0:
+                edge_cols, edge_mask = edge_columns(base, n_cols, ALIGN)
+                if IN_PLACE and PER_ROW:
+                    edge_mask = tl.where(upstream != 1.0, edge_mask, False)
+                edge_x = tl.load(x_ptr + base + edge_cols, mask=edge_mask, other=0.0)
+                tl.store(out_ptr + base + edge_cols, (edge_x.to(tl.float32) * upstream).to(out_ptr.dtype.element_ty),
+                         mask=edge_mask)

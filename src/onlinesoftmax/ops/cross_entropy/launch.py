@@ -1,0 +1,351 @@
+"""cross_entropy launchers on (rows, classes) logits, and the same arithmetic in torch for CPU tensors.
+
+Every launch takes its options as plain values (validated by the public functions):
+``ignore_index, reduction, label_smoothing, z_loss, softcap (0: none), temperature``. The forward
+returns ``(loss, lse, denom)``: ``denom`` holds (valid rows, sum of their targets' weights, sum of
+all class weights) where the gradient or the loss needs them ("mean", or class weights with label
+smoothing), and is empty otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ... import _buffers
+from ..._device import interpreter_active, next_power_of_2
+from ..._launch import Launcher, aligned
+from ..._triton import COUNTER_STRIDE
+from . import plan as planner
+from .kernels import (
+    cross_entropy_backward_kernel,
+    cross_entropy_on_chip_kernel,
+    cross_entropy_reduce_kernel,
+    cross_entropy_stream_kernel,
+    scale_rows_kernel,
+)
+
+_stream = Launcher(cross_entropy_stream_kernel)
+_on_chip = Launcher(cross_entropy_on_chip_kernel)
+_backward = Launcher(cross_entropy_backward_kernel)
+_reduce = Launcher(cross_entropy_reduce_kernel)
+_scale = Launcher(scale_rows_kernel)
+
+
+def needs_denom(reduction: str, has_weight: bool, label_smoothing: float) -> bool:
+    return reduction == "mean" or (has_weight and label_smoothing > 0)
+
+
+def _flags(has_weight: bool, reduction: str, label_smoothing: float, z_loss: float, softcap: float) -> dict:
+    return dict(HAS_WEIGHT=has_weight, SMOOTH=label_smoothing > 0, SOFTCAP=softcap > 0, Z=z_loss > 0,
+                MEAN=reduction == "mean")
+
+
+def _exchange(chosen: planner.Plan, device: torch.device):
+    # Partials of split rows (m, d, smoothing sum per chunk) and the counters programs meet at.
+    return _buffers.row_exchange(3 * chosen.rows * chosen.num_chunks, COUNTER_STRIDE.value * (1 + chosen.rows), device)
+
+
+def _same_layout_buffer(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A new (rows, cols) tensor with x's strides (the kernels address both with one set of offsets)."""
+    rows, cols = x.shape
+    size = 1 + (rows - 1) * x.stride(0) + (cols - 1) * x.stride(1)
+    return _buffers.empty((size,), dtype, x.device).as_strided(x.shape, x.stride())
+
+
+def dense(x: torch.Tensor) -> bool:
+    """Whether a tensor with x's strides takes about x's elements (and no two elements share memory)."""
+    rows, cols = x.shape
+    if (rows > 1 and x.stride(0) == 0) or (cols > 1 and x.stride(1) == 0):
+        return False
+    size = 1 + (rows - 1) * x.stride(0) + (cols - 1) * x.stride(1)
+    return size <= rows * cols + max(64 * rows, rows * cols // 16)
+
+
+# --------------------------------------------------------------------------------------------
+# Triton launches
+# --------------------------------------------------------------------------------------------
+
+
+def count(target: torch.Tensor, weight: Optional[torch.Tensor], denom: torch.Tensor, n_classes: int,
+          ignore_index: int) -> None:
+    """denom <- (valid rows, sum of their targets' weights, sum of all class weights)."""
+    w = weight if weight is not None else denom
+    key = ("count", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), n_classes, ignore_index,
+           target.shape[0], weight is not None)
+    _reduce((1,), key, denom, denom, target, w, denom, denom, target.shape[0], n_classes, target.stride(0),
+            ignore_index, 0.0, BLOCK=planner.REDUCE_BLOCK, COUNT=True, SUM=False, MEAN=False,
+            HAS_WEIGHT=weight is not None, Z=False, num_warps=planner.REDUCE_WARPS)
+
+
+def reduce(loss_rows: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
+           denom: torch.Tensor, out: torch.Tensor, n_classes: int, ignore_index: int, reduction: str,
+           z_loss: float, count_too: bool) -> None:
+    """out <- the rows' losses summed (over the denominators for "mean"), plus the z term."""
+    w = weight if weight is not None else loss_rows
+    key = ("reduce", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), aligned(loss_rows),
+           aligned(lse), out.dtype, n_classes, ignore_index, target.shape[0], weight is not None, reduction,
+           z_loss > 0, count_too)
+    _reduce((1,), key, loss_rows, lse, target, w, denom, out, target.shape[0], n_classes, target.stride(0),
+            ignore_index, z_loss, BLOCK=planner.REDUCE_BLOCK, COUNT=count_too, SUM=True,
+            MEAN=reduction == "mean", HAS_WEIGHT=weight is not None, Z=z_loss > 0, num_warps=planner.REDUCE_WARPS)
+
+
+def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
+                 denom: torch.Tensor, loss: torch.Tensor, lse: torch.Tensor, ignore_index: int, reduction: str,
+                 label_smoothing: float, z_loss: float, softcap: float, temperature: float, read_ignored: bool,
+                 class_offset: int = 0, n_classes: Optional[int] = None, stats: bool = False) -> None:
+    """The main forward kernel of ``chosen`` over x's rows: loss and lse per row (``stats``: the four
+    planes of distributed statistics into ``loss``), and for "forward_grad" the gradient over x."""
+    n_rows, n_cols = x.shape
+    n_classes = n_cols if n_classes is None else n_classes
+    inv_t = 1.0 / temperature
+    tanh_scale = 1.0 / (softcap * inv_t) if softcap > 0 else 0.0
+    w = weight if weight is not None else x  # a valid pointer that is never read
+    flags = _flags(weight is not None, reduction, label_smoothing, z_loss, softcap)
+    # The plan fixes the shape and layout; the rest of what Triton specializes on is here.
+    key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, loss.dtype, aligned(x),
+           aligned(target), aligned(w), aligned(loss), aligned(lse), ignore_index, class_offset, n_classes,
+           reduction, tuple(flags.values()), read_ignored, stats)
+    common = dict(ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
+                  Z_IN_ROW=z_loss > 0 and reduction == "none", READ_IGNORED=read_ignored,
+                  num_warps=chosen.num_warps, **flags)
+    split = chosen.num_chunks > 1 or chosen.strategy == "split_on_chip"
+    parts, counters = _exchange(chosen, x.device) if split else (lse, lse)
+    if chosen.strategy in ("stream", "two_pass"):
+        _stream(chosen.grid, key, x, target, w, denom, loss, lse, parts, counters,
+                n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, class_offset, n_classes,
+                label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.tiles_per_chunk,
+                BLOCK=chosen.block, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=split,
+                WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats, **common)
+    else:
+        _on_chip(chosen.grid, key, x, target, w, denom, loss, lse, parts, counters,
+                 n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, n_classes,
+                 label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.num_chunks,
+                 BLOCK=chosen.block, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=split, **common)
+
+
+def rows_backward(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, target: torch.Tensor,
+                  weight: Optional[torch.Tensor], denom: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor,
+                  ignore_index: int, reduction: str, label_smoothing: float, z_loss: float, softcap: float,
+                  temperature: float, class_offset: int = 0, n_classes: Optional[int] = None) -> None:
+    """dx (x's strides, or x itself) <- the gradient of x's rows from their lse and the upstream ``grad``
+    (a 0-d tensor, or one value a row for "none")."""
+    n_rows, n_cols = x.shape
+    n_classes = n_cols if n_classes is None else n_classes
+    inv_t = 1.0 / temperature
+    tanh_scale = 1.0 / (softcap * inv_t) if softcap > 0 else 0.0
+    w = weight if weight is not None else x
+    flags = _flags(weight is not None, reduction, label_smoothing, z_loss, softcap)
+    grad_stride = grad.stride(0) if grad.dim() else 0
+    key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, dx.dtype, grad.dtype,
+           grad_stride, aligned(x), aligned(dx), aligned(target), aligned(w), aligned(grad), aligned(lse),
+           ignore_index, class_offset, n_classes, tuple(flags.values()))
+    _backward(chosen.grid, key, x, dx, target, w, denom, lse, grad,
+              n_cols, x.stride(0), x.stride(1), target.stride(0), grad_stride, ignore_index, class_offset, n_classes,
+              label_smoothing, z_loss, softcap, tanh_scale, inv_t,
+              BLOCK=chosen.block, ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
+              num_warps=chosen.num_warps, **flags)
+
+
+# --------------------------------------------------------------------------------------------
+# The ops' entry points: Triton, or torch for CPU tensors without the interpreter
+# --------------------------------------------------------------------------------------------
+
+
+def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
+                   reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
+                   return_lse: bool, inplace: bool, strategy: Optional[str] = None):
+    """(loss, lse, denom) of (rows, classes) logits ``x``; ``inplace``: x is overwritten with the
+    gradient of the loss (for an upstream gradient of 1)."""
+    n_rows, n_cols = x.shape
+    device = x.device
+    chosen = planner.choose("forward_grad" if inplace else "forward", n_rows, n_cols, x.dtype, device, strategy,
+                            x.stride(0), x.stride(1))
+    planner.record(chosen)
+    has_weight = weight is not None
+    denom = _buffers.empty((3 if needs_denom(reduction, has_weight, label_smoothing) else 0,), torch.float32, device)
+    if chosen.strategy == "torch" or n_rows == 0:
+        return torch_forward(x, target, weight, denom, ignore_index, reduction, label_smoothing, z_loss, softcap,
+                             temperature, inplace)
+    loss_rows = _buffers.empty((n_rows,), x.dtype if reduction == "none" else torch.float32, device)
+    lse = _buffers.empty((n_rows,), torch.float32, device)
+    # The gradient's scale (mean) and the loss (W, with label smoothing) need the denominators first.
+    count_first = denom.numel() > 0 and (inplace or (has_weight and label_smoothing > 0))
+    if count_first:
+        count(target, weight, denom, n_cols, ignore_index)
+    rows_forward(chosen, x, target, weight, denom, loss_rows, lse, ignore_index, reduction, label_smoothing, z_loss,
+                 softcap, temperature, return_lse)
+    if reduction == "none":
+        return loss_rows, lse, denom
+    loss = _buffers.empty((), x.dtype, device)
+    reduce(loss_rows, lse, target, weight, denom, loss, n_cols, ignore_index, reduction, z_loss,
+           count_too=denom.numel() > 0 and not count_first)
+    return loss, lse, denom
+
+
+def launch_backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], lse: torch.Tensor,
+                    denom: torch.Tensor, grad: torch.Tensor, ignore_index: int, reduction: str,
+                    label_smoothing: float, z_loss: float, softcap: float, temperature: float,
+                    strategy: Optional[str] = None) -> torch.Tensor:
+    """The gradient of (rows, classes) logits ``x`` from the forward's lse and denom, for the upstream
+    gradient ``grad`` (0-d, or (rows,) for reduction "none")."""
+    if not dense(x):
+        x = x.contiguous()
+    n_rows, n_cols = x.shape
+    # The forward's strategy does not carry over (the backward has one kernel), its "torch" does.
+    chosen = planner.choose("backward", n_rows, n_cols, x.dtype, x.device, "torch" if strategy == "torch" else None,
+                            x.stride(0), x.stride(1))
+    planner.record(chosen)
+    if chosen.strategy == "torch" or n_rows == 0:
+        return torch_backward(x, target, weight, denom, lse, grad, ignore_index, reduction, label_smoothing, z_loss,
+                              softcap, temperature)
+    dx = _same_layout_buffer(x, x.dtype)
+    rows_backward(chosen, x, dx, target, weight, denom, lse, grad, ignore_index, reduction, label_smoothing, z_loss,
+                  softcap, temperature)
+    return dx
+
+
+def launch_scale(x: torch.Tensor, grad: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x * grad (0-d, or one value a row of x) into ``out`` (x's strides; default: x itself, where an
+    upstream gradient of 1 is left alone without a pass over x)."""
+    in_place = out is None
+    out = x if in_place else out
+    rows, cols = x.shape
+    if rows == 0 or cols == 0:
+        return out
+    if not (x.is_cuda or interpreter_active()):
+        scaled = x.float() * (grad.float().unsqueeze(-1) if grad.dim() else grad.float())
+        return out.copy_(scaled)
+    align, edges, contiguous = planner.layout(rows, cols, x.dtype, x.stride(0), x.stride(1))
+    block, warps, per_row, tiles, grid = planner.scale_launch(rows, cols, x.dtype, x.device, interpreter_active())
+    per_row_grad = grad.dim() > 0
+    grad_stride = grad.stride(0) if per_row_grad else 0
+    key = (x.shape, x.stride(), x.dtype, out.dtype, grad.dtype, grad_stride, aligned(x), aligned(out), aligned(grad),
+           in_place, grid)
+    _scale(grid, key, x, out, grad, cols, x.stride(0), x.stride(1), grad_stride, per_row, tiles,
+           BLOCK=block, ALIGN=align, CONTIGUOUS=contiguous, EDGES=edges, PER_ROW=per_row_grad, IN_PLACE=in_place,
+           num_warps=warps)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# torch: the same arithmetic for CPU tensors (float32), also a vocabulary shard's (class_offset)
+# --------------------------------------------------------------------------------------------
+
+
+def transformed(x: torch.Tensor, softcap: float, temperature: float) -> torch.Tensor:
+    y = x.float()
+    if softcap > 0:
+        y = softcap * torch.tanh(y / softcap)
+    return y * (1.0 / temperature)
+
+
+def row_normalizer(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, d) per row of y, with the kernels' conventions (an all -inf or empty row is (-inf, 0))."""
+    if y.shape[-1] == 0:
+        return (torch.full(y.shape[:-1], -math.inf, device=y.device), torch.zeros(y.shape[:-1], device=y.device))
+    m = y.amax(-1)
+    ref = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    return m, torch.exp(y - ref.unsqueeze(-1)).sum(-1)
+
+
+def torch_denom(target, weight, denom, n_classes, ignore_index):
+    """denom <- (valid rows, sum of their targets' weights, sum of all class weights), if it has room."""
+    if denom.numel():
+        valid = target != ignore_index
+        n_valid = valid.sum().float()
+        if weight is None:
+            denom.copy_(torch.stack([n_valid, n_valid, n_valid.new_tensor(float(n_classes))]))
+        else:
+            w = weight.float()
+            w_t = torch.where(valid, w[torch.where(valid, target, 0).clamp(0, n_classes - 1)], 0.0)
+            denom.copy_(torch.stack([n_valid, w_t.sum(), w.sum()]))
+    return denom
+
+
+class RowTerms:
+    """What the loss and the gradient of a row need besides its logits: y (float32 transformed
+    logits), valid (not ignored), bad (target out of range), in_shard (the target among x's
+    columns), local (its column there, 0 elsewhere), w_t, W and the columns' weights."""
+
+    def __init__(self, x, target, weight, ignore_index, softcap, temperature, class_offset=0, n_classes=None):
+        n_classes = x.shape[1] if n_classes is None else n_classes
+        self.y = transformed(x, softcap, temperature)
+        self.valid = target != ignore_index
+        self.bad = self.valid & ((target < 0) | (target >= n_classes))
+        local = target - class_offset
+        self.in_shard = self.valid & ~self.bad & (local >= 0) & (local < x.shape[1])
+        self.local = torch.where(self.in_shard, local, 0)
+        self.n_classes = n_classes
+        if weight is None:
+            self.w_t, self.w_sum, self.w_cols = torch.ones(x.shape[0], device=x.device), float(n_classes), 1.0
+        else:
+            w = weight.float()
+            self.w_t = w[torch.where(self.valid & ~self.bad, target, 0)]
+            self.w_sum = w.sum()
+            self.w_cols = w[class_offset:class_offset + x.shape[1]]
+
+    def target_logit(self) -> torch.Tensor:
+        if self.y.shape[1] == 0:
+            return torch.full((self.y.shape[0],), -math.inf, device=self.y.device)
+        y_t = self.y.gather(1, self.local.unsqueeze(1)).squeeze(1)
+        return torch.where(self.in_shard, y_t, -math.inf)
+
+    def smoothing_sum(self) -> torch.Tensor:
+        return (self.y * self.w_cols).sum(-1)
+
+    def loss(self, lse, y_t, s, label_smoothing):
+        loss = (1.0 - label_smoothing) * self.w_t * (lse - y_t)
+        if label_smoothing > 0:
+            loss = loss + label_smoothing * (self.w_sum * lse - s) / self.n_classes
+        loss = torch.where(self.valid, loss, 0.0)
+        return torch.where(self.bad, math.nan, loss)
+
+    def gradient(self, lse, grad, denom, reduction, label_smoothing, z_loss, softcap, temperature):
+        upstream = grad.float().to(self.y.device)
+        scale = scale_z = upstream
+        if reduction == "mean":
+            scale, scale_z = upstream / denom[1], upstream / denom[0]
+        b = scale * (1.0 - label_smoothing) * self.w_t
+        e = scale * label_smoothing / self.n_classes
+        a = b + e * self.w_sum if label_smoothing > 0 else b
+        if z_loss > 0:
+            a = a + 2.0 * z_loss * lse * scale_z
+        g = a.unsqueeze(1) * torch.exp(self.y - lse.unsqueeze(1))
+        if self.y.shape[1]:
+            g.scatter_add_(1, self.local.unsqueeze(1), -(b * self.in_shard).unsqueeze(1))
+        if label_smoothing > 0:
+            g = g - (e.unsqueeze(-1) if torch.is_tensor(e) and e.dim() else e) * self.w_cols
+        if softcap > 0:
+            th = self.y * (temperature / softcap)
+            g = g * (1.0 - th * th)
+        g = torch.where(self.valid.unsqueeze(1), g / temperature, 0.0)
+        return torch.where(self.bad.unsqueeze(1), math.nan, g)
+
+
+def torch_forward(x, target, weight, denom, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+                  inplace):
+    torch_denom(target, weight, denom, x.shape[1], ignore_index)
+    terms = RowTerms(x, target, weight, ignore_index, softcap, temperature)
+    m, d = row_normalizer(terms.y)
+    lse = m + torch.log(d)
+    loss = terms.loss(lse, terms.target_logit(), terms.smoothing_sum() if label_smoothing > 0 else None,
+                      label_smoothing)
+    z_term = torch.where(terms.valid, z_loss * lse * lse, 0.0)
+    if inplace:
+        x.copy_(terms.gradient(lse, torch.ones(()), denom, reduction, label_smoothing, z_loss, softcap, temperature))
+    if reduction == "none":
+        return (loss + z_term).to(x.dtype), lse, denom
+    total, total_z = loss.sum(), z_term.sum()
+    if reduction == "mean":
+        total, total_z = total / denom[1], total_z / denom[0]
+    return (total + total_z).to(x.dtype), lse, denom
+
+
+def torch_backward(x, target, weight, denom, lse, grad, ignore_index, reduction, label_smoothing, z_loss, softcap,
+                   temperature, class_offset=0, n_classes=None):
+    terms = RowTerms(x, target, weight, ignore_index, softcap, temperature, class_offset, n_classes)
+    return terms.gradient(lse, grad, denom, reduction, label_smoothing, z_loss, softcap, temperature).to(x.dtype)

@@ -1,0 +1,341 @@
+"""linear_cross_entropy: the loss of ``x @ weight.T (+ bias)`` in chunks of rows, never holding the logits.
+
+Per chunk of rows: the chunk's logits (one matmul, in x's dtype), the cross-entropy kernel over
+them with the gradient written in place (one read, one write: ``forward_grad``), then, where a
+gradient is wanted, grad_x of the chunk's rows = dlogits @ W (one matmul over the whole vocabulary:
+cuBLAS accumulates it in fp32 and rounds once) and grad_W += dlogits.T @ x_chunk, accumulated
+across chunks in **float32**: a bf16 accumulator rounds every chunk's partial sum (others have
+lost convergence to it). For "mean" and "sum" all of that happens in the forward, so the backward
+never recomputes the logits: it scales the stored gradients by the upstream one (skipped on the
+device when that is 1) and rounds grad_W to the weight's dtype. Three matmuls in all.
+
+reduction="none" takes any per-row upstream gradient, which multiplies each row of dlogits before
+the grad_W matmul: the forward keeps only the lse, and the backward recomputes each chunk's
+logits (four matmuls in all).
+
+Extra memory (beyond x, weight, target and the gradients themselves): one chunk of logits, chunk
+x V in x's dtype (chunk="auto" keeps it within plan.LINEAR_CHUNK_BYTES, 512 MiB), and the fp32
+grad_W accumulator, V x H x 4 bytes (2.1 GB at 128256 x 4096), held from the forward to the
+backward, where grad_W (V x H in the weight's dtype) is written from it; with an fp32 weight the
+accumulator is grad_W itself. On CUDA the accumulation runs inside cuBLAS
+(``aten::addmm.dtype_out``: bf16 operands, fp32 C read and written in place, beta = 1), with no
+temporary; where torch lacks that overload, slices of dlogits are multiplied in fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ... import _buffers, _validate
+from ..._device import interpreter_active
+from . import plan as planner
+from .launch import RowTerms, count, launch_scale, needs_denom, reduce, row_normalizer, rows_backward, rows_forward, \
+    torch_denom
+from .op import check_class_weight, check_options, check_target, check_targets_in_range
+
+# Rows of dlogits.T (vocabulary entries) multiplied at once in float32 where cuBLAS cannot
+# accumulate bf16 products into an fp32 output itself.
+FALLBACK_SLICE_ROWS = 8192
+
+_MIXED_ADDMM: dict = {}
+
+
+def accumulate_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b with float32 accumulation, acc float32 and a, b in any float dtype."""
+    if a.dtype == torch.float32:
+        acc.addmm_(a, b)
+        return
+    if acc.is_cuda and _MIXED_ADDMM.get(acc.device, True):
+        try:
+            torch.ops.aten.addmm.dtype_out(acc, a, b, torch.float32, out=acc)
+            _MIXED_ADDMM[acc.device] = True
+            return
+        except (RuntimeError, NotImplementedError):  # an older torch: no bf16 x bf16 -> fp32 addmm
+            _MIXED_ADDMM[acc.device] = False
+    b32 = b.float()
+    for start in range(0, a.shape[0], FALLBACK_SLICE_ROWS):
+        stop = min(start + FALLBACK_SLICE_ROWS, a.shape[0])
+        acc[start:stop].addmm_(a[start:stop].float(), b32)
+
+
+def _chunk_logits(x_chunk, weight, bias, out):
+    if bias is None:
+        return torch.mm(x_chunk, weight.t(), out=out)
+    return torch.addmm(bias, x_chunk, weight.t(), out=out)
+
+
+def _triton_here(x: torch.Tensor) -> bool:
+    return x.is_cuda or interpreter_active()
+
+
+def _chunk_loss(logits, target, class_weight, denom, loss_rows, lse, options, write_grad, strategy):
+    """The cross-entropy of one chunk's logits into its rows of loss_rows and lse; with ``write_grad``
+    the gradient over the logits (for an upstream gradient of 1)."""
+    ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse = options
+    chosen = planner.choose("forward_grad" if write_grad else "forward", logits.shape[0], logits.shape[1],
+                            logits.dtype, logits.device, strategy)
+    planner.record(chosen)
+    if chosen.strategy != "torch":
+        rows_forward(chosen, logits, target, class_weight, denom, loss_rows, lse, ignore_index, reduction,
+                     label_smoothing, z_loss, softcap, temperature, return_lse)
+        return
+    terms = RowTerms(logits, target, class_weight, ignore_index, softcap, temperature)
+    m, d = row_normalizer(terms.y)
+    lse.copy_(m + torch.log(d))
+    loss = terms.loss(lse, terms.target_logit(), terms.smoothing_sum() if label_smoothing > 0 else None,
+                      label_smoothing)
+    if reduction == "none":
+        loss = loss + torch.where(terms.valid, z_loss * lse * lse, 0.0)
+    loss_rows.copy_(loss)
+    if write_grad:
+        logits.copy_(terms.gradient(lse, torch.ones(()), denom, reduction, label_smoothing, z_loss, softcap,
+                                    temperature))
+
+
+def _chunk_gradient(logits, target, class_weight, denom, lse, grad, options):
+    """dlogits of one chunk over its logits, from the lse and a per-row upstream gradient."""
+    ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, _ = options
+    chosen = planner.choose("backward", logits.shape[0], logits.shape[1], logits.dtype, logits.device)
+    if chosen.strategy != "torch":
+        rows_backward(chosen, logits, logits, target, class_weight, denom, lse, grad, ignore_index, reduction,
+                      label_smoothing, z_loss, softcap, temperature)
+        return
+    terms = RowTerms(logits, target, class_weight, ignore_index, softcap, temperature)
+    logits.copy_(terms.gradient(lse, grad, denom, reduction, label_smoothing, z_loss, softcap, temperature))
+
+
+def _reduce_loss(loss_rows, lse, target, class_weight, denom, dtype, vocab, options):
+    ignore_index, reduction, label_smoothing, z_loss = options[:4]
+    if reduction == "none":
+        return loss_rows
+    if _triton_here(loss_rows):
+        out = _buffers.empty((), dtype, loss_rows.device)
+        reduce(loss_rows, lse, target, class_weight, denom, out, vocab, ignore_index, reduction, z_loss, False)
+        return out
+    z_term = torch.where(target != ignore_index, z_loss * lse * lse, 0.0)
+    total, total_z = loss_rows.sum(), z_term.sum()
+    if reduction == "mean":
+        total, total_z = total / denom[1], total_z / denom[0]
+    return (total + total_z).to(dtype)
+
+
+class _Pass:
+    """One pass over the chunks; what it computes is set by its flags."""
+
+    def __init__(self, x2, weight, bias, target, class_weight, options, chunk_rows, strategy):
+        self.x2, self.weight, self.bias, self.target, self.class_weight = x2, weight, bias, target, class_weight
+        self.options, self.chunk_rows, self.strategy = options, chunk_rows, strategy
+        rows, vocab = x2.shape[0], weight.shape[0]
+        self.chunks = [(start, min(start + chunk_rows, rows)) for start in range(0, rows, chunk_rows)]
+        self.logits = _buffers.empty((min(chunk_rows, rows), vocab), x2.dtype, x2.device)
+
+    def grads(self, grad_x, grad_w, grad_b, start, stop, logits):
+        x_chunk = self.x2[start:stop]
+        if grad_x is not None:
+            torch.mm(logits, self.weight, out=grad_x[start:stop])
+        if grad_w is not None:
+            accumulate_fp32(grad_w, logits.t(), x_chunk)
+        if grad_b is not None:
+            grad_b += logits.sum(0, dtype=torch.float32)
+
+    def forward(self, loss_rows, lse, denom, grad_x, grad_w, grad_b):
+        write_grad = grad_x is not None or grad_w is not None or grad_b is not None
+        for start, stop in self.chunks:
+            logits = _chunk_logits(self.x2[start:stop], self.weight, self.bias, self.logits[:stop - start])
+            _chunk_loss(logits, self.target[start:stop], self.class_weight, denom, loss_rows[start:stop],
+                        lse[start:stop], self.options, write_grad, self.strategy)
+            self.grads(grad_x, grad_w, grad_b, start, stop, logits)
+
+    def backward(self, lse, denom, grad, grad_x, grad_w, grad_b):
+        for start, stop in self.chunks:
+            logits = _chunk_logits(self.x2[start:stop], self.weight, self.bias, self.logits[:stop - start])
+            _chunk_gradient(logits, self.target[start:stop], self.class_weight, denom, lse[start:stop],
+                            grad[start:stop], self.options)
+            self.grads(grad_x, grad_w, grad_b, start, stop, logits)
+
+
+def _gradient_buffers(x2, weight, bias, wanted):
+    want_x, want_w, want_b = wanted
+    grad_x = _buffers.empty(x2.shape, x2.dtype, x2.device) if want_x else None
+    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
+    grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_b else None
+    return grad_x, grad_w, grad_b
+
+
+def _denominators(target, class_weight, vocab, options, device):
+    ignore_index, reduction, label_smoothing = options[:3]
+    denom = _buffers.empty((3 if needs_denom(reduction, class_weight is not None, label_smoothing) else 0,),
+                           torch.float32, device)
+    if denom.numel():
+        if _triton_here(target):
+            count(target, class_weight, denom, vocab, ignore_index)
+        else:
+            torch_denom(target, class_weight, denom, vocab, ignore_index)
+    return denom
+
+
+def _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy, wanted):
+    """(loss, lse, denom, grads or None): grads computed in the forward when ``wanted`` asks for any
+    and the reduction allows it (not "none")."""
+    rows, vocab = x2.shape[0], weight.shape[0]
+    reduction = options[1]
+    denom = _denominators(target, class_weight, vocab, options, x2.device)
+    loss_rows = _buffers.empty((rows,), x2.dtype if reduction == "none" else torch.float32, x2.device)
+    lse = _buffers.empty((rows,), torch.float32, x2.device)
+    grads = _gradient_buffers(x2, weight, bias, wanted) if any(wanted) and reduction != "none" else (None,) * 3
+    if rows:
+        _Pass(x2, weight, bias, target, class_weight, options, chunk_rows, strategy).forward(
+            loss_rows, lse, denom, *grads)
+    elif grads[0] is not None:
+        grads[0].zero_()
+    loss = _reduce_loss(loss_rows, lse, target, class_weight, denom, x2.dtype, vocab, options)
+    return loss, lse, denom, grads
+
+
+def _scaled(grad, upstream, dtype):
+    """grad * upstream in ``dtype`` (in place where grad has that dtype: skipped on the device for 1)."""
+    if grad.dtype == dtype:
+        return launch_scale(grad.view(grad.shape[0], -1), upstream).view(grad.shape)
+    flat = grad.view(grad.shape[0], -1)
+    out = _buffers.empty(flat.shape, dtype, grad.device)
+    return launch_scale(flat, upstream, out).view(grad.shape)
+
+
+class _LinearCrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, weight, bias, target, class_weight, options, chunk_rows, strategy):
+        wanted = ctx.needs_input_grad[:3]
+        loss, lse, denom, grads = _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy,
+                                           wanted)
+        ctx.options, ctx.chunk_rows, ctx.strategy, ctx.wanted = options, chunk_rows, strategy, wanted
+        if options[1] == "none":
+            ctx.save_for_backward(x2, weight, bias, target, class_weight, lse, denom)
+        else:
+            ctx.save_for_backward(*grads)
+        ctx.dtypes = (x2.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
+
+    @staticmethod
+    def backward(ctx, dloss, _dlse):
+        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        if ctx.options[1] == "none":
+            x2, weight, bias, target, class_weight, lse, denom = ctx.saved_tensors
+            grads = _gradient_buffers(x2, weight, bias, ctx.wanted)
+            _Pass(x2, weight, bias, target, class_weight, ctx.options, ctx.chunk_rows, ctx.strategy).backward(
+                lse, denom, dloss, *grads)
+            upstream = torch.ones((), device=dloss.device)
+        else:
+            grads = ctx.saved_tensors
+            upstream = dloss
+        grad_x, grad_w, grad_b = grads
+        grad_x = _scaled(grad_x, upstream, x_dtype) if grad_x is not None else None
+        grad_w = _scaled(grad_w, upstream, w_dtype) if grad_w is not None else None
+        grad_b = (grad_b * upstream.float()).to(b_dtype) if grad_b is not None else None
+        return grad_x, grad_w, grad_b, None, None, None, None, None
+
+
+@torch.compiler.disable
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: Optional[torch.Tensor] = None, *, chunk="auto", ignore_index: int = -100,
+                         reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
+                         softcap: Optional[float] = None, temperature: float = 1.0,
+                         class_weight: Optional[torch.Tensor] = None, return_lse: bool = False,
+                         strategy: Optional[str] = None):
+    """Cross-entropy of ``x @ weight.T (+ bias)`` against class indices, without materializing the logits.
+
+    The same loss as ``cross_entropy(x @ weight.T + bias, target, ...)`` (see
+    :func:`onlinesoftmax.cross_entropy` for the options), computed a chunk of rows at a time: at
+    most one chunk of logits exists at once, and for "mean" and "sum" the gradients of x, weight and
+    bias are computed in the forward from each chunk's in-place logit gradient, so that the backward
+    does not recompute the logits.
+
+    Parameters
+    ----------
+    x : Tensor
+        (..., H) hidden states, float32, float16 or bfloat16, on CUDA or CPU.
+    weight : Tensor
+        (V, H) output projection (``torch.nn.Linear(H, V).weight``), x's dtype.
+    target : Tensor
+        ``x.shape[:-1]`` int64 or int32 class indices in [0, V), or ``ignore_index``.
+    bias : Tensor, optional
+        (V,), x's dtype.
+    chunk : "auto" or int
+        Rows per chunk. "auto": the most rows whose logits take at most 512 MiB (2048 rows at
+        V = 128256 in bf16), in multiples of 128. An int forces it.
+    class_weight : Tensor, optional
+        (V,) per-class weights: ``cross_entropy``'s ``weight`` (renamed: ``weight`` is the projection).
+    ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse
+        As :func:`onlinesoftmax.cross_entropy`.
+    strategy : str, optional
+        Expert/testing override of the chunks' cross-entropy kernel.
+
+    Returns
+    -------
+    Tensor, or (Tensor, Tensor) with ``return_lse``
+        The loss in x's dtype (0-d, or ``target.shape`` for "none"), and the float32 lse per row.
+
+    Notes
+    -----
+    Gradients: grad_x per chunk is one matmul over the whole vocabulary (fp32 inside cuBLAS, rounded
+    once); grad_weight and grad_bias accumulate across chunks in float32 and are rounded to their
+    dtype once, in the backward. Extra memory: one chunk of logits plus the fp32 grad_weight
+    accumulator (V x H x 4 bytes; none beyond the gradient for an fp32 weight): see the module
+    docstring. "none" recomputes the logits in the backward (4 matmuls instead of 3). The backward
+    may run once. Not traceable by torch.compile (a graph break: the chunk loop runs eagerly).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`onlinesoftmax.cross_entropy`; also mismatched H, dtypes or devices, a bad ``chunk``.
+
+    Examples
+    --------
+    >>> import torch, onlinesoftmax
+    >>> x, w = torch.randn(4, 8), torch.randn(10, 8)
+    >>> t = torch.tensor([1, 2, 3, -100])
+    >>> torch.allclose(onlinesoftmax.linear_cross_entropy(x, w, t, chunk=2),
+    ...                torch.nn.functional.cross_entropy(x @ w.T, t), atol=1e-5)
+    True
+    """
+    name = "linear_cross_entropy"
+    for arg, t in (("x", x), ("weight", weight)):
+        _validate.tensor(t, name, arg)
+        _validate.float_dtype(t, name)
+        _validate.device(t, name)
+    if x.dim() == 0 or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"{name}: x must be (..., H) and weight (V, H) with the same H, got x {tuple(x.shape)} "
+                         f"and weight {tuple(weight.shape)}")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"{name}: weight must have x's dtype ({_validate.dtype_name(x.dtype)}), got "
+                        f"{_validate.dtype_name(weight.dtype)}; cast it (as autocast would)")
+    _validate.same_device(name, x=x, weight=weight)
+    vocab = weight.shape[0]
+    if vocab == 0:
+        raise ValueError(f"{name}: weight must have at least one row (class)")
+    check_target(x, target, name)
+    if bias is not None:
+        _validate.tensor(bias, name, "bias")
+        if bias.shape != (vocab,) or bias.dtype != x.dtype:
+            raise ValueError(f"{name}: bias must be ({vocab},) in x's dtype, got {tuple(bias.shape)} {bias.dtype}")
+        _validate.same_device(name, x=x, bias=bias)
+    softcap = check_options(name, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
+    check_class_weight(class_weight, vocab, x, name, "class_weight")
+    if chunk != "auto":
+        if _validate.integer(chunk, name, "chunk") < 1:
+            raise ValueError(f"{name}: chunk must be 'auto' or a positive int, got {chunk}")
+    check_targets_in_range(target, vocab, ignore_index, name)
+    x2 = x.reshape(-1, x.shape[-1])
+    t1 = target.reshape(-1)
+    options = (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature), return_lse)
+    chunk_rows = planner.linear_chunk_rows(x2.shape[0], vocab, x.dtype, chunk)
+    tracked = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if tracked:
+        loss, lse = _LinearCrossEntropyFunction.apply(x2, weight, bias, t1, class_weight, options, chunk_rows, strategy)
+    else:
+        loss, lse, _, _ = _forward(x2, weight, bias, t1, class_weight, options, chunk_rows, strategy, (False,) * 3)
+    if reduction == "none":
+        loss = loss.reshape(target.shape)
+    return (loss, lse.reshape(target.shape)) if return_lse else loss

@@ -1,0 +1,298 @@
+"""cross_entropy: custom ops for torch.compile, autograd and the public function."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ... import _validate
+from ..._launch import op_when_compiling
+from .launch import launch_backward, launch_forward, launch_scale, needs_denom
+
+REDUCTIONS = ("mean", "sum", "none")
+TARGET_DTYPES = (torch.int64, torch.int32)
+
+# --------------------------------------------------------------------------------------------
+# Custom ops: torch.compile sees opaque ops with fake (shape-only) implementations
+# --------------------------------------------------------------------------------------------
+
+
+def _fake_forward(x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+                  return_lse, strategy):
+    rows = x.shape[0]
+    loss = x.new_empty((rows,) if reduction == "none" else ())
+    denom = x.new_empty((3 if needs_denom(reduction, weight is not None, label_smoothing) else 0,), dtype=torch.float32)
+    return loss, x.new_empty((rows,), dtype=torch.float32), denom
+
+
+@torch.library.custom_op("onlinesoftmax::cross_entropy_forward", mutates_args=())
+def _forward_op(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
+                reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
+                return_lse: bool, strategy: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch_forward(x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+                          return_lse, False, strategy)
+
+
+_forward_op.register_fake(_fake_forward)
+
+
+@torch.library.custom_op("onlinesoftmax::cross_entropy_forward_inplace", mutates_args=("x",))
+def _forward_inplace_op(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
+                        reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
+                        return_lse: bool, strategy: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch_forward(x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+                          return_lse, True, strategy)
+
+
+_forward_inplace_op.register_fake(_fake_forward)
+
+
+@torch.library.custom_op("onlinesoftmax::cross_entropy_backward", mutates_args=())
+def _backward_op(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], lse: torch.Tensor,
+                 denom: torch.Tensor, grad: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float,
+                 z_loss: float, softcap: float, temperature: float, strategy: Optional[str]) -> torch.Tensor:
+    return launch_backward(x, target, weight, lse, denom, grad, ignore_index, reduction, label_smoothing, z_loss,
+                           softcap, temperature, strategy)
+
+
+@_backward_op.register_fake
+def _(x, target, weight, lse, denom, grad, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+      strategy):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("onlinesoftmax::cross_entropy_scale_", mutates_args=("x",))
+def _scale_op(x: torch.Tensor, grad: torch.Tensor) -> None:
+    launch_scale(x, grad)
+
+
+@_scale_op.register_fake
+def _(x, grad):
+    return None
+
+
+_forward = op_when_compiling(_forward_op, launch_forward)
+_backward = op_when_compiling(_backward_op, launch_backward)
+
+
+def _forward_inplace(*args):
+    if torch.compiler.is_compiling():
+        return _forward_inplace_op(*args)
+    return launch_forward(*args[:10], True, args[10])
+
+
+def _scale_(x, grad):
+    if torch.compiler.is_compiling():
+        _scale_op(x, grad)
+    else:
+        launch_scale(x, grad)
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd
+# --------------------------------------------------------------------------------------------
+
+
+class _CrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+                return_lse, inplace, strategy):
+        args = (x2, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+                return_lse, strategy)
+        if inplace:
+            loss, lse, denom = _forward_inplace(*args)
+            if not torch.compiler.is_compiling():
+                # x2 now holds the gradient: an earlier op that saved the logits for its own
+                # backward then fails autograd's version check instead of using the gradient.
+                torch.autograd.graph.increment_version(x2)
+            ctx.save_for_backward(x2)
+        else:
+            loss, lse, denom = _forward(*args)
+            ctx.save_for_backward(x2, target, weight, lse, denom)
+        ctx.config = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, inplace, strategy)
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
+
+    @staticmethod
+    def backward(ctx, dloss, _dlse):
+        ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, inplace, strategy = ctx.config
+        if inplace:
+            (dx,) = ctx.saved_tensors
+            _scale_(dx, dloss)
+        else:
+            x2, target, weight, lse, denom = ctx.saved_tensors
+            dx = _backward(x2, target, weight, lse, denom, dloss, ignore_index, reduction, label_smoothing, z_loss,
+                           softcap, temperature, strategy)
+        return dx, None, None, None, None, None, None, None, None, None, None, None
+
+
+# --------------------------------------------------------------------------------------------
+# Public function
+# --------------------------------------------------------------------------------------------
+
+
+def check_options(name, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature) -> float:
+    """Validate the loss options shared by every cross-entropy function; returns softcap as a float (0: none)."""
+    _validate.integer(ignore_index, name, "ignore_index")
+    _validate.choice(reduction, REDUCTIONS, name, "reduction")
+    label_smoothing = _validate.non_negative(label_smoothing, name, "label_smoothing")
+    if label_smoothing > 1.0:
+        raise ValueError(f"{name}: label_smoothing must be in [0, 1], got {label_smoothing}")
+    _validate.non_negative(z_loss, name, "z_loss")
+    _validate.positive(temperature, name, "temperature")
+    return 0.0 if softcap is None else _validate.positive(softcap, name, "softcap")
+
+
+def check_target(logits, target, name, arg="target") -> torch.Tensor:
+    _validate.tensor(target, name, arg)
+    if target.dtype not in TARGET_DTYPES:
+        kind = "class probabilities" if target.is_floating_point() else f"{target.dtype} targets"
+        raise TypeError(f"{name}: {arg} must hold class indices as int64 or int32, got {kind} "
+                        f"({_validate.dtype_name(target.dtype)}); probability targets are not supported")
+    if tuple(target.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"{name}: {arg} must have the logits' shape without the class dim (the last), "
+                         f"{tuple(logits.shape[:-1])}, got {tuple(target.shape)}")
+    _validate.same_device(name, logits=logits, **{arg: target})
+    return target
+
+
+def check_class_weight(weight, n_classes, logits, name, arg="weight") -> None:
+    if weight is None:
+        return
+    _validate.tensor(weight, name, arg)
+    _validate.float_dtype(weight, name, (torch.float32, torch.float16, torch.bfloat16, torch.float64))
+    if weight.dim() != 1 or weight.shape[0] != n_classes:
+        raise ValueError(f"{name}: {arg} must be a 1-d tensor of one weight per class ({n_classes}), "
+                         f"got shape {tuple(weight.shape)}")
+    _validate.same_device(name, logits=logits, **{arg: weight})
+
+
+def check_targets_in_range(target, n_classes, ignore_index, name) -> None:
+    """CPU targets are checked on the host (no device to synchronize with); see cross_entropy's Notes.
+    Not while torch.compile traces (a data-dependent branch): compiled code gives such rows NaN."""
+    if target.device.type == "cpu" and target.numel() and not torch.compiler.is_compiling():
+        bad = (target != ignore_index) & ((target < 0) | (target >= n_classes))
+        if bool(bad.any()):
+            first = int(target[bad][0])
+            raise ValueError(f"{name}: target {first} is out of range for {n_classes} classes "
+                             f"(and is not ignore_index={ignore_index})")
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: Optional[float] = None,
+                  temperature: float = 1.0, weight: Optional[torch.Tensor] = None, return_lse: bool = False,
+                  inplace_backward: bool = False, strategy: Optional[str] = None):
+    """Cross-entropy of class-index targets under ``log_softmax`` of the last dim of ``logits``.
+
+    For each row i (every index of ``logits`` but the last) with target t, with
+    ``y = softcap * tanh(logits / softcap) / temperature`` and ``lse = logsumexp(y)`` (the online
+    normalizer, Milakov & Gimelshein 2018, arXiv:1805.02867)::
+
+        loss_i = (1 - eps) w_t (lse - y_t) + eps / C * sum_c w_c (lse - y_c) + z_loss * lse^2
+
+    with ``eps = label_smoothing``, C classes and ``w`` the class weights (1 without). That is
+    ``torch.nn.functional.cross_entropy`` (class indices, ``ignore_index``, ``label_smoothing`` and
+    ``weight`` with torch's semantics) plus PaLM's z-loss and Gemma 2's logit softcap. The logits
+    are read once for the forward, accumulated in float32.
+
+    Parameters
+    ----------
+    logits : Tensor
+        (C,), (N, C) or any (..., C): float32, float16 or bfloat16, any strides, on CUDA or CPU.
+        **The class dim is the last one**, as in most language-model code and Liger; torch's
+        F.cross_entropy takes it as dim 1 for inputs of more than 2 dims.
+    target : Tensor
+        ``logits.shape[:-1]`` (0-d for (C,) logits), int64 or int32 class indices in [0, C), or
+        ``ignore_index``.
+    ignore_index : int
+        Rows with this target have loss 0, gradient 0, and do not count in "mean".
+    reduction : {"mean", "sum", "none"}
+        "mean": the sum of the rows' losses over the sum of their targets' weights (the number of
+        non-ignored rows without ``weight``), as torch; the z term is averaged over the
+        non-ignored rows (unweighted, as Liger). All rows ignored: NaN, as torch. "none": one loss
+        per row, shape ``target.shape``; its backward takes any per-row upstream gradient.
+    label_smoothing : float
+        In [0, 1]; torch's mixture of the target and the (weighted) uniform distribution.
+    z_loss : float
+        >= 0: adds ``z_loss * lse^2`` per non-ignored row (PaLM's auxiliary loss).
+    softcap : float, optional
+        > 0: ``logits -> softcap * tanh(logits / softcap)`` before everything else (Gemma 2).
+    temperature : float
+        > 0: divides the (softcapped) logits.
+    weight : Tensor, optional
+        (C,) per-class weights (any float dtype), torch's semantics.
+    return_lse : bool
+        Also return the float32 ``lse`` of every row (shape ``target.shape``; ignored rows
+        included), not differentiable.
+    inplace_backward : bool
+        **Overwrites ``logits`` with the gradient during the forward** (when a gradient is
+        computed: ``logits.requires_grad`` under grad mode). The logits are read once and the
+        gradient written once in one kernel, with no memory beyond the loss; the backward only
+        multiplies the stored gradient by the upstream gradient where that is not 1 (a device-side
+        check: no synchronization). Use it only where nothing else needs the logits afterwards: an
+        op that saved them for its own backward raises autograd's in-place error, and the logits'
+        values are gone. Call backward once. Leading dims that do not merge into rows without a
+        copy are copied first (the gradient then goes to the copy). Under torch.compile the
+        mutation is declared to the compiler, which may add a copy.
+    strategy : str, optional
+        Expert/testing override of the kernel (see :mod:`onlinesoftmax.ops.cross_entropy.plan`).
+
+    Returns
+    -------
+    Tensor, or (Tensor, Tensor) with ``return_lse``
+        The loss in ``logits.dtype``: 0-d, or ``target.shape`` for "none"; and the lse.
+
+    Notes
+    -----
+    Targets out of range: CPU tensors raise ValueError before any work. On CUDA (and in code
+    compiled by torch.compile), checking would synchronize the device on every call, so the kernels
+    never read outside the row and give such a row a NaN loss (so "mean" and "sum" are NaN) and a
+    NaN gradient. -inf logits are fine (an
+    all -inf row, or a -inf target logit, gives NaN or +inf as torch); NaN or +inf make the row
+    NaN. CPU tensors take torch's own ops in float32 (or the Triton kernels under
+    ``TRITON_INTERPRET=1``). Deterministic: no atomics across programs, merges in a fixed order.
+    Traceable by ``torch.compile(fullgraph=True)``.
+
+    Raises
+    ------
+    TypeError
+        Non-tensor arguments, logits not float32/float16/bfloat16, targets not int64/int32.
+    ValueError
+        Shapes that do not match, an unknown reduction, options out of range, tensors on different
+        devices, C = 0, CPU targets out of range.
+
+    Examples
+    --------
+    >>> import torch, onlinesoftmax
+    >>> logits = torch.tensor([[2.0, 0.5, -1.0], [0.0, 0.0, 3.0]])
+    >>> onlinesoftmax.cross_entropy(logits, torch.tensor([0, 2]))
+    tensor(0.1873)
+    """
+    name = "cross_entropy"
+    _validate.tensor(logits, name, "logits")
+    _validate.float_dtype(logits, name)
+    _validate.device(logits, name)
+    if logits.dim() == 0:
+        raise ValueError(f"{name}: logits must have a class dim (the last), got a 0-d tensor")
+    check_target(logits, target, name)
+    softcap = check_options(name, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
+    n_classes = logits.shape[-1]
+    if n_classes == 0:
+        raise ValueError(f"{name}: logits must have at least one class (the last dim is 0)")
+    check_class_weight(weight, n_classes, logits, name)
+    for flag, value in (("return_lse", return_lse), ("inplace_backward", inplace_backward)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}: {flag} must be a bool, got {type(value).__name__}")
+    check_targets_in_range(target, n_classes, ignore_index, name)
+    x2 = logits.reshape(-1, n_classes)  # a view wherever the leading dims merge
+    t1 = target.reshape(-1)
+    options = (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature), return_lse)
+    if logits.requires_grad and torch.is_grad_enabled():
+        loss, lse = _CrossEntropyFunction.apply(x2, t1, weight, *options, inplace_backward, strategy)
+    else:
+        loss, lse, _ = _forward(x2, t1, weight, *options, strategy)
+    if reduction == "none":
+        loss = loss.reshape(target.shape)
+    return (loss, lse.reshape(target.shape)) if return_lse else loss
+

@@ -1,0 +1,266 @@
+"""cross_entropy: launch decisions, as small tables with a reason each.
+
+Ops (what a launch must produce) and the strategies that serve them:
+
+``forward``: the loss and lse of every row, the gradient later from the lse.
+    ``stream`` reads each row once: one program per row, or, when rows alone cannot fill the GPU,
+    several programs per row, whose partial (m, d) the row's last program to finish merges.
+``forward_grad``: the loss, the lse and the gradient written over the logits (inplace_backward,
+linear_cross_entropy's chunks).
+    ``on_chip``: one program holds the whole row in registers: one read, one write.
+    ``split_on_chip``: a row too long for one program is held by several at once, which exchange
+    their (m, d) through device memory (as the softmax's split_row_on_chip): one read, one write.
+    Triton's interpreter runs programs one after another, so there a row is one chunk.
+    ``two_pass``: one program streams its row twice (normalizer, then gradient): two reads, for
+    rows longer than split_on_chip holds.
+``backward``: the gradient from the saved lse, an elementwise kernel (``backward``).
+``stats``: a vocabulary shard's per-row (m, d, smoothing sum, target logit), ``stream``.
+``torch`` (any op): CPU tensors without the interpreter, torch's own ops in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from ... import _device
+
+OPS = ("forward", "forward_grad", "backward", "stats")
+STRATEGIES = ("stream", "on_chip", "split_on_chip", "two_pass", "backward", "torch")
+SERVES = {"forward": ("stream",), "stats": ("stream",), "backward": ("backward",),
+          "forward_grad": ("on_chip", "split_on_chip", "two_pass")}
+
+# Every kernel's tiles give a thread this many elements. ptxas for sm_90 (Triton 3.6), registers
+# a thread at 16 / 32 elements: split_on_chip bf16 32 / 80 (8 / 3 programs an SM at 8192
+# columns), stream bf16 32-40 / 48-56, backward bf16 ~32 / 48-62; one whole 32768-column bf16
+# row at 64 spilled (128 registers and a 56-byte stack).
+ELEMENTS_PER_THREAD = 16
+MAX_WARPS = 16
+
+# Elements a program reads per tile, by element size: 16 KB (the softmax's looped kernels'
+# measured setting on the H100, and its split_row_on_chip forward tile).
+STREAM_BLOCK = {4: 4096, 2: 8192}
+# stream: one tile a program (rows x tiles programs, like an elementwise kernel), the row's last
+# program to finish merging its partials; rows of more than STREAM_MAX_CHUNKS tiles give each
+# program several (the merge loads a row's partials as one tile).
+STREAM_MAX_CHUNKS = 256
+
+# on_chip holds rows up to this many (padded) columns in one program, by element size: the split
+# tile (16 KB); longer rows take split_on_chip (a 64 KB single-program tile spilled, above).
+ON_CHIP_MAX_COLS = {4: 4096, 2: 8192}
+# split_on_chip: 16 KB tiles (bf16 8192 columns, fp32 4096: the softmax's tuned split_row_on_chip
+# forward, 2.0-2.3 TB/s on the H100), larger tiles only where a row would
+# otherwise take more than SPLIT_MAX_CHUNKS_PER_SM chunks an SM (a row's programs must be resident
+# together; half the SMs leaves room for other streams' kernels), up to SPLIT_MAX_TILE columns.
+SPLIT_TILE_BYTES = 16384
+SPLIT_MAX_CHUNKS_PER_SM = 0.5
+SPLIT_MAX_TILE = 16384
+
+# backward: elementwise tiles of 16 KB, one program a tile (bandwidth-bound; the per-program row
+# values, lse, target and upstream gradient, are 3 loads from L2).
+BACKWARD_BLOCK = {4: 4096, 2: 8192}
+
+# Scaling a stored gradient by the upstream one: persistent programs (an early exit when the
+# upstream gradient is 1 must cost a handful of programs, not one per tile).
+SCALE_BLOCK = {4: 4096, 2: 8192}
+SCALE_PROGRAMS_PER_SM = 4
+
+# The denominators and the reduction: one program (rows in a fixed order, reproducible).
+REDUCE_BLOCK = 1024
+REDUCE_WARPS = 4
+
+# Under the interpreter: small tiles so that test rows span several tiles and chunks.
+INTERPRETER_BLOCK = 32
+
+# linear_cross_entropy: chunk="auto" bounds a chunk's logits (rows x V in the input dtype) by
+# this many bytes, in multiples of LINEAR_CHUNK_MULTIPLE rows. 512 MiB is 2048 rows at V = 128256
+# bf16: the grad-W matmul of a chunk then has K = 2048, enough that reading and writing its fp32
+# accumulator (8 bytes per element of W, 4.2 GB at 128256 x 4096, 1.4 ms) stays below its compute
+# (3.3 ms at 650 TFLOP/s); 1024-row chunks would make it nearly memory-bound.
+LINEAR_CHUNK_BYTES = 512 * 2**20
+LINEAR_CHUNK_MULTIPLE = 128
+
+# Tiles are at least this wide: a multiple of every ALIGN (16 bytes of any dtype).
+MIN_BLOCK = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One launch decision. ``grid`` is the main kernel's."""
+
+    op: str
+    strategy: str
+    rows: int
+    cols: int
+    dtype: torch.dtype
+    block: int = 0  # columns a program holds (on_chip) or takes per step (streaming kernels)
+    num_warps: int = 0
+    num_chunks: int = 1  # programs a row is cut across
+    tiles_per_chunk: int = 1  # stream: steps of ``block`` per chunk
+    grid: tuple = ()
+    align: int = 1  # elements in 16 bytes: tiles start at absolute multiples of it
+    edges: bool = False  # rows start or end inside a 16-byte vector: their partial vectors go element-wise
+    contiguous: bool = True  # unit column stride
+
+    @property
+    def reads(self) -> int:
+        """Reads of the logits from device memory."""
+        return 2 if self.strategy == "two_pass" else 1
+
+    def bytes_moved(self) -> int:
+        """Fewest bytes any implementation moves: logits read once; the gradient, where made, written
+        once; a few bytes per row."""
+        elems, e = self.rows * self.cols, self.dtype.itemsize
+        if self.op in ("forward", "stats"):
+            return elems * e + self.rows * 8
+        return 2 * elems * e + self.rows * 8
+
+    def describe(self, bandwidth_gbs: float | None = None) -> str:
+        dtype = str(self.dtype).replace("torch.", "")
+        lines = [
+            f"op:          cross_entropy {self.op}  ({self.rows} rows x {self.cols} classes, {dtype})",
+            f"strategy:    {self.strategy}, grid {self.grid}, {self.num_warps} warps a program",
+            f"tiles:       {self.block} columns" + (f"; {self.num_chunks} chunks a row" if self.num_chunks > 1 else "")
+            + (f", {self.tiles_per_chunk} tiles a chunk" if self.strategy == "stream" else ""),
+            f"alignment:   tiles at multiples of {self.align} elements"
+            + ("; rows' partial first/last 16-byte vectors written element-wise" if self.edges else ""),
+            f"reads:       {self.reads} of the logits" + (", gradient written over them" if self.op == "forward_grad" else ""),
+            f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (floor)",
+        ]
+        if bandwidth_gbs:
+            lines.append(f"floor:       {self.bytes_moved() / bandwidth_gbs / 1e6 * 1e3:.3f} ms at {bandwidth_gbs:.0f} GB/s")
+        return "\n".join(lines)
+
+
+def layout(rows: int, cols: int, dtype: torch.dtype, row_stride: int, col_stride: int) -> tuple[int, bool, bool]:
+    """(align, edges, contiguous) of (rows, cols) logits with these strides (in elements)."""
+    contiguous = col_stride == 1 or cols <= 1
+    align = 16 // dtype.itemsize if contiguous else 1
+    misaligned_rows = rows > 1 and row_stride % align != 0
+    return align, contiguous and (misaligned_rows or cols % align != 0), contiguous
+
+
+def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device, strategy: str | None = None,
+           row_stride: int | None = None, col_stride: int = 1, sms: int | None = None,
+           interpreting: bool | None = None) -> Plan:
+    """The plan for ``rows`` rows of ``cols`` classes (strides in elements; default contiguous).
+    ``sms`` and ``interpreting`` plan for another machine (a GPU of that many SMs)."""
+    device = torch.device(device)
+    if interpreting is None:
+        interpreting = _device.interpreter_active()
+    row_stride = cols if row_stride is None else row_stride
+    align, edges, contiguous = layout(rows, cols, dtype, row_stride, col_stride)
+    head = align - 1 if contiguous and rows > 1 and row_stride % align else 0  # a row's start inside a vector
+    return _choose(op, rows, cols, dtype, device.type, strategy, align, edges, contiguous, head,
+                   sms or _device.sm_count(device), interpreting)
+
+
+@_device.plan_cache
+def _clear():
+    _choose.cache_clear()
+
+
+@functools.lru_cache(maxsize=4096)  # on every call's path; a frozen result, so sharing it is safe
+def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguous, head, sms, interpreting) -> Plan:
+    if op not in OPS:
+        raise ValueError(f"cross_entropy plan: op must be one of {OPS}, got {op!r}")
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ValueError(f"cross_entropy: strategy must be None or one of {STRATEGIES}, got {strategy!r}")
+    triton_ok = device_type == "cuda" or interpreting
+    if strategy is not None and strategy != "torch":
+        if not triton_ok:
+            raise ValueError(f"cross_entropy: strategy {strategy!r} runs Triton kernels, which need a CUDA tensor "
+                             "(or TRITON_INTERPRET=1 for CPU tensors); use strategy=None or 'torch' on CPU")
+        if strategy not in SERVES[op]:
+            raise ValueError(f"cross_entropy: strategy {strategy!r} does not compute {op!r}; "
+                             f"that takes one of {SERVES[op] + ('torch',)}")
+    elem = dtype.itemsize
+    span = max(cols, 1) + head  # columns a row's aligned tiles cover at most
+    shape = dict(rows=rows, cols=cols, dtype=dtype, align=align, edges=edges, contiguous=contiguous)
+    if strategy == "torch" or not triton_ok:
+        return Plan(op, "torch", **shape)
+
+    def tile(limit):  # a power of two, at least MIN_BLOCK, no wider than the row needs
+        return max(MIN_BLOCK, min(limit, _device.next_power_of_2(span)))
+
+    warps = _warps
+
+    stream_block = tile(INTERPRETER_BLOCK if interpreting else STREAM_BLOCK[elem])
+    if op == "backward":
+        block = tile(INTERPRETER_BLOCK if interpreting else BACKWARD_BLOCK[elem])
+        return Plan(op, "backward", block=block, num_warps=warps(block),
+                    grid=(rows, _device.cdiv(span, block)), **shape)
+    if op in ("forward", "stats"):
+        n_tiles = _device.cdiv(span, stream_block)
+        per_chunk = _device.cdiv(n_tiles, min(n_tiles, STREAM_MAX_CHUNKS))
+        chunks = _device.cdiv(n_tiles, per_chunk)
+        return Plan(op, "stream", block=stream_block, num_warps=warps(stream_block),
+                    num_chunks=chunks, tiles_per_chunk=per_chunk, grid=(rows, chunks), **shape)
+
+    # forward_grad
+    split_tile = max(SPLIT_TILE_BYTES // elem,
+                     _device.next_power_of_2(_device.cdiv(span, max(1, int(sms * SPLIT_MAX_CHUNKS_PER_SM)))))
+    if strategy is None:
+        if interpreting or span <= ON_CHIP_MAX_COLS[elem]:
+            strategy = "on_chip"
+        elif split_tile <= SPLIT_MAX_TILE:
+            strategy = "split_on_chip"
+        else:
+            strategy = "two_pass"
+    if strategy == "two_pass":
+        return Plan(op, strategy, block=stream_block, num_warps=warps(stream_block),
+                    tiles_per_chunk=_device.cdiv(span, stream_block), grid=(rows, 1), **shape)
+    if strategy == "on_chip" or interpreting:  # the interpreter holds a row in one program
+        block = tile(_device.next_power_of_2(span))
+        if not interpreting and block > ON_CHIP_MAX_COLS[elem]:
+            raise ValueError(f"cross_entropy: strategy 'on_chip' holds rows of at most {ON_CHIP_MAX_COLS[elem]} "
+                             f"columns of {dtype} in one program, got {cols}; use strategy=None")
+        return Plan(op, strategy, block=block, num_warps=warps(block),
+                    grid=(rows,), **shape)
+    if split_tile > SPLIT_MAX_TILE:
+        raise ValueError(f"cross_entropy: strategy 'split_on_chip' holds a row in at most "
+                         f"{int(sms * SPLIT_MAX_CHUNKS_PER_SM)} programs of {SPLIT_MAX_TILE} columns on this GPU; "
+                         f"a row of {cols} is longer. Use strategy=None (two_pass)")
+    block = tile(split_tile)
+    chunks = _device.cdiv(span, block)
+    return Plan(op, strategy, block=block, num_warps=warps(block),
+                num_chunks=chunks, grid=(rows * chunks,), **shape)
+
+
+def _warps(block: int) -> int:
+    return max(1, min(MAX_WARPS, block // (32 * ELEMENTS_PER_THREAD)))
+
+
+def scale_launch(rows: int, cols: int, dtype: torch.dtype, device: torch.device, interpreting: bool) -> tuple:
+    """(block, num_warps, tiles a row, tiles, grid) of the persistent scale kernel."""
+    span = max(cols, 1) + 16
+    block = max(MIN_BLOCK, min(INTERPRETER_BLOCK if interpreting else SCALE_BLOCK[dtype.itemsize],
+                               _device.next_power_of_2(span)))
+    per_row = _device.cdiv(span, block)
+    tiles = rows * per_row
+    programs = max(1, min(tiles, SCALE_PROGRAMS_PER_SM * _device.sm_count(device)))
+    return block, _warps(block), per_row, tiles, (programs,)
+
+
+def linear_chunk_rows(rows: int, vocab: int, dtype: torch.dtype, chunk) -> int:
+    """Rows per chunk of linear_cross_entropy: ``chunk`` when it is an int, else the most rows whose
+    logits fit LINEAR_CHUNK_BYTES, in multiples of LINEAR_CHUNK_MULTIPLE."""
+    if chunk != "auto":
+        return max(1, min(int(chunk), max(rows, 1)))
+    fit = LINEAR_CHUNK_BYTES // max(1, vocab * dtype.itemsize)
+    return max(1, min(max(rows, 1), max(LINEAR_CHUNK_MULTIPLE, fit // LINEAR_CHUNK_MULTIPLE * LINEAR_CHUNK_MULTIPLE)))
+
+
+_last_plan: Plan | None = None
+
+
+def record(plan: Plan) -> None:
+    global _last_plan
+    _last_plan = plan
+
+
+def last_plan() -> Plan | None:
+    """The plan of the most recent cross_entropy launch in this process (tests assert which path ran)."""
+    return _last_plan

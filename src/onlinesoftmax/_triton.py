@@ -127,6 +127,8 @@ def merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2: tl.cons
 def aligned_row(base_ptr, row_off, ALIGN: tl.constexpr):
     """(pointer, head): row ``row_off`` of a 16-byte-aligned tensor addressed from the granule
     boundary at or below its start; its columns sit at [head, head + n_cols) from that pointer."""
+    if ALIGN == 1:
+        return base_ptr + row_off, tl.full([], 0, tl.int64)
     head = row_off % ALIGN
     return base_ptr + tl.multiple_of(row_off - head, ALIGN), head
 
@@ -135,6 +137,11 @@ def aligned_row(base_ptr, row_off, ALIGN: tl.constexpr):
 def granule_masks(cols, lo, hi, ALIGN: tl.constexpr):
     """(load, full, valid) over ``cols`` (consecutive, from a multiple of ALIGN) for the valid
     range [lo, hi): granules holding a valid element, granules entirely valid, valid elements."""
+    if ALIGN == 1:
+        # Every caller's tile starts at or after lo: one comparison a lane (registers are scarce
+        # in the kernels that hold a chunk, so none is spent on what cannot fail).
+        valid = cols < hi
+        return valid, valid, valid
     granule = (cols // ALIGN) * ALIGN
     return (granule + ALIGN > lo) & (granule < hi), (granule >= lo) & (granule + ALIGN <= hi), (cols >= lo) & (cols < hi)
 
@@ -323,7 +330,7 @@ def stream_write_grad(y_row, dy_row, dx_row, y_stride, dy_stride, dx_stride, sta
 # int32 counters in ``sync_ptr``, each on its own 128-byte line (COUNTER_STRIDE apart): counter 0
 # hands out tickets, counter 1 + row counts the row's arrivals. On the H100, padding the row
 # counters apart took bf16 256x151936 from 1754 to 1983 GB/s and 16x262144 from 1292 to 1522
-# (scripts/sweep_split_on_chip.py sync): polls of neighbouring rows no longer queue on one line. The
+# (scripts/tune/sweep_split_on_chip.py sync): polls of neighbouring rows no longer queue on one line. The
 # counters are zero when a launch starts and every launch leaves them zero (the last ticket and
 # each row's last arrival reset them), so one buffer serves a stream's launches one after another
 # (see _buffers.row_exchange). No program waits on a counter after its job is done: resetting

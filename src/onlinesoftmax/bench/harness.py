@@ -46,6 +46,7 @@ class Case:
     make_inputs: Callable[[torch.Generator], tuple]  # fresh random inputs on the device
     reference: Callable[[tuple], torch.Tensor]  # float64 result for one set of inputs
     flops: int = 0  # for compute-bound ops (attention): floating-point operations per call; 0 = not counted
+    peak_memory: bool = False  # also record each implementation's peak memory above its inputs (peak_memory_mb)
 
 
 @dataclasses.dataclass
@@ -63,6 +64,7 @@ class Row:
     status: str = "ok"  # ok | WRONG | NaN | skipped: ... | error: ...
     tflops: Optional[float] = None  # only for cases that count FLOPs
     run_date: Optional[str] = None  # the date of the run that measured it (set when written)
+    peak_mb: Optional[float] = None  # MiB one call allocated at its peak above what existed before it (Case.peak_memory)
 
 
 def gbs(bytes_moved: int, ms: float) -> float:
@@ -130,6 +132,19 @@ def graph_time_ms(fn: Callable, input_sets: list, replays: int = 10) -> Optional
         return None
 
 
+def peak_memory_mb(fn: Callable, inputs: tuple) -> float:
+    """MiB that one untimed call of ``fn`` allocates at its peak above what was allocated before it
+    (outputs and gradients it returns included; the inputs not)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(*inputs)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return peak / 2**20
+
+
 def copy_bandwidth_gbs(device="cuda", nbytes: int = COPY_BYTES) -> float:
     """Device-to-device copy, counting bytes read plus bytes written: the practical ceiling."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
@@ -166,9 +181,15 @@ def environment(command: str) -> dict:
 
 def run_case(case: Case, impls: list[Implementation], gen: torch.Generator, timed: bool = True,
              rotation_bytes: int = ROTATION_BYTES, progress: Callable[[str], None] = lambda s: None,
-             graph_timing: bool = False) -> list[Row]:
-    """Check every implementation against float64 on the first input set, then time it."""
-    input_sets = [case.make_inputs(gen) for _ in range(rotation_count(case.bytes_moved, rotation_bytes) if timed else 1)]
+             graph_timing: bool = False, max_input_sets: Optional[int] = None, warmup_ms: int = 25,
+             rep_ms: int = 100) -> list[Row]:
+    """Check every implementation against float64 on the first input set, then time it.
+
+    ``max_input_sets`` caps the rotation (sweeps of many small cells: those stay in L2, as in use)."""
+    sets = rotation_count(case.bytes_moved, rotation_bytes) if timed else 1
+    if max_input_sets:
+        sets = min(sets, max_input_sets)
+    input_sets = [case.make_inputs(gen) for _ in range(sets)]
     ref = case.reference(input_sets[0])
     rows = []
     for impl in impls:
@@ -186,8 +207,10 @@ def run_case(case: Case, impls: list[Implementation], gen: torch.Generator, time
             elif row.rel_error > tolerance(case.dtype):
                 row.status = "WRONG"
             del out
+            if timed and case.peak_memory and torch.cuda.is_available():
+                row.peak_mb = peak_memory_mb(impl.fn, input_sets[0])
             if timed:
-                row.ms = time_ms(impl.fn, input_sets)
+                row.ms = time_ms(impl.fn, input_sets, warmup_ms, rep_ms)
                 row.gbs = gbs(case.bytes_moved, row.ms)
                 if case.flops:
                     row.tflops = case.flops / (row.ms * 1e-3) / 1e12
@@ -222,20 +245,29 @@ def _counts_flops(rows: list[Row]) -> bool:
     return any(r.tflops is not None for r in rows)
 
 
+def _counts_memory(rows: list[Row]) -> bool:
+    return any(r.peak_mb is not None for r in rows)
+
+
 def table_columns(rows: list[Row]) -> tuple:
-    """TABLE_COLUMNS, with a TFLOP/s column after GB/s when the suite counts FLOPs."""
-    if not _counts_flops(rows):
-        return TABLE_COLUMNS
-    at = TABLE_COLUMNS.index("GB/s") + 1
-    return TABLE_COLUMNS[:at] + ("TFLOP/s",) + TABLE_COLUMNS[at:]
+    """TABLE_COLUMNS, with a TFLOP/s column after GB/s when the suite counts FLOPs and a peak MB
+    column before the status when it measures memory."""
+    columns = TABLE_COLUMNS
+    if _counts_flops(rows):
+        at = columns.index("GB/s") + 1
+        columns = columns[:at] + ("TFLOP/s",) + columns[at:]
+    if _counts_memory(rows):
+        columns = columns[:-1] + ("peak MB",) + columns[-1:]
+    return columns
 
 
 def table_rows(rows: list[Row]) -> list[tuple]:
-    flops = _counts_flops(rows)
+    flops, memory = _counts_flops(rows), _counts_memory(rows)
     return [(r.direction, r.dtype, r.case, r.impl, _fmt(r.ms, ".4f"), _fmt(r.gbs, ".0f"))
             + ((_fmt(r.tflops, ".1f"),) if flops else ())
             + (_fmt(r.pct_of_copy, ".1f"), _fmt(r.speedup_vs_torch, ".2f") + ("x" if r.speedup_vs_torch else ""),
-               _fmt(r.graph_ms, ".4f"), _fmt(r.rel_error, ".1e"), r.status)
+               _fmt(r.graph_ms, ".4f"), _fmt(r.rel_error, ".1e"))
+            + ((_fmt(r.peak_mb, ".0f"),) if memory else ()) + (r.status,)
             for r in rows]
 
 
@@ -404,13 +436,15 @@ def merge_with_previous(args, suite: str, rows: list[Row]) -> tuple[list[Row], l
 
 
 def write_results(args, suite: str, rows: list[Row], copy_gbs: Optional[float], notes: str = "",
-                  extra: Optional[dict] = None, earlier_runs: Optional[list] = None) -> str:
+                  extra: Optional[dict] = None, earlier_runs: Optional[list] = None, table: bool = True,
+                  bars: bool = True) -> str:
     """Print the table and write the results; returns the path stem.
 
     Every suite writes ``{results_dir}/{suite}.json|md|png`` (``benchmarks/results/h100/softmax.*``).
     """
     env = environment("onlinesoftmax " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-    print_table(rows, f"{suite} on {env['device']}" + (f" (copy {copy_gbs:.0f} GB/s)" if copy_gbs else ""))
+    if table:
+        print_table(rows, f"{suite} on {env['device']}" + (f" (copy {copy_gbs:.0f} GB/s)" if copy_gbs else ""))
     stem = _stem(args, suite)
     os.makedirs(os.path.dirname(stem), exist_ok=True)
     for row in rows:
@@ -424,10 +458,11 @@ def write_results(args, suite: str, rows: list[Row], copy_gbs: Optional[float], 
     write_json(stem + ".json", rows, env, copy_gbs, {"seed": args.seed, **(extra or {})})
     with open(stem + ".md", "w") as f:
         f.write(f"# {suite} benchmark: {env['device']}\n\n" + markdown(rows, env, copy_gbs, notes))
-    plot(stem + ".png", rows, copy_gbs, suite)
+    if bars:
+        plot(stem + ".png", rows, copy_gbs, suite)
     if notes:
         print(notes)
-    print(f"wrote {stem}.json, {stem}.md, {stem}.png")
+    print(f"wrote {stem}.json, {stem}.md" + (f", {stem}.png" if bars else ""))
     return stem
 
 

@@ -89,7 +89,7 @@ def forward_implementations() -> list[Implementation]:
 
 
 def backward_implementations() -> list[Implementation]:
-    from ..softmax import launch_backward
+    from ..ops.softmax.launch import launch_backward
 
     impls = [
         Implementation("torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)),

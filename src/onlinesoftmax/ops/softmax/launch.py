@@ -86,9 +86,8 @@ def _shape_rows(shape, dim):
 class _Recipe:
     """Everything about a launch that the input's shape, strides, dtype and options decide.
 
-    Built once per distinct call signature and reused, so that a repeated call (a decode loop, a
-    training step) costs a dictionary lookup, an allocation and the launches. The recipe's own
-    identity, with the input pointer's alignment, is the compiled-kernel key (see ``_launch``).
+    Built once per distinct call signature (held by its ForwardCall or BackwardCall). The recipe's
+    own identity, with the input pointer's alignment, is the compiled-kernel key (see ``_launch``).
     """
 
     plan: planner.Plan
@@ -100,11 +99,6 @@ class _Recipe:
     lse_shape: tuple
     opaque_widen: bool  # kernels may widen 16-bit tiles through inline PTX (not under the interpreter)
     granule: int  # elements in 16 bytes where rows start off 16-byte boundaries and are read in granules, else 1
-
-
-_RECIPES: dict = {}
-_MAX_RECIPES = 4096  # distinct (shape, strides, dtype, options) signatures kept; then start over
-plan_cache(_RECIPES.clear)
 
 
 def _row_granule(elem: int, inner: int, in_strides: tuple, out_strides: tuple, contiguous: bool) -> int:
@@ -119,22 +113,15 @@ def _row_granule(elem: int, inner: int, in_strides: tuple, out_strides: tuple, c
     return granule if contiguous and misaligned and same_rows else 1
 
 
-def _recipe(key, t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: Optional[str]) -> _Recipe:
-    recipe = _RECIPES.get(key)
-    if recipe is None:
-        n_rows, n_cols = _shape_rows(t.shape, dim)
-        laid_out, inner, in_strides, side = _row_layout(t, dim)
-        out_strides = _contiguous_row_strides(t.shape, dim, inner, side)
-        contiguous = in_strides[1] == 1 and out_strides[1] == 1
-        granule = _row_granule(t.element_size(), inner, in_strides, out_strides, contiguous)
-        chosen = planner.choose(op, n_rows, n_cols, t.dtype, t.device, algorithm, strategy,
-                                misaligned_rows=granule > 1)
-        recipe = _Recipe(chosen, laid_out is not t, inner, in_strides, out_strides, contiguous,
-                         t.shape[:dim] + t.shape[dim + 1:], inline_ptx_allowed(), granule)
-        if len(_RECIPES) >= _MAX_RECIPES:
-            _RECIPES.clear()
-        _RECIPES[key] = recipe
-    return recipe
+def _make_recipe(t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: Optional[str]) -> _Recipe:
+    n_rows, n_cols = _shape_rows(t.shape, dim)
+    laid_out, inner, in_strides, side = _row_layout(t, dim)
+    out_strides = _contiguous_row_strides(t.shape, dim, inner, side)
+    contiguous = in_strides[1] == 1 and out_strides[1] == 1
+    granule = _row_granule(t.element_size(), inner, in_strides, out_strides, contiguous)
+    chosen = planner.choose(op, n_rows, n_cols, t.dtype, t.device, algorithm, strategy, misaligned_rows=granule > 1)
+    return _Recipe(chosen, laid_out is not t, inner, in_strides, out_strides, contiguous,
+                   t.shape[:dim] + t.shape[dim + 1:], inline_ptx_allowed(), granule)
 
 
 _row_on_chip_softmax = Launcher(row_on_chip_softmax_kernel)
@@ -177,140 +164,223 @@ def torch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, inv_t
     return dx.to(out_dtype)
 
 
+class ForwardCall:
+    """One forward call signature (shape, strides, dtypes, dim, op, options) with everything but
+    the tensors' addresses decided, so that a repeated call (a decode loop, a training step) costs
+    an allocation and a launch: on the H100 machine's host the Python around a launch cost as much
+    as a decode-sized kernel."""
+
+    def __init__(self, x: torch.Tensor, dim: int, op: str, out_dtype: Optional[torch.dtype], algorithm: str,
+                 strategy: Optional[str]):
+        self.dim, self.op = dim, op
+        self.out_dtype = out_dtype or x.dtype
+        self.recipe = recipe = _make_recipe(x, dim, op, algorithm, strategy)
+        self.plan = chosen = recipe.plan
+        self.write_lse = op == "logsumexp"
+        self.device = device = x.device
+        self.shape = x.shape
+        self.empty = x.numel() == 0
+        self.launch = None
+        if chosen.strategy in planner.TRITON_STRATEGIES:
+            self.launch = self._launcher(recipe, chosen, device)
+
+    def _launcher(self, recipe, chosen, device):
+        common = dict(LOG=self.op == "log_softmax", WRITE_Y=not self.write_lse, WRITE_LSE=self.write_lse,
+                      CONTIGUOUS=recipe.contiguous)
+        # Rows read in 16-byte granules need a 16-byte-aligned tensor (outputs always are).
+        align = {False: 1, True: recipe.granule}
+        strides = (*recipe.in_strides, *recipe.out_strides)
+        n_cols, inner = chosen.cols, recipe.inner
+        if chosen.strategy == "row_on_chip":
+            meta = dict(BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
+                        HOLD_INPUT=chosen.hold_input, OPAQUE_WIDEN=recipe.opaque_widen, num_warps=chosen.num_warps,
+                        **common)
+            ints = (chosen.rows, n_cols, inner, *strides)
+
+            def launch(x, y, lse, inv_t, is_aligned):
+                _row_on_chip_softmax(chosen.grid, (recipe, is_aligned), x, y, lse, *ints, inv_t, **meta)
+        elif chosen.strategy == "looped":
+            metas = {a: dict(BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", ALIGN=align[a],
+                             num_warps=chosen.num_warps, **common) for a in align}
+            ints = (n_cols, inner, *strides)
+
+            def launch(x, y, lse, inv_t, is_aligned):
+                _looped_softmax(chosen.grid, (recipe, is_aligned), x, y, lse, *ints, inv_t, **metas[is_aligned])
+        elif chosen.strategy == "split_row_on_chip":
+            metas = {a: dict(BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
+                             OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align[a], num_warps=chosen.num_warps,
+                             **chosen.compile_options, **common) for a in align}
+            ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
+
+            def launch(x, y, lse, inv_t, is_aligned):
+                parts, counters = _row_exchange(chosen, 2, device)  # (m, d) per chunk
+                _split_row_on_chip_softmax(chosen.grid, (recipe, is_aligned), x, y, lse, parts, counters, *ints,
+                                           inv_t, **metas[is_aligned])
+        else:
+            chunks_pow2 = next_power_of_2(chosen.num_chunks)
+            passes = (PARTIAL_MAX, PARTIAL_SUM) if chosen.algorithm == "safe" else (PARTIAL_ONLINE,)
+            partial_metas = {(a, p): dict(BLOCK=chosen.block_cols, CHUNKS_POW2=chunks_pow2, CONTIGUOUS=recipe.contiguous,
+                                          PASS=p, ALIGN=align[a], num_warps=chosen.num_warps)
+                             for a in align for p in passes}
+            metas = {a: dict(BLOCK=chosen.block_cols, PARTIALS_POW2=chunks_pow2, ALIGN=align[a],
+                             num_warps=chosen.num_warps, **common) for a in align}
+            grid = (chosen.rows, 1 if self.write_lse else chosen.num_chunks)
+
+            def launch(x, y, lse, inv_t, is_aligned):
+                # One buffer for the three planes, no views of it: on the H100 machine's host each
+                # tensor view cost about 5 us per call, as much as a launch.
+                parts = _buffers.empty((3, chosen.rows, chosen.num_chunks), torch.float32, device)
+                for p in passes:
+                    _split_row_partials(chosen.grid, (recipe, is_aligned, p), x, parts, n_cols, inner,
+                                        *recipe.in_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
+                                        **partial_metas[is_aligned, p])
+                _split_row_normalize(grid, (recipe, is_aligned), x, y, lse, parts, n_cols, inner, *strides,
+                                     chosen.chunk_size, chosen.num_chunks, inv_t, **metas[is_aligned])
+        return launch
+
+    def __call__(self, x: torch.Tensor, temperature: float) -> torch.Tensor:
+        chosen = self.plan
+        planner.record(chosen)
+        if self.launch is None:
+            if chosen.strategy == "torch":
+                return torch_forward(x, self.dim, self.op, 1.0 / temperature, self.out_dtype)
+            return cpu.forward(x, self.dim, self.op, 1.0 / temperature, self.out_dtype, chosen.algorithm)
+        # The output a launch does not write is passed as x: a valid pointer that is never stored to.
+        if self.write_lse:
+            y, lse = x, _buffers.empty(self.recipe.lse_shape, torch.float32, self.device)
+        else:
+            y = _buffers.empty(self.shape, self.out_dtype, self.device)
+            lse = x
+        if self.empty:
+            if self.write_lse:
+                lse.fill_(float("-inf"))
+            return lse if self.write_lse else y
+        if self.recipe.copy_input:
+            x = x.contiguous()
+            y = x if self.write_lse else y
+        self.launch(x, y, lse, 1.0 / temperature, x.data_ptr() % 16 == 0)
+        return lse if self.write_lse else y
+
+
+class BackwardCall:
+    """One backward call signature, decided once (see ForwardCall): dx for y = softmax(x / T) (or
+    log_softmax) given the upstream gradient dy. dy (from upstream) can be any view and is laid out
+    by the recipe; y (our own output) and dx are contiguous."""
+
+    def __init__(self, y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, out_dtype: Optional[torch.dtype],
+                 strategy: Optional[str]):
+        self.dim, self.log = dim, log
+        self.out_dtype = out_dtype or y.dtype
+        op = "log_softmax_backward" if log else "softmax_backward"
+        self.recipe = recipe = _make_recipe(dy, dim, op, "auto", strategy)
+        self.plan = chosen = recipe.plan
+        self.device = device = y.device
+        self.shape = y.shape
+        self.empty = y.numel() == 0
+        self.launch = None
+        if chosen.strategy not in planner.TRITON_STRATEGIES:
+            return
+        align = {False: 1, True: recipe.granule}  # y, dy and dx in 16-byte granules (see ForwardCall)
+        y_strides = dx_strides = recipe.out_strides
+        n_cols, inner, dy_strides = chosen.cols, recipe.inner, recipe.in_strides
+        strides = (*y_strides, *dy_strides, *dx_strides)
+        base = dict(CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
+        if chosen.strategy == "row_on_chip":
+            meta = dict(BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
+                        OPAQUE_WIDEN=recipe.opaque_widen, **base)
+            ints = (chosen.rows, n_cols, inner, *strides)
+
+            def launch(y, dy, dx, inv_t, is_aligned):
+                _row_on_chip_backward(chosen.grid, (recipe, is_aligned), y, dy, dx, *ints, inv_t, **meta)
+        elif chosen.strategy == "looped":
+            metas = {a: dict(BLOCK=chosen.block_cols, ALIGN=align[a], **base) for a in align}
+            ints = (n_cols, inner, *strides)
+
+            def launch(y, dy, dx, inv_t, is_aligned):
+                _looped_backward(chosen.grid, (recipe, is_aligned), y, dy, dx, *ints, inv_t, **metas[is_aligned])
+        elif chosen.strategy == "split_row_on_chip":
+            metas = {a: dict(BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
+                             OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align[a], **chosen.compile_options, **base)
+                     for a in align}
+            ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
+
+            def launch(y, dy, dx, inv_t, is_aligned):
+                parts, counters = _row_exchange(chosen, 1, device)  # the dot per chunk
+                _split_row_on_chip_backward(chosen.grid, (recipe, is_aligned), y, dy, dx, parts, counters, *ints,
+                                            inv_t, **metas[is_aligned])
+        else:
+            dot_metas = {a: dict(BLOCK=chosen.block_cols, ALIGN=align[a], **base) for a in align}
+            apply_metas = {a: dict(BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(chosen.num_chunks),
+                                   ALIGN=align[a], **base) for a in align}
+
+            def launch(y, dy, dx, inv_t, is_aligned):
+                parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, device)
+                _split_row_backward_dot(chosen.grid, (recipe, is_aligned), y, dy, parts, n_cols, inner, *y_strides,
+                                        *dy_strides, chosen.chunk_size, chosen.num_chunks, **dot_metas[is_aligned])
+                _split_row_backward_apply(chosen.grid, (recipe, is_aligned), y, dy, dx, parts, n_cols, inner, *strides,
+                                          chosen.chunk_size, chosen.num_chunks, inv_t, **apply_metas[is_aligned])
+        self.launch = launch
+
+    def __call__(self, y: torch.Tensor, dy: torch.Tensor, temperature: float) -> torch.Tensor:
+        chosen = self.plan
+        planner.record(chosen)
+        if self.launch is None:
+            if chosen.strategy == "torch":
+                return torch_backward(y, dy, self.dim, self.log, 1.0 / temperature, self.out_dtype)
+            return cpu.backward(y, dy, self.dim, self.log, 1.0 / temperature, self.out_dtype)
+        dx = _buffers.empty(self.shape, self.out_dtype, self.device)
+        if self.empty:
+            return dx
+        if self.recipe.copy_input:
+            dy = dy.contiguous()
+        if not y.is_contiguous():
+            y = y.contiguous()
+        self.launch(y, dy, dx, 1.0 / temperature, dy.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0)
+        return dx
+
+
+_CALLS: dict = {}
+_MAX_CALLS = 4096  # distinct call signatures kept; then start over
+plan_cache(_CALLS.clear)
+
+
+def forward_call(x: torch.Tensor, dim: int, op: str, out_dtype: Optional[torch.dtype] = None,
+                 algorithm: str = "auto", strategy: Optional[str] = None) -> ForwardCall:
+    """The ForwardCall of this signature, made once."""
+    key = ("forward", x.shape, x.stride(), x.dtype, x.device, dim, op, out_dtype, algorithm, strategy,
+           interpreter_active())
+    call = _CALLS.get(key)
+    if call is None:
+        if len(_CALLS) >= _MAX_CALLS:
+            _CALLS.clear()
+        call = _CALLS[key] = ForwardCall(x, dim, op, out_dtype, algorithm, strategy)
+    return call
+
+
+def backward_call(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, out_dtype: Optional[torch.dtype] = None,
+                  strategy: Optional[str] = None) -> BackwardCall:
+    key = ("backward", dy.shape, dy.stride(), dy.dtype, y.dtype, y.device, dim, log, out_dtype, strategy,
+           interpreter_active())
+    call = _CALLS.get(key)
+    if call is None:
+        if len(_CALLS) >= _MAX_CALLS:
+            _CALLS.clear()
+        call = _CALLS[key] = BackwardCall(y, dy, dim, log, out_dtype, strategy)
+    return call
+
+
 def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,
                    out_dtype: Optional[torch.dtype] = None, algorithm: str = "auto",
                    strategy: Optional[str] = None) -> torch.Tensor:
     """Run ``op`` over ``dim`` of ``x``: softmax / log_softmax return y (dtype ``out_dtype``);
     logsumexp returns the fp32 log-sum-exp with ``dim`` removed. Inputs are validated by callers."""
-    out_dtype = out_dtype or x.dtype
-    device = x.device
-    key = (x.shape, x.stride(), x.dtype, device, dim, op, out_dtype, algorithm, strategy,
-           interpreter_active())
-    recipe = _recipe(key, x, dim, op, algorithm, strategy)
-    chosen = recipe.plan
-    planner.record(chosen)
-    write_lse = op == "logsumexp"
-    if chosen.strategy == "torch":
-        return torch_forward(x, dim, op, 1.0 / temperature, out_dtype)
-    if chosen.strategy == "vectorized":
-        return cpu.forward(x, dim, op, 1.0 / temperature, out_dtype, chosen.algorithm)
-    # The output a launch does not write is passed as x: a valid pointer that is never stored to.
-    y = x if write_lse else _buffers.empty(x.shape, out_dtype, device)
-    lse = _buffers.empty(recipe.lse_shape, torch.float32, device) if write_lse else x
-    if x.numel() == 0:
-        if write_lse:
-            lse.fill_(float("-inf"))
-        return lse if write_lse else y
-    if recipe.copy_input:
-        x = x.contiguous()
-        y = x if write_lse else y
-    is_aligned = aligned(x)
-    launch_key = (recipe, is_aligned)
-    # Rows read in 16-byte granules need a 16-byte-aligned tensor (outputs always are).
-    align = recipe.granule if is_aligned else 1
-    common = dict(LOG=op == "log_softmax", WRITE_Y=not write_lse, WRITE_LSE=write_lse, CONTIGUOUS=recipe.contiguous)
-    inv_t = 1.0 / temperature
-    n_cols, inner = chosen.cols, recipe.inner
-    if chosen.strategy == "row_on_chip":
-        _row_on_chip_softmax(
-            chosen.grid, launch_key, x, y, lse, chosen.rows, n_cols, inner, *recipe.in_strides, *recipe.out_strides,
-            inv_t, BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
-            HOLD_INPUT=chosen.hold_input, OPAQUE_WIDEN=recipe.opaque_widen, num_warps=chosen.num_warps,
-            **common)
-    elif chosen.strategy == "looped":
-        _looped_softmax(
-            chosen.grid, launch_key, x, y, lse, n_cols, inner, *recipe.in_strides, *recipe.out_strides, inv_t,
-            BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", ALIGN=align, num_warps=chosen.num_warps,
-            **common)
-    elif chosen.strategy == "split_row_on_chip":
-        parts, counters = _row_exchange(chosen, 2, device)  # (m, d) per chunk
-        _split_row_on_chip_softmax(
-            chosen.grid, launch_key, x, y, lse, parts, counters,
-            n_cols, inner, *recipe.in_strides, *recipe.out_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
-            BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
-            OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, num_warps=chosen.num_warps, **chosen.compile_options,
-            **common)
-    else:
-        # One buffer for the three planes, no views of it: on the H100 machine's host each tensor
-        # view cost about 5 us per call, as much as a launch.
-        parts = _buffers.empty((3, chosen.rows, chosen.num_chunks), torch.float32, device)
-        chunks_pow2 = next_power_of_2(chosen.num_chunks)
-        passes = (PARTIAL_MAX, PARTIAL_SUM) if chosen.algorithm == "safe" else (PARTIAL_ONLINE,)
-        for partial_pass in passes:
-            _split_row_partials(
-                chosen.grid, (launch_key, partial_pass), x, parts, n_cols, inner,
-                *recipe.in_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
-                BLOCK=chosen.block_cols, CHUNKS_POW2=chunks_pow2, CONTIGUOUS=recipe.contiguous, PASS=partial_pass,
-                ALIGN=align, num_warps=chosen.num_warps)
-        _split_row_normalize(
-            (chosen.rows, 1 if write_lse else chosen.num_chunks), launch_key,
-            x, y, lse, parts, n_cols, inner, *recipe.in_strides, *recipe.out_strides,
-            chosen.chunk_size, chosen.num_chunks, inv_t,
-            BLOCK=chosen.block_cols, PARTIALS_POW2=chunks_pow2, ALIGN=align, num_warps=chosen.num_warps, **common)
-    return lse if write_lse else y
+    return forward_call(x, dim, op, out_dtype, algorithm, strategy)(x, temperature)
 
 
 def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temperature: float = 1.0,
                     out_dtype: Optional[torch.dtype] = None, strategy: Optional[str] = None) -> torch.Tensor:
     """dx for y = softmax(x / T) (or log_softmax) given the upstream gradient dy."""
-    op = "log_softmax_backward" if log else "softmax_backward"
-    out_dtype = out_dtype or y.dtype
-    # dy (from upstream) can be any view and is laid out by the recipe; y (our own output) and dx
-    # are contiguous, so y's shape and dtype complete the key.
-    device = y.device
-    key = (dy.shape, dy.stride(), dy.dtype, y.dtype, device, dim, op, out_dtype, strategy,
-           interpreter_active())
-    recipe = _recipe(key, dy, dim, op, "auto", strategy)
-    chosen = recipe.plan
-    planner.record(chosen)
-    if chosen.strategy == "torch":
-        return torch_backward(y, dy, dim, log, 1.0 / temperature, out_dtype)
-    if chosen.strategy == "vectorized":
-        return cpu.backward(y, dy, dim, log, 1.0 / temperature, out_dtype)
-    dx = _buffers.empty(y.shape, out_dtype, device)
-    if y.numel() == 0:
-        return dx
-    if recipe.copy_input:
-        dy = dy.contiguous()
-    y = y.contiguous()
-    y_strides = dx_strides = recipe.out_strides
-    both_aligned = aligned(dy) and aligned(y)
-    launch_key = (recipe, both_aligned)
-    align = recipe.granule if both_aligned else 1  # y, dy and dx in 16-byte granules (see launch_forward)
-    inv_t = 1.0 / temperature
-    n_cols, inner, dy_strides = chosen.cols, recipe.inner, recipe.in_strides
-    if chosen.strategy == "row_on_chip":
-        _row_on_chip_backward(
-            chosen.grid, launch_key, y, dy, dx, chosen.rows, n_cols, inner, *y_strides, *dy_strides, *dx_strides,
-            inv_t, BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
-            CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=recipe.opaque_widen,
-            num_warps=chosen.num_warps)
-    elif chosen.strategy == "looped":
-        _looped_backward(
-            chosen.grid, launch_key, y, dy, dx, n_cols, inner, *y_strides, *dy_strides, *dx_strides, inv_t,
-            BLOCK=chosen.block_cols, CONTIGUOUS=recipe.contiguous, LOG=log, ALIGN=align, num_warps=chosen.num_warps)
-    elif chosen.strategy == "split_row_on_chip":
-        parts, counters = _row_exchange(chosen, 1, device)  # the dot per chunk
-        _split_row_on_chip_backward(
-            chosen.grid, launch_key, y, dy, dx, parts, counters,
-            n_cols, inner, *y_strides, *dy_strides, *dx_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
-            BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
-            CONTIGUOUS=recipe.contiguous, LOG=log, OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align,
-            num_warps=chosen.num_warps, **chosen.compile_options)
-    else:
-        parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, device)
-        _split_row_backward_dot(
-            chosen.grid, launch_key, y, dy, parts, n_cols, inner, *y_strides, *dy_strides,
-            chosen.chunk_size, chosen.num_chunks,
-            BLOCK=chosen.block_cols, CONTIGUOUS=recipe.contiguous, LOG=log, ALIGN=align, num_warps=chosen.num_warps)
-        _split_row_backward_apply(
-            chosen.grid, launch_key, y, dy, dx, parts, n_cols, inner, *y_strides, *dy_strides, *dx_strides,
-            chosen.chunk_size, chosen.num_chunks, inv_t,
-            BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(chosen.num_chunks),
-            CONTIGUOUS=recipe.contiguous, LOG=log, ALIGN=align, num_warps=chosen.num_warps)
-    return dx
-
-
+    return backward_call(y, dy, dim, log, out_dtype, strategy)(y, dy, temperature)
 
 
 # --------------------------------------------------------------------------------------------
@@ -364,7 +434,7 @@ def normalize_rows(x2: torch.Tensor, m_parts: torch.Tensor, d_parts: torch.Tenso
     n_partials = m_parts.shape[1]
     parts = torch.stack([m_parts, d_parts])  # the (m, d) planes the kernel merges
     _split_row_normalize(
-        (rows, chosen.num_chunks), (chosen, aligned(x2), n_partials),
+        (rows, chosen.num_chunks), (chosen, aligned(x2), n_partials, log),
         x2, y, x2, parts, n, 1, n, 1, 0, n, 1, 0, chosen.chunk_size, n_partials, 1.0,
         BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(n_partials), CONTIGUOUS=True,
         LOG=log, WRITE_Y=True, WRITE_LSE=False, ALIGN=_contiguous_rows_align(x2), num_warps=chosen.num_warps)
@@ -379,7 +449,7 @@ def grad_dots(y2: torch.Tensor, dy2: torch.Tensor, log: bool, triton: bool = Tru
     chosen = _split_row_plan("softmax_backward", y2)
     parts = _buffers.empty((rows, chosen.num_chunks), torch.float32, y2.device)
     _split_row_backward_dot(
-        chosen.grid, (chosen, aligned(y2), aligned(dy2)), y2, dy2, parts, n, 1, n, 1, 0, n, 1, 0,
+        chosen.grid, (chosen, aligned(y2), aligned(dy2), log), y2, dy2, parts, n, 1, n, 1, 0, n, 1, 0,
         chosen.chunk_size, chosen.num_chunks,
         BLOCK=chosen.block_cols, CONTIGUOUS=True, LOG=log, ALIGN=_contiguous_rows_align(y2, dy2),
         num_warps=chosen.num_warps)
@@ -400,7 +470,7 @@ def grad_rows(y2: torch.Tensor, dy2: torch.Tensor, dot_parts: torch.Tensor, log:
     chosen = _split_row_plan("softmax_backward", y2)
     n_partials = dot_parts.shape[1]
     _split_row_backward_apply(
-        (rows, chosen.num_chunks), (chosen, aligned(y2), aligned(dy2), n_partials),
+        (rows, chosen.num_chunks), (chosen, aligned(y2), aligned(dy2), n_partials, log),
         y2, dy2, dx, dot_parts.contiguous(), n, 1, n, 1, 0, n, 1, 0, n, 1, 0, chosen.chunk_size, n_partials, 1.0,
         BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(n_partials), CONTIGUOUS=True,
         LOG=log, ALIGN=_contiguous_rows_align(y2, dy2), num_warps=chosen.num_warps)

@@ -20,7 +20,7 @@ from ... import _validate
 from ..._device import interpreter_active, plan_cache
 from ..._launch import op_when_compiling
 from . import plan as planner
-from .launch import launch_backward, launch_forward
+from .launch import forward_call, launch_backward, launch_forward
 
 # --------------------------------------------------------------------------------------------
 # Custom ops: torch.compile sees two opaque ops with fake (shape-only) implementations
@@ -108,6 +108,7 @@ class _Route(NamedTuple):
     cast_to: Optional[torch.dtype]  # the input is rounded to this dtype first (torch's dtype= semantics)
     out_dtype: Optional[torch.dtype]
     torch_path: bool  # torch's own kernels (the plan's "torch" strategy), autograd included
+    torch_plan: Optional[planner.Plan]  # what last_plan() reports for it
 
 
 _ROUTES: dict = {}
@@ -146,12 +147,13 @@ def _softmax_route(x, dim, dtype, algorithm, strategy, name) -> _Route:
     cast_to = dtype if dtype is not None and dtype != x.dtype and not exact else None
     torch_path = not kernels or strategy == "torch" or (strategy is None and (
         x.device.type != "cuda" and not interpreter_active()))
+    reason = "torch's own kernel for this device / dtype"
     if not torch_path and strategy is None and x.device.type == "cuda" and x.numel() <= planner.TORCH_BELOW_ELEMENTS:
-        torch_path = True
-    return _Route(dim, cast_to, dtype, torch_path)
+        torch_path, reason = True, planner.TORCH_BELOW_REASON
+    return _Route(dim, cast_to, dtype, torch_path, _torch_plan(name, x, dim, reason) if torch_path else None)
 
 
-def _route(table_key, make) -> _Route:
+def _route(table_key, make):
     route = _ROUTES.get(table_key)
     if route is None:
         route = make()
@@ -161,9 +163,14 @@ def _route(table_key, make) -> _Route:
     return route
 
 
-def _record_torch(op, x, dim, reason):
-    rows = x.numel() // x.shape[dim] if x.dim() and x.shape[dim] else 1
-    planner.record(planner.Plan(op, "torch", "auto", rows, x.shape[dim] if x.dim() else 1, x.dtype, reason=reason))
+# The eager forward of a kernel-path signature, kept beside its route: one lookup a call.
+_FORWARD_CALLS: dict = {}
+plan_cache(_FORWARD_CALLS.clear)
+
+
+def _torch_plan(op, x, dim, reason) -> planner.Plan:
+    cols = x.shape[dim] if x.dim() else 1
+    return planner.Plan(op, "torch", "auto", x.numel() // cols if cols else 1, cols, x.dtype, reason=reason)
 
 
 def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
@@ -178,7 +185,7 @@ def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
     if route.cast_to is not None:
         x = x.to(route.cast_to)
     if route.torch_path:
-        _record_torch(name, x, route.dim, "torch's own kernel for this device / dtype / size")
+        planner.record(route.torch_plan)
         if temperature != 1.0:
             x = x.to(torch.promote_types(x.dtype, torch.float32)) * (1.0 / temperature)
         fn = torch.log_softmax if log else torch.softmax
@@ -187,7 +194,14 @@ def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
         return _softmax_like(x.reshape(1), 0, dtype, temperature, algorithm, strategy, log).reshape(())
     if x.requires_grad and torch.is_grad_enabled():
         return _SoftmaxFunction.apply(x, route.dim, log, temperature, route.out_dtype, algorithm, strategy)
-    return _forward(x, route.dim, name, temperature, route.out_dtype, algorithm, strategy)
+    if torch.compiler.is_compiling():
+        return _forward_op(x, route.dim, name, temperature, route.out_dtype, algorithm, strategy)
+    call = _FORWARD_CALLS.get(key)
+    if call is None:
+        if len(_FORWARD_CALLS) >= _MAX_ROUTES:
+            _FORWARD_CALLS.clear()
+        call = _FORWARD_CALLS[key] = forward_call(x, route.dim, name, route.out_dtype, algorithm, strategy)
+    return call(x, temperature)
 
 
 def softmax(x: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None, *, temperature: float = 1.0,
@@ -286,9 +300,10 @@ def _logsumexp_route(x, dim, keepdim, strategy) -> tuple:
                          f"bfloat16; got {_validate.dtype_name(x.dtype)}")
     torch_path = not kernels or strategy == "torch" or (strategy is None and (
         x.device.type != "cuda" and not interpreter_active()))
+    reason = "torch's own kernel for this device / dtype"
     if not torch_path and strategy is None and x.device.type == "cuda" and x.numel() <= planner.TORCH_BELOW_ELEMENTS:
-        torch_path = True
-    return dims, compute, torch_path
+        torch_path, reason = True, planner.TORCH_BELOW_REASON
+    return dims, compute, _torch_plan("logsumexp", x, dims[-1], reason) if torch_path else None
 
 
 def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]] = -1, keepdim: bool = False, *,
@@ -335,9 +350,9 @@ def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]] = -1, keepdim: boo
         key = None
     route = _route(key, lambda: _logsumexp_route(x, dim, keepdim, strategy)) if key else \
         _logsumexp_route(x, dim, keepdim, strategy)
-    dims, compute, torch_path = route
-    if torch_path:
-        _record_torch("logsumexp", x, dims[-1], "torch's own kernel for this device / dtype / size")
+    dims, compute, torch_plan = route
+    if torch_plan is not None:
+        planner.record(torch_plan)
         return torch.logsumexp(x, dims, keepdim)
     if x.dtype != compute:
         x = x.to(compute)

@@ -98,9 +98,11 @@ SPLIT_ON_CHIP_MAX_REGISTERS = {"softmax": 32, "log_softmax": {4: 32, 2: 0}, "log
 # The cap buys programs an SM, which only counts beyond one uncapped wave (bf16 16x262144 lost 11.8 -> 12.2 us under it).
 SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM = 6
 
-# Tensors of at most this many elements run torch's own kernel on CUDA: there the host's time is
-# the call's time, and torch's dispatch is the leaner one (0 turns it off).
-TORCH_BELOW_ELEMENTS = 0
+# Tensors of at most this many elements run torch's own kernel on CUDA: both kernels then take the
+# GPU's launch latency, and the call's time is the host's, where torch's C++ dispatch is leaner than
+# any Triton launch from Python (0 turns it off; ``onlinesoftmax explain`` says when it applies).
+TORCH_BELOW_ELEMENTS = 65536
+TORCH_BELOW_REASON = f"at most {TORCH_BELOW_ELEMENTS} elements: the host's time decides, and torch's dispatch is leaner"
 
 
 def _split_on_chip_max_chunks(sms: int) -> int:
@@ -237,7 +239,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         elif dtype not in KERNEL_DTYPES:
             reason = f"{str(dtype).replace('torch.', '')}: torch's own kernel (the Triton kernels take fp32, fp16, bf16)"
         elif not interpreting and rows * cols <= TORCH_BELOW_ELEMENTS:
-            reason = f"at most {TORCH_BELOW_ELEMENTS} elements: the host's time decides, and torch's path is leaner"
+            reason = TORCH_BELOW_REASON
         if reason:
             return Plan(op, "torch", "auto", rows, cols, dtype, reason=reason)
     elif strategy in TRITON_STRATEGIES and not triton_ok:

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from ... import _buffers, cpu
-from ..._device import interpreter_active, next_power_of_2
+from ..._device import interpreter_active, next_power_of_2, plan_cache
 from ..._launch import Launcher, aligned
 from . import plan as planner
 from .kernels import topk_backward_kernel, topk_merge_kernel, topk_stream_kernel
@@ -33,6 +33,28 @@ _topk_stream = Launcher(topk_stream_kernel)
 _topk_merge = Launcher(topk_merge_kernel)
 
 
+_PREPARED: dict = {}
+plan_cache(_PREPARED.clear)
+
+
+def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton):
+    """(plan, compiled-kernel key, constexprs) of a forward signature; no plan for the torch path."""
+    n_rows, n_cols = x2.shape
+    if not use_triton or k == 0 or k > planner.TOPK_MAX_K or n_rows == 0:
+        return None, None, None
+    chosen = planner.topk_plan(n_rows, n_cols, k, x2.dtype, x2.device, strategy, block, num_chunks,
+                               lane_keep=lane_keep, second_read=second_read)
+    # The plan fixes every integer argument but x's strides; with x's alignment they complete the
+    # compiled-kernel key (see onlinesoftmax._launch).
+    launch_key = (chosen, x2.stride(0), x2.stride(1), is_aligned, planner.TOPK_FEW_SURVIVORS)
+    common = dict(BLOCK=chosen.block, K_POW2=chosen.k_pow2, FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS,
+                  COMPACT=chosen.compact, LANE_KEEP=chosen.lane_keep,
+                  READ_SUSPECT_LANES=chosen.second_read == "lanes",
+                  CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2, is_aligned), WRITE_LSE=True,
+                  num_warps=chosen.num_warps)
+    return chosen, launch_key, common
+
+
 def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optional[str] = None,
                    block: Optional[int] = None, num_chunks: Optional[int] = None,
                    lane_keep: Optional[int] = None, second_read: Optional[str] = None):
@@ -42,24 +64,24 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
     values = _buffers.empty((n_rows, k), x2.dtype, x2.device)
     indices = _buffers.empty((n_rows, k), torch.int64, x2.device)
     lse = _buffers.empty((n_rows,), torch.float32, x2.device)
-    use_triton = x2.is_cuda or interpreter_active()
-    if not use_triton or k == 0 or k > planner.TOPK_MAX_K or n_rows == 0:
+    is_aligned = aligned(x2)
+    # Everything but the tensors is decided once per signature: a decode step calls this once per
+    # generated token, and the host's Python is most of a small call's time.
+    signature = (x2.shape, x2.stride(), x2.dtype, x2.device, k, strategy, block, num_chunks, lane_keep, second_read,
+                 is_aligned, x2.is_cuda or interpreter_active())
+    prepared = _PREPARED.get(signature)
+    if prepared is None:
+        if len(_PREPARED) >= 4096:
+            _PREPARED.clear()
+        prepared = _PREPARED[signature] = _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read,
+                                                   is_aligned, signature[-1])
+    chosen, launch_key, common = prepared
+    if chosen is None:
         if n_rows:
             cpu.softmax_topk(x2, k, 1.0 / temperature, values, indices, lse)
         return values, indices, lse
-    chosen = planner.topk_plan(n_rows, n_cols, k, x2.dtype, x2.device, strategy, block, num_chunks,
-                               lane_keep=lane_keep, second_read=second_read)
     planner.record_topk(chosen)
     inv_t = 1.0 / temperature
-    # The plan fixes every integer argument but x's strides; with x's alignment they complete the
-    # compiled-kernel key (see onlinesoftmax._launch).
-    is_aligned = aligned(x2)
-    launch_key = (chosen, x2.stride(0), x2.stride(1), is_aligned, planner.TOPK_FEW_SURVIVORS)
-    common = dict(BLOCK=chosen.block, K_POW2=chosen.k_pow2, FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS,
-                  COMPACT=chosen.compact, LANE_KEEP=chosen.lane_keep,
-                  READ_SUSPECT_LANES=chosen.second_read == "lanes",
-                  CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2, is_aligned), WRITE_LSE=True,
-                  num_warps=chosen.num_warps)
     # Each program's candidate list (split) and compaction scratch (compact plans); a single
     # one-by-one launch touches neither.
     part_keys = indices

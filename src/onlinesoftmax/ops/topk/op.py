@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from ... import _validate
+from ..._device import plan_cache
 from ..._launch import op_when_compiling
 from . import plan as planner
 from .kernels import MAX_COLS
@@ -76,6 +77,11 @@ class _SoftmaxTopkFunction(torch.autograd.Function):
 # --------------------------------------------------------------------------------------------
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# Signatures already checked (shape, dtype, device, k, dim, sorted): the checks run once for each.
+_CHECKED: dict = {}
+plan_cache(_CHECKED.clear)
 
 
 def _check(x, k, dim, temperature, sorted):
@@ -158,7 +164,17 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, temperature: float =
     >>> onlinesoftmax.softmax_topk(torch.tensor([1.0, 3.0, 2.0, 3.0]), 2)
     (tensor([0.3995, 0.3995]), tensor([1, 3]))
     """
-    dim = _check(x, k, dim, temperature, sorted)
+    try:
+        signature = (x.shape, x.dtype, x.device, k, dim, sorted)
+    except AttributeError:
+        signature = None
+    dim = _CHECKED.get(signature) if signature is not None else None
+    if dim is None or type(temperature) is not float or not 0.0 < temperature < float("inf"):
+        dim = _check(x, k, signature[4] if signature else dim, temperature, sorted)
+        if signature is not None:
+            if len(_CHECKED) >= 4096:
+                _CHECKED.clear()
+            _CHECKED[signature] = dim
     if strategy is not None and strategy not in planner.TOPK_STRATEGIES:
         raise ValueError(f"softmax_topk: strategy must be None or one of {planner.TOPK_STRATEGIES}, got {strategy!r}")
     squeeze = x.dim() == 0

@@ -1,0 +1,116 @@
+"""``onlinesoftmax bench host``: the host's time per eager call, ours beside torch in one run.
+
+Training and serving code calls these ops eagerly many times a step, and at small sizes the call's
+Python and dispatch work, not the kernel, decides its time. Each op runs on a tiny CUDA input;
+CALLS calls in a row are timed on the host's clock (the GPU, a few microseconds a kernel, keeps up,
+so nothing waits on it), REPEATS times, and the median per call is reported with the target.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from . import harness
+
+CALLS = 1000
+REPEATS = 7
+# The targets: forward within torch's time + 5 us (softmax family), + 10 us (attention); forward +
+# backward within 1.3x torch's; softmax_topk under 25 us.
+TARGETS = {"forward": ("plus", 5.0), "attention forward": ("plus", 10.0), "forward+backward": ("times", 1.3),
+           "softmax_topk": ("under", 25.0)}
+
+
+def host_us(fn) -> float:
+    """Median host microseconds per call of ``fn`` over REPEATS runs of CALLS calls."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        samples.append((time.perf_counter() - start) / CALLS * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def _with_backward(forward, x, dy):
+    def call():
+        forward(x).backward(dy)
+    return call
+
+
+def cases():
+    """(name, kind, ours, theirs, their name): the calls to time, on tiny inputs."""
+    import onlinesoftmax
+
+    x = torch.randn(4, 128, device="cuda")
+    xg = x.clone().requires_grad_()
+    dy = torch.randn_like(x)
+    out = [
+        ("softmax", "forward", lambda: onlinesoftmax.softmax(x, -1), lambda: torch.softmax(x, -1), "torch.softmax"),
+        ("log_softmax", "forward", lambda: onlinesoftmax.log_softmax(x, -1), lambda: torch.log_softmax(x, -1),
+         "torch.log_softmax"),
+        ("logsumexp", "forward", lambda: onlinesoftmax.logsumexp(x, -1), lambda: torch.logsumexp(x, -1),
+         "torch.logsumexp"),
+        ("softmax", "forward+backward", _with_backward(lambda t: onlinesoftmax.softmax(t, -1), xg, dy),
+         _with_backward(lambda t: torch.softmax(t, -1), xg, dy), "torch.softmax"),
+        ("log_softmax", "forward+backward", _with_backward(lambda t: onlinesoftmax.log_softmax(t, -1), xg, dy),
+         _with_backward(lambda t: torch.log_softmax(t, -1), xg, dy), "torch.log_softmax"),
+        ("softmax_topk", "softmax_topk", lambda: onlinesoftmax.softmax_topk(x, 8),
+         lambda: torch.topk(torch.softmax(x, -1), 8), "torch.topk(torch.softmax)"),
+    ]
+    q, k, v = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    do = torch.randn_like(q)
+    sdpa = F.scaled_dot_product_attention
+    out += [
+        ("attention", "attention forward", lambda: onlinesoftmax.attention(q, k, v, causal=True),
+         lambda: sdpa(q, k, v, is_causal=True), "SDPA"),
+        ("attention", "forward+backward", lambda: onlinesoftmax.attention(qg, kg, vg, causal=True).backward(do),
+         lambda: sdpa(qg, kg, vg, is_causal=True).backward(do), "SDPA"),
+    ]
+    qd = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(1, 256, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.full((1,), 200, dtype=torch.int32, device="cuda")
+    kd, vd = (t[:, :200].transpose(1, 2) for t in (kc, vc))
+    out.append(("attention_with_kvcache", "attention forward",
+                lambda: onlinesoftmax.attention_with_kvcache(qd, kc, vc, cache_seqlens=lens),
+                lambda: sdpa(qd.transpose(1, 2), kd, vd, enable_gqa=True), "SDPA (enable_gqa)"))
+    if hasattr(onlinesoftmax, "cross_entropy"):
+        logits = torch.randn(8, 1024, device="cuda", requires_grad=True)
+        target = torch.randint(0, 1024, (8,), device="cuda")
+        out.append(("cross_entropy", "forward+backward", lambda: onlinesoftmax.cross_entropy(logits, target).backward(),
+                    lambda: F.cross_entropy(logits, target).backward(), "F.cross_entropy"))
+    return out
+
+
+def _verdict(kind: str, ours: float, theirs: float) -> tuple[str, bool]:
+    rule, value = TARGETS.get(kind, ("plus", 5.0))
+    if rule == "plus":
+        return f"<= {theirs + value:.1f} (torch + {value:g})", ours <= theirs + value
+    if rule == "times":
+        return f"<= {theirs * value:.1f} ({value:g}x torch)", ours <= theirs * value
+    return f"< {value:g}", ours < value
+
+
+def run(args) -> int:
+    rows, lines = [], ["| op | call | ours us | peer | peer us | target | met |", "|---|---|---|---|---|---|---|"]
+    for name, kind, ours, theirs, peer in cases():
+        ours_us, theirs_us = host_us(ours), host_us(theirs)
+        target, met = _verdict(kind, ours_us, theirs_us)
+        direction = "forward+backward" if kind == "forward+backward" else "forward"
+        rows += [harness.Row(name, "host", direction, "onlinesoftmax", ms=ours_us / 1e3),
+                 harness.Row(name, "host", direction, peer, ms=theirs_us / 1e3)]
+        lines.append(f"| {name} | {kind} | {ours_us:.1f} | {peer} | {theirs_us:.1f} | {target} | "
+                     f"{'yes' if met else '**no**'} |")
+        print(lines[-1], flush=True)
+    notes = (f"Host microseconds per eager call (median of {REPEATS} runs of {CALLS} calls; tiny CUDA inputs, "
+             "the GPU keeping up).\n\n" + "\n".join(lines))
+    harness.write_results(args, "host", rows, None, notes, table=False, bars=False)
+    return 0

@@ -1,0 +1,220 @@
+"""``onlinesoftmax bench sweep``: softmax and log_softmax over a broad grid of shapes (and, with
+``--random N``, N seeded random shapes), forward and backward, ours against torch eager and
+torch.compile, in eager timings (what a user's call costs, host included) and CUDA-graph replays.
+
+The grid is not the bench's: rows from 1 to 16384, row lengths under 1000 to over 1M, with odd,
+prime and "vocabulary + a few" lengths (4097, 32001, 50257, 65537, 100003, 128257, 151937, 262147),
+so that no fixed list can be tuned to. The backward is timed as users get it: autograd's backward
+of the op's output (``torch.autograd.grad``), host included.
+
+Writes ``sweep.json`` (every cell), ``sweep.md`` (the summary, worst cells first) and one heat map
+a dtype and direction (``sweep-<dtype>-<direction>.png``: ours over torch eager per cell, colour
+centred on 1.0).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+from . import harness
+from .harness import Case, Implementation
+
+ROWS = (1, 4, 32, 256, 2048, 16384)
+COLS = (1000, 4097, 32001, 50257, 65537, 100003, 128257, 151937, 262147, 1048579)
+QUICK_ROWS = (1, 32, 2048)
+QUICK_COLS = (1000, 50257, 128257, 262147)
+# Cells past this many elements are left out (time and memory: 2**27 bf16 elements are 256 MB).
+MAX_ELEMENTS = 2 ** 27
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+OPS = ("softmax", "log_softmax")
+# Per-cell timing: shorter than the bench's (do_bench's warm-up and repetitions, ms), many cells.
+WARMUP_MS, REP_MS = 10, 40
+# Distinct input sets cycled per cell: at most this many (tiny inputs stay in L2, as they do in use).
+MAX_INPUT_SETS = 16
+
+
+def grid(quick: bool, n_random: int, seed: int) -> list[tuple[int, int]]:
+    rows, cols = (QUICK_ROWS, QUICK_COLS) if quick else (ROWS, COLS)
+    shapes = [(r, c) for r in rows for c in cols if r * c <= MAX_ELEMENTS]
+    rng = random.Random(seed)
+    while n_random > 0:
+        # Log-uniform rows and lengths: every scale as likely as any other.
+        r = int(math.exp(rng.uniform(0, math.log(16384))))
+        c = int(math.exp(rng.uniform(math.log(100), math.log(2 ** 20))))
+        if r * c <= MAX_ELEMENTS:
+            shapes.append((r, c))
+            n_random -= 1
+    return shapes
+
+
+def _case(op: str, direction: str, shape, dtype) -> Case:
+    rows, cols = shape
+    ref_fn = torch.log_softmax if op == "log_softmax" else torch.softmax
+
+    def make(gen):
+        x = (torch.randn(shape, generator=gen) * 2.0).to(device="cuda", dtype=dtype)
+        if direction == "forward":
+            return (x,)
+        dy = torch.randn(shape, generator=gen).to(device="cuda", dtype=dtype)
+        return (x.requires_grad_(), dy)
+
+    def reference(inputs):
+        x = inputs[0].detach().double().requires_grad_(direction == "backward")
+        y = ref_fn(x, -1)
+        if direction == "forward":
+            return y
+        return torch.autograd.grad(y, x, inputs[1].double())[0]
+
+    elem = dtype.itemsize
+    moved = rows * cols * elem * (2 if direction == "forward" else 3)
+    return Case(f"{op} {rows}x{cols}", dtype, direction, moved, make, reference)
+
+
+def _implementations(op: str, direction: str) -> list[Implementation]:
+    import onlinesoftmax
+    from .softmax_suite import _compiled
+
+    ours = onlinesoftmax.log_softmax if op == "log_softmax" else onlinesoftmax.softmax
+    theirs = torch.log_softmax if op == "log_softmax" else torch.softmax
+    compiled = _compiled(lambda x: theirs(x, -1))
+    if direction == "forward":
+        return [Implementation("torch", lambda x: theirs(x, -1)),
+                Implementation("torch.compile", compiled),
+                Implementation("onlinesoftmax", lambda x: ours(x, -1))]
+    graphs = {}
+
+    def backward_of(fn, name):
+        # The output and its graph are made once per input set, untimed; each timed call is
+        # autograd's backward of it, as a training step runs it.
+        def call(x, dy):
+            key = (name, x.data_ptr())
+            if key not in graphs:
+                graphs[key] = fn(x)
+            return torch.autograd.grad(graphs[key], x, dy, retain_graph=True)[0]
+        return call
+
+    return [Implementation("torch", backward_of(lambda x: theirs(x, -1), "torch")),
+            Implementation("torch.compile", backward_of(compiled, "compile")),
+            Implementation("onlinesoftmax", backward_of(lambda x: ours(x, -1), "ours"))]
+
+
+def _ratios(rows: list[harness.Row]) -> list[dict]:
+    """Per cell: ours against torch eager and torch.compile, eager and under graphs."""
+    cells = {}
+    for r in rows:
+        cells.setdefault((r.direction, r.dtype, r.case), {})[r.impl] = r
+    out = []
+    for (direction, dtype, case), impls in cells.items():
+        ours, eager, comp = impls.get("onlinesoftmax"), impls.get("torch"), impls.get("torch.compile")
+        if not (ours and ours.ms and eager and eager.ms):
+            continue
+        op, shape = case.split(" ")
+        cell = dict(direction=direction, dtype=dtype, op=op, shape=shape, ours_ms=ours.ms, torch_ms=eager.ms,
+                    vs_torch=eager.ms / ours.ms, status=ours.status,
+                    vs_compile=comp.ms / ours.ms if comp and comp.ms else None,
+                    graph_vs_torch=(eager.graph_ms / ours.graph_ms) if eager.graph_ms and ours.graph_ms else None,
+                    ours_gbs=ours.gbs)
+        out.append(cell)
+    return out
+
+
+def _geomean(values) -> float:
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def summary_markdown(cells: list[dict]) -> str:
+    lines = []
+    for direction in ("forward", "backward"):
+        sel = [c for c in cells if c["direction"] == direction]
+        if not sel:
+            continue
+        below = [c for c in sel if c["vs_torch"] < 1.0]
+        below_compile = [c for c in sel if c["vs_compile"] is not None and c["vs_compile"] < 0.9]
+        lines.append(f"- {direction}: {len(sel)} cells; geometric mean {_geomean(c['vs_torch'] for c in sel):.2f}x "
+                     f"torch eager, {_geomean(c['vs_compile'] for c in sel):.2f}x torch.compile, "
+                     f"{_geomean(c['graph_vs_torch'] for c in sel):.2f}x torch under CUDA graphs; "
+                     f"{len(below)} cells below 1.0x torch eager, {len(below_compile)} below 0.9x torch.compile")
+    lines += ["", "Worst cells first (eager, ours over torch eager):", "",
+              "| direction | dtype | op | shape | ours ms | torch ms | vs torch | vs compile | graph vs torch | status |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in sorted(cells, key=lambda c: c["vs_torch"])[:40]:
+        lines.append(f"| {c['direction']} | {c['dtype']} | {c['op']} | {c['shape']} | {c['ours_ms']:.4f} | "
+                     f"{c['torch_ms']:.4f} | {c['vs_torch']:.2f}x | "
+                     + (f"{c['vs_compile']:.2f}x" if c["vs_compile"] else "-") + " | "
+                     + (f"{c['graph_vs_torch']:.2f}x" if c["graph_vs_torch"] else "-") + f" | {c['status']} |")
+    return "\n".join(lines)
+
+
+def heat_maps(stem: str, cells: list[dict]) -> list[str]:
+    """One PNG a dtype and direction: rows x row length, ours over torch eager, softmax and log_softmax side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    paths = []
+    for dtype in dict.fromkeys(c["dtype"] for c in cells):
+        for direction in ("forward", "backward"):
+            sel = [c for c in cells if c["dtype"] == dtype and c["direction"] == direction]
+            if not sel:
+                continue
+            fig, axes = plt.subplots(1, len(OPS), figsize=(7 * len(OPS), 5), squeeze=False)
+            for ax, op in zip(axes[0], OPS):
+                mine = [c for c in sel if c["op"] == op]
+                rows = sorted({int(c["shape"].split("x")[0]) for c in mine})
+                cols = sorted({int(c["shape"].split("x")[1]) for c in mine})
+                grid_values = torch.full((len(rows), len(cols)), float("nan"))
+                for c in mine:
+                    r, k = (int(v) for v in c["shape"].split("x"))
+                    grid_values[rows.index(r), cols.index(k)] = c["vs_torch"]
+                image = ax.imshow(grid_values.numpy(), cmap="RdYlGn", norm=TwoSlopeNorm(1.0, 0.5, 4.0), aspect="auto")
+                for i in range(len(rows)):
+                    for j in range(len(cols)):
+                        v = grid_values[i, j].item()
+                        if not math.isnan(v):
+                            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
+                ax.set_xticks(range(len(cols)), [str(c) for c in cols], rotation=45, fontsize=7)
+                ax.set_yticks(range(len(rows)), [str(r) for r in rows], fontsize=7)
+                ax.set_xlabel("row length")
+                ax.set_ylabel("rows")
+                ax.set_title(f"{op} {direction} {dtype}: ours / torch eager (speedup)")
+                fig.colorbar(image, ax=ax)
+            fig.tight_layout()
+            path = f"{stem}-{dtype}-{direction}.png"
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            paths.append(path)
+    return paths
+
+
+def run(args) -> int:
+    dtypes = [DTYPES[d] for d in (args.dtype or "fp32,bf16,fp16").split(",")]
+    shapes = [harness.parse_dims(t, 2) for t in args.shape] if args.shape else grid(args.quick, args.random, args.seed)
+    directions = ["forward"] + ([] if args.no_backward else ["backward"])
+    gen = torch.Generator().manual_seed(args.seed)
+    print(f"seed {args.seed}; {len(shapes)} shapes x {len(dtypes)} dtypes x {len(OPS)} ops x {len(directions)} "
+          "directions; measuring device copy bandwidth ...", flush=True)
+    copy_gbs = harness.copy_bandwidth_gbs()
+    rows: list[harness.Row] = []
+    impls = {(op, d): _implementations(op, d) for op in OPS for d in directions}
+    for direction in directions:
+        for dtype in dtypes:
+            for op in OPS:
+                for shape in shapes:
+                    case = _case(op, direction, shape, dtype)
+                    rows += harness.run_case(case, impls[op, direction], gen, graph_timing=not args.no_graph,
+                                             max_input_sets=MAX_INPUT_SETS, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+                print(f"{direction} {dtype} {op}: {len(shapes)} shapes done", flush=True)
+    harness.finish_rows(rows, copy_gbs)
+    cells = _ratios(rows)
+    notes = summary_markdown(cells)
+    stem = harness.write_results(args, "sweep", rows, copy_gbs, notes, {"cells": cells, "shapes": shapes},
+                                 table=False, bars=False)
+    for path in heat_maps(stem, cells):
+        print(f"wrote {path}")
+    return harness.exit_code(rows)

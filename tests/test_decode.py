@@ -161,9 +161,12 @@ def test_auto_balances_a_long_and_short_batch(gen):
 
 
 def test_uniform_lengths_take_the_direct_path(gen):
-    """Without cache_seqlens every sequence has S_max keys; a batch that fills the (interpreter's
-    4-SM) GPU needs no split."""
-    inputs = make_inputs(gen, 16, 1, 4, 2, 64, [400] * 16, seqlens=False)
+    """Without cache_seqlens every sequence has S_max keys; a batch that fills the GPU (the
+    interpreter's 4 SMs, or the device's) needs no split."""
+    heads_kv = 2
+    resident = _device.sm_count(DEVICE) * plan.PROGRAMS_PER_SM
+    batch = max(16, -(-plan.DIRECT_MIN_WAVES * resident // heads_kv))
+    inputs = make_inputs(gen, batch, 1, 4, heads_kv, 64, [400] * batch, seqlens=False)
     check(inputs, num_splits="auto", what="uniform")
     assert plan.last_plan().path == expected_path("direct")
     if TRITON_RUNS and not ON_GPU:

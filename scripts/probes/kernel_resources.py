@@ -1,7 +1,7 @@
 """Registers per thread and stack of the softmax, top-k and attention kernels that the plans
 launch for the bench grids on an H100 (sm_90), measured without a GPU.
 
-    python scripts/kernel_resources.py [--arch 90] [--sms 132] [--ops softmax,topk,attention]
+    python scripts/probes/kernel_resources.py [--arch 90] [--sms 132] [--ops softmax,topk,attention]
 
 The launchers run on CPU tensors with the plan made for the GPU (``--sms`` SMs) and record each
 kernel launch instead of making it (attention at batch 1 and one KV head with its query group:
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import re
 import subprocess
@@ -40,12 +39,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from onlinesoftmax import _launch, plan
+from onlinesoftmax import _device, _launch
 from onlinesoftmax.bench import attention_suite, softmax_suite, topk_suite
-
-softmax_module = importlib.import_module("onlinesoftmax.softmax")
-topk_module = importlib.import_module("onlinesoftmax.topk")
-attention_module = importlib.import_module("onlinesoftmax.attention")
+from onlinesoftmax.ops.attention import launch as attention_launch
+from onlinesoftmax.ops.attention import plan as attention_planner
+from onlinesoftmax.ops.softmax import launch as softmax_launch
+from onlinesoftmax.ops.softmax import plan as softmax_planner
+from onlinesoftmax.ops.topk import launch as topk_launch
+from onlinesoftmax.ops.topk import plan as topk_planner
 
 REGISTERS_PER_SM = 65536
 MAX_WARPS_PER_SM = 64
@@ -65,28 +66,36 @@ def recorded_launches(sms: int):
     def record_direct(self, *args, grid, warmup, **meta):  # kernel[grid](...) without a Launcher
         calls.append((self, args, meta))
 
-    def choose(op, rows, cols, dtype, device, algorithm="auto", strategy=None, sms_=None):
-        return plan._choose(op, rows, cols, dtype, cuda, algorithm, strategy, sms, False)
+    choose = softmax_planner.choose
 
-    topk_plan = plan.topk_plan
+    def choose_for_gpu(op, rows, cols, dtype, device, algorithm="auto", strategy=None, sms_=None,
+                       interpreting=None, misaligned_rows=False):
+        return choose(op, rows, cols, dtype, cuda, algorithm, strategy, sms=sms, interpreting=False,
+                      misaligned_rows=misaligned_rows)
+
+    topk_plan = topk_planner.topk_plan
 
     def topk_plan_for_gpu(rows, cols, k, dtype, device, *args, **kwargs):
         return topk_plan(rows, cols, k, dtype, cuda, *args, **dict(kwargs, sms=sms))
 
-    attention_plan = plan.attention_plan
+    attention_plan = attention_planner.attention_plan
 
     def attention_plan_for_gpu(kernel, head_dim, dtype, causal, device, *args):
-        with mock.patch.object(plan, "interpreter_active", lambda: False):
+        with mock.patch.object(attention_planner, "interpreter_active", lambda: False):
             return attention_plan(kernel, head_dim, dtype, causal, cuda, *args)
 
+    # CPU tensors take the GPU's Triton path: plans made for a CUDA device, the top-k launcher told
+    # that Triton runs here, the softmax recipes allowed their inline PTX. Cached plans and launch
+    # recipes are forgotten before (they were made for this machine) and after.
+    _device.clear_plan_caches()
     with mock.patch.object(_launch.Launcher, "__call__", record), mock.patch.object(JITFunction, "run", record_direct), \
-            mock.patch.object(plan, "choose", choose), mock.patch.object(plan, "topk_plan", topk_plan_for_gpu), \
-            mock.patch.object(plan, "attention_plan", attention_plan_for_gpu), \
-            mock.patch.object(plan, "interpreter_active", lambda: True), \
-            mock.patch.object(plan, "inline_ptx_allowed", lambda: True):  # CPU tensors take the GPU's Triton path
-        softmax_module._RECIPES.clear()
+            mock.patch.object(softmax_planner, "choose", choose_for_gpu), \
+            mock.patch.object(topk_planner, "topk_plan", topk_plan_for_gpu), \
+            mock.patch.object(attention_planner, "attention_plan", attention_plan_for_gpu), \
+            mock.patch.object(topk_launch, "interpreter_active", lambda: True), \
+            mock.patch.object(softmax_launch, "inline_ptx_allowed", lambda: True):
         yield calls
-    softmax_module._RECIPES.clear()
+    _device.clear_plan_caches()
 
 
 SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
@@ -151,18 +160,18 @@ def programs_per_sm(registers: int, num_warps: int) -> int:
     return min(REGISTERS_PER_SM // (per_warp * num_warps), MAX_WARPS_PER_SM // num_warps, MAX_PROGRAMS_PER_SM)
 
 
-def softmax_cases(dtype):
-    """(case, run) per direction and shape of the softmax bench grid."""
-    for rows, cols in softmax_suite.GRID:
+def softmax_cases(dtype, shapes=None):
+    """(case, run) per direction and shape of the softmax bench grid (or of ``shapes``)."""
+    for rows, cols in shapes or softmax_suite.GRID:
         x = torch.empty((rows, cols), dtype=dtype)
-        yield f"forward {rows}x{cols}", lambda x=x: softmax_module.launch_forward(x, 1, "softmax")
-        yield f"backward {rows}x{cols}", lambda x=x: softmax_module.launch_backward(x, x, 1, False)
+        yield f"forward {rows}x{cols}", lambda x=x: softmax_launch.launch_forward(x, 1, "softmax")
+        yield f"backward {rows}x{cols}", lambda x=x: softmax_launch.launch_backward(x, x, 1, False)
 
 
 def topk_cases(dtype):
     for rows, cols, k in topk_suite.GRID:
         x = torch.empty((rows, cols), dtype=dtype)
-        yield f"{rows}x{cols}:k{k}", lambda x=x, k=k: topk_module.launch_forward(x, k, 1.0)
+        yield f"{rows}x{cols}:k{k}", lambda x=x, k=k: topk_launch.launch_forward(x, k, 1.0)
 
 
 def attention_cases(dtype):
@@ -171,8 +180,8 @@ def attention_cases(dtype):
         k = torch.empty((1, 1, seq, head_dim), dtype=dtype)
         for mode in ("none", "top_left"):
             label = f"{heads_q}/{heads_kv}x{seq}x{head_dim}{' causal' if mode != 'none' else ''}"
-            yield f"forward {label}", lambda q=q, k=k, mode=mode: attention_module.launch_forward(q, k, k, mode, 0.1)
-            yield f"backward {label}", lambda q=q, k=k, mode=mode: attention_module.launch_backward(
+            yield f"forward {label}", lambda q=q, k=k, mode=mode: attention_launch.launch_forward(q, k, k, mode, 0.1)
+            yield f"backward {label}", lambda q=q, k=k, mode=mode: attention_launch.launch_backward(
                 q, q, k, k, q, torch.empty(q.shape[:3]), mode, 0.1)
 
 
@@ -181,13 +190,15 @@ def main():
     parser.add_argument("--arch", type=int, default=90, help="compute capability as an integer (90: H100)")
     parser.add_argument("--sms", type=int, default=132, help="SM count the plans are made for")
     parser.add_argument("--ops", default="softmax,topk,attention", help="comma-separated: softmax, topk, attention")
+    parser.add_argument("--shapes", default="", help="softmax: comma-separated ROWSxCOLS instead of the bench grid")
     args = parser.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
     print(f"sm_{args.arch}, plans for {args.sms} SMs, triton {triton.__version__}")
     print(f"{'dtype':9s} {'case':26s} {'kernel':34s} {'warps':>5s} {'regs':>4s} {'stack':>5s} {'programs/SM':>11s}  loads in flight")
     cases = {"softmax": softmax_cases, "topk": topk_cases, "attention": attention_cases}
     for op in args.ops.split(","):
         for dtype in (torch.bfloat16,) if op == "attention" else (torch.float32, torch.bfloat16):
-            for case, run in cases[op](dtype):
+            for case, run in (cases[op](dtype, shapes) if op == "softmax" else cases[op](dtype)):
                 with recorded_launches(args.sms) as calls:
                     run()
                 for fn, launch_args, meta in calls:

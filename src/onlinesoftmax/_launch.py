@@ -3,7 +3,7 @@
 ``kernel[grid](*args, **meta)`` re-derives, on every call, the specialization of each argument (int
 equal to 1, divisible by 16, 32 or 64 bits; pointer 16-byte aligned), the cache key, the current
 device and stream, and checks the kernel's globals. On the H100 machine's host that cost 10.6 us for
-a one-argument kernel and 19.6 us for one shaped like ours (scripts/launch_overhead.py), more than
+a one-argument kernel and 19.6 us for one shaped like ours (scripts/probes/launch_overhead.py), more than
 the GPU needs for a decode-sized softmax (a 16x262144 bf16 row set moves 16 MB: 6 us at 3 TB/s).
 
 Callers already know everything that decides the specialization: the op's launch recipe is cached

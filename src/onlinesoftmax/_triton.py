@@ -128,9 +128,9 @@ def aligned_row(base_ptr, row_off, ALIGN: tl.constexpr):
     """(pointer, head): row ``row_off`` of a 16-byte-aligned tensor addressed from the granule
     boundary at or below its start; its columns sit at [head, head + n_cols) from that pointer."""
     if ALIGN == 1:
-        return base_ptr + row_off, tl.full([], 0, tl.int64)
+        return base_ptr + row_off, tl.full([], 0, tl.int32)
     head = row_off % ALIGN
-    return base_ptr + tl.multiple_of(row_off - head, ALIGN), head
+    return base_ptr + tl.multiple_of(row_off - head, ALIGN), head.to(tl.int32)
 
 
 @triton.jit
@@ -157,6 +157,21 @@ def load_granules(row_ptr, cols, stride, lo, hi, other, CONTIGUOUS: tl.constexpr
     if ALIGN > 1:
         x = tl.where(valid, x, other)
     return x
+
+
+@triton.jit
+def edge_granules(row_ptr, stride, lo, hi, other, CONTIGUOUS: tl.constexpr, ALIGN: tl.constexpr):
+    """(values, mask): the elements of [lo, hi) in its partial granules, the first and the last
+    (``other`` elsewhere), as one [2 * ALIGN] tile: exactly what a tile loaded under
+    granule_masks' ``full`` leaves out. A range inside one granule is the first's alone."""
+    first = lo - lo % ALIGN
+    last = hi - hi % ALIGN
+    lanes = tl.arange(0, 2 * ALIGN)
+    in_last = lanes >= ALIGN
+    cols = tl.where(in_last, last + lanes - ALIGN, first + lanes)
+    taken = tl.where(in_last, (hi % ALIGN != 0) & ((last != first) | (lo % ALIGN == 0)), lo % ALIGN != 0)
+    mask = taken & (cols >= lo) & (cols < hi)
+    return tl.load(row_ptr + col_offset(cols, stride, CONTIGUOUS), mask=mask, other=other), mask
 
 
 @triton.jit
@@ -359,12 +374,21 @@ def claim_chunk(sync_ptr, num_chunks):
 
 
 @triton.jit
-def chunk_span(chunk, chunk_size, head, n_cols, BLOCK_COLS: tl.constexpr):
-    """(cols, lo, hi): a chunk's tile of columns, counted from ``aligned_row``'s pointer, and its
-    valid range. Chunks start on multiples of chunk_size (a multiple of 16), so only the first and
-    last chunk of a row have partial granules."""
+def chunk_span(chunk, chunk_size, head, n_cols, BLOCK_COLS: tl.constexpr, ALIGN: tl.constexpr):
+    """(cols, whole, lo, hi) of a chunk, counted from ``aligned_row``'s pointer: its valid range
+    [lo, hi), and a tile of columns from the first 16-byte boundary at or after lo whose lanes
+    ``cols < whole`` are the whole granules of the range (one comparison a lane, uniform over each
+    granule: vector loads and stores). Chunks start on multiples of chunk_size (a multiple of 16),
+    so only a row's first and last chunk have partial granules (see edge_granules)."""
     start = chunk * chunk_size
-    return start + tl.arange(0, BLOCK_COLS), tl.maximum(start, head), tl.minimum(start + chunk_size, head + n_cols)
+    if ALIGN == 1:  # (the same arithmetic, in 32 bits: registers are scarce in these kernels)
+        hi = tl.minimum(start + chunk_size, n_cols)
+        return start + tl.arange(0, BLOCK_COLS), hi, start, hi
+    lo = tl.maximum(start, head)
+    hi = tl.minimum(start + chunk_size, head + n_cols)
+    first_whole = tl.multiple_of(lo + (ALIGN - lo % ALIGN) % ALIGN, ALIGN)
+    whole = tl.multiple_of(hi - hi % ALIGN, ALIGN)
+    return first_whole + tl.arange(0, BLOCK_COLS), whole, lo, hi
 
 
 @triton.jit

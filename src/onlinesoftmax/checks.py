@@ -72,13 +72,27 @@ def _decode(gen, device):
     yield from decode_suite.check(gen, device)
 
 
+def _cross_entropy(gen, device):
+    import onlinesoftmax
+
+    for shape in [(33, 1000), (5, 50257)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            x = _logits(shape, dtype, gen, device)
+            target = torch.randint(0, shape[1], (shape[0],), generator=gen).to(device)
+            ref = torch.nn.functional.cross_entropy(x.double(), target, reduction="none")
+            err = _relative_error(onlinesoftmax.cross_entropy(x, target, reduction="none"), ref)
+            yield "cross_entropy", shape, dtype, err, TOLERANCE[dtype]
+
+
 CHECKS = {
     "softmax": (_softmax_family,),
     "topk": (_topk,),
     "attention": (_attention,),
     "decode": (_decode,),
+    "cross_entropy": (_cross_entropy,),
 }
-SUITE_CHECKS = {"sweep": "softmax", "host": "softmax", "topk_paper": "topk", "ladder": "softmax"}
+SUITE_CHECKS = {"sweep": "softmax", "host": "softmax", "topk_paper": "topk", "ladder": "softmax",
+                "linear_cross_entropy": "cross_entropy"}
 
 
 def run_checks(suite: str) -> int:

@@ -32,6 +32,8 @@ SUITES = {
     "topk_paper": ".bench.topk_suite:run_paper",
     "distributed": ".bench.distributed_suite:run",  # under torchrun, one GPU per rank
     "ladder": ".bench.ladder_suite:run",
+    "cross_entropy": ".bench.cross_entropy_suite:run",
+    "linear_cross_entropy": ".bench.cross_entropy_suite:run_linear",
 }
 
 
@@ -91,8 +93,9 @@ def check(args) -> int:
 def _existing_results(args) -> list[str]:
     from .bench.harness import _stem
 
-    stems = [_stem(args, args.suite)] + ([_stem(args, "softmax")] if args.suite == "sweep" else [])
-    return [stem + ".json" for stem in stems[:1] if os.path.exists(stem + ".json")]
+    suite = "attention_sweep" if args.suite == "attention" and args.sweep else args.suite
+    stem = _stem(args, suite)
+    return [stem + ".json"] if os.path.exists(stem + ".json") else []
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--random", type=int, default=0, metavar="N",
                        help="sweep suites: add N seeded random shapes (--seed) to the grid")
     bench.add_argument("--quick", action="store_true", help="sweep suites: a smaller grid")
+    bench.add_argument("--sweep", action="store_true",
+                       help="attention: the sweep over sequence lengths, head dims and layouts (writes attention_sweep.*)")
 
     exp = sub.add_parser("explain", help="print the launch plan for a shape")
     exp.add_argument("shape", type=_parse_shape)

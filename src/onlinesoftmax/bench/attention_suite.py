@@ -234,6 +234,8 @@ def run(args) -> int:
         print(f"attention runs in fp16 and bf16; not benchmarking {', '.join(dropped)}")
     dtypes = [DTYPES[d] for d in names] or [torch.bfloat16]
     directions = [FORWARD] + ([] if args.no_backward else [FORWARD_BACKWARD])
+    if getattr(args, "sweep", False):
+        return run_sweep(args, dtypes, directions)
     shapes = [harness.parse_dims(t, 5) for t in args.shape] if args.shape else GRID
     gen = torch.Generator().manual_seed(args.seed)
     impls, sdpa = implementations()
@@ -245,3 +247,107 @@ def run(args) -> int:
     result = summary(rows)
     harness.write_results(args, "attention", rows, None, summary_text(result, sdpa), {"summary": result})
     return harness.exit_code(rows)
+
+
+# ``bench attention --sweep``: sequence lengths from 128 to 16384 (odd ones too), the batch scaled so
+# that every cell holds about SWEEP_TOKENS query tokens, head dims 64 and 128 (and 80, 96, 256
+# without --quick), MHA and GQA, causal and not; against SDPA's FLASH and cuDNN backends (and
+# FlexAttention without --quick, compiled once per shape). Eager timings are calls back to back.
+SWEEP_LENGTHS = (128, 512, 1000, 2048, 3000, 4096, 8191, 16384)
+QUICK_LENGTHS = (128, 512, 1000, 2048, 4096, 8191)
+SWEEP_HEAD_DIMS = (64, 128, 80, 96, 256)
+QUICK_HEAD_DIMS = (64, 128)
+SWEEP_HEADS = ((16, 16), (32, 8))  # MHA, GQA
+SWEEP_TOKENS = 32768
+
+
+def sweep_shapes(quick: bool) -> list[tuple]:
+    lengths = QUICK_LENGTHS if quick else SWEEP_LENGTHS
+    head_dims = QUICK_HEAD_DIMS if quick else SWEEP_HEAD_DIMS
+    return [(max(1, SWEEP_TOKENS // seq), hq, hkv, seq, d) for d in head_dims for hq, hkv in SWEEP_HEADS
+            for seq in lengths]
+
+
+def run_sweep(args, dtypes, directions) -> int:
+    gen = torch.Generator().manual_seed(args.seed)
+    impls, sdpa = implementations()
+    keep = {"sdpa-flash", "sdpa-cudnn", "onlinesoftmax"} | (set() if args.quick else {"flex-compiled"})
+    impls = {d: [i for i in impls[d] if i.name in keep] for d in impls}
+    shapes = sweep_shapes(args.quick)
+    print(f"seed {args.seed}; {len(shapes)} shapes x {len(dtypes)} dtypes x 2 masks x {len(directions)} directions",
+          flush=True)
+    rows = []
+    for case in cases(shapes, dtypes, directions):
+        rows += harness.run_case(case, impls[case.direction], gen, graph_timing=not args.no_graph,
+                                 max_input_sets=4, back_to_back=True)
+    harness.finish_rows(rows, None)
+    cells = []
+    for key in dict.fromkeys((r.direction, r.dtype, r.case) for r in rows):
+        sel = {r.impl: r for r in rows if (r.direction, r.dtype, r.case) == key}
+        ours = sel.get("onlinesoftmax")
+        if not (ours and ours.ms):
+            continue
+        cell = dict(direction=key[0], dtype=key[1], case=key[2], ours_tflops=ours.tflops, status=ours.status)
+        for peer in ("sdpa-flash", "sdpa-cudnn", "flex-compiled"):
+            if peer in sel and sel[peer].ms:
+                cell[f"vs_{peer}"] = sel[peer].ms / ours.ms
+                if sel[peer].graph_ms and ours.graph_ms:
+                    cell[f"graph_vs_{peer}"] = sel[peer].graph_ms / ours.graph_ms
+        cells.append(cell)
+    notes = _sweep_notes(cells, sdpa)
+    stem = harness.write_results(args, "attention_sweep", rows, None, notes, {"cells": cells}, table=False,
+                                 bars=False)
+    for dtype in dict.fromkeys(c["dtype"] for c in cells):
+        for direction in directions:
+            sel = [c for c in cells if c["dtype"] == dtype and c["direction"] == direction]
+            panels = []
+            for peer in ("sdpa-flash", "sdpa-cudnn"):
+                values = {}
+                for c in sel:
+                    if f"vs_{peer}" in c:
+                        batch_heads_seq, config = _sweep_axes(c["case"])
+                        values[(batch_heads_seq, config)] = c[f"vs_{peer}"]
+                rows_l = list(dict.fromkeys(r for r, _ in values))
+                cols_l = sorted(dict.fromkeys(k for _, k in values))
+                panels.append((f"{direction} {dtype}: ours over {peer} (eager)", rows_l, cols_l, values))
+            print("wrote", harness.heat_maps(f"{stem}-{dtype}-{direction}.png", panels))
+    return harness.exit_code(rows)
+
+
+def _sweep_axes(case: str) -> tuple[str, str]:
+    """``B8-H16-S4096-D128-causal`` -> (``S4096 B8``, ``D128 H16 causal``): heat-map row and column."""
+    parts = case.split("-")
+    batch, heads, seq, dim = parts[:4]
+    return f"{seq} {batch}", f"{dim} {heads}" + (" causal" if parts[-1] == "causal" else "")
+
+
+def _sweep_notes(cells: list[dict], sdpa) -> str:
+    import math
+
+    def geomean(values):
+        values = [v for v in values if v]
+        return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+    lines = []
+    for direction in (FORWARD, FORWARD_BACKWARD):
+        sel = [c for c in cells if c["direction"] == direction]
+        if not sel:
+            continue
+        for peer in ("sdpa-flash", "sdpa-cudnn"):
+            ratios = [c[f"vs_{peer}"] for c in sel if f"vs_{peer}" in c]
+            if ratios:
+                lines.append(f"- {direction}: {len(ratios)} cells, geometric mean {geomean(ratios):.2f}x {peer}, "
+                             f"{sum(r < 1.0 for r in ratios)} below 1.0x, worst {min(ratios):.2f}x")
+    for name, backend in sdpa:
+        if backend.gqa:
+            lines.append(f"- {name} ran GQA through {backend.gqa}.")
+    lines += ["", "Worst cells first (eager, ours over SDPA FLASH):", "",
+              "| direction | dtype | case | ours TFLOP/s | vs FLASH | vs cuDNN | graph vs FLASH | status |",
+              "|---|---|---|---|---|---|---|---|"]
+    for c in sorted(cells, key=lambda c: c.get("vs_sdpa-flash", 9.0))[:40]:
+        def fmt(key):
+            return f"{c[key]:.2f}x" if c.get(key) else "-"
+        lines.append(f"| {c['direction']} | {c['dtype']} | {c['case']} | {c['ours_tflops'] or 0:.0f} | "
+                     f"{fmt('vs_sdpa-flash')} | {fmt('vs_sdpa-cudnn')} | {fmt('graph_vs_sdpa-flash')} | {c['status']} |")
+    return "\n".join(lines)
+

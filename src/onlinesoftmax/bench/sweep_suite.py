@@ -4,8 +4,9 @@ torch.compile, in eager timings (what a user's call costs, host included) and CU
 
 The grid is not the bench's: rows from 1 to 16384, row lengths under 1000 to over 1M, with odd,
 prime and "vocabulary + a few" lengths (4097, 32001, 50257, 65537, 100003, 128257, 151937, 262147),
-so that no fixed list can be tuned to. The backward is timed as users get it: autograd's backward
-of the op's output (``torch.autograd.grad``), host included.
+so that no fixed list can be tuned to. Eager timings are calls back to back (a loop of eager
+calls between two CUDA events: the host's time included wherever it exceeds the GPU's); the
+backward is timed as users get it, autograd's backward of the op's output (``torch.autograd.grad``).
 
 Writes ``sweep.json`` (every cell), ``sweep.md`` (the summary, worst cells first) and one heat map
 a dtype and direction (``sweep-<dtype>-<direction>.png``: ours over torch eager per cell, colour
@@ -30,8 +31,6 @@ QUICK_COLS = (1000, 50257, 128257, 262147)
 MAX_ELEMENTS = 2 ** 27
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 OPS = ("softmax", "log_softmax")
-# Per-cell timing: shorter than the bench's (do_bench's warm-up and repetitions, ms), many cells.
-WARMUP_MS, REP_MS = 10, 40
 # Distinct input sets cycled per cell: at most this many (tiny inputs stay in L2, as they do in use).
 MAX_INPUT_SETS = 16
 
@@ -151,44 +150,20 @@ def summary_markdown(cells: list[dict]) -> str:
 
 def heat_maps(stem: str, cells: list[dict]) -> list[str]:
     """One PNG a dtype and direction: rows x row length, ours over torch eager, softmax and log_softmax side by side."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import TwoSlopeNorm
-
     paths = []
     for dtype in dict.fromkeys(c["dtype"] for c in cells):
         for direction in ("forward", "backward"):
             sel = [c for c in cells if c["dtype"] == dtype and c["direction"] == direction]
             if not sel:
                 continue
-            fig, axes = plt.subplots(1, len(OPS), figsize=(7 * len(OPS), 5), squeeze=False)
-            for ax, op in zip(axes[0], OPS):
-                mine = [c for c in sel if c["op"] == op]
-                rows = sorted({int(c["shape"].split("x")[0]) for c in mine})
-                cols = sorted({int(c["shape"].split("x")[1]) for c in mine})
-                grid_values = torch.full((len(rows), len(cols)), float("nan"))
-                for c in mine:
-                    r, k = (int(v) for v in c["shape"].split("x"))
-                    grid_values[rows.index(r), cols.index(k)] = c["vs_torch"]
-                image = ax.imshow(grid_values.numpy(), cmap="RdYlGn", norm=TwoSlopeNorm(1.0, 0.5, 4.0), aspect="auto")
-                for i in range(len(rows)):
-                    for j in range(len(cols)):
-                        v = grid_values[i, j].item()
-                        if not math.isnan(v):
-                            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
-                ax.set_xticks(range(len(cols)), [str(c) for c in cols], rotation=45, fontsize=7)
-                ax.set_yticks(range(len(rows)), [str(r) for r in rows], fontsize=7)
-                ax.set_xlabel("row length")
-                ax.set_ylabel("rows")
-                ax.set_title(f"{op} {direction} {dtype}: ours / torch eager (speedup)")
-                fig.colorbar(image, ax=ax)
-            fig.tight_layout()
-            path = f"{stem}-{dtype}-{direction}.png"
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            paths.append(path)
+            panels = []
+            for op in OPS:
+                mine = {tuple(int(v) for v in c["shape"].split("x")): c["vs_torch"] for c in sel if c["op"] == op}
+                rows = sorted({r for r, _ in mine})
+                cols = sorted({k for _, k in mine})
+                panels.append((f"{op} {direction} {dtype}: speedup over torch eager (rows x row length)",
+                               rows, cols, mine))
+            paths.append(harness.heat_maps(f"{stem}-{dtype}-{direction}.png", panels))
     return paths
 
 
@@ -208,7 +183,7 @@ def run(args) -> int:
                 for shape in shapes:
                     case = _case(op, direction, shape, dtype)
                     rows += harness.run_case(case, impls[op, direction], gen, graph_timing=not args.no_graph,
-                                             max_input_sets=MAX_INPUT_SETS, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+                                             max_input_sets=MAX_INPUT_SETS, back_to_back=True)
                 print(f"{direction} {dtype} {op}: {len(shapes)} shapes done", flush=True)
     harness.finish_rows(rows, copy_gbs)
     cells = _ratios(rows)

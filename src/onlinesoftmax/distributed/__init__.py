@@ -9,7 +9,8 @@ all-reduces.
 
 from ._group import check_group
 from .context import attention, merge_attention
+from .vocab import cross_entropy
 from .rows import DimensionError, last_strategy, log_softmax, logsumexp, softmax, softmax_topk
 
-__all__ = ["softmax", "log_softmax", "logsumexp", "softmax_topk", "merge_attention", "attention",
+__all__ = ["softmax", "log_softmax", "logsumexp", "softmax_topk", "merge_attention", "attention", "cross_entropy",
            "check_group", "last_strategy", "DimensionError"]

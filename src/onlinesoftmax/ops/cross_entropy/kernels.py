@@ -226,7 +226,7 @@ def merge_pair(m_a, d_a, m_b, d_b):
 
 @triton.jit
 def target_logit(x_row, target, col_stride, in_row, softcap, inv_temperature, SOFTCAP: tl.constexpr):
-    # One scalar load (the row was just read: an L2 hit). In-place kernels load it before any
+    # One scalar load (usually from L2: the row is being read). In-place kernels load it before any
     # program of the row can have written its gradient there.
     x_t = tl.load(x_row + target * col_stride, mask=in_row, other=0.0)
     return tl.where(in_row, transform(x_t, softcap, inv_temperature, SOFTCAP), NEG_INF)
@@ -312,6 +312,7 @@ def cross_entropy_stream_kernel(
         finish = arrived == num_chunks
         if finish:
             tl.atomic_xchg(count_ptr, 0, sem="relaxed")  # zero for the next launch
+            tl.debug_barrier()  # every thread's partial loads after the acquire, as in wait_for_row
             m, d = merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2, True)
             idx = tl.arange(0, CHUNKS_POW2)
             s = tl.sum(tl.load(parts_ptr + 2 * n_parts + row.to(tl.int64) * num_chunks + idx,
@@ -332,7 +333,8 @@ def cross_entropy_stream_kernel(
             tl.store(lse_ptr + row, lse)
             if WRITE_GRAD:
                 scale, scale_z = gradient_scales(denom_ptr, 1.0, MEAN)
-                a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes, SMOOTH, Z)
+                a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes,
+                                           SMOOTH, Z)
                 for k in range(0, (n_cols + head + BLOCK - 1) // BLOCK):
                     start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
                     x = tl.load(x_ptr + start + offs, mask=full & read, other=0.0)
@@ -341,8 +343,9 @@ def cross_entropy_stream_kernel(
                                  inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
                     tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full)
                 if EDGES:
-                    write_edge_gradient(x_ptr, x_ptr, base, n_cols, local_target, lse, a, b, e, valid, bad, read, weight_ptr,
-                                        softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
+                    write_edge_gradient(x_ptr, x_ptr, base, n_cols, local_target, lse, a, b, e, valid, bad, read,
+                                        weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH,
+                                        SOFTCAP)
 
 
 # --------------------------------------------------------------------------------------------

@@ -189,9 +189,11 @@ def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch
 def launch_backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], lse: torch.Tensor,
                     denom: torch.Tensor, grad: torch.Tensor, ignore_index: int, reduction: str,
                     label_smoothing: float, z_loss: float, softcap: float, temperature: float,
-                    strategy: Optional[str] = None) -> torch.Tensor:
+                    strategy: Optional[str] = None, class_offset: int = 0,
+                    n_classes: Optional[int] = None) -> torch.Tensor:
     """The gradient of (rows, classes) logits ``x`` from the forward's lse and denom, for the upstream
-    gradient ``grad`` (0-d, or (rows,) for reduction "none")."""
+    gradient ``grad`` (0-d, or (rows,) for reduction "none"). ``class_offset``, ``n_classes``: x
+    holds classes [class_offset, class_offset + cols) of n_classes (a vocabulary shard)."""
     if not dense(x):
         x = x.contiguous()
     n_rows, n_cols = x.shape
@@ -199,12 +201,12 @@ def launch_backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torc
     chosen = planner.choose("backward", n_rows, n_cols, x.dtype, x.device, "torch" if strategy == "torch" else None,
                             x.stride(0), x.stride(1))
     planner.record(chosen)
-    if chosen.strategy == "torch" or n_rows == 0:
+    if chosen.strategy == "torch" or n_rows == 0 or n_cols == 0:
         return torch_backward(x, target, weight, denom, lse, grad, ignore_index, reduction, label_smoothing, z_loss,
-                              softcap, temperature)
-    dx = _same_layout_buffer(x, x.dtype)
+                              softcap, temperature, class_offset, n_classes)
+    dx = _same_layout_buffer(x, x.dtype)  # the kernel addresses x and dx with one set of offsets
     rows_backward(chosen, x, dx, target, weight, denom, lse, grad, ignore_index, reduction, label_smoothing, z_loss,
-                  softcap, temperature)
+                  softcap, temperature, class_offset, n_classes)
     return dx
 
 
@@ -237,10 +239,20 @@ def launch_scale(x: torch.Tensor, grad: torch.Tensor, out: Optional[torch.Tensor
 
 
 def transformed(x: torch.Tensor, softcap: float, temperature: float) -> torch.Tensor:
+    """float32 softcap(x) / T; x itself when it is float32 and there is nothing to apply (no copy)."""
     y = x.float()
     if softcap > 0:
         y = softcap * torch.tanh(y / softcap)
-    return y * (1.0 / temperature)
+    return y * (1.0 / temperature) if temperature != 1.0 else y
+
+
+def row_lse(y: torch.Tensor) -> torch.Tensor:
+    """logsumexp per row with cross-entropy's conventions: a row holding +inf or NaN gives NaN
+    (torch.logsumexp gives +inf for +inf), an all -inf row -inf. torch's fused kernel: one pass."""
+    if y.shape[-1] == 0:
+        return torch.full(y.shape[:-1], -math.inf, device=y.device)
+    lse = torch.logsumexp(y, -1)
+    return lse.masked_fill_(lse == math.inf, math.nan)
 
 
 def row_normalizer(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,7 +307,9 @@ class RowTerms:
         return torch.where(self.in_shard, y_t, -math.inf)
 
     def smoothing_sum(self) -> torch.Tensor:
-        return (self.y * self.w_cols).sum(-1)
+        if isinstance(self.w_cols, float):
+            return self.y.sum(-1)
+        return self.y @ self.w_cols
 
     def loss(self, lse, y_t, s, label_smoothing):
         loss = (1.0 - label_smoothing) * self.w_t * (lse - y_t)
@@ -314,24 +328,27 @@ class RowTerms:
         a = b + e * self.w_sum if label_smoothing > 0 else b
         if z_loss > 0:
             a = a + 2.0 * z_loss * lse * scale_z
-        g = a.unsqueeze(1) * torch.exp(self.y - lse.unsqueeze(1))
+        # In place after the one new tensor: about as many passes as torch's own log_softmax backward.
+        g = torch.sub(self.y, lse.unsqueeze(1)).exp_().mul_(a.unsqueeze(1))
         if self.y.shape[1]:
             g.scatter_add_(1, self.local.unsqueeze(1), -(b * self.in_shard).unsqueeze(1))
         if label_smoothing > 0:
-            g = g - (e.unsqueeze(-1) if torch.is_tensor(e) and e.dim() else e) * self.w_cols
+            e = e.unsqueeze(-1) if torch.is_tensor(e) and e.dim() else e
+            g.sub_(e * self.w_cols if torch.is_tensor(self.w_cols) else e)
         if softcap > 0:
             th = self.y * (temperature / softcap)
-            g = g * (1.0 - th * th)
-        g = torch.where(self.valid.unsqueeze(1), g / temperature, 0.0)
-        return torch.where(self.bad.unsqueeze(1), math.nan, g)
+            g.mul_(th.mul_(th).neg_().add_(1.0))
+        if temperature != 1.0:
+            g.div_(temperature)
+        g.masked_fill_(~self.valid.unsqueeze(1), 0.0)
+        return g.masked_fill_(self.bad.unsqueeze(1), math.nan)
 
 
 def torch_forward(x, target, weight, denom, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
                   inplace):
     torch_denom(target, weight, denom, x.shape[1], ignore_index)
     terms = RowTerms(x, target, weight, ignore_index, softcap, temperature)
-    m, d = row_normalizer(terms.y)
-    lse = m + torch.log(d)
+    lse = row_lse(terms.y)
     loss = terms.loss(lse, terms.target_logit(), terms.smoothing_sum() if label_smoothing > 0 else None,
                       label_smoothing)
     z_term = torch.where(terms.valid, z_loss * lse * lse, 0.0)

@@ -17,9 +17,11 @@ Extra memory (beyond x, weight, target and the gradients themselves): one chunk 
 x V in x's dtype (chunk="auto" keeps it within plan.LINEAR_CHUNK_BYTES, 512 MiB), and the fp32
 grad_W accumulator, V x H x 4 bytes (2.1 GB at 128256 x 4096), held from the forward to the
 backward, where grad_W (V x H in the weight's dtype) is written from it; with an fp32 weight the
-accumulator is grad_W itself. On CUDA the accumulation runs inside cuBLAS
-(``aten::addmm.dtype_out``: bf16 operands, fp32 C read and written in place, beta = 1), with no
-temporary; where torch lacks that overload, slices of dlogits are multiplied in fp32.
+accumulator is grad_W itself, and where the rows make one chunk there is no accumulation to do
+(grad_W is that chunk's one matmul, written in the weight's dtype). On CUDA the accumulation runs
+inside cuBLAS (``aten::mm.dtype_out`` for the first chunk, ``aten::addmm.dtype_out`` after it:
+bf16 operands, the fp32 output read and written in place with beta = 1), with no temporary and no
+zero fill; where torch lacks those overloads, slices of dlogits are multiplied in fp32.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 from ... import _buffers, _validate
 from ..._device import interpreter_active
 from . import plan as planner
-from .launch import RowTerms, count, launch_scale, needs_denom, reduce, row_normalizer, rows_backward, rows_forward, \
+from .launch import RowTerms, count, launch_scale, needs_denom, reduce, row_lse, rows_backward, rows_forward, \
     torch_denom
 from .op import check_class_weight, check_options, check_target, check_targets_in_range
 
@@ -42,22 +44,30 @@ FALLBACK_SLICE_ROWS = 8192
 _MIXED_ADDMM: dict = {}
 
 
-def accumulate_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b with float32 accumulation, acc float32 and a, b in any float dtype."""
-    if a.dtype == torch.float32:
-        acc.addmm_(a, b)
+def accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: bool) -> None:
+    """acc = a @ b (``first``) or acc += a @ b, accumulated in float32 whatever a's and b's dtype: a
+    float32 acc with 16-bit a, b is accumulated in float32 across calls; an acc of a's dtype takes
+    one product (one chunk: cuBLAS accumulates it in fp32 and rounds once)."""
+    if acc.dtype == a.dtype:
+        torch.mm(a, b, out=acc) if first else acc.addmm_(a, b)
         return
     if acc.is_cuda and _MIXED_ADDMM.get(acc.device, True):
         try:
-            torch.ops.aten.addmm.dtype_out(acc, a, b, torch.float32, out=acc)
+            if first:
+                torch.ops.aten.mm.dtype_out(a, b, torch.float32, out=acc)
+            else:
+                torch.ops.aten.addmm.dtype_out(acc, a, b, torch.float32, out=acc)
             _MIXED_ADDMM[acc.device] = True
             return
-        except (RuntimeError, NotImplementedError):  # an older torch: no bf16 x bf16 -> fp32 addmm
+        except (RuntimeError, NotImplementedError):  # an older torch: no bf16 x bf16 -> fp32 matmul
             _MIXED_ADDMM[acc.device] = False
     b32 = b.float()
     for start in range(0, a.shape[0], FALLBACK_SLICE_ROWS):
         stop = min(start + FALLBACK_SLICE_ROWS, a.shape[0])
-        acc[start:stop].addmm_(a[start:stop].float(), b32)
+        if first:
+            torch.mm(a[start:stop].float(), b32, out=acc[start:stop])
+        else:
+            acc[start:stop].addmm_(a[start:stop].float(), b32)
 
 
 def _chunk_logits(x_chunk, weight, bias, out):
@@ -82,8 +92,7 @@ def _chunk_loss(logits, target, class_weight, denom, loss_rows, lse, options, wr
                      label_smoothing, z_loss, softcap, temperature, return_lse)
         return
     terms = RowTerms(logits, target, class_weight, ignore_index, softcap, temperature)
-    m, d = row_normalizer(terms.y)
-    lse.copy_(m + torch.log(d))
+    lse.copy_(row_lse(terms.y))
     loss = terms.loss(lse, terms.target_logit(), terms.smoothing_sum() if label_smoothing > 0 else None,
                       label_smoothing)
     if reduction == "none":
@@ -136,7 +145,7 @@ class _Pass:
         if grad_x is not None:
             torch.mm(logits, self.weight, out=grad_x[start:stop])
         if grad_w is not None:
-            accumulate_fp32(grad_w, logits.t(), x_chunk)
+            accumulate(grad_w, logits.t(), x_chunk, first=start == 0)
         if grad_b is not None:
             grad_b += logits.sum(0, dtype=torch.float32)
 
@@ -156,10 +165,14 @@ class _Pass:
             self.grads(grad_x, grad_w, grad_b, start, stop, logits)
 
 
-def _gradient_buffers(x2, weight, bias, wanted):
+def _gradient_buffers(x2, weight, bias, wanted, chunks):
+    """grad x in x's dtype (each chunk's rows written once); grad W a float32 accumulator across
+    several chunks, in the weight's dtype for one (its one matmul rounds once)."""
     want_x, want_w, want_b = wanted
-    grad_x = _buffers.empty(x2.shape, x2.dtype, x2.device) if want_x else None
-    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
+    empty = _buffers.empty if chunks else (lambda shape, dtype, device: torch.zeros(shape, dtype=dtype, device=device))
+    grad_x = empty(x2.shape, x2.dtype, x2.device) if want_x else None
+    w_dtype = torch.float32 if chunks > 1 else weight.dtype
+    grad_w = empty(weight.shape, w_dtype, weight.device) if want_w else None
     grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_b else None
     return grad_x, grad_w, grad_b
 
@@ -184,23 +197,22 @@ def _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strate
     denom = _denominators(target, class_weight, vocab, options, x2.device)
     loss_rows = _buffers.empty((rows,), x2.dtype if reduction == "none" else torch.float32, x2.device)
     lse = _buffers.empty((rows,), torch.float32, x2.device)
-    grads = _gradient_buffers(x2, weight, bias, wanted) if any(wanted) and reduction != "none" else (None,) * 3
+    chunks = -(-rows // chunk_rows)
+    grads = (_gradient_buffers(x2, weight, bias, wanted, chunks) if any(wanted) and reduction != "none"
+             else (None,) * 3)
     if rows:
         _Pass(x2, weight, bias, target, class_weight, options, chunk_rows, strategy).forward(
             loss_rows, lse, denom, *grads)
-    elif grads[0] is not None:
-        grads[0].zero_()
     loss = _reduce_loss(loss_rows, lse, target, class_weight, denom, x2.dtype, vocab, options)
     return loss, lse, denom, grads
 
 
 def _scaled(grad, upstream, dtype):
-    """grad * upstream in ``dtype`` (in place where grad has that dtype: skipped on the device for 1)."""
+    """grad (2-d) * upstream in ``dtype``: in place where grad has that dtype (skipped on the device
+    for an upstream gradient of 1), else into a new tensor (the fp32 accumulator's one rounding)."""
     if grad.dtype == dtype:
-        return launch_scale(grad.view(grad.shape[0], -1), upstream).view(grad.shape)
-    flat = grad.view(grad.shape[0], -1)
-    out = _buffers.empty(flat.shape, dtype, grad.device)
-    return launch_scale(flat, upstream, out).view(grad.shape)
+        return launch_scale(grad, upstream)
+    return launch_scale(grad, upstream, _buffers.empty(grad.shape, dtype, grad.device))
 
 
 class _LinearCrossEntropyFunction(torch.autograd.Function):
@@ -223,7 +235,7 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
         x_dtype, w_dtype, b_dtype = ctx.dtypes
         if ctx.options[1] == "none":
             x2, weight, bias, target, class_weight, lse, denom = ctx.saved_tensors
-            grads = _gradient_buffers(x2, weight, bias, ctx.wanted)
+            grads = _gradient_buffers(x2, weight, bias, ctx.wanted, -(-x2.shape[0] // ctx.chunk_rows))
             _Pass(x2, weight, bias, target, class_weight, ctx.options, ctx.chunk_rows, ctx.strategy).backward(
                 lse, denom, dloss, *grads)
             upstream = torch.ones((), device=dloss.device)
@@ -327,7 +339,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
         if _validate.integer(chunk, name, "chunk") < 1:
             raise ValueError(f"{name}: chunk must be 'auto' or a positive int, got {chunk}")
     check_targets_in_range(target, vocab, ignore_index, name)
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(target.numel(), x.shape[-1])
     t1 = target.reshape(-1)
     options = (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature), return_lse)
     chunk_rows = planner.linear_chunk_rows(x2.shape[0], vocab, x.dtype, chunk)

@@ -122,15 +122,18 @@ class Plan:
         lines = [
             f"op:          cross_entropy {self.op}  ({self.rows} rows x {self.cols} classes, {dtype})",
             f"strategy:    {self.strategy}, grid {self.grid}, {self.num_warps} warps a program",
-            f"tiles:       {self.block} columns" + (f"; {self.num_chunks} chunks a row" if self.num_chunks > 1 else "")
+            f"tiles:       {self.block} columns"
+            + (f"; {self.num_chunks} chunks a row" if self.num_chunks > 1 else "")
             + (f", {self.tiles_per_chunk} tiles a chunk" if self.strategy == "stream" else ""),
             f"alignment:   tiles at multiples of {self.align} elements"
             + ("; rows' partial first/last 16-byte vectors written element-wise" if self.edges else ""),
-            f"reads:       {self.reads} of the logits" + (", gradient written over them" if self.op == "forward_grad" else ""),
+            f"reads:       {self.reads} of the logits"
+            + (", gradient written over them" if self.op == "forward_grad" else ""),
             f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (floor)",
         ]
         if bandwidth_gbs:
-            lines.append(f"floor:       {self.bytes_moved() / bandwidth_gbs / 1e6 * 1e3:.3f} ms at {bandwidth_gbs:.0f} GB/s")
+            ms = self.bytes_moved() / bandwidth_gbs / 1e6
+            lines.append(f"floor:       {ms:.3f} ms at {bandwidth_gbs:.0f} GB/s")
         return "\n".join(lines)
 
 

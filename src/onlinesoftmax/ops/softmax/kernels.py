@@ -24,8 +24,7 @@ import triton.language as tl
 from ..._triton import (
     aligned_row,
     chunk_span,
-    granule_masks,
-    load_granules,
+    edge_granules,
     normalized,
     write_grad_granule,
     write_normalized_granule,
@@ -36,6 +35,7 @@ from ..._triton import (
     grad_from_dot,
     max_keep_nan,
     merge_row_partials,
+    nan_max,
     row_offset,
     widen_opaque,
     store_row_partial,
@@ -225,25 +225,36 @@ def split_row_on_chip_softmax_kernel(
     # of memory (see _triton.aligned_row), which the plan's chunk count allows for.
     row, chunk = claim_chunk(sync_ptr, num_chunks)
     x_row, head = aligned_row(x_ptr, row_offset(row, inner, x_stride_outer, x_stride_inner), ALIGN)
-    cols, lo, hi = chunk_span(chunk, chunk_size, head, n_cols, BLOCK_COLS)
+    cols, whole, lo, hi = chunk_span(chunk, chunk_size, head, n_cols, BLOCK_COLS, ALIGN)
     # The chunk waits for the row in the input dtype (widened again after the wait, opaquely on the
     # GPU: see widen_opaque), as in split_row_on_chip_backward_kernel: half the registers for 2-byte
-    # inputs, so more programs (and their loads) fit on an SM.
-    b_in = load_granules(x_row, cols, x_stride_col, lo, hi, NEG_INF, CONTIGUOUS, ALIGN)
+    # inputs, so more programs (and their loads) fit on an SM. The tile holds the chunk's whole
+    # 16-byte granules (one mask, no select on the held tile: registers decide how many programs
+    # an SM holds); a row's partial granules at its ends come as a small tile of their own.
+    full = cols < whole
+    b_in = tl.load(x_row + col_offset(cols, x_stride_col, CONTIGUOUS), mask=full, other=NEG_INF)
     b_x = b_in.to(tl.float32)
     # The maximum is taken of the unscaled chunk and then scaled: the same number, as rounding
     # x * (1/T) is monotone in x for T > 0, but ptxas otherwise keeps the chunk twice (scaled for
     # the maximum, unscaled for the exponentials), 96 registers a thread instead of 72 (fp32, 4
     # warps), which left 5 programs on an SM instead of 7.
     if WRITE_LSE:
-        m = max_keep_nan(b_x, 0) * inv_temperature
+        m = max_keep_nan(b_x, 0)
     else:
         # A NaN makes its chunk's d, and through the merge the whole row, NaN: tl.max will do.
-        m = tl.max(b_x, 0) * inv_temperature
+        m = tl.max(b_x, 0)
+    if ALIGN > 1:
+        e_x, _ = edge_granules(x_row, x_stride_col, lo, hi, NEG_INF, CONTIGUOUS, ALIGN)
+        e_x = e_x.to(tl.float32)
+        m = nan_max(m, max_keep_nan(e_x, 0))
+    m = m * inv_temperature
+    m_ref = tl.where(m == NEG_INF, 0.0, m)
     # Widened again (COPY 1), not reusing b_x: the chunk then lives at 16 bits from the maximum on,
     # not as fp32 through the maximum's exchange between warps.
     b_x = widen_opaque(b_in, OPAQUE_WIDEN, 1) * inv_temperature
-    d = tl.sum(tl.exp(b_x - tl.where(m == NEG_INF, 0.0, m)), 0)  # an all -inf chunk is (-inf, 0)
+    d = tl.sum(tl.exp(b_x - m_ref), 0)  # an all -inf chunk is (-inf, 0)
+    if ALIGN > 1:
+        d += tl.sum(tl.exp(e_x * inv_temperature - m_ref), 0)
     n_parts = tl.num_programs(0).to(tl.int64)  # the two planes of parts: m, then d
     store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
     wait_for_row(sync_ptr, row, num_chunks)
@@ -255,7 +266,6 @@ def split_row_on_chip_softmax_kernel(
     if WRITE_Y:
         b_y = normalized(b_x, m, d, LOG)  # an all -inf row gives NaN, as torch.softmax does
         y_row, _ = aligned_row(y_ptr, row_offset(row, inner, y_stride_outer, y_stride_inner), ALIGN)
-        _, full, _ = granule_masks(cols, lo, hi, ALIGN)
         tl.store(y_row + col_offset(cols, y_stride_col, CONTIGUOUS), b_y.to(y_ptr.dtype.element_ty), mask=full)
         if ALIGN > 1:  # the partial granules at the row's two ends, from x again
             if lo % ALIGN != 0:
@@ -386,16 +396,25 @@ def split_row_on_chip_backward_kernel(
     row, chunk = claim_chunk(sync_ptr, num_chunks)
     y_row, head = aligned_row(y_ptr, row_offset(row, inner, y_stride_outer, y_stride_inner), ALIGN)
     dy_row, _ = aligned_row(dy_ptr, row_offset(row, inner, dy_stride_outer, dy_stride_inner), ALIGN)
-    cols, lo, hi = chunk_span(chunk, chunk_size, head, n_cols, BLOCK_COLS)
+    cols, whole, lo, hi = chunk_span(chunk, chunk_size, head, n_cols, BLOCK_COLS, ALIGN)
     # y and dy wait for the row's dot in their input dtype (widened again after the wait, opaquely
     # on the GPU: see widen_opaque): two 16384-element bf16 tiles as fp32 took 255 registers a
     # thread and a stack at 4 warps (2 programs an SM).
-    b_y = load_granules(y_row, cols, y_stride_col, lo, hi, 0.0, CONTIGUOUS, ALIGN)
-    b_dy = load_granules(dy_row, cols, dy_stride_col, lo, hi, 0.0, CONTIGUOUS, ALIGN)
+    # Whole granules in the held tiles, the row's partial granules in a small tile (see the forward).
+    full = cols < whole
+    b_y = tl.load(y_row + col_offset(cols, y_stride_col, CONTIGUOUS), mask=full, other=0.0)
+    b_dy = tl.load(dy_row + col_offset(cols, dy_stride_col, CONTIGUOUS), mask=full, other=0.0)
     if LOG:
         dot = tl.sum(b_dy.to(tl.float32), 0)
     else:
         dot = tl.sum(b_dy.to(tl.float32) * b_y.to(tl.float32), 0)
+    if ALIGN > 1:
+        e_dy, _ = edge_granules(dy_row, dy_stride_col, lo, hi, 0.0, CONTIGUOUS, ALIGN)
+        if LOG:
+            dot += tl.sum(e_dy.to(tl.float32), 0)
+        else:
+            e_y, _ = edge_granules(y_row, y_stride_col, lo, hi, 0.0, CONTIGUOUS, ALIGN)
+            dot += tl.sum(e_dy.to(tl.float32) * e_y.to(tl.float32), 0)
     tl.store(part_ptr + row.to(tl.int64) * num_chunks + chunk, dot)
     wait_for_row(sync_ptr, row, num_chunks)
     idx = tl.arange(0, CHUNKS_POW2)
@@ -403,7 +422,6 @@ def split_row_on_chip_backward_kernel(
                          volatile=True), 0)
     b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), dot, inv_temperature, LOG)
     dx_row, _ = aligned_row(dx_ptr, row_offset(row, inner, dx_stride_outer, dx_stride_inner), ALIGN)
-    _, full, _ = granule_masks(cols, lo, hi, ALIGN)
     tl.store(dx_row + col_offset(cols, dx_stride_col, CONTIGUOUS), b_dx.to(dx_ptr.dtype.element_ty), mask=full)
     if ALIGN > 1:  # the partial granules at the row's two ends, from y and dy again
         if lo % ALIGN != 0:

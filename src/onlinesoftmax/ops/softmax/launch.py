@@ -258,7 +258,7 @@ class ForwardCall:
         if self.recipe.copy_input:
             x = x.contiguous()
             y = x if self.write_lse else y
-        self.launch(x, y, lse, 1.0 / temperature, x.data_ptr() % 16 == 0)
+        self.launch(x, y, lse, 1.0 / temperature, aligned(x))
         return lse if self.write_lse else y
 
 
@@ -335,7 +335,7 @@ class BackwardCall:
             dy = dy.contiguous()
         if not y.is_contiguous():
             y = y.contiguous()
-        self.launch(y, dy, dx, 1.0 / temperature, dy.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0)
+        self.launch(y, dy, dx, 1.0 / temperature, aligned(dy) and aligned(y))
         return dx
 
 

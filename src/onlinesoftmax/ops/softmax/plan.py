@@ -301,8 +301,10 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         num_chunks = cdiv(span, chunk)
         programs = rows * num_chunks
         cap = _for_element_size(SPLIT_ON_CHIP_MAX_REGISTERS[op], elem)
-        if programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms:
-            cap = 0  # one wave without the cap: it would buy nothing
+        if programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms or misaligned_rows:
+            # One wave without the cap: it would buy nothing. Rows read in granules hold more
+            # state (the row's edges), and under the cap ptxas spills (bf16: 168 bytes).
+            cap = 0
         return Plan(op, strategy, "one_pass", rows, cols, dtype, next_power_of_2(chunk), 1, warps,
                     (programs,), chunk_size=chunk, num_chunks=num_chunks, max_registers=cap)
 

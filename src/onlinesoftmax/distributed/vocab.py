@@ -1,0 +1,212 @@
+"""Vocabulary-parallel cross-entropy: the classes (the last dim of the logits) sharded across ranks.
+
+Megatron's layout: rank r holds the columns [offset_r, offset_r + V_r) of the (..., V) logits, in
+rank order (rank 0 the first classes); shard sizes may differ (and be 0); the target, the class
+weights and every leading dim are the same on every rank. The offsets come from the shard sizes,
+gathered by the shape check (``validate=True``) or, with ``validate=False``, once per group and
+local shard size and then reused.
+
+Forward, one small collective: each rank reduces its shard to four numbers per row with the
+cross-entropy kernels (``stats``: the online normalizer (m, d), the smoothing sum sum_c w_c y_c,
+and the target's logit where the target is one of its classes, -inf elsewhere), the ranks
+all_gather that (4, rows) float32 tensor (16 bytes a row), and every rank merges the world's
+values in rank order, m and d with the (m, d) operator, the sums added, the target logit the
+maximum (one rank's, the others -inf), into the lse and the loss: the same bits on every rank and
+across runs. Backward, no collective: the gradient of the shard is softmax with the global lse,
+minus the one-hot of the target where it lies in the shard (the same elementwise kernel as the
+single-process backward, with the shard's class offset).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import _buffers, _validate
+from .._device import triton_runs_on
+from ..ops.cross_entropy import plan as planner
+from ..ops.cross_entropy.launch import RowTerms, launch_backward, needs_denom, row_normalizer, rows_forward, \
+    torch_denom
+from ..ops.cross_entropy.op import REDUCTIONS, check_class_weight, check_options, check_target, \
+    check_targets_in_range
+from ._group import NoContext, all_gather, check_group, gather_shapes
+
+NAME = "distributed.cross_entropy"
+STRATEGIES = ("stream", "torch")
+_OFFSETS: dict = {}  # (group, world size, rank, local shard size) -> (offset, total classes)
+
+
+def _offsets(shard_size: int, group, validate: bool, logits: torch.Tensor, reduction: str) -> tuple[int, int]:
+    """(this rank's first class, all classes). The shape check also makes ranks that disagree on the
+    reduction raise together."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    key = (group, world, rank, shard_size)
+    if validate:
+        sizes = gather_shapes(logits, logits.dim() - 1, group, NAME, REDUCTIONS.index(reduction))[:, 3]
+    elif key in _OFFSETS:
+        return _OFFSETS[key]
+    else:
+        sizes = all_gather(torch.tensor([shard_size], dtype=torch.int64, device=logits.device), group)[:, 0].cpu()
+    sizes = [int(s) for s in sizes]
+    _OFFSETS[key] = (sum(sizes[:rank]), sum(sizes))
+    return _OFFSETS[key]
+
+
+def _local_stats(x2, target, weight, offset, total, options, triton, read_ignored):
+    """(4, rows) float32: the shard's m, d, smoothing sum and target logit (-inf where not here).
+    Ignored rows are (-inf, 0, 0, -inf) unless ``read_ignored`` (their lse is wanted)."""
+    ignore_index, _, label_smoothing, _, softcap, temperature = options
+    rows, cols = x2.shape
+    if triton and cols:
+        chosen = planner.choose("stats", rows, cols, x2.dtype, x2.device, None, x2.stride(0), x2.stride(1))
+        planner.record(chosen)
+        stats = _buffers.empty((4, rows), torch.float32, x2.device)
+        rows_forward(chosen, x2, target, weight, stats, stats, stats, ignore_index, "sum", label_smoothing, 0.0,
+                     softcap, temperature, read_ignored, class_offset=offset, n_classes=total, stats=True)
+        return stats
+    terms = RowTerms(x2, target, weight, ignore_index, softcap, temperature, offset, total)
+    m, d = row_normalizer(terms.y)
+    s = terms.smoothing_sum() if label_smoothing > 0 and cols else torch.zeros_like(m)
+    return torch.stack([m, d, s, terms.target_logit()])
+
+
+def _merge(gathered: torch.Tensor):
+    """(lse, smoothing sum, target logit) per row from every rank's (4, rows), merged in rank order."""
+    m, d, s, y_t = gathered.unbind(1)  # each (world, rows)
+    m_all = m.amax(0)
+    ref = torch.where(m_all == -math.inf, 0.0, m_all)  # all -inf: d stays 0, no -inf - -inf
+    d_all = (d * torch.exp(m - ref)).sum(0)
+    return m_all + torch.log(d_all), s.sum(0), y_t.amax(0)
+
+
+def _loss(lse, s, y_t, target, weight, denom, total, options, dtype):
+    ignore_index, reduction, label_smoothing, z_loss = options[:4]
+    valid = target != ignore_index
+    bad = valid & ((target < 0) | (target >= total))
+    if weight is None:
+        w_t, w_sum = torch.ones_like(lse), float(total)
+    else:
+        w = weight.float()
+        w_t, w_sum = w[torch.where(valid & ~bad, target, 0)], w.sum()
+    loss = (1.0 - label_smoothing) * w_t * (lse - y_t)
+    if label_smoothing > 0:
+        loss = loss + label_smoothing * (w_sum * lse - s) / total
+    loss = torch.where(bad, math.nan, torch.where(valid, loss, 0.0))
+    z_term = torch.where(valid, z_loss * lse * lse, 0.0)
+    if reduction == "none":
+        return (loss + z_term).to(dtype)
+    if reduction == "sum":
+        return (loss.sum() + z_term.sum()).to(dtype)
+    return (loss.sum() / denom[1] + z_term.sum() / denom[0]).to(dtype)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, target, weight, group, offset, total, options, triton, read_ignored):
+        stats = _local_stats(x2, target, weight, offset, total, options, triton, read_ignored)
+        lse, s, y_t = _merge(all_gather(stats, group))  # the one collective: (world, 4, rows)
+        denom = torch.empty(3 if needs_denom(options[1], weight is not None, options[2]) else 0,
+                            dtype=torch.float32, device=x2.device)
+        torch_denom(target, weight, denom, total, options[0])
+        loss = _loss(lse, s, y_t, target, weight, denom, total, options, x2.dtype)
+        ctx.save_for_backward(x2, target, weight, lse, denom)
+        ctx.config = (offset, total, options, triton)
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
+
+    @staticmethod
+    def backward(ctx, dloss, _dlse):
+        x2, target, weight, lse, denom = ctx.saved_tensors
+        offset, total, (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature), triton = ctx.config
+        dx = launch_backward(x2, target, weight, lse, denom, dloss, ignore_index, reduction, label_smoothing, z_loss,
+                             softcap, temperature, None if triton else "torch", offset, total)
+        return dx, None, None, None, None, None, None, None, None
+
+
+def cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, group=None, *, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
+                  softcap: Optional[float] = None, temperature: float = 1.0, weight: Optional[torch.Tensor] = None,
+                  return_lse: bool = False, validate: bool = True, strategy: Optional[str] = None):
+    """Cross-entropy over classes sharded across the ranks of ``group`` (vocabulary parallelism).
+
+    Every rank gets the loss of the whole vocabulary (the same value, bit for bit) and the
+    gradient of its own shard, as :func:`onlinesoftmax.cross_entropy` would give on the
+    concatenated logits; one all_gather of 16 bytes per row per call (plus the shape check's).
+
+    Parameters
+    ----------
+    logits_shard : Tensor
+        (..., V_r): this rank's classes [offset_r, offset_r + V_r), ranks in order; float32,
+        float16 or bfloat16. V_r may differ across ranks and be 0. CUDA tensors need an NCCL group
+        (or gloo, staged through the host), CPU tensors a gloo group.
+    target : Tensor
+        ``logits_shard.shape[:-1]``, int64 or int32 global class indices, the same on every rank.
+    group : ProcessGroup, optional
+        Default: the world.
+    ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse
+        As :func:`onlinesoftmax.cross_entropy`.
+    weight : Tensor, optional
+        (V,) weights of all classes (not a shard), the same on every rank.
+    validate : bool
+        Check that the ranks' shapes and dtypes fit together (one more small all_gather, which also
+        yields the shard offsets). With False the offsets of the first call with this group and
+        local shard size are reused, leaving one collective a call.
+    strategy : {None, "stream", "torch"}, optional
+        The local kernels: Triton's ("stream"; CUDA, or CPU under TRITON_INTERPRET=1) or torch's.
+
+    Returns
+    -------
+    Tensor, or (Tensor, Tensor) with ``return_lse``
+        The loss (0-d, or ``target.shape`` for "none") in the logits' dtype, and the float32 lse
+        of the full rows, identical on every rank.
+
+    Raises
+    ------
+    RuntimeError
+        torch.distributed not initialized.
+    ValueError, TypeError
+        As :func:`onlinesoftmax.cross_entropy`; shards that do not fit together (on every rank,
+        with ``validate``); a group whose backend cannot communicate the tensors' device.
+
+    Examples
+    --------
+    >>> # on each of 2 ranks (torchrun --nproc-per-node 2), the logits' columns split in two:
+    >>> # shard = full_logits[:, rank * V // 2:(rank + 1) * V // 2]
+    >>> # loss = onlinesoftmax.distributed.cross_entropy(shard, target)   # doctest: +SKIP
+    """
+    _validate.tensor(logits_shard, NAME, "logits_shard")
+    _validate.float_dtype(logits_shard, NAME)
+    _validate.device(logits_shard, NAME)
+    if logits_shard.dim() == 0:
+        raise ValueError(f"{NAME}: logits_shard must have a class dim (the last), got a 0-d tensor")
+    check_target(logits_shard, target, NAME)
+    softcap = check_options(NAME, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
+    if strategy is not None:
+        _validate.choice(strategy, STRATEGIES, NAME, "strategy")
+    triton = strategy != "torch" and triton_runs_on(logits_shard.device)
+    if strategy == "stream" and not triton:
+        raise ValueError(f"{NAME}: strategy 'stream' runs Triton kernels, which need a CUDA tensor "
+                         "(or TRITON_INTERPRET=1 for CPU tensors)")
+    check_group(logits_shard.device, group, NAME)
+    offset, total = _offsets(logits_shard.shape[-1], group, validate, logits_shard, reduction)
+    if total == 0:
+        raise ValueError(f"{NAME}: the shards hold no class at all")
+    check_class_weight(weight, total, logits_shard, NAME)
+    check_targets_in_range(target, total, ignore_index, NAME)
+    x2 = logits_shard.reshape(target.numel(), logits_shard.shape[-1])  # (an empty shard: no -1 to infer)
+    t1 = target.reshape(-1)
+    options = (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature))
+    if logits_shard.requires_grad and torch.is_grad_enabled():
+        loss, lse = _VocabParallelCrossEntropy.apply(x2, t1, weight, group, offset, total, options, triton,
+                                                     return_lse)
+    else:
+        with torch.no_grad():
+            loss, lse = _VocabParallelCrossEntropy.forward(NoContext(), x2, t1, weight, group, offset, total,
+                                                           options, triton, return_lse)
+    if reduction == "none":
+        loss = loss.reshape(target.shape)
+    return (loss, lse.reshape(target.shape)) if return_lse else loss
+

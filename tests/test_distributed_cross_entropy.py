@@ -1,0 +1,202 @@
+"""distributed.cross_entropy (the vocabulary sharded across ranks) against the float64 single-process
+reference, in gloo worlds of 2 and 3 ranks.
+
+Each world runs a group of checks (few process starts). Every rank builds the same logits and
+targets from the printed seed, takes its uneven shard of the classes (world 3: the middle rank
+holds none), and compares the loss (bitwise the same on every rank) and its shard's gradient
+with the reference on the whole tensor. CPU tensors; on a GPU machine CUDA tensors on one GPU,
+the collectives staged through the host by gloo.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import DEVICE, TRITON_RUNS, assert_matches
+from test_cross_entropy import reference
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="needs torch.distributed with gloo")
+
+INIT_TIMEOUT_S = 60
+WORLD_TIMEOUT_S = 300
+STRATEGIES = ("stream", "torch") if TRITON_RUNS else ("torch",)
+OPTIONS = [
+    {},
+    {"label_smoothing": 0.1, "z_loss": 1e-3},
+    {"weight": True, "label_smoothing": 0.2},
+    {"softcap": 6.0, "temperature": 0.8, "weight": True},
+]
+
+
+# --------------------------------------------------------------------------------------------
+# World machinery
+# --------------------------------------------------------------------------------------------
+
+
+def _worker(rank, world, init_file, seed, checks):
+    buffers = importlib.import_module("onlinesoftmax._buffers")
+    # The autouse poisoning fixture does not reach spawned processes: poison here too.
+    buffers.empty = lambda shape, dtype, device: torch.full(
+        shape, float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min, dtype=dtype, device=device)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
+    try:
+        for check in checks:
+            globals()[check](rank, world, seed)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_world(world, checks, seed):
+    with tempfile.TemporaryDirectory() as tmp:
+        context = mp.start_processes(_worker, args=(world, os.path.join(tmp, "init"), seed, checks), nprocs=world,
+                                     join=False, start_method="spawn")
+        deadline = time.monotonic() + WORLD_TIMEOUT_S
+        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    if process.is_alive():
+                        process.terminate()
+                pytest.fail(f"world of {world} did not finish {checks} in {WORLD_TIMEOUT_S} s (hang?)")
+
+
+def shard_bounds(total, world, rank):
+    """Uneven contiguous shards: rank r gets about (r + 1) parts, the middle rank of 3 none."""
+    weights = [r + 1 for r in range(world)]
+    if world == 3:
+        weights[1] = 0
+    cuts = [0]
+    for w in weights:
+        cuts.append(cuts[-1] + total * w // sum(weights))
+    cuts[-1] = total
+    return cuts[rank], cuts[rank + 1]
+
+
+def same_on_every_rank(t):
+    bits = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
+    out = [torch.empty_like(bits) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, bits)
+    return all(torch.equal(o, out[0]) for o in out)
+
+
+def _case(seed, rows, classes, dtype, ignore_every=4):
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, classes, generator=gen, dtype=torch.float64) * 3).to(dtype)
+    target = torch.randint(0, classes, (rows,), generator=gen)
+    target[::ignore_every] = -100
+    weight = torch.rand(classes, generator=gen) + 0.5
+    upstream = torch.randn(rows, generator=gen, dtype=torch.float64)
+    return x, target, weight, upstream
+
+
+def _compare(rank, world, x, target, upstream, dtype, strategy, what, **options):
+    from onlinesoftmax.distributed import cross_entropy
+
+    start, stop = shard_bounds(x.shape[1], world, rank)
+    x64 = x.double().requires_grad_()
+    ref = reference(x64, target, **options)
+    g = upstream if options.get("reduction") == "none" else torch.tensor(0.75, dtype=torch.float64)
+    (ref * g).sum().backward()
+    shard = x[:, start:stop].to(DEVICE).requires_grad_()
+    device_options = {k: (v.to(DEVICE) if torch.is_tensor(v) else v) for k, v in options.items()}
+    loss, lse = cross_entropy(shard, target.to(DEVICE), strategy=strategy, return_lse=True, **device_options)
+    (loss * g.to(loss.dtype).to(DEVICE)).sum().backward()
+    assert same_on_every_rank(loss) and same_on_every_rank(lse), f"{what}: ranks differ"
+    assert_matches(loss.detach(), ref.detach(), dtype, f"{what} loss (rank {rank})")
+    assert_matches(lse, torch.logsumexp(_transformed(x64.detach(), options), -1), torch.float32, f"{what} lse")
+    assert_matches(shard.grad, x64.grad[:, start:stop], dtype, f"{what} grad (rank {rank})")
+
+
+def _transformed(x, options):
+    if options.get("softcap"):
+        x = options["softcap"] * torch.tanh(x / options["softcap"])
+    return x / options.get("temperature", 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Checks run inside the worlds
+# --------------------------------------------------------------------------------------------
+
+
+def check_options_and_reductions(rank, world, seed):
+    for strategy in STRATEGIES:
+        for dtype in (torch.float32, torch.bfloat16):
+            x, target, weight, upstream = _case(seed, 9, 61, dtype)
+            for options in OPTIONS:
+                options = dict(options)
+                if options.pop("weight", False):
+                    options["weight"] = weight
+                for reduction in ("mean", "sum", "none"):
+                    _compare(rank, world, x, target, upstream, dtype, strategy,
+                             f"{strategy} {dtype} {options.keys()} {reduction}", reduction=reduction, **options)
+
+
+def check_edge_rows_and_validate_false(rank, world, seed):
+    from onlinesoftmax.distributed import cross_entropy
+    from onlinesoftmax.ops.cross_entropy import plan
+
+    for strategy in STRATEGIES:
+        # Every row ignored: torch's NaN "mean", 0 "sum", zero gradient.
+        x, target, _, upstream = _case(seed, 4, 20, torch.float32)
+        target[:] = -100
+        shard = x[:, slice(*shard_bounds(20, world, rank))].to(DEVICE).requires_grad_()
+        loss = cross_entropy(shard, target.to(DEVICE), strategy=strategy)
+        assert torch.isnan(loss)
+        cross_entropy(shard, target.to(DEVICE), strategy=strategy, reduction="sum").backward()
+        assert torch.equal(shard.grad, torch.zeros_like(shard))
+        # -inf logits, targets at the shards' edges, and the reused offsets of validate=False.
+        x, target, _, upstream = _case(seed + 1, 6, 30, torch.float32, ignore_every=5)
+        x[1, :] = float("-inf")
+        x[2, 3:27] = float("-inf")
+        target[2] = 0
+        target[3] = 29
+        _compare(rank, world, x, target, upstream, torch.float32, strategy, "edges", reduction="none",
+                 label_smoothing=0.1)
+        for validate in (True, False, False):
+            shard = x[:, slice(*shard_bounds(30, world, rank))].to(DEVICE)
+            out = cross_entropy(shard, target.to(DEVICE), strategy=strategy, reduction="none", validate=validate)
+            assert_matches(out, reference(x, target, reduction="none"), torch.float32, f"validate={validate}")
+        if strategy == "stream" and shard_bounds(30, world, rank)[1] > shard_bounds(30, world, rank)[0]:
+            assert plan.last_plan().op == "stats"
+
+
+def check_mismatched_shards_raise_everywhere(rank, world, seed):
+    from onlinesoftmax.distributed import cross_entropy
+
+    rows = 5 if rank == 0 else 6
+    shard = torch.randn(rows, 7, device=DEVICE)
+    with pytest.raises(ValueError, match="same size on every rank"):
+        cross_entropy(shard, torch.zeros(rows, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match="out of range"):  # the same targets on every rank: all raise
+        cross_entropy(torch.randn(2, 7, device=DEVICE), torch.tensor([0, 7 * world], device=DEVICE))
+
+
+# --------------------------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_vocabulary_parallel_cross_entropy(world, gen):
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    run_world(world, ["check_options_and_reductions", "check_edge_rows_and_validate_false",
+                      "check_mismatched_shards_raise_everywhere"], seed)
+
+
+def test_needs_an_initialized_process_group():
+    from onlinesoftmax.distributed import cross_entropy
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    with pytest.raises(RuntimeError, match="not initialized"):
+        cross_entropy(torch.randn(2, 5), torch.tensor([0, 1]))

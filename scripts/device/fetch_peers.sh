@@ -3,9 +3,9 @@
 # .peers1/ and .peers2/ (both git-ignored). Liger is one small wheel; Quack needs nvidia-cutlass-dsl
 # with its libs-base, libs-core and libs-cu13 wheels (the torch there is cu130), apache-tvm-ffi and
 # torch-c-dlpack-ext. The libs-cu13 wheel (92 MB) is over one call's transfer limit, so it is split:
-# the first half travels with the small wheels in .peers1 (scripts/gpu_session.sh's 'stash' stage
+# the first half travels with the small wheels in .peers1 (scripts/device/gpu_session.sh's 'stash' stage
 # keeps them on the machine), the second in .peers2 with the next call, which joins and installs.
-#     bash scripts/fetch_peers.sh
+#     bash scripts/device/fetch_peers.sh
 set -euo pipefail
 CUTLASS=4.8.1
 rm -rf .peers1 .peers2 && mkdir -p .peers1 .peers2

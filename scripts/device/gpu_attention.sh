@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Attention on the GPU: bash scripts/gpu_attention.sh OUTDIR [tests] [sanitize] [sweep] [bench]
+# Attention on the GPU, from the repository root: bash scripts/device/gpu_attention.sh OUTDIR [tests] [sanitize] [sweep] [bench]
 # (no stage named: all four). Expected on an H100: tests ~2.5 min, sanitize ~1 min, sweep ~3 min,
 # bench ~4-6 min (FlexAttention compiles once per case); each stage has its own time limit.
 set -uo pipefail
@@ -19,17 +19,17 @@ for stage in $STAGES; do
             tail -25 "$OUT/attention_tests.log" ;;
         sanitize)
             for tool in memcheck racecheck; do
-                timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/exercise_attention.py \
+                timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -m sanitizer tests/test_sanitizer_exercises.py -k attention \
                     > "$OUT/attention_sanitizer_$tool.log" 2>&1
                 rc=$?; [ $rc -eq 0 ] || status=1
                 echo "compute-sanitizer $tool exit $rc"
-                grep -E "ERROR SUMMARY|RACECHECK SUMMARY|non-finite" "$OUT/attention_sanitizer_$tool.log" | tail -4
+                grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/attention_sanitizer_$tool.log" | tail -4
             done ;;
         sweep)
-            timeout 240 python3 scripts/sweep_attention.py > "$OUT/attention_sweep.log" 2>&1 || status=1
+            timeout 240 python3 scripts/tune/sweep_attention.py > "$OUT/attention_sweep.log" 2>&1 || status=1
             tail -30 "$OUT/attention_sweep.log" ;;
         bench)
-            timeout 420 python3 -m onlinesoftmax bench attention --dtype bf16 --out "$OUT" --name h100 \
+            timeout 420 python3 -m onlinesoftmax bench attention --dtype bf16 --out "$OUT" --overwrite \
                 > "$OUT/attention_bench.log" 2>&1 || status=1
             tail -45 "$OUT/attention_bench.log" ;;
         *) echo "unknown stage $stage"; status=1 ;;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sharded ops on a 2-GPU machine: bash scripts/gpu_distributed.sh OUTDIR [tests] [example] [bench]
+# Sharded ops on a 2-GPU machine, from the repository root: bash scripts/device/gpu_distributed.sh OUTDIR [tests] [example] [bench]
 # (no stage named: all three). NCCL with NVLink multicast off. Expected: tests ~1.5-2.5 min (world 2 on
 # NCCL; world 3 is skipped with a reason on 2 GPUs), example ~20 s, bench ~1 min; under 4 min in all.
 set -uo pipefail
@@ -25,7 +25,7 @@ for stage in $STAGES; do
             grep "rank" "$OUT/distributed_example.log" | tail -4 ;;
         bench)
             timeout 120 torchrun --nproc-per-node 2 -m onlinesoftmax bench distributed --dtype bf16 \
-                --out "$OUT" --name 2gpu > "$OUT/distributed_bench.log" 2>&1 || status=1
+                --out "$OUT" --overwrite > "$OUT/distributed_bench.log" 2>&1 || status=1
             tail -40 "$OUT/distributed_bench.log" ;;
         *) echo "unknown stage $stage"; status=1 ;;
     esac

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The seed work log's ladder on the GPU: bash scripts/gpu_ladder.sh OUTDIR [tests] [sanitize] [bench]
+# The work log's ladder on the GPU, from the repository root: bash scripts/device/gpu_ladder.sh OUTDIR [tests] [sanitize] [bench]
 # (no stage named: all three). Expected on an H100: tests ~40 s, sanitize ~70 s (two runs, each
 # mostly Python start-up and numba compiles), bench ~50 s (kernel 1 is 18 ms a call; the harness's
 # do_bench is time-bounded, so it runs about a dozen times). Each stage has its own time limit.
@@ -26,14 +26,14 @@ for stage in $STAGES; do
                 # --report-api-errors no: cuda-bindings (under numba-cuda) probes driver entry points
                 # with cuGetProcAddress, and each absent one is an API error, not a kernel's fault.
                 timeout 120 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 \
-                    python3 scripts/exercise_ladder.py \
+                    python3 -m pytest -q -p no:cacheprovider -m sanitizer tests/test_sanitizer_exercises.py -k ladder \
                     > "$OUT/ladder_sanitizer_$tool.log" 2>&1
                 rc=$?; [ $rc -eq 0 ] || status=1
                 echo "compute-sanitizer $tool exit $rc"
-                grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAIL" "$OUT/ladder_sanitizer_$tool.log" | tail -6
+                grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/ladder_sanitizer_$tool.log" | tail -6
             done ;;
         bench)
-            timeout 240 python3 -m onlinesoftmax bench ladder --out "$OUT" --name h100 \
+            timeout 240 python3 -m onlinesoftmax bench ladder --out "$OUT" --overwrite \
                 > "$OUT/ladder_bench.log" 2>&1 || status=1
             tail -45 "$OUT/ladder_bench.log" ;;
         *) echo "unknown stage $stage"; status=1 ;;

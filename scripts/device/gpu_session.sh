@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Device-machine driver (one call of the lent GPU runs one or more stages):
-#   bash scripts/gpu_session.sh tests sanitize tune bench overhead topk:bench,paper attention:sweep ladder
+# Device-machine driver (one call of the lent GPU runs one or more stages), from the repository root:
+#   bash scripts/device/gpu_session.sh tests sanitize tune bench overhead topk:bench,paper attention:sweep ladder
 # Stages: tests (whole suite, then the slow ones), sanitize (memcheck + racecheck over every softmax
-# kernel), sweep / tune (strategy and constant sweeps for plan.py), bench (the softmax bench with
-# peers), overhead (host cost per call); OP[:STAGE,...] runs scripts/gpu_OP.sh for topk, attention
+# kernel), sweep / tune (strategy and constant sweeps for ops/softmax/plan.py), bench (the softmax bench with
+# peers), overhead (host cost per call); OP[:STAGE,...] runs scripts/device/gpu_OP.sh for topk, attention
 # or ladder. Peers' wheels, if carried in .whl/, are installed into /tmp/site first. Logs and
 # results go to $OUT, bundled into one results.tgz at the end. SANITIZE_TIMEOUT (s, default 600) caps
-# each compute-sanitizer tool in the sanitize stage; TUNE_ARGS go to scripts/tune_softmax.py (say
+# each compute-sanitizer tool in the sanitize stage; TUNE_ARGS go to scripts/tune/tune_softmax.py (say
 # "--strategy split_row_on_chip --backward"); BENCH_ARGS go to the softmax bench; TEST_PATHS (default tests) limit the tests stage; OVERHEAD_IMPORTS (modules, space-separated) has the
 # overhead stage import them and re-time the top-k calls.
 set -uo pipefail
@@ -22,7 +22,7 @@ install_peers() {
     local dir=/root/peers
     mkdir -p "$dir"
     for d in .peers1 .peers2 .whl; do [ -d "$d" ] && cp "$d"/* "$dir"/ 2>/dev/null; done
-    # A split wheel arrives as WHEEL.part_aa, WHEEL.part_ab (scripts/fetch_peers.sh): join each.
+    # A split wheel arrives as WHEEL.part_aa, WHEEL.part_ab (scripts/device/fetch_peers.sh): join each.
     for first in "$dir"/*.whl.part_aa; do
         [ -e "$first" ] || continue
         wheel=${first%.part_aa}
@@ -53,25 +53,25 @@ for stage in "$@"; do
             timeout 150 python3 -m pytest ${TEST_PATHS:-tests} -q -p no:cacheprovider -m slow -ra 2>&1 | tee "$OUT/gpu_tests_slow.log" | tail -8 || status=1 ;;
         sanitize)
             for tool in memcheck racecheck; do
-                timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/exercise_kernels.py > "$OUT/sanitizer_$tool.log" 2>&1
-                echo "compute-sanitizer $tool exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|failures" "$OUT/sanitizer_$tool.log" | tail -3
+                timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -m sanitizer tests/test_sanitizer_exercises.py -k softmax > "$OUT/sanitizer_$tool.log" 2>&1
+                echo "compute-sanitizer $tool exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitizer_$tool.log" | tail -3
             done ;;
         sweep)
-            python3 scripts/sweep_strategies.py --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
+            python3 scripts/tune/sweep_strategies.py --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
         bench)
             # Written under /root/bench, which outlives the call on a warm machine, so that a later
             # call can add rows with BENCH_ARGS="--dtype bf16 --merge" (one call may not fit the grid).
-            timeout 570 python3 -m onlinesoftmax bench softmax --out /root/bench --name h100 ${BENCH_ARGS:-} 2>&1 \
+            timeout 570 python3 -m onlinesoftmax bench softmax --out /root/bench --overwrite ${BENCH_ARGS:-} 2>&1 \
                 | grep -v -E "warn|Online softmax|split the reduction|important use case|softmax\.$|^$" | tee "$OUT/bench.log" | tail -60
-            cp /root/bench/h100.* "$OUT"/ ;;
+            cp /root/bench/softmax.* "$OUT"/ ;;
         tune)
-            timeout 400 python3 scripts/tune_softmax.py ${TUNE_ARGS:-} --out "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | grep -v "^  [A-Z]" ;;
+            timeout 400 python3 scripts/tune/tune_softmax.py ${TUNE_ARGS:-} --out "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | grep -v "^  [A-Z]" ;;
         overhead)
-            python3 scripts/launch_overhead.py ${OVERHEAD_IMPORTS:+--import $OVERHEAD_IMPORTS} > "$OUT/launch_overhead.log" 2>&1
+            python3 scripts/probes/launch_overhead.py ${OVERHEAD_IMPORTS:+--import $OVERHEAD_IMPORTS} > "$OUT/launch_overhead.log" 2>&1
             grep -E "us issued|imported|hooks" "$OUT/launch_overhead.log" ;;
         topk*|attention*|ladder*)  # op[:stage,stage...], e.g. topk:bench,paper
             op=${stage%%:*}; sub=""; [ "$op" != "$stage" ] && sub=${stage#*:}
-            timeout 560 bash "scripts/gpu_$op.sh" "$OUT" ${sub//,/ } > "$OUT/gpu_$op.log" 2>&1; echo "gpu_$op exit $?"
+            timeout 560 bash "scripts/device/gpu_$op.sh" "$OUT" ${sub//,/ } > "$OUT/gpu_$op.log" 2>&1; echo "gpu_$op exit $?"
             tail -40 "$OUT/gpu_$op.log" ;;
         *) echo "unknown stage $stage"; status=1 ;;
     esac

@@ -1,7 +1,7 @@
 """Why ladder step 2 (numba) trails the CUDA C port: the first pass's loop in PTX, side by side.
 
     pip install numba-cuda nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12   # no GPU needed
-    python scripts/ladder_ptx.py
+    python scripts/probes/ladder_ptx.py
 
 Steps 1 and 2 give each of 1024 rows to one thread, so the kernels are bound by how many loads a
 thread keeps in flight (memory-level parallelism), not by bandwidth. This prints, for the first
@@ -16,7 +16,7 @@ from numba import cuda, float32
 
 from onlinesoftmax.ladder import kernels
 
-# The work log's kernel 2 (seed 003), writing to a separate output as the numba step does.
+# The work log's kernel 2, writing to a separate output as the numba step does.
 KERNEL_2_CUDA_C = rb"""
 extern "C" __global__ void softmax_kernel2(const float* input, float* output, int M, int N) {
     int row = blockDim.x * blockIdx.x + threadIdx.x;

@@ -3,7 +3,7 @@
 Back-to-back calls with no synchronization measure how fast the host can issue work; the GPU time
 of these inputs is far below it. Then a cProfile of the split-row path names the expensive frames.
 
-    python scripts/launch_overhead.py [--import quack.topk ...] [--attention]
+    python scripts/probes/launch_overhead.py [--import quack.topk ...] [--attention]
 
 --import: after the table, import these modules (peers, say) and time our top-k calls again, with
 Triton's launch hooks and a cProfile (`onlinesoftmax bench topk` saw our eager 1x25000 k5 call go
@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 
 import onlinesoftmax
-softmax_module = importlib.import_module("onlinesoftmax.softmax")  # the package's softmax is the function
+from onlinesoftmax.ops.attention import launch as attention_launch
+from onlinesoftmax.ops.softmax import launch as softmax_launch
 
 
 @triton.jit
@@ -61,10 +62,9 @@ def print_profile(fn, lines: int, calls: int = 300):
 
 def attention_host_costs():
     """Attention at B1 H2 S128 D128, whose GPU time is a few microseconds: what the host spends."""
-    attention_module = importlib.import_module("onlinesoftmax.attention")
     q, k, v = (torch.randn(1, 2, 128, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     d_out = torch.randn_like(q)
-    out, lse = attention_module.launch_forward(q.detach(), k.detach(), v.detach(), "none", 0.1)
+    out, lse = attention_launch.launch_forward(q.detach(), k.detach(), v.detach(), "none", 0.1)
 
     def forward_backward():
         torch.autograd.grad(onlinesoftmax.attention(q, k, v), (q, k, v), d_out)
@@ -73,7 +73,7 @@ def attention_host_costs():
         cases = {
             "onlinesoftmax.attention B1 H2 S128 D128": lambda: onlinesoftmax.attention(q, k, v),
             "onlinesoftmax.attention causal": lambda: onlinesoftmax.attention(q, k, v, causal=True),
-            "attention launch_backward (3 kernels + delta)": lambda: attention_module.launch_backward(
+            "attention launch_backward (3 kernels + delta)": lambda: attention_launch.launch_backward(
                 d_out, q.detach(), k.detach(), v.detach(), out, lse, "none", 0.1),
         }
         for name, fn in cases.items():
@@ -104,7 +104,7 @@ def main():
             buf, buf, buf, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1.0, BLOCK=16, LOG=False, WRITE_Y=True, WRITE_LSE=False,
             CONTIGUOUS=True),
         "onlinesoftmax.softmax 4x1024 (row_on_chip)": lambda: onlinesoftmax.softmax(x_small),
-        "launch_forward 4x1024 (row_on_chip)": lambda: softmax_module.launch_forward(x_small, 1, "softmax"),
+        "launch_forward 4x1024 (row_on_chip)": lambda: softmax_launch.launch_forward(x_small, 1, "softmax"),
         "torch.softmax 16x262144": lambda: torch.softmax(x_long, -1),
         "onlinesoftmax.softmax 16x262144 (split_row)": lambda: onlinesoftmax.softmax(x_long),
         "onlinesoftmax.softmax 16x262144 looped": lambda: onlinesoftmax.softmax(x_long, strategy="looped"),

@@ -1,22 +1,21 @@
 """Attention kernels, ours and SDPA's (cuDNN, FLASH), one call each inside an NVTX range, for Nsight Compute.
 
-    ncu --nvtx --nvtx-include "profile/" --clock-control none --metrics ... python scripts/ncu_attention_peers.py [forward|backward]
+    ncu --nvtx --nvtx-include "profile/" --clock-control none --metrics ... python scripts/probes/ncu_attention_peers.py [forward|backward]
 
 Each case runs twice untimed (compilation, caches) and then once inside the range "profile"; the
 case's name is printed just before it. ncu matches ranges per thread and autograd runs a backward in
 a thread of its own, so there the range is opened and closed by gradient hooks in that thread (on
 the output's gradient before the backward kernels, on q's after them). Used to see where the time of our forward and backward goes
 next to cuDNN's on the same shapes: tensor-pipe activity, the special-function (exp2) pipe, issue
-slots and the reasons warps stall (benchmarks/results/ncu_attention_peers-h100.txt).
+slots and the reasons warps stall (docs/notes/2026-11/ncu_attention_peers-h100.txt).
 """
 
-import importlib
 import sys
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-attention_module = importlib.import_module("onlinesoftmax.attention")
+import onlinesoftmax
 
 CASES = [  # (direction, batch, heads, seq, head_dim, causal)
     ("forward", 4, 16, 4096, 128, False),
@@ -57,7 +56,7 @@ class BackwardRange:
 
 def main():
     gen = torch.Generator(device="cuda").manual_seed(0)
-    impls = {"onlinesoftmax": lambda q, k, v, causal: attention_module.attention(q, k, v, causal=causal),
+    impls = {"onlinesoftmax": lambda q, k, v, causal: onlinesoftmax.attention(q, k, v, causal=causal),
              "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION)}
     only = sys.argv[1] if len(sys.argv) > 1 else None
     for direction, batch, heads, seq, head_dim, causal in CASES:

@@ -1,11 +1,11 @@
 """Softmax kernels, ours and Quack's, one call each inside an NVTX range, for Nsight Compute (GPU).
 
-    ncu --nvtx --nvtx-include "profile/" --clock-control none --metrics ... python scripts/ncu_softmax_peers.py [forward|backward]
+    ncu --nvtx --nvtx-include "profile/" --clock-control none --metrics ... python scripts/probes/ncu_softmax_peers.py [forward|backward]
 
 Each case runs twice untimed (compilation, caches) and then once inside the range "profile", so
 ncu profiles only that call's kernels; the case's name is printed just before it. Used to compare
 DRAM throughput, occupancy and waves where the bench has ours behind Quack on rows that fit on chip
-(benchmarks/results/ncu_softmax_peers-h100.txt).
+(docs/notes/2026-11/ncu_softmax_peers-h100.txt).
 """
 
 import importlib
@@ -14,8 +14,7 @@ import sys
 import torch
 
 import onlinesoftmax
-
-softmax_module = importlib.import_module("onlinesoftmax.softmax")  # the package's name softmax is the function
+from onlinesoftmax.ops.softmax import launch as softmax_launch
 
 CASES = [  # (direction, rows, cols)
     ("forward", 1024, 32768),
@@ -29,7 +28,7 @@ def main():
     quack = importlib.import_module("quack.softmax")
     impls = {
         "forward": {"onlinesoftmax": lambda x, dy: onlinesoftmax.softmax(x), "quack": lambda x, dy: quack.softmax_fwd(x)},
-        "backward": {"onlinesoftmax": lambda y, dy: softmax_module.launch_backward(y, dy, 1, False),
+        "backward": {"onlinesoftmax": lambda y, dy: softmax_launch.launch_backward(y, dy, 1, False),
                      "quack": lambda y, dy: quack.softmax_bwd(dy, y)},
     }
     only = sys.argv[1] if len(sys.argv) > 1 else None

@@ -5,17 +5,14 @@ launchers called directly, each with the bench's eager timing (``harness.time_ms
 calls), a longer eager timing (1.5 s), the bench's CUDA-graph timing and the bench's eager timing
 again; the caching allocator's device allocations and retries counted across the eager timings.
 
-    python scripts/probe_attention_eager_graph.py      (GPU; bf16, two rotated input sets)
+    python scripts/probes/probe_attention_eager_graph.py      (GPU; bf16, two rotated input sets)
 """
-
-import importlib
 
 import torch
 
 import onlinesoftmax
 from onlinesoftmax.bench import harness
-
-attention_module = importlib.import_module("onlinesoftmax.attention")
+from onlinesoftmax.ops.attention import launch as attention_launch
 SHAPES = [(1, 16, 16, 16384, 128), (2, 32, 8, 8192, 128), (4, 16, 16, 4096, 128)]
 
 
@@ -41,8 +38,8 @@ def through_launchers(causal):
 
     def run(q, k, v, d_out):
         q, k, v = q.detach(), k.detach(), v.detach()
-        out, lse = attention_module.launch_forward(q, k, v, mode, q.shape[-1] ** -0.5)
-        return attention_module.launch_backward(d_out, q, k, v, out, lse, mode, q.shape[-1] ** -0.5)[0]
+        out, lse = attention_launch.launch_forward(q, k, v, mode, q.shape[-1] ** -0.5)
+        return attention_launch.launch_backward(d_out, q, k, v, out, lse, mode, q.shape[-1] ** -0.5)[0]
     return run
 
 

@@ -1,30 +1,29 @@
 """The bf16 split_row_on_chip backward at 256x151936, eager against CUDA graphs (GPU).
 
-    python scripts/probe_backward_eager.py
+    python scripts/probes/probe_backward_eager.py
 
-Session 6 measured 8192-element tiles with 16 warps at 0.0973 ms under CUDA graphs but 0.1765 ms
-eager (do_bench, L2 flushed before each call), against 0.1076 / 0.1039 for the plan's 16384 x 4
-(trial_bf16_backward_8192x16-h100.md). This times both configurations both ways in one process,
+A bench run measured 8192-element tiles with 16 warps at 0.0973 ms under CUDA graphs but 0.1765 ms
+eager (do_bench, L2 flushed before each call), against 0.1076 / 0.1039 for the then plan's 16384 x 4
+(docs/notes/2026-11/bench_softmax-trial_bf16_backward_8192x16-h100.md). This times both configurations both ways in one process,
 and eager once more with the inputs rotated instead of the L2 flushed (the flush leaves 256 MB of
 dirty lines for the kernel to evict), to tell whether the slow eager time is the kernel's.
 """
 
-import importlib
 import itertools
 
 import torch
 import triton
 
-from onlinesoftmax import plan
+import onlinesoftmax
 from onlinesoftmax.bench.harness import graph_time_ms, rotation_count, time_ms
-from tune_softmax import constants  # scripts/ is on the path when a script runs
-
-softmax_module = importlib.import_module("onlinesoftmax.softmax")
+from onlinesoftmax.ops.softmax import launch as softmax_launch
+from onlinesoftmax.ops.softmax import plan
 
 
 def tiles(tile_bytes, warp_bytes):
-    return constants(SPLIT_ON_CHIP_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_TILE_BYTES, backward=tile_bytes),
-                     SPLIT_ON_CHIP_WARP_BYTES=dict(plan.SPLIT_ON_CHIP_WARP_BYTES, backward=warp_bytes))
+    return onlinesoftmax.override_plan(
+        "softmax", SPLIT_ON_CHIP_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_TILE_BYTES, backward=tile_bytes),
+        SPLIT_ON_CHIP_WARP_BYTES=dict(plan.SPLIT_ON_CHIP_WARP_BYTES, backward=warp_bytes))
 
 
 def rotated_ms(fn, input_sets, calls=200):
@@ -47,7 +46,7 @@ def main():
     nbytes = 3 * rows * cols * dtype.itemsize
     sets = [(torch.softmax(torch.randn(rows, cols, device="cuda"), -1).to(dtype),
              torch.randn(rows, cols, device="cuda", dtype=dtype)) for _ in range(rotation_count(nbytes))]
-    call = lambda y, dy: softmax_module.launch_backward(y, dy, 1, False)  # noqa: E731
+    call = lambda y, dy: softmax_launch.launch_backward(y, dy, 1, False)  # noqa: E731
     for tile_bytes, warp_bytes in ((32768, 8192), (16384, 1024), (32768, 8192)):
         with tiles(tile_bytes, warp_bytes):
             call(*sets[0])

@@ -1,6 +1,6 @@
 """Can Triton (3.6 on the H100) hold a softmax row in a cluster of CTAs (GPU)?
 
-    python scripts/probe_cluster_reduce.py
+    python scripts/probes/probe_cluster_reduce.py
 
 Quack reads a vocabulary-sized row once by spreading it over a thread-block cluster and meeting
 in distributed shared memory. Triton's route to that is ``num_ctas > 1``, where one program's
@@ -8,7 +8,7 @@ tensors are laid out across the cluster's CTAs and a reduction over them would c
 compiles a one-program-per-row softmax with the row in one block, written with a rank-1 tile and
 with a [1, BLOCK] tile, at several cluster sizes, and reports the error or the time (CUDA graph over
 rotated inputs) and the relative error. Output of the 2026-11-23 run:
-benchmarks/results/probe_cluster_reduce-h100.log.
+docs/notes/2026-11/probe_cluster_reduce-h100.log.
 """
 import torch
 import triton

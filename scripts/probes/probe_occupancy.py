@@ -1,29 +1,26 @@
-"""Attention launches that hold one more program an SM (plan.ATTENTION_MAX_REGISTERS): TFLOP/s of
+"""Attention launches that hold one more program an SM (ATTENTION_MAX_REGISTERS): TFLOP/s of
 the plan against variants of one kernel's config and register cap, on the GPU, same inputs, the
 plan timed first and last (run-to-run spread). Backward alone (out and lse given): 2.5 x
-4*B*Hq*S^2*D, half causal; forward: 4*B*Hq*S^2*D. Registers per variant: scripts/kernel_resources.py.
+4*B*Hq*S^2*D, half causal; forward: 4*B*Hq*S^2*D. Registers per variant: scripts/probes/kernel_resources.py.
 
-    python scripts/probe_occupancy.py [--dkdv-128 | --forward-64 | --dq-128]
+    python scripts/probes/probe_occupancy.py [--dkdv-128 | --forward-64 | --dq-128]
 
-By default: head dim 64's dK/dV variants, then head dim 128's dQ variants (session 10's first
-run); --dkdv-128: head dim 128's dK/dV variants (key blocks of 64 on one warpgroup, two programs
+By default: head dim 64's dK/dV variants, then head dim 128's dQ variants; --dkdv-128: head dim 128's dK/dV variants (key blocks of 64 on one warpgroup, two programs
 an SM); --forward-64: the head dim 64 forward under register caps; --dq-128: head dim 128's dQ
-on one warpgroup. Variants name the config they force and the cap; "plan" is whatever plan.py
-holds when it runs (each log in benchmarks/results/ says which plan that was).
+on one warpgroup. Variants name the config they force and the cap; "plan" is whatever
+ops/attention/plan.py holds when it runs (each log in docs/notes/2026-11/ says which plan that was).
 """
 
-import importlib
 import sys
 
 import torch
 import triton.testing
 
-from onlinesoftmax import plan
+import onlinesoftmax
+from onlinesoftmax.ops.attention import launch as attention_launch
+from onlinesoftmax.ops.attention import plan
 
-attention_module = importlib.import_module("onlinesoftmax.attention")
 gen = torch.Generator(device="cuda").manual_seed(0)
-saved = dict(plan.ATTENTION_CONFIGS)
-saved_caps = dict(plan.ATTENTION_MAX_REGISTERS)
 
 
 def time_ms(fn):
@@ -35,13 +32,14 @@ def rel(a, b):
 
 
 def force(kern, cfg, cap, head_dim, causal):
-    plan.ATTENTION_CONFIGS.update(saved)
-    plan.ATTENTION_MAX_REGISTERS.clear()
-    plan.ATTENTION_MAX_REGISTERS.update(saved_caps)
+    """The plan with ``kern`` forced to ``cfg`` at every head dim (None: the plan's config) and its
+    register cap at (head_dim, causal) set to ``cap`` (None: the plan's; 0: none)."""
+    tables = {}
     if cfg:
-        plan.ATTENTION_CONFIGS[kern] = ((1 << 30, cfg, cfg),)
+        tables["ATTENTION_CONFIGS"] = dict(plan.ATTENTION_CONFIGS, **{kern: ((1 << 30, cfg, cfg),)})
     if cap is not None:
-        plan.ATTENTION_MAX_REGISTERS[(kern, head_dim, causal)] = cap
+        tables["ATTENTION_MAX_REGISTERS"] = {**plan.ATTENTION_MAX_REGISTERS, (kern, head_dim, causal): cap}
+    return onlinesoftmax.override_plan("attention", **tables)
 
 
 def run(batch, heads_q, heads_kv, seq, head_dim, variants, forward=False):
@@ -52,22 +50,20 @@ def run(batch, heads_q, heads_kv, seq, head_dim, variants, forward=False):
     for mode in ("none", "top_left"):
         causal = mode != "none"
         flops = (1 if forward else 2.5) * 4 * batch * heads_q * seq * seq * head_dim / (2 if causal else 1)
-        force(None, None, None, head_dim, causal)
-        out, lse = attention_module.launch_forward(q, k, v, mode, scale)
+        out, lse = attention_launch.launch_forward(q, k, v, mode, scale)
 
         def call():
             if forward:
-                return attention_module.launch_forward(q, k, v, mode, scale)[:1]
-            return attention_module.launch_backward(d_out, q, k, v, out, lse, mode, scale)
+                return attention_launch.launch_forward(q, k, v, mode, scale)[:1]
+            return attention_launch.launch_backward(d_out, q, k, v, out, lse, mode, scale)
         ref = call()
         line = f"{'forward' if forward else 'backward'} B{batch} H{heads_q}/{heads_kv} S{seq} D{head_dim} {mode}:"
         for name, kernel, config, cap in variants:
-            force(kernel, config, cap, head_dim, causal)
-            err = max(rel(a, b) for a, b in zip(call(), ref))
-            ms = time_ms(call)
+            with force(kernel, config, cap, head_dim, causal):
+                err = max(rel(a, b) for a, b in zip(call(), ref))
+                ms = time_ms(call)
             line += f" | {name} {flops / ms / 1e9:.1f}" + ("" if err < 1e-2 else f" WRONG ({err:.1e})")
         print(line, flush=True)
-    force(None, None, None, head_dim, False)
 
 
 # (name, kernel, config or None for the plan's, cap: None keeps the plan's, 0 removes it)

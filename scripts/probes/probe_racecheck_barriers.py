@@ -4,7 +4,7 @@ Triton 3.6 warp-specializes a loop by parking the worker warps in a dispatch loo
 warpgroup writes one state byte per worker warp to shared memory, every warp meets at the
 CTA-wide named barrier 1 (PTX ``barrier.sync 1``), the workers read their byte, run their
 partition, meet again, and read the next state (exit). Racecheck reports hazards between that
-read and those writes in every warp-specialized kernel (probe_warp_specialize-h100.log).
+read and those writes in every warp-specialized kernel (docs/notes/2026-11/probe_warp_specialize-h100.log).
 
 This replays the protocol in CUDA C (CuPy, NVRTC, sm_90a), 12 warps as Triton runs them: warps
 0-3 write (the default partition), 4-7 and 8-11 read (two worker partitions), with the same
@@ -25,7 +25,7 @@ barriers and the same register reconfiguration (setmaxnreg), in variants:
   (the 64-bit store by every writer thread; the warpgroup barriers before the first write; the
   store by every writer thread in the plain ``named_barrier`` protocol).
 
-    compute-sanitizer --tool racecheck python scripts/probe_racecheck_barriers.py
+    compute-sanitizer --tool racecheck python scripts/probes/probe_racecheck_barriers.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where the time of a split_row softmax goes (GPU): its two launches timed apart, beside a copy.
 
-    python scripts/probe_split_row_passes.py
+    python scripts/probes/probe_split_row_passes.py
 
 The 1x16M rows of the bench run `split_row`: a partials launch reads the row once and writes an
 (m, d) per chunk, a normalize launch merges them and reads the row again to write y. Each line
@@ -12,16 +12,14 @@ step must move at least (the partials: x read; the normalize: x read and y writt
 """
 
 import contextlib
-import importlib
 from unittest import mock
 
 import torch
 
 import onlinesoftmax
-from onlinesoftmax import plan as planner
 from onlinesoftmax.bench.harness import graph_time_ms, rotation_count
-
-softmax_module = importlib.import_module("onlinesoftmax.softmax")
+from onlinesoftmax.ops.softmax import launch as softmax_launch
+from onlinesoftmax.ops.softmax import plan as planner
 
 
 def skip(*args, **kwargs):
@@ -46,7 +44,7 @@ def main():
         print(f"{str(dtype)[6:]} 1x{n}: {plan.strategy}, {plan.num_chunks} chunks of {plan.chunk_size}, "
               f"{plan.num_warps} warps, block {plan.block_cols}", flush=True)
         for name, (fn, moved, skipped) in steps.items():
-            patch = mock.patch.object(softmax_module, skipped, skip) if skipped else contextlib.nullcontext()
+            patch = mock.patch.object(softmax_launch, skipped, skip) if skipped else contextlib.nullcontext()
             with patch:
                 ms = graph_time_ms(fn, xs)
             print(f"  {name:32s} {ms * 1e3:7.1f} us  {moved / ms / 1e6:5.0f} GB/s", flush=True)

@@ -1,9 +1,9 @@
 """Does Triton 3.6's automatic warp specialization on Hopper compute a plain loop of dots right?
 
-    python scripts/probe_warp_specialize.py        (on a Hopper GPU)
+    python scripts/probes/probe_warp_specialize.py        (on a Hopper GPU)
 
-The attention forward takes ``tl.range(..., warp_specialize=True)`` on the H100 (plan.py,
-ATTENTION_FORWARD_WARP_SPECIALIZED) for the one configuration that its tests and the sweep found
+The attention forward takes ``tl.range(..., warp_specialize=True)`` on the H100
+(ops/attention/plan.py, ATTENTION_FORWARD_WARP_SPECIALIZED) for the one configuration that its tests and the sweep found
 right; other configurations computed NaN (BLOCK_N = 64; 3 stages at head dim 64). This probe
 reduces the pattern to its core, no softmax: a tile A loaded once through a tensor descriptor,
 then a loop of tiles B through another, accumulating A @ B^T, with and without the specialization,

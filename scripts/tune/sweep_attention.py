@@ -1,4 +1,4 @@
-"""Sweep attention launch configs on the GPU and print plan.py's ATTENTION_CONFIGS rows, ready to paste.
+"""Sweep attention launch configs on the GPU and print ops/attention/plan.py's ATTENTION_CONFIGS rows, ready to paste.
 
 For each benchmark shape (bf16, causal and not), every candidate (BLOCK_M, BLOCK_N, num_warps,
 num_stages, loads) of the forward and of the backward (a dK/dV config paired with a
@@ -9,7 +9,7 @@ for causal), 2.5x that per backward.
 Budget: about 4 minutes on an H100, most of it compiling (each candidate compiles once per head dim
 and causality); candidates past DEADLINE_S are skipped and reported as such.
 
-    python scripts/sweep_attention.py [--quick] [--forward-only]
+    python scripts/tune/sweep_attention.py [--quick] [--forward-only | --backward-only]
 
 Forward loads: "pointer" (masked pointer loads), "descriptor" (3-D TMA descriptors per head), "rows"
 (2-D TMA descriptors over every head's rows in the unmasked key loop) and "ws" (rows, one loop,
@@ -19,7 +19,6 @@ warp-specialized by Triton: num_warps counts one consumer warpgroup's warps).
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 import sys
 import time
@@ -28,16 +27,16 @@ import torch
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from onlinesoftmax import plan
-
-attention_module = importlib.import_module("onlinesoftmax.attention")
+import onlinesoftmax
+from onlinesoftmax.ops.attention import launch as attention_launch
+from onlinesoftmax.ops.attention import plan
 
 SHAPES = [(8, 16, 16, 1024, 128), (4, 16, 16, 4096, 128), (1, 16, 16, 16384, 128), (4, 32, 32, 4096, 64),
           (2, 32, 8, 8192, 128)]
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, loads). The first of each head dim is the plan of
 # 2026-11-23 (pointer loads); warp-specialized BLOCK_N = 64 at head dim 128 is here because it
-# computed NaN (a Triton 3.6 bug: see scripts/probe_warp_specialize.py), as did head dim 64
-# specialized with 3 stages or BLOCK_N = 64 (attention-sweep-forward-h100.log, runs 1-2).
+# computed NaN (a Triton 3.6 bug: see scripts/probes/probe_warp_specialize.py), as did head dim 64
+# specialized with 3 stages or BLOCK_N = 64 (docs/notes/2026-11/sweep_attention-forward-h100.log, runs 1-2).
 FORWARD_CANDIDATES = {
     128: [(128, 128, 8, 3, "pointer"), (128, 128, 8, 3, "rows"), (128, 128, 8, 2, "rows"),
           (128, 128, 4, 2, "ws"), (128, 64, 4, 3, "ws")],
@@ -45,10 +44,10 @@ FORWARD_CANDIDATES = {
          (64, 128, 4, 3, "rows"), (128, 64, 8, 3, "rows"), (128, 64, 4, 3, "rows"), (64, 64, 8, 4, "rows")],
 }
 # ((dK/dV config), (dQ config), use_descriptor), configs as (BLOCK_M, BLOCK_N, num_warps, num_stages).
-# The first of each head dim is the plan's (session 10), the second the plan before it. The plan's
-# register caps (plan.ATTENTION_MAX_REGISTERS) apply to every candidate of their head dim and
-# causality; scripts/probe_occupancy.py times configs with and without them. Two variants measured slower at every shape on the
-# H100 (attention-sweep-backward-h100.log, 2026-11-25) and were removed: the dQ kernel with the
+# The first of each head dim is the plan's, the second the plan before it. The plan's register caps
+# (ATTENTION_MAX_REGISTERS) apply to every candidate of their head dim and causality;
+# scripts/probes/probe_occupancy.py times configs with and without them. Two variants measured slower
+# at every shape on the H100 (docs/notes/2026-11/sweep_attention-backward-h100.log) and were removed: the dQ kernel with the
 # forward's row descriptors and warp specialization, and a dK/dV kernel that also adds dQ with
 # float32 atomics (five matrix products per block pair instead of seven; 246 against 289 TFLOP/s
 # at head dim 128, its registers full).
@@ -78,15 +77,18 @@ def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def force(kernel, config):
-    # The sweep replaces the kernel's table with one row covering every head dim.
-    plan.ATTENTION_CONFIGS[kernel] = ((1 << 30, config, config),)
+def forced(**configs):
+    """override_plan's tables for one candidate: each named kernel's table replaced by one row that
+    covers every head dim."""
+    return dict(ATTENTION_CONFIGS=dict(plan.ATTENTION_CONFIGS, **{
+        kernel: ((1 << 30, config, config),) for kernel, config in configs.items()}))
 
 
-def force_forward_loads(config, loads):
-    plan.ATTENTION_USE_DESCRIPTOR["forward"] = loads == "descriptor"
-    plan.ATTENTION_FORWARD_ROW_DESCRIPTORS = (64, 128, 256) if loads in ("rows", "ws") else ()
-    plan.ATTENTION_FORWARD_WARP_SPECIALIZED = {d: (config, config) for d in (64, 128, 256)} if loads == "ws" else {}
+def forced_forward(config, loads):
+    return dict(forced(forward=config),
+                ATTENTION_USE_DESCRIPTOR=dict(plan.ATTENTION_USE_DESCRIPTOR, forward=loads == "descriptor"),
+                ATTENTION_FORWARD_ROW_DESCRIPTORS=(64, 128, 256) if loads in ("rows", "ws") else (),
+                ATTENTION_FORWARD_WARP_SPECIALIZED={d: (config, config) for d in (64, 128, 256)} if loads == "ws" else {})
 
 
 def sdpa(q, k, v, causal, backend):
@@ -109,14 +111,7 @@ def main() -> int:
         print("needs a CUDA GPU")
         return 1
     start = time.time()
-    saved = {k: v for k, v in plan.ATTENTION_CONFIGS.items()}
-    saved_loads = (dict(plan.ATTENTION_USE_DESCRIPTOR), plan.ATTENTION_FORWARD_ROW_DESCRIPTORS,
-                   plan.ATTENTION_FORWARD_WARP_SPECIALIZED)
-
-    def restore():
-        plan.ATTENTION_CONFIGS.update(saved)
-        plan.ATTENTION_USE_DESCRIPTOR.update(saved_loads[0])
-        plan.ATTENTION_FORWARD_ROW_DESCRIPTORS, plan.ATTENTION_FORWARD_WARP_SPECIALIZED = saved_loads[1:]
+    saved = dict(plan.ATTENTION_CONFIGS)
     best_rows = {}  # (kernel, head_dim, causal) -> {candidate: [tflops per shape]}
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -149,14 +144,13 @@ def main() -> int:
                 if time.time() - start > DEADLINE_S:
                     print(f"  fwd {candidate}: skipped (past the {DEADLINE_S} s budget)")
                     continue
-                force("forward", candidate[:4])
-                force_forward_loads(candidate[:4], candidate[4])
                 try:
-                    out, lse = attention_module.launch_forward(q, k, v, mode, scale)
-                    chosen = plan.last_attention_plan()
-                    assert chosen.warp_specialize == (candidate[4] == "ws"), chosen
-                    err = rel(out, ref_out)
-                    ms = time_ms(lambda: attention_module.launch_forward(q, k, v, mode, scale))
+                    with onlinesoftmax.override_plan("attention", **forced_forward(candidate[:4], candidate[4])):
+                        out, lse = attention_launch.launch_forward(q, k, v, mode, scale)
+                        chosen = plan.last_attention_plan()
+                        assert chosen.warp_specialize == (candidate[4] == "ws"), chosen
+                        err = rel(out, ref_out)
+                        ms = time_ms(lambda: attention_launch.launch_forward(q, k, v, mode, scale))
                     tflops = f / ms / 1e9
                     status = "ok" if err <= TOLERANCE else f"WRONG ({err:.1e})"
                     print(f"  fwd {candidate}: {tflops:6.1f} TFLOP/s  rel err {err:.1e}  {status}")
@@ -164,22 +158,20 @@ def main() -> int:
                         best_rows.setdefault(("forward", head_dim, causal), {}).setdefault(candidate, []).append(tflops)
                 except Exception as exc:  # a config that does not compile (shared memory, registers)
                     print(f"  fwd {candidate}: error {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}")
-            restore()
-            out, lse = attention_module.launch_forward(q, k, v, mode, scale)
+            out, lse = attention_launch.launch_forward(q, k, v, mode, scale)
             for dkdv, dq_config, use_descriptor in [] if args.forward_only else BACKWARD_CANDIDATES[head_dim]:
                 candidate = (dkdv, dq_config, use_descriptor)
                 if time.time() - start > DEADLINE_S:
                     print(f"  bwd {candidate}: skipped (past the {DEADLINE_S} s budget)")
                     continue
-                force("backward_dkdv", dkdv)
-                force("backward_dq", dq_config)
+                def backward():
+                    return attention_launch.launch_backward(d_out, q, k, v, out, lse, mode, scale,
+                                                            use_descriptor=use_descriptor)
                 try:
-                    def backward():
-                        return attention_module.launch_backward(d_out, q, k, v, out, lse, mode, scale,
-                                                                use_descriptor=use_descriptor)
-                    grads = backward()
-                    err = max(rel(g, r) for g, r in zip(grads, ref_grads))
-                    ms = time_ms(backward)
+                    with onlinesoftmax.override_plan("attention", **forced(backward_dkdv=dkdv, backward_dq=dq_config)):
+                        grads = backward()
+                        err = max(rel(g, r) for g, r in zip(grads, ref_grads))
+                        ms = time_ms(backward)
                     tflops = 2.5 * f / ms / 1e9
                     status = "ok" if err <= TOLERANCE else f"WRONG ({err:.1e})"
                     print(f"  bwd {candidate}: {tflops:6.1f} TFLOP/s  max rel err {err:.1e}  {status}")
@@ -187,8 +179,6 @@ def main() -> int:
                         best_rows.setdefault(("backward", head_dim, causal), {}).setdefault(candidate, []).append(tflops)
                 except Exception as exc:
                     print(f"  bwd {candidate}: error {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}")
-            restore()
-            del qg, kg, vg, ref_out, ref_grads
     print(f"\nbest per (kernel, head dim, causal), geometric mean over the shapes ({time.time() - start:.0f} s):")
     table = {}
     for (kernel, head_dim, causal), results in sorted(best_rows.items()):
@@ -196,7 +186,7 @@ def main() -> int:
         print(f"  {kernel:8s} D={head_dim:3d} {'causal    ' if causal else 'non-causal'} {best}: "
               f"{statistics.geometric_mean(results[best]):.1f} TFLOP/s over {len(results[best])} shape(s)")
         table[(kernel, head_dim, causal)] = best
-    print("\n# plan.py ATTENTION_CONFIGS (rows not measured keep their current values; the loads of the best\n"
+    print("\n# ops/attention/plan.py ATTENTION_CONFIGS (rows not measured keep their current values; the loads of the best\n"
           "# candidates above go to ATTENTION_USE_DESCRIPTOR, ATTENTION_FORWARD_ROW_DESCRIPTORS and\n"
           "# ATTENTION_FORWARD_WARP_SPECIALIZED):")
     for kernel, parts in (("forward", (0,)), ("backward_dkdv", (0,)), ("backward_dq", (1,))):

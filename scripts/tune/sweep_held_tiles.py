@@ -1,11 +1,11 @@
 """Tiles held at 16 bits (GPU): the on-chip forward kernels with the chunk kept in its input dtype
 while it waits, against the same kernels holding fp32, on the bench shapes where it matters.
 
-    python scripts/sweep_held_tiles.py [--cols 32768]   (only the cases of rows that long)
+    python scripts/tune/sweep_held_tiles.py [--cols 32768]   (only the cases of rows that long)
 
 split_row_on_chip (2-byte forward): the chunk waits for its row at 16 bits (widen_opaque; 40
 registers a thread instead of 60 at 8192 x 8 warps, ptxas for sm_90), under the plan's register
-cap (plan.SPLIT_ON_CHIP_MAX_REGISTERS: 32, 6 -> 8 programs an SM) and without it; "fp32 hold" runs
+cap (SPLIT_ON_CHIP_MAX_REGISTERS: 32, 6 -> 8 programs an SM) and without it; "fp32 hold" runs
 the same kernel with the inline-PTX widening off, which lets the compiler keep the fp32 chunk
 across the wait. row_on_chip (bf16 1024x32768): the row held at 16 bits (32 registers at 32
 warps: 2 programs an SM instead of 1) or as fp32. Float32 softmax and log_softmax: the plan with
@@ -13,8 +13,8 @@ and without the register cap.
 
 Each line: CUDA-graph replays over rotated inputs (the kernel) and do_bench with L2 flushes (eager,
 what the bench reports), GB/s counting x read once and y written once, and the relative error
-against float64 on the first input. (The 2026-11-25 ~09:32 run in the log also timed other tiles
-and warps, since removed from here: none beat the plan's.)
+against float64 on the first input. (The first run in docs/notes/2026-11/sweep_held_tiles-h100.log
+also timed other tiles and warps, since removed from here: none beat the plan's.)
 """
 
 import argparse
@@ -24,16 +24,18 @@ from unittest import mock
 import torch
 
 import onlinesoftmax
-from onlinesoftmax import plan
 from onlinesoftmax.bench.harness import copy_bandwidth_gbs, graph_time_ms, relative_error, rotation_count, time_ms
-from tune_softmax import constants  # scripts/ is on the path when a script runs
+from onlinesoftmax.ops.softmax import launch as softmax_launch
+from onlinesoftmax.ops.softmax import plan
 
 
 @contextlib.contextmanager
 def settings(fp32_hold=False, **values):
-    # plan constants as in tune_softmax; fp32_hold turns the inline-PTX widening off.
-    patch = mock.patch.object(plan, "inline_ptx_allowed", lambda: False) if fp32_hold else contextlib.nullcontext()
-    with constants(**values), patch:
+    # Plan tables through override_plan (which also forgets the launch recipes, so the patch below
+    # reaches the next recipe built); fp32_hold turns the inline-PTX widening off.
+    patch = (mock.patch.object(softmax_launch, "inline_ptx_allowed", lambda: False) if fp32_hold
+             else contextlib.nullcontext())
+    with onlinesoftmax.override_plan("softmax", **values), patch:
         yield
 
 

@@ -1,6 +1,6 @@
-"""split_row_on_chip forward on the H100: three experiments behind plan.py's choices (GPU).
+"""split_row_on_chip forward on the H100: three experiments behind ops/softmax/plan.py's choices (GPU).
 
-    python scripts/sweep_split_on_chip.py {wait,pipelined,sync}
+    python scripts/tune/sweep_split_on_chip.py {wait,pipelined,sync}
 
 wait:      the kernel as first written, with the row wait removed (WAIT=0, wrong results, timing
            only) and with tickets replaced by program ids: what the wait itself costs. It calls
@@ -12,7 +12,7 @@ sync:      how a program polls its row counter (atomic or volatile load), the co
            (PAD 32 = one 128-byte line each, adopted) and a nanosleep back-off.
 
 Times are CUDA-graph replays over rotated inputs; GB/s counts x read once and y written once.
-Output of the 2026-11-23 runs: benchmarks/results/sweep_split_on_chip-h100.log.
+Output of the 2026-11-23 runs: docs/notes/2026-11/sweep_split_on_chip-h100.log.
 """
 import sys
 

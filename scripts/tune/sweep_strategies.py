@@ -1,6 +1,6 @@
-"""Time every strategy forced on every shape of the standard grid (tuning data for plan.py).
+"""Time every strategy forced on every shape of the standard grid (tuning data for ops/softmax/plan.py).
 
-    python scripts/sweep_strategies.py [--out sweep.json] [--shapes 256x151936,1x1048576]
+    python scripts/tune/sweep_strategies.py [--out sweep.json] [--shapes 256x151936,1x1048576]
 
 Each timing is the median of triton.testing.do_bench over input buffers rotated so that at least
 400 MB are cycled (no L2-resident numbers); GB/s counts each input read once and each output
@@ -11,13 +11,12 @@ import argparse
 import json
 
 import torch
-import triton
 
 import onlinesoftmax
-from onlinesoftmax import plan
-from onlinesoftmax.softmax import launch_backward
+from onlinesoftmax._device import next_power_of_2
 from onlinesoftmax.bench.harness import copy_bandwidth_gbs, rotation_count, time_ms
 from onlinesoftmax.bench.softmax_suite import GRID
+from onlinesoftmax.ops.softmax.launch import launch_backward
 
 CASES = [("row_on_chip", "auto"), ("split_row_on_chip", "auto"), ("looped", "online"), ("looped", "safe"),
          ("split_row", "online"), ("split_row", "safe")]
@@ -39,7 +38,7 @@ def main():
             line = [f"{str(dtype)[6:]:8s} {rows:6d}x{cols:<9d}"]
             candidates = [("torch", lambda x: torch.softmax(x, -1))]
             for strategy, algorithm in CASES:
-                if strategy == "row_on_chip" and plan.next_power_of_2(cols) > 65536:
+                if strategy == "row_on_chip" and next_power_of_2(cols) > 65536:
                     continue
                 candidates.append((f"{strategy}/{algorithm}",
                                    lambda x, s=strategy, a=algorithm: onlinesoftmax.softmax(x, -1, algorithm=a, strategy=s)))
@@ -61,7 +60,7 @@ def main():
             line = [f"  bwd {str(dtype)[6:]:8s} {rows:6d}x{cols:<9d}"]
             bwd = [("torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype))]
             for strategy in ("row_on_chip", "split_row_on_chip", "looped", "split_row", None):
-                if strategy == "row_on_chip" and plan.next_power_of_2(cols) > 32768:
+                if strategy == "row_on_chip" and next_power_of_2(cols) > 32768:
                     continue
                 bwd.append((str(strategy), lambda y, dy, s=strategy: launch_backward(y, dy, 1, False, strategy=s)))
             for name, fn in bwd:

@@ -1,6 +1,6 @@
 """Tuning data for softmax_topk (GPU): every insertion scheme, block and warp count on the issue's grid.
 
-    python scripts/sweep_topk.py [--out sweep_topk.json] [--quick] [--dtypes fp32,bf16]
+    python scripts/tune/sweep_topk.py [--out sweep_topk.json] [--quick] [--dtypes fp32,bf16]
                                  [--schemes one_by_one,compact,lane_best,lane_best2,lane_best_lanes,lane_best2_lanes]
                                  [--configs 1024x4,2048x8]
                                  [--max-k 16] [--cases 1024x25000x5,4096x4096x8]
@@ -20,10 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
-from onlinesoftmax import plan, topk as topk_module
+import onlinesoftmax
 from onlinesoftmax._triton import load_scaled, merge_normalizers, online_update, NEG_INF
 from onlinesoftmax.bench.harness import copy_bandwidth_gbs, graph_time_ms, rotation_count
 from onlinesoftmax.bench.topk_suite import GRID
+from onlinesoftmax.ops.topk import launch as topk_launch
+from onlinesoftmax.ops.topk import plan
 
 
 @triton.jit
@@ -77,7 +79,7 @@ def main():
         configs += [(1024, 8, 4), (4096, 16, 4), (2048, 8, 8), (1024, 4, 8), (8192, 16, 4)]
     if args.configs:
         configs = [tuple(int(v) for v in c.split("x")) + (4,) for c in args.configs.split(",")]
-    # scheme -> (plan.TOPK_COMPACT_ABOVE_K, lane_keep, second_read): the running list inserting
+    # scheme -> (TOPK_COMPACT_ABOVE_K, lane_keep, second_read): the running list inserting
     # survivors one by one or compacting them, or the lanes keeping their best (any k: a sorting
     # network over the lanes' best above k = 16) or their two best (k <= plan.TOPK_LANE_KEEP2_MAX_K),
     # reading the chunk again when they must, or ("..._lanes") only the suspect lanes.
@@ -104,24 +106,24 @@ def main():
             compact_above_k, lane_keep, second_read = schemes[scheme]
             if lane_keep == 2 and k > plan.TOPK_LANE_KEEP2_MAX_K:
                 continue
-            plan.TOPK_WARPS, plan.TOPK_SPLIT_PROGRAMS_PER_SM, plan.TOPK_COMPACT_ABOVE_K = nw, pps, compact_above_k
-            plan.topk_plan.cache_clear()
-            chosen = plan.topk_plan(rows, cols, k, dtype, torch.device("cuda"), None, block, None, lane_keep=lane_keep,
-                                    second_read=second_read)
-            if chosen.strategy == "single" and pps != 4:
-                continue  # the programs-per-SM knob only moves split plans
-            try:
-                got = topk_module.launch_forward(xs[0][0], k, 1.0, None, block, None, lane_keep, second_read)[1]
-                ok = bool(torch.equal(got, want)) or dtype != torch.float32  # bf16 ties: torch's order
-                us = graph_time_ms(lambda x: topk_module.launch_forward(x, k, 1.0, None, block, None, lane_keep,
-                                                                        second_read), xs) * 1e3
-                base_us = None
-                if (block, nw, pps) not in normalizer_timed:
-                    normalizer_timed.add((block, nw, pps))
-                    base_us = graph_time_ms(lambda x: normalizer_only(x, chosen), xs) * 1e3
-            except Exception as exc:
-                print(f"   block {block} warps {nw} pps {pps} {scheme}: {type(exc).__name__} {exc}"[:200])
-                continue
+            tables = dict(TOPK_WARPS=nw, TOPK_SPLIT_PROGRAMS_PER_SM=pps, TOPK_COMPACT_ABOVE_K=compact_above_k)
+            with onlinesoftmax.override_plan("topk", **tables):
+                chosen = plan.topk_plan(rows, cols, k, dtype, torch.device("cuda"), None, block, None,
+                                        lane_keep=lane_keep, second_read=second_read)
+                if chosen.strategy == "single" and pps != 4:
+                    continue  # the programs-per-SM knob only moves split plans
+                try:
+                    got = topk_launch.launch_forward(xs[0][0], k, 1.0, None, block, None, lane_keep, second_read)[1]
+                    ok = bool(torch.equal(got, want)) or dtype != torch.float32  # bf16 ties: torch's order
+                    us = graph_time_ms(lambda x: topk_launch.launch_forward(x, k, 1.0, None, block, None, lane_keep,
+                                                                            second_read), xs) * 1e3
+                    base_us = None
+                    if (block, nw, pps) not in normalizer_timed:
+                        normalizer_timed.add((block, nw, pps))
+                        base_us = graph_time_ms(lambda x: normalizer_only(x, chosen), xs) * 1e3
+                except Exception as exc:
+                    print(f"   block {block} warps {nw} pps {pps} {scheme}: {type(exc).__name__} {exc}"[:200])
+                    continue
             results.append(dict(dtype=str(dtype), rows=rows, cols=cols, k=k, block=block, warps=nw,
                                 programs_per_sm=pps, scheme=scheme, second_read=second_read, strategy=chosen.strategy,
                                 num_chunks=chosen.num_chunks, us=us, normalizer_us=base_us, floor_us=floor_us,

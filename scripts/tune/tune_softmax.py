@@ -1,7 +1,7 @@
-"""Tuning data for plan.py's constants (GPU): time the forward softmax on the shapes where a setting
-is in doubt, under alternative values of the constants, in one process.
+"""Tuning data for ops/softmax/plan.py's tables (GPU): time the softmax on the shapes where a setting
+is in doubt, under alternative values of the tables (onlinesoftmax.override_plan), in one process.
 
-    python scripts/tune_softmax.py [--out tune.json] [--strategy split_row_on_chip] [--backward] [--shapes 4096x4096]
+    python scripts/tune/tune_softmax.py [--out tune.json] [--strategy split_row_on_chip] [--backward] [--shapes 4096x4096]
 
 Each line is one shape and one constant set; GB/s counts x read once and y written once (backward:
 y and dy read, dx written). Times are
@@ -9,34 +9,15 @@ CUDA-graph replays (the kernels' own cost, without host launch overhead) over ro
 """
 
 import argparse
-import contextlib
-import importlib
 import itertools
 import json
 
 import torch
 
 import onlinesoftmax
-from onlinesoftmax import plan
 from onlinesoftmax.bench.harness import copy_bandwidth_gbs, graph_time_ms, rotation_count
-
-softmax_module = importlib.import_module("onlinesoftmax.softmax")
-
-
-@contextlib.contextmanager
-def constants(**values):
-    saved = {name: getattr(plan, name) for name in values}
-    for name, value in values.items():
-        setattr(plan, name, value)
-    plan._choose.cache_clear()
-    softmax_module._RECIPES.clear()
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(plan, name, value)
-        plan._choose.cache_clear()
-        softmax_module._RECIPES.clear()
+from onlinesoftmax.ops.softmax import launch as softmax_launch
+from onlinesoftmax.ops.softmax import plan
 
 
 def split_variants():
@@ -60,7 +41,7 @@ def on_chip_variants(max_cols):
 
 def on_chip_grid_variants():
     # Short rows: rows packed per program (tile) and warps per tile. (The 2026-11-25 runs also
-    # crossed these with a persistent grid, since removed: tune_row_on_chip-h100.json.)
+    # crossed these with a persistent grid, since removed: docs/notes/2026-11/tune_softmax-row_on_chip-h100.json.)
     base = plan.WARPS_BY_TILE_ELEMENTS
     for tile, warps_scale in itertools.product((1024, 2048, 4096), (0.5, 1)):
         table = tuple((limit, max(1, min(32, int(w * warps_scale)))) for limit, w in base)
@@ -87,8 +68,8 @@ CASES = [
     (torch.float32, 16, 262144, "split_row", split_variants),
     (torch.bfloat16, 16, 262144, "split_row", split_variants),
     (torch.float32, 256, 151936, "split_row", split_variants),
-    # The rows that still take split_row on the bench grid (probe_split_row_passes-h100.log: its
-    # partials pass reads at 62-76% of copy there); not yet run.
+    # The rows that still take split_row on the bench grid (its partials pass reads at 62-76% of
+    # copy there: docs/notes/2026-11/probe_split_row_passes-h100.log).
     (torch.float32, 1, 16777216, "split_row", split_variants),
     (torch.bfloat16, 1, 16777216, "split_row", split_variants),
     (torch.float32, 256, 151936, "looped", looped_variants),
@@ -134,7 +115,7 @@ def main():
         if args.backward:  # y, dy -> dx
             xs = [(torch.softmax(torch.randn(rows, cols, device="cuda"), -1).to(dtype),
                    torch.randn(rows, cols, device="cuda", dtype=dtype)) for _ in range(count)]
-            call = lambda y, dy: softmax_module.launch_backward(y, dy, 1, False, strategy=strategy)  # noqa: E731
+            call = lambda y, dy: softmax_launch.launch_backward(y, dy, 1, False, strategy=strategy)  # noqa: E731
         else:
             xs = [(torch.randn(rows, cols, device="cuda", dtype=dtype),) for _ in range(count)]
             call = lambda x: onlinesoftmax.softmax(x, strategy=strategy)  # noqa: E731
@@ -143,7 +124,7 @@ def main():
         graph_time_ms(call, xs)
         best = None
         for values in [{}] + list(variants()):
-            with constants(**values):
+            with onlinesoftmax.override_plan("softmax", **values):
                 try:
                     ms = graph_time_ms(call, xs)
                 except Exception as exc:  # too many registers for a tile, say: report and go on

@@ -1,0 +1,214 @@
+"""Every Triton kernel variant launched once at small sizes on a CUDA GPU, for compute-sanitizer.
+
+    compute-sanitizer --tool memcheck python -m pytest -q -m sanitizer tests/test_sanitizer_exercises.py
+    compute-sanitizer --tool racecheck python -m pytest -q -m sanitizer tests/test_sanitizer_exercises.py
+
+The sanitizer instruments the kernels; each test also checks what the launches return (against
+float64 torch, or for finite outputs where the op's own tests check the values), so a launch that
+reads or writes the wrong memory fails here without the sanitizer too. The op test modules check
+results thoroughly; these exist to put every variant (strategy, selection, load path, register
+cap, warp specialization) in front of the sanitizer in one short process. Skipped without a CUDA
+GPU: the interpreter's kernels are NumPy, with nothing to sanitize.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import onlinesoftmax
+from onlinesoftmax import cpu
+from onlinesoftmax._device import next_power_of_2
+from onlinesoftmax.ops.attention import launch as attention_launch
+from onlinesoftmax.ops.attention import plan as attention_plan
+from onlinesoftmax.ops.softmax import plan as softmax_plan
+from onlinesoftmax.ops.topk import launch as topk_launch
+
+if not torch.cuda.is_available():
+    pytest.skip("the sanitizer exercises need a CUDA GPU", allow_module_level=True)
+pytestmark = pytest.mark.sanitizer
+
+DEVICE = torch.device("cuda")
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _all_finite(*tensors: torch.Tensor) -> bool:
+    torch.cuda.synchronize()
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+# --------------------------------------------------------------------------------------------
+# softmax, log_softmax, logsumexp: every strategy and algorithm, forward and backward
+# --------------------------------------------------------------------------------------------
+
+SOFTMAX_CASES = [("row_on_chip", "auto"), ("split_row_on_chip", "auto"), ("looped", "online"), ("looped", "safe"),
+                 ("split_row", "online"), ("split_row", "safe")]
+
+# Small split_row_on_chip chunks (1024 / 512 fp32 elements), so that the long rows below take 13
+# (forward) and 25 (backward) programs each, which meet at their row's counter; row_on_chip holds
+# every 2-byte row in its own dtype (the plan does so for bf16 rows of 32768 only).
+SMALL_CHUNKS = dict(SPLIT_ON_CHIP_TILE_BYTES={"forward": 4096, "backward": 2048},
+                    SPLIT_ON_CHIP_WARP_BYTES={"forward": 1024, "backward": 1024},
+                    ROW_ON_CHIP_HOLD_INPUT_MIN_COLS={torch.bfloat16: 1, torch.float16: 1})
+
+
+@pytest.mark.parametrize("strategy,algorithm", SOFTMAX_CASES, ids=[f"{s}-{a}" for s, a in SOFTMAX_CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_softmax_strategies(dtype, strategy, algorithm):
+    gen = torch.Generator().manual_seed(0)
+    bad = []
+    with onlinesoftmax.override_plan("softmax", **SMALL_CHUNKS):
+        for cols in (37, 3 * softmax_plan.STREAM_BLOCK[dtype.itemsize] + 17):
+            if strategy == "row_on_chip" and next_power_of_2(cols) > softmax_plan.ROW_ON_CHIP_MAX_COLS[dtype.itemsize]:
+                continue
+            for dim, shape in ((-1, (3, cols)), (0, (cols, 3))):
+                x = (torch.randn(shape, generator=gen) * 3).to(dtype).to(DEVICE).requires_grad_()
+                for ours, ref in ((onlinesoftmax.softmax, torch.softmax), (onlinesoftmax.log_softmax, torch.log_softmax)):
+                    y = ours(x, dim, algorithm=algorithm, strategy=strategy)
+                    assert softmax_plan.last_plan().strategy == strategy
+                    dy = torch.randn_like(y)
+                    (dx,) = torch.autograd.grad(y, x, dy)
+                    x64 = x.detach().double().requires_grad_()
+                    y64 = ref(x64, dim)
+                    (dx64,) = torch.autograd.grad(y64, x64, dy.double())
+                    err, grad_err = _rel(y, y64), _rel(dx, dx64)
+                    if not (err < 2e-2 and grad_err < 2e-2):
+                        bad.append(f"{ours.__name__} {shape} dim={dim}: err {err:.1e}, grad err {grad_err:.1e}")
+                lse = onlinesoftmax.logsumexp(x.detach(), dim, strategy=strategy)
+                lse_err = (lse.double() - torch.logsumexp(x.detach().double(), dim)).norm().item()
+                if not lse_err < 1e-1:
+                    bad.append(f"logsumexp {shape} dim={dim}: error {lse_err:.1e}")
+    torch.cuda.synchronize()
+    assert not bad, bad
+
+
+# --------------------------------------------------------------------------------------------
+# softmax_topk: single and split launches, every selection and second read, the backward
+# --------------------------------------------------------------------------------------------
+
+def _topk_selections(k: int, strided: bool):
+    """The plan's selection; contiguous runs also force every other one k allows (the running
+    list, one or two kept per lane, each with either second read)."""
+    if strided:
+        return [(None, None)]
+    return [(None, None), (0, None)] + [(keep, second_read) for keep in (1, 2) if k <= (16, 64)[keep - 1]
+                                        for second_read in ("chunk", "lanes")]
+
+
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+@pytest.mark.parametrize("strategy,num_chunks", [("single", None), ("split", 3)], ids=["single", "split"])
+@pytest.mark.parametrize("k", [1, 5, 50, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_topk_selections(dtype, k, strategy, num_chunks, strided):
+    # K lists of 2 / 8 / 64 / 256 over 6 rows of 700 columns in blocks of 64 (rows end mid-block),
+    # with a NaN row, an all -inf row and a row holding several of its top k in one lane of 64,
+    # which makes the lane selections read again.
+    gen = torch.Generator().manual_seed(0)
+    for lane_keep, second_read in _topk_selections(k, strided):
+        base = torch.randn(700, 6, generator=gen).to(dtype).to(DEVICE)
+        x2 = base.t() if strided else base.t().contiguous()
+        x2[1, 10] = float("nan")
+        x2[2] = float("-inf")
+        x2[4, 3:300:64] = 30.0
+        values, indices, lse = topk_launch.launch_forward(x2, k, 0.9, strategy, 64, num_chunks, lane_keep, second_read)
+        dv = torch.randn_like(values, dtype=torch.float32)
+        dx = topk_launch.launch_backward(x2, lse, indices, dv, torch.randn_like(lse), 0.9, strategy, 64, num_chunks)
+        what = f"lane_keep={lane_keep} second_read={second_read}"
+        assert _all_finite(values[3:], dx[3:]), what
+        assert bool((indices >= 0).all()) and bool((indices < 700).all()), what
+
+
+# --------------------------------------------------------------------------------------------
+# attention: every head dim, causal mode and load path, forward and backward
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("use_descriptor", [True, False], ids=["descriptors", "pointers"])
+@pytest.mark.parametrize("mode", ["none", "top_left", "bottom_right"])
+@pytest.mark.parametrize("head_dim", [32, 80, 256])
+def test_attention_load_paths(head_dim, mode, use_descriptor):
+    # Head dims 32, 80 (padded to 128) and 256; GQA (4 query heads on 2 KV heads); 70 queries and 45
+    # keys end mid-block, and bottom-right causal leaves the first queries no visible key.
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 70, head_dim, generator=gen).bfloat16().to(DEVICE)
+    k, v = (torch.randn(1, 2, 45, head_dim, generator=gen).bfloat16().to(DEVICE) for _ in range(2))
+    out, lse = attention_launch.launch_forward(q, k, v, mode, head_dim ** -0.5, use_descriptor=use_descriptor)
+    grads = attention_launch.launch_backward(torch.randn_like(out), q, k, v, out, lse, mode, head_dim ** -0.5,
+                                             use_descriptor=use_descriptor)
+    assert _all_finite(out, *grads)
+
+
+@pytest.mark.parametrize("mode", ["none", "top_left", "bottom_right"])
+@pytest.mark.parametrize("head_dim,n_keys", [(64, 200), (128, 256)], ids=["rows-D64", "warp-specialized-D128"])
+def test_attention_forward_row_paths(head_dim, n_keys, mode):
+    # The forward's row descriptors (head dim 64, keys ending mid-block) and its warp-specialized
+    # loop (head dim 128, keys in whole blocks; the last query block reads past its head), checked
+    # against the blockwise torch evaluation on the GPU.
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 70, head_dim, generator=gen).bfloat16().to(DEVICE)
+    k, v = (torch.randn(2, 2, n_keys, head_dim, generator=gen).bfloat16().to(DEVICE) for _ in range(2))
+    out, lse = attention_launch.launch_forward(q, k, v, mode, head_dim ** -0.5)
+    chosen = attention_plan.last_attention_plan()
+    ref, _ = cpu.attention_forward(q, k, v, mode, head_dim ** -0.5)
+    error = _rel(out.float(), ref.float())
+    what = f"rows={chosen.row_descriptors} warp-specialized={chosen.warp_specialize} rel err {error:.1e}"
+    assert _all_finite(out, lse[lse > float("-inf")]), what
+    assert error < 2e-2, what
+
+
+# --------------------------------------------------------------------------------------------
+# The work log's ladder (numba-cuda)
+# --------------------------------------------------------------------------------------------
+
+def _ladder():
+    if importlib.util.find_spec("numba") is None:
+        pytest.skip("numba-cuda is not installed (pip install -e '.[ladder]')")
+    from onlinesoftmax import ladder
+
+    if ladder.SIMULATED:
+        pytest.skip("numba.cuda is the simulator in this process (NUMBA_ENABLE_CUDASIM): nothing to sanitize")
+    return ladder
+
+
+def _ladder_error(out: torch.Tensor, ref: torch.Tensor) -> str | None:
+    finite = torch.isfinite(ref)
+    err = ((out.double()[finite] - ref[finite]).norm() / ref[finite].norm()).item()
+    nan_ok = torch.equal(torch.isnan(out), torch.isnan(ref))
+    return None if err <= 1e-5 and nan_ok else f"rel err {err:.1e}, NaN placement {'ok' if nan_ok else 'WRONG'}"
+
+
+def test_ladder_row_steps():
+    # Every row step in both builds (IEEE and fastmath): non-power-of-two rows, rows shorter than
+    # the block, rows with -inf entries and an all -inf row.
+    ladder = _ladder()
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(37, 1000, generator=gen) * 3).to(DEVICE)
+    x[::3, :100] = float("-inf")
+    x[5] = float("-inf")
+    short = torch.randn(6, 70, generator=gen).to(DEVICE)
+    bad = []
+    for name, fn, _ in ladder.ROW_STEPS:
+        for fastmath in (False, True):
+            problem = _ladder_error(fn(x, fastmath=fastmath), torch.softmax(x.double(), -1))
+            if problem:
+                bad.append(f"{name} fastmath={fastmath} 37x1000: {problem}")
+        problem = _ladder_error(fn(short), torch.softmax(short.double(), -1))
+        if problem:
+            bad.append(f"{name} 6x70: {problem}")
+    torch.cuda.synchronize()
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("n,partial_blocks", [(100_003, None), (100_003, 3), (70, None)])
+def test_ladder_vector(n, partial_blocks):
+    # Step 5 (three kernels over one vector) with fewer partials than threads and more; half -inf.
+    ladder = _ladder()
+    v = (torch.randn(n, generator=torch.Generator().manual_seed(0)) * 3).to(DEVICE)
+    v[: n // 2] = float("-inf")
+    out = ladder.softmax_vector_three_kernels(v, partial_blocks=partial_blocks)
+    problem = _ladder_error(out, torch.softmax(v.double(), -1))
+    assert problem is None, problem

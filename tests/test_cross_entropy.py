@@ -382,8 +382,10 @@ def test_deterministic(inplace, gen):
 def test_stream_chunks_loop_over_tiles(plan_override, gen):
     # Rows of more tiles than STREAM_MAX_CHUNKS give each program several tiles.
     plan_override(op="cross_entropy", STREAM_MAX_CHUNKS=2)
-    x = make_logits((5, 200), torch.float32, gen, outliers=False)
-    target = _targets(5, 200, gen)
+    # Several tiles a row: the interpreter's 32 columns a tile, or the GPU's STREAM_BLOCK.
+    cols = 200 if not ON_GPU else 5 * plan.STREAM_BLOCK[4] + 3
+    x = make_logits((5, cols), torch.float32, gen, outliers=False)
+    target = _targets(5, cols, gen)
     assert_matches(cross_entropy(x, target, reduction="none", label_smoothing=0.1),
                    reference(x, target, reduction="none", label_smoothing=0.1), torch.float32)
     assert plan.last_plan().num_chunks == 2 and plan.last_plan().tiles_per_chunk > 1

@@ -11,79 +11,18 @@ hangs fails the test instead of CI.
 
 from __future__ import annotations
 
-import datetime
-import importlib
-import os
-import tempfile
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import onlinesoftmax
 from onlinesoftmax import distributed
 
 from conftest import DEVICE, ON_GPU, TRITON_RUNS, assert_matches, make_logits
+from worlds import run_world, shard_bounds
 
-# Seconds: process-group init, and the whole world (spawn, imports, checks). A hang fails here.
-INIT_TIMEOUT_S = 60
-WORLD_TIMEOUT_S = 150
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 STRATEGIES = ("split_row", "torch") if TRITON_RUNS and not ON_GPU else (("split_row",) if ON_GPU else ("torch",))
-
-
-# --------------------------------------------------------------------------------------------
-# World machinery
-# --------------------------------------------------------------------------------------------
-
-
-def _worker(rank, world, init_file, seed, checks):
-    for key, value in NCCL_ENV.items():
-        os.environ.setdefault(key, value)
-    buffers = importlib.import_module("onlinesoftmax._buffers")
-    # The autouse poisoning fixture does not reach spawned processes: poison here too.
-    buffers.empty = lambda shape, dtype, device: torch.full(
-        shape, float("nan") if dtype.is_floating_point else torch.iinfo(dtype).max, dtype=dtype, device=device)
-    # One GPU per rank takes NCCL; ranks that share a GPU (the one-GPU machine) take gloo, which the
-    # distributed module stages through host memory: the ranks' kernels still run on the GPU.
-    backend = "nccl" if ON_GPU and torch.cuda.device_count() >= world else "gloo"
-    if ON_GPU:
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
-    try:
-        for check in checks:
-            globals()[check](rank, world, torch.Generator().manual_seed(seed))
-    finally:
-        dist.destroy_process_group()
-
-
-def run_world(world, checks, seed):
-    """Run the named check functions on every rank of a fresh world; fail on error or timeout."""
-    with tempfile.TemporaryDirectory() as tmp:
-        context = mp.start_processes(_worker, args=(world, os.path.join(tmp, "init"), seed, checks),
-                                     nprocs=world, join=False, start_method="spawn")
-        deadline = time.monotonic() + WORLD_TIMEOUT_S
-        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    if process.is_alive():
-                        process.terminate()
-                pytest.fail(f"world of {world} did not finish {checks} in {WORLD_TIMEOUT_S} s (hang?)")
-
-
-def shard_bounds(total, world, rank):
-    """Uneven contiguous shards: rank r gets about (r + 1) parts, the middle rank of 3 gets none."""
-    weights = [r + 1 for r in range(world)]
-    if world == 3:
-        weights[1] = 0
-    cuts = [0]
-    for w in weights:
-        cuts.append(cuts[-1] + total * w // sum(weights))
-    cuts[-1] = total
-    return cuts[rank], cuts[rank + 1]
 
 
 def take_shard(t, dim, world, rank):
@@ -125,7 +64,8 @@ def edge_logits(shape, dtype, gen, world):
 # --------------------------------------------------------------------------------------------
 
 
-def check_softmax_family(rank, world, gen):
+def check_softmax_family(rank, world, seed):
+    gen = torch.Generator().manual_seed(seed)
     for strategy in STRATEGIES:
         for dtype in (torch.float32, torch.bfloat16):
             for shape, dim in (((7, 37), 1), ((3, 29, 5), 1), ((6, 300), -1)):
@@ -151,7 +91,8 @@ def check_softmax_family(rank, world, gen):
                 assert gathered_equal_everywhere(lse), f"logsumexp differs across ranks {what}"
 
 
-def check_gradients(rank, world, gen):
+def check_gradients(rank, world, seed):
+    gen = torch.Generator().manual_seed(seed)
     for strategy in STRATEGIES:
         for dtype in (torch.float32, torch.bfloat16):
             # Flat rows and 120 columns: bf16 gradients y * (dy - dot) cancel where dy ~ dot, and
@@ -177,7 +118,8 @@ def check_gradients(rank, world, gen):
                            f"logsumexp grad rank {rank} {strategy} {dtype}")
 
 
-def check_topk(rank, world, gen):
+def check_topk(rank, world, seed):
+    gen = torch.Generator().manual_seed(seed)
     # (3, 8): k exceeds some shards
     for dtype, shape, k in ((torch.float32, (6, 50), 5), (torch.bfloat16, (4, 9), 4), (torch.float32, (3, 8), 8)):
         x = make_logits(shape, dtype, gen)
@@ -209,7 +151,8 @@ def attention_reference(q, k, v, mode):
     return p @ v, lse
 
 
-def check_attention(rank, world, gen):
+def check_attention(rank, world, seed):
+    gen = torch.Generator().manual_seed(seed)
     dtype = torch.bfloat16
     for n_queries, n_keys in ((5, 13), (13, 6), (13, 20)):
         q = torch.randn(1, 4, n_queries, 32, generator=gen).to(dtype).to(DEVICE)
@@ -250,7 +193,8 @@ def check_attention(rank, world, gen):
                                f"attention {name} {what}")
 
 
-def check_bad_input(rank, world, gen):
+def check_bad_input(rank, world, seed):
+    gen = torch.Generator().manual_seed(seed)
     full = make_logits((4, 10 + 11 * world), torch.float32, gen)
     x = take_shard(full, 1, world, rank)
     with pytest.raises(ValueError, match="sharded dim 0"):  # uneven shards of dim 1 reduced over dim 0
@@ -274,11 +218,11 @@ def check_bad_input(rank, world, gen):
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_ops(world, gen):
     seed = int(gen.initial_seed())
-    run_world(world, ["check_softmax_family", "check_gradients", "check_topk", "check_attention"], seed)
+    run_world(world, __name__, ["check_softmax_family", "check_gradients", "check_topk", "check_attention"], seed)
 
 
 def test_bad_input_errors_without_hanging(gen):
-    run_world(2, ["check_bad_input"], int(gen.initial_seed()))
+    run_world(2, __name__, ["check_bad_input"], int(gen.initial_seed()))
 
 
 def test_not_initialized_is_a_clear_error():

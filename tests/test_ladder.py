@@ -256,5 +256,6 @@ def test_bench_summary_orders_the_ladder_with_the_logs_figures():
 def test_bench_ladder_without_a_gpu_says_what_to_run_instead(capsys):
     from onlinesoftmax import cli
 
-    assert cli.main(["bench", "ladder"]) == 1
-    assert "tests/test_ladder.py" in capsys.readouterr().out
+    assert cli.main(["bench", "ladder"]) == 0  # the CPU check of the softmax it ends with passes
+    out = capsys.readouterr().out
+    assert "No CUDA GPU here" in out and "tests/test_ladder.py" in out

@@ -71,6 +71,20 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class LastPlan:
+    """``last()`` is the plan an op's launcher recorded last in this process (``record(plan)``):
+    tests force a strategy and assert that it ran."""
+
+    def __init__(self):
+        self.plan = None
+
+    def record(self, plan) -> None:
+        self.plan = plan
+
+    def last(self):
+        return self.plan
+
+
 # --------------------------------------------------------------------------------------------
 # Plan overrides
 # --------------------------------------------------------------------------------------------

@@ -19,6 +19,17 @@ INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 @triton.jit
+def mma(a, b, acc):
+    """acc + a @ b on the tensor cores (fp32 accumulator). Triton 3.6's interpreter multiplies
+    bfloat16 tiles in tl.dot as if they were integers (results off by 1e9); there the operands go
+    through fp32, which holds every bf16 value and product exactly. Compiled kernels never take
+    that branch."""
+    if INTERPRETING and a.dtype == tl.bfloat16:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def nan_max(a, b):
     # NaN must win the max, as in torch: logsumexp of a row holding NaN and +inf is NaN, not +inf.
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)

@@ -58,6 +58,8 @@ def cpu_check(suite: str) -> int:
 
     print(f"No CUDA GPU here: `bench {suite}` times GPU kernels, so it runs its CPU correctness "
           "check instead (no results written).")
+    if suite == "ladder":
+        print("The ladder's CUDA kernels run in numba's CUDA simulator: pytest tests/test_ladder.py")
     return run_checks(suite)
 
 

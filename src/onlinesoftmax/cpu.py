@@ -74,7 +74,7 @@ def backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, inv_tempera
 
 
 # --------------------------------------------------------------------------------------------
-# Attention (seed 004): the blockwise online algorithm of attention.py, a block of keys at a time
+# Attention (FlashAttention): the blockwise online algorithm of attention.py, a block of keys at a time
 # --------------------------------------------------------------------------------------------
 
 # Keys per block: bounds the (B, H, Sq, block) score tile in memory; the result does not depend on it

@@ -33,7 +33,7 @@ arXiv 1805.02867, and the notes derived from it):
 Precision: maxima, exponentials and the final division happen in the input's floating dtype
 (integers are promoted to float64). The one exception is the running sum ``d`` (and the
 attention accumulator), which is carried in at least float64, as the CPU reference in the CUDA
-log (seed 000) does: a float32 running sum over a thousand terms drifts by up to ~1e-5
+log does: a float32 running sum over a thousand terms drifts by up to ~1e-5
 relative, which would make a reference no better than the kernels it checks. Functions that
 return ``d`` return it in that accumulator dtype; everything else comes back in the input dtype.
 """

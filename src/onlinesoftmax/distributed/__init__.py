@@ -1,7 +1,7 @@
 """Softmax-family ops, top-k, attention and cross-entropy over a dimension sharded across ranks.
 
 Each rank reduces its shard to a few numbers per row with the library's own kernels (the (m, d)
-pair of seed 001, a partial attention's log-sum-exp), the ranks exchange those in one small
+pair of the online normalizer, a partial attention's log-sum-exp), the ranks exchange those in one small
 all_gather, and every rank finishes its shard from the same merged values, in rank order (bitwise
 the same on every rank and across runs). See ``softmax.py`` for why one gather and not two
 all-reduces.

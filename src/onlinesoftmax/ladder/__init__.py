@@ -1,4 +1,4 @@
-"""The seed work log's softmax ladder in numba-cuda: CPU loops (seed 000), four row kernels (seeds
+"""A CUDA softmax work log's ladder in numba-cuda: CPU loops (seed 000), four row kernels (seeds
 000/003: thread per row three-pass and online, block per row with a shared-memory tree and with warp
 shuffles) and seed 002's three-kernel 1-D softmax. Run them with ``onlinesoftmax bench ladder``.
 

@@ -1,6 +1,6 @@
-"""Flash attention (seed 004): the Triton kernels of the forward and the backward.
+"""Flash attention (Dao et al., 2022, arXiv:2205.14135): the Triton kernels of the forward and the backward.
 
-Seed 004 folds the online normalizer into attention: for each query row, one loop over the keys
+FlashAttention folds the online normalizer into attention: for each query row, one loop over the keys
 carries the running maximum ``m``, the running sum ``l`` of ``exp(s - m)`` and the output
 accumulator rescaled by ``exp(m_old - m_new)`` whenever the maximum grows, so the Sq x Sk score
 matrix never reaches device memory. The kernels do this a tile at a time: a block of BLOCK_M
@@ -35,31 +35,17 @@ loading, two consumer warpgroups computing; see the forward kernel for what that
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
-from ..._triton import NEG_INF
+from ..._triton import NEG_INF, mma
 
 LOG2E = 1.4426950408889634  # scores go to exp2 as scale * log2(e) * q.k
 LN2 = tl.constexpr(0.6931471805599453)  # the kernels' lse leaves log2 units: lse = (m + log2 l) ln 2
-# Triton 3.6's interpreter multiplies bfloat16 tiles in tl.dot as if they were integers (results
-# off by 1e9); there the operands go through fp32, which holds every bf16 value and product exactly.
-# Compiled kernels never take that branch (the constexpr is False outside the interpreter).
-INTERPRETER_DOT_IN_FP32 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 # --------------------------------------------------------------------------------------------
 # Shared tile helpers
 # --------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def mma(a, b, acc):
-    """acc + a @ b on the tensor cores (fp32 accumulator)."""
-    if INTERPRETER_DOT_IN_FP32 and a.dtype == tl.bfloat16:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-    return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -172,7 +158,7 @@ def forward_key_blocks(acc, l_i, m_i, q, desc_k, desc_v, k_base, v_base, kv_bh, 
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
                        MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, ROW_DESCRIPTORS: tl.constexpr,
                        WARP_SPECIALIZE: tl.constexpr):
-    """Seed 004's loop over keys [start_n, stop_n), a block at a time; scores in log2 units."""
+    """The online loop over keys [start_n, stop_n), a block at a time; scores in log2 units."""
     for block_start in tl.range(start_n, stop_n, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         k = load_key_tile(desc_k, k_base, kv_bh, block_start, n_keys, stride_ks, stride_kd, head_dim,
                           BLOCK_N, BLOCK_D, USE_DESCRIPTOR, ROW_DESCRIPTORS)  # [N, D]

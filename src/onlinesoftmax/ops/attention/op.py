@@ -1,4 +1,4 @@
-"""Flash attention (seed 004): custom ops for torch.compile, autograd, the public function.
+"""Flash attention (Dao et al., 2022): custom ops for torch.compile, autograd, the public function.
 
 See ``kernels.py`` for the algorithm and the memory traffic, ``plan.py`` for the block sizes.
 """
@@ -132,7 +132,7 @@ def validate(q, k, v, causal, scale, name: str = "attention"):
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
               scale: Optional[float] = None, return_lse: bool = False):
-    """Scaled dot-product attention in one pass over the keys (flash attention, seed 004).
+    """Scaled dot-product attention in one pass over the keys (FlashAttention, Dao et al., 2022, arXiv:2205.14135).
 
     ``out = softmax(scale * q @ k^T + mask) @ v`` without forming the score matrix.
 

@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from ..._device import interpreter_active, next_power_of_2, plan_cache
+from ..._device import LastPlan, interpreter_active, next_power_of_2, plan_cache
 from ..._launch import RegisterCap
 
 # Head dims 64 and 128: the best of a sweep on the H100; head dim 256 was not swept (a starting point).
@@ -128,14 +128,7 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, descri
 _CONFIG_FIELDS = ("block_m", "block_n", "num_warps", "num_stages")
 
 
-_last_attention_plan: AttentionPlan | None = None
-
-
-def record_attention(chosen: AttentionPlan) -> None:
-    global _last_attention_plan
-    _last_attention_plan = chosen
-
-
-def last_attention_plan() -> AttentionPlan | None:
-    """The plan of the most recent attention launch (forward, or backward's dK/dV kernel)."""
-    return _last_attention_plan
+_recorded = LastPlan()
+# The plan of the most recent launch in this process (tests assert which path ran).
+record_attention = _recorded.record
+last_attention_plan = _recorded.last

@@ -256,14 +256,7 @@ def linear_chunk_rows(rows: int, vocab: int, dtype: torch.dtype, chunk) -> int:
     return max(1, min(max(rows, 1), max(LINEAR_CHUNK_MULTIPLE, fit // LINEAR_CHUNK_MULTIPLE * LINEAR_CHUNK_MULTIPLE)))
 
 
-_last_plan: Plan | None = None
-
-
-def record(plan: Plan) -> None:
-    global _last_plan
-    _last_plan = plan
-
-
-def last_plan() -> Plan | None:
-    """The plan of the most recent cross_entropy launch in this process (tests assert which path ran)."""
-    return _last_plan
+_recorded = _device.LastPlan()
+# The plan of the most recent launch in this process (tests assert which path ran).
+record = _recorded.record
+last_plan = _recorded.last

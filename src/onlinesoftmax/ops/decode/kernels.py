@@ -27,27 +27,14 @@ one fixed order, so results are bitwise reproducible run to run.
 
 from __future__ import annotations
 
-import os
 
 import triton
 import triton.language as tl
 
-from ..._triton import NEG_INF, max_keep_nan, nan_max
+from ..._triton import NEG_INF, max_keep_nan, mma, nan_max
 
 LOG2E = 1.4426950408889634  # scores go to exp2 as scale * log2(e) * q.k
 LN2 = tl.constexpr(0.6931471805599453)  # lse in log2 units times ln 2: natural-log lse
-# Triton 3.6's interpreter multiplies bfloat16 tiles in tl.dot as if they were integers; there the
-# operands go through fp32, which holds every bf16 value and product exactly. Compiled kernels
-# never take that branch.
-INTERPRETER_DOT_IN_FP32 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
-
-
-@triton.jit
-def dot(a, b, acc):
-    """acc + a @ b with an fp32 accumulator (tensor cores when compiled)."""
-    if INTERPRETER_DOT_IN_FP32 and a.dtype == tl.bfloat16:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-    return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -208,7 +195,7 @@ def decode_split_kernel(
         # Masked keys load as zeros: past the sequence the cache may hold anything, NaN included,
         # and a NaN value row would survive its zero probability in p @ v.
         k = tl.load(k_head + (page * stride_kp + row * stride_ks)[:, None], mask=kv_mask, other=0.0)  # [N, D]
-        qk = dot(q, tl.trans(k), None)  # [M, N]
+        qk = mma(q, tl.trans(k), None)  # [M, N]
         qk = tl.where(keys[None, :] < row_stop[:, None], qk, NEG_INF)
         # scale > 0: the scaled maximum is the maximum scaled, and scaling and subtracting fuse.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -219,7 +206,7 @@ def decode_split_kernel(
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_head + (page * stride_vp + row * stride_vs)[:, None], mask=kv_mask, other=0.0)
-        acc = dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = mma(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
 
     # A row that saw no key (an empty sequence, or causal with more queries than keys) gives zeros

@@ -1,6 +1,6 @@
 """softmax, log_softmax and logsumexp: the Triton kernels of every strategy (see ``plan.py``).
 
-Every strategy computes the online normalizer (m, d) of each row (seed 001): the running maximum
+Every strategy computes the online normalizer (m, d) of each row (Milakov & Gimelshein, 2018): the running maximum
 m and the sum d of exp(x - m), merged with the associative operator
 
     (m_a, d_a) (+) (m_b, d_b) = (M, d_a e^(m_a - M) + d_b e^(m_b - M)),   M = max(m_a, m_b)

@@ -1,6 +1,6 @@
 """softmax, log_softmax and logsumexp: custom ops for torch.compile, autograd, the public functions.
 
-Every strategy computes the online normalizer (m, d) of each row (seed 001) and then writes
+Every strategy computes the online normalizer (m, d) of each row (Milakov & Gimelshein, 2018) and then writes
 y = exp(x - m) / d; ``plan.py`` picks where the row lives meanwhile, ``launch.py`` launches it.
 
 The public functions keep the host's work per call small, since training and serving code calls
@@ -225,7 +225,7 @@ def softmax(x: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None,
     temperature : float
         Divides the logits before the softmax; finite and > 0.
     algorithm : {"auto", "online", "safe"}
-        ``"safe"``: three passes over memory (max, sum, write), as in the seeds. ``"online"``: two
+        ``"safe"``: three passes over memory (max, sum, write), the classic safe softmax. ``"online"``: two
         (the (m, d) recurrence, then the write). ``"auto"``: the fastest strategy for the shape,
         one pass when the row fits on chip.
     strategy : str, optional

@@ -13,7 +13,7 @@ Strategies
 ``looped``
     One program per row, looping over it in blocks: the online pass computes (m, d) per lane and
     merges the lanes at the end, the second pass writes. ``algorithm="safe"`` adds a third pass
-    (max, then sum, then write) as in the seeds.
+    (max, then sum, then write), the classic safe softmax.
 ``split_row``
     Few long rows cannot fill the GPU with one program per row, so each row is cut into chunks:
     one launch writes a partial (m, d) per chunk, a second merges a row's partials with the (m, d)
@@ -47,7 +47,7 @@ import functools
 
 import torch
 
-from ..._device import cdiv, interpreter_active, next_power_of_2, plan_cache, sm_count
+from ..._device import LastPlan, cdiv, interpreter_active, next_power_of_2, plan_cache, sm_count
 from ..._launch import RegisterCap
 
 STRATEGIES = ("row_on_chip", "looped", "split_row", "split_row_on_chip", "torch", "vectorized")
@@ -324,14 +324,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 chunk_size=chunk, num_chunks=num_chunks, launches=launches)
 
 
-_last_plan: Plan | None = None
-
-
-def record(plan: Plan) -> None:
-    global _last_plan
-    _last_plan = plan
-
-
-def last_plan() -> Plan | None:
-    """The plan of the most recent softmax-family launch in this process (tests assert which path ran)."""
-    return _last_plan
+_recorded = LastPlan()
+# The plan of the most recent launch in this process (tests assert which path ran).
+record = _recorded.record
+last_plan = _recorded.last

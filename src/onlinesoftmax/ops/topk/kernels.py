@@ -1,4 +1,4 @@
-"""Fused softmax + top-k (seed 001, "Softmax and TopK fusion"): the Triton kernels.
+"""Fused softmax + top-k (Milakov & Gimelshein, 2018, "Softmax and TopK fusion"): the Triton kernels.
 
 One read of x per row: each program streams its columns in blocks, keeping the online normalizer
 (m, d) per lane and a running list of the K_POW2 best candidates. Unfused, torch reads x, writes
@@ -267,7 +267,7 @@ def topk_stream_kernel(
         # of them than it kept: exactly when a runner-up reaches the list's k-th value (>=: on a
         # tie the runner-up may hold the lower column). Then, or when the lanes kept fewer than k
         # elements above -inf, stream the chunk again with the exact list (a second read, from L2
-        # when recent). Registers per thread (scripts/kernel_resources.py, ptxas for sm_90, fp32, the
+        # when recent). Registers per thread (scripts/probes/kernel_resources.py, ptxas for sm_90, fp32, the
         # plans' 512 lanes / 4 warps): 48 keeping one at 4096x4096 k8, 56 keeping two at
         # 1024x25000 k5, 64 at k = 50; the running list holds 168 at k = 50.
         m, d, first, first_col, second, second_col, runner_up = scan_lanes(

@@ -9,85 +9,34 @@ import functools
 
 import torch
 
-from ..._device import cdiv as _cdiv, next_power_of_2, plan_cache, sm_count
+from ..._device import LastPlan, cdiv as _cdiv, next_power_of_2, plan_cache, sm_count
 
 
 TOPK_STRATEGIES = ("single", "split")
-# Largest K the Triton kernels keep on chip (a power-of-two candidate list in registers);
-# larger K goes through the vectorized torch path.
+# Largest K the Triton kernels keep on chip (a power-of-two candidate list in registers); larger K runs in torch.
 TOPK_MAX_K = 256
-# Elements per streamed block by element size. Smaller than the softmax stream on purpose: a
-# block pays for a merge only when it holds an element above the K-th best so far, and with more,
-# smaller blocks a larger share of them is filtered out (about K ln(blocks / K) blocks merge).
-# A block is never smaller than the candidate list: the block's own top-K is taken with tl.topk.
+# Running-list blocks: small, so that more of them are filtered out whole (about K ln(blocks / K) merge); never below K.
 TOPK_BLOCK = {4: 1024, 2: 1024, 1: 1024}
+# Block 1024 on 4 warps beat 2048 on 8 at every k measured.
 TOPK_WARPS = 4
-# How a block's survivors (its elements above the list's k-th best) reach the list. Plans with
-# k <= TOPK_COMPACT_ABOVE_K insert the best min(survivors, k) one by one (a max reduction and a
-# log2(K_POW2) merge each); TOPK_FEW_SURVIVORS caps that count, above it the block goes through
-# tl.topk (a sorting network over the whole block of 64-bit keys: the costly step). With both at
-# 16 the cap only binds when a sweep forces one-by-one for larger k. Plans with larger k
-# "compact": a block with at most K_POW2 survivors packs them by a prefix sum into K_POW2 slots of
-# scratch, sorts those and merges once; more survivors take the block's tl.topk.
-# H100, fp32, kernel time (scripts/sweep_topk.py, block 1024, 4 warps), one-by-one vs compact:
-# 1024x25000 k5 101 vs 116 us; 4096x4096 k8 168 vs 175; 64x128256 k50 230 vs 136;
-# 256x151936 k64 505 vs 450; 128x262144 k256 1604 vs 711. The sweep also put block 1024 with
-# 4 warps ahead of 2048 with 8 at every k: 1024x25000 k5 135 -> 101 us, 4096x4096 k8 234 -> 168.
+# k <= 16 inserts a block's survivors one by one (at most this many, else the block's tl.topk) ...
 TOPK_FEW_SURVIVORS = 16
+# ... larger k compacts them by a prefix sum and merges once (64x128256 k50: 136 against 230 us).
 TOPK_COMPACT_ABOVE_K = 16
-# Lane selections (the default at every k): the stream does elementwise work only (per lane,
-# column mod block, the online (m, d), the lane's best one or two elements and the best of the
-# rest; no block-wide reduction or branch per block), then takes the top k of what the lanes kept.
-# That is exact unless one lane holds more of the top k than it kept, which the runner-ups reveal;
-# such a chunk is streamed again (a second read) with the running list above. For random rows
-# that happens to about k^2 / (2 lanes) of chunks keeping one (NumPy, 400 rows: 3.3% at 25000
-# columns, k = 5, 512 lanes; 5.8% at 4096 columns, k = 8) and about k^3 / (6 lanes^2) keeping two
-# (none of the same rows). The second read is rare but slow (a block-wide reduction per block)
-# and lands in the launch's tail: keeping two pays off on long chunks, keeping one on short ones,
-# where the final selection (k block-wide reductions against two sorting networks) dominates.
-# H100, kernel time from CUDA graphs over rotated inputs (scripts/sweep_topk.py, 17:32 UTC run,
-# benchmarks/results/sweep_topk_lanes-h100.log), one kept / two kept, us:
-#   block 512, 4 warps: fp32 1024x25000 k5 78.7 / 58.4, 256x151936 k5 133.9 / 76.4, 4096x4096 k8
-#   57.5 / 74.9, 64x128256 k50 - / 80.8, 256x151936 k64 - / 206.6; bf16 65.4 / 61.5,
-#   108.4 / 73.4, 56.2 / 74.8, - / 76.0, - / 185.6.
-#   block 1024, 4 warps: fp32 70.5 / 77.2, 100.5 / 103.2, 67.1 / 125.9, - / 89.9, - / 195.1;
-#   bf16 58.8 / 68.0, 80.3 / 75.9, 63.8 / 124.9, - / 84.0, - / 167.9.
-#   block 2048, 8 warps: fp32 63.4 / 117.3, 89.6 / 108.8, 108.8 / 246.1, - / 119.8, - / 223.0;
-#   bf16 58.1 / 107.7, 69.5 / 99.3, 107.7 / 237.5, - / 98.2, - / 196.4.
-# (The running list, kernel time in a CUDA graph in the 13:47 bench: 64x128256 k50 137 us,
-# 256x151936 k64 447.)
-# So: lanes of TOPK_LANE_BLOCK with TOPK_WARPS warps keep one when k <= TOPK_LANE_BEST_MAX_K and a
-# chunk spans at most TOPK_LANE_KEEP1_MAX_BLOCKS blocks, else two; k above TOPK_LANE_WIDE_ABOVE_K
-# takes TOPK_LANE_WIDE_BLOCK lanes (three of the top k in one lane: 15% of chunks at k = 64 with
-# 512 lanes, 4% with 1024). Where the rule is not the fastest measured: bf16 1024x25000 k5 61.5 us
-# against 58.1 (one kept, 2048 lanes, 8 warps), bf16 256x151936 k5 73.4 against 69.5 (same).
+# Lane selections (each lane keeps its best one or two; exactness checked, a second read when not):
+# keeping one where k <= 16 and a chunk spans few blocks, two up to k = 64, one again above.
 TOPK_LANE_BEST_MAX_K = 16
 TOPK_LANE_KEEP2_MAX_K = 64
-# What a lane selection reads again when some lane held more of the top k than it kept: "chunk",
-# the whole chunk into the running list (every element at or above the kept k-th value, about k
-# of them, inserted one by one), or "lanes", only the suspect lanes' other elements (the rest of
-# every other lane is below the kept k-th value), inserted into the kept list: a few masked loads
-# and one reduction per block, and a handful of insertions. "lanes" costs registers (the kept
-# columns stay live through the selection; ptxas for sm_90, fp32: 64 -> 80 per thread keeping two
-# at 1024x25000 k5, 64 -> 72 at k = 50, 96 -> 122 at k = 64; keeping one at 4096x4096 k8 stays at
-# 48), which only pays where second reads are common. H100, scripts/sweep_topk.py (19:15 UTC run,
-# benchmarks/results/sweep_topk_second_read-h100.log), kernel time in CUDA graphs, chunk / lanes,
-# us, the plan's lanes: keeping one, 4096x4096 k8 fp32 57.8 / 53.6, bf16 56.2 / 52.1; keeping two,
-# k = 5: 1024x25000 fp32 54.8 / 68.8, bf16 55.4 / 58.0, 256x151936 fp32 75.9 / 84.7, bf16 73.6 /
-# 69.1; k = 50 (512 lanes): 64x128256 fp32 80.1 / 43.9, bf16 77.1 / 40.9; k = 64 (1024 lanes):
-# 256x151936 fp32 196.8 / 131.1, bf16 168.8 / 108.0. So: "lanes" keeping one, and keeping two
-# with k > TOPK_CHUNK_READ_MAX_K; "chunk" keeping two up to it.
+# A second read takes the whole chunk ("chunk") or only the suspect lanes ("lanes": registers, paid
+# where second reads are common: keeping one, and keeping two at k > 16).
 TOPK_SECOND_READS = ("chunk", "lanes")
 TOPK_CHUNK_READ_MAX_K = 16
+# Lanes a selection keeps (block) by k: 512 up to k = 50, 1024 above (three of the top k in one lane: 15% -> 4% of chunks).
 TOPK_LANE_BLOCK = 512
 TOPK_LANE_KEEP1_MAX_BLOCKS = 8
 TOPK_LANE_WIDE_ABOVE_K = 50
 TOPK_LANE_WIDE_BLOCK = 1024
-# Above TOPK_LANE_KEEP2_MAX_K the lanes keep one: their list is one sorting network (tl.topk) over
-# the lanes' best, and the suspect lanes (about k^2 / (2 lanes) a chunk) are read again. H100,
-# 128x262144 k256, kernel time in CUDA graphs (benchmarks/results/sweep_topk_k256_lanes-h100.log),
-# lanes x warps: fp32 1024x4 244 us, 2048x4 253, 2048x8 282, 4096x8 362; bf16 244, 223, 273, 258;
-# the running list 710 fp32 / 694 bf16 (and torch's softmax then topk 721 / 456).
+# Above k = 64, by element size: 128x262144 k256 fp32 244 us at 1024 lanes, bf16 223 at 2048 (the running list: ~700).
 TOPK_LANE_LONG_BLOCK = {4: 1024, 2: 2048, 1: 2048}
 # Split a row across programs when the rows alone give fewer than this many programs per SM.
 TOPK_SPLIT_BELOW_ROWS_PER_SM = 2
@@ -208,14 +157,7 @@ def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.de
                     k > TOPK_COMPACT_ABOVE_K, lane_keep, second_read)
 
 
-_last_topk_plan: TopkPlan | None = None
-
-
-def record_topk(chosen: TopkPlan) -> None:
-    global _last_topk_plan
-    _last_topk_plan = chosen
-
-
-def last_topk_plan() -> TopkPlan | None:
-    """The plan of the most recent softmax_topk launch in this process (tests assert which path ran)."""
-    return _last_topk_plan
+_recorded = LastPlan()
+# The plan of the most recent launch in this process (tests assert which path ran).
+record_topk = _recorded.record
+last_topk_plan = _recorded.last

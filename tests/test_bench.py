@@ -224,3 +224,11 @@ def test_merge_is_refused_for_suites_that_do_not_merge(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["bench", "topk", "--merge"])
     assert exit_info.value.code == 2 and "--merge applies to the softmax suites only" in capsys.readouterr().err
+
+
+def test_explain_prints_the_decode_plan(capsys):
+    # Batch 1 against 128K keys: the keys are split across the GPU, the count decided on the device.
+    assert cli.main(["explain", "1x32x8x1x131072x128x0", "--op", "decode", "--dtype", "bf16", "--sms", "132"]) == 0
+    out = capsys.readouterr().out
+    assert "path: split" in out and "heads 32/8" in out
+    assert cli.main(["explain", "1x32x8x1x131072x128x0"]) == 2  # a decode shape without --op decode

@@ -41,14 +41,15 @@ SUITES = {
 MERGING_SUITES = ("softmax",)
 
 
-def _parse_shape(text: str) -> tuple[int, int]:
+def _parse_shape(text: str) -> tuple[int, ...]:
     try:
-        rows, cols = (int(v) for v in text.lower().split("x"))
+        dims = tuple(int(v) for v in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 16x262144, got {text!r}") from None
-    if rows < 1 or cols < 1:
-        raise argparse.ArgumentTypeError("rows and cols must be positive")
-    return rows, cols
+    if len(dims) not in (2, 7) or min(dims[:6]) < 1:
+        raise argparse.ArgumentTypeError("expected positive ROWSxCOLS (or, with --op decode, "
+                                         "BxHQxHKVxSQxSxDxPAGE with PAGE 0 for a contiguous cache)")
+    return dims
 
 
 def cpu_check(suite: str) -> int:
@@ -70,6 +71,19 @@ def explain(args) -> int:
     else:
         device, sms = torch.device("cuda"), args.sms
         print(f"(no GPU here: planning for a CUDA device with {sms} SMs)")
+    if args.op == "decode":
+        from .ops.decode import plan as decode_plan
+
+        if len(args.shape) != 7:
+            print("explain --op decode: give BxHQxHKVxSQxSxDxPAGE, e.g. 1x32x8x1x131072x128x0", file=sys.stderr)
+            return 2
+        batch, heads_q, heads_kv, n_queries, capacity, head_dim, page = args.shape
+        print(decode_plan.explain(batch, heads_q, heads_kv, n_queries, head_dim, capacity, page, dtype,
+                                  sms=sms or DEFAULT_SMS))
+        return 0
+    if len(args.shape) != 2:
+        print(f"explain --op {args.op}: give ROWSxCOLS", file=sys.stderr)
+        return 2
     if args.op == "softmax_topk":
         from .ops.topk import plan
 
@@ -80,7 +94,9 @@ def explain(args) -> int:
 
     rows, cols = args.shape
     # The GPU's plan, also where TRITON_INTERPRET=1 would give the interpreter's (one chunk a row).
-    chosen = plan.choose(args.op, rows, cols, dtype, device, args.algorithm, args.strategy, sms=sms, interpreting=False)
+    # For a contiguous tensor: rows of a length not a multiple of 16 bytes start off 16-byte boundaries.
+    chosen = plan.choose(args.op, rows, cols, dtype, device, args.algorithm, args.strategy, sms=sms, interpreting=False,
+                         misaligned_rows=(cols * dtype.itemsize) % 16 != 0 and rows > 1)
     print(chosen.describe(args.bandwidth))
     return 0
 
@@ -132,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     exp.add_argument("--op", default="softmax", choices=["softmax", "log_softmax", "logsumexp",
                                                           "softmax_backward", "log_softmax_backward",
-                                                          "softmax_topk"])
+                                                          "softmax_topk", "decode"])
     exp.add_argument("--k", type=int, default=50, help="softmax_topk: k")
     exp.add_argument("--algorithm", default="auto", choices=["auto", "online", "safe"])
     exp.add_argument("--strategy", default=None, choices=["row_on_chip", "looped", "split_row", "split_row_on_chip"])

@@ -30,7 +30,7 @@ from .._device import triton_runs_on
 from ..ops.cross_entropy import plan as planner
 from ..ops.cross_entropy.launch import RowTerms, launch_backward, needs_denom, row_normalizer, rows_forward, \
     torch_denom
-from ..ops.cross_entropy.op import REDUCTIONS, check_class_weight, check_options, check_target, \
+from ..ops.cross_entropy.op import REDUCTIONS, check_call, check_class_weight, \
     check_targets_in_range
 from ._group import NoContext, all_gather, check_group, gather_shapes
 
@@ -177,13 +177,8 @@ def cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, group=None, 
     >>> # shard = full_logits[:, rank * V // 2:(rank + 1) * V // 2]
     >>> # loss = onlinesoftmax.distributed.cross_entropy(shard, target)   # doctest: +SKIP
     """
-    _validate.tensor(logits_shard, NAME, "logits_shard")
-    _validate.float_dtype(logits_shard, NAME)
-    _validate.device(logits_shard, NAME)
-    if logits_shard.dim() == 0:
-        raise ValueError(f"{NAME}: logits_shard must have a class dim (the last), got a 0-d tensor")
-    check_target(logits_shard, target, NAME)
-    softcap = check_options(NAME, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
+    softcap = check_call(logits_shard, target, NAME, "logits_shard", ignore_index, reduction, label_smoothing, z_loss,
+                         softcap, temperature)
     if strategy is not None:
         _validate.choice(strategy, STRATEGIES, NAME, "strategy")
     triton = strategy != "torch" and triton_runs_on(logits_shard.device)

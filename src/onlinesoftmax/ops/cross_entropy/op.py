@@ -144,6 +144,19 @@ def check_options(name, ignore_index, reduction, label_smoothing, z_loss, softca
     return 0.0 if softcap is None else _validate.positive(softcap, name, "softcap")
 
 
+def check_call(logits, target, name, arg, ignore_index, reduction, label_smoothing, z_loss, softcap,
+               temperature) -> float:
+    """The checks every cross-entropy entry point makes of its logits, target and options; returns
+    the softcap as a float (0 for none)."""
+    _validate.tensor(logits, name, arg)
+    _validate.float_dtype(logits, name)
+    _validate.device(logits, name)
+    if logits.dim() == 0:
+        raise ValueError(f"{name}: {arg} must have a class dim (the last), got a 0-d tensor")
+    check_target(logits, target, name)
+    return check_options(name, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
+
+
 def check_target(logits, target, name, arg="target") -> torch.Tensor:
     _validate.tensor(target, name, arg)
     if target.dtype not in TARGET_DTYPES:
@@ -270,13 +283,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     tensor(0.1681)
     """
     name = "cross_entropy"
-    _validate.tensor(logits, name, "logits")
-    _validate.float_dtype(logits, name)
-    _validate.device(logits, name)
-    if logits.dim() == 0:
-        raise ValueError(f"{name}: logits must have a class dim (the last), got a 0-d tensor")
-    check_target(logits, target, name)
-    softcap = check_options(name, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
+    softcap = check_call(logits, target, name, "logits", ignore_index, reduction, label_smoothing, z_loss, softcap,
+                         temperature)
     n_classes = logits.shape[-1]
     if n_classes == 0:
         raise ValueError(f"{name}: logits must have at least one class (the last dim is 0)")

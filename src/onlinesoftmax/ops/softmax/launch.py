@@ -344,29 +344,29 @@ _MAX_CALLS = 4096  # distinct call signatures kept; then start over
 plan_cache(_CALLS.clear)
 
 
+def _cached(key, make):
+    call = _CALLS.get(key)
+    if call is None:
+        if len(_CALLS) >= _MAX_CALLS:
+            _CALLS.clear()
+        call = _CALLS[key] = make()
+    return call
+
+
 def forward_call(x: torch.Tensor, dim: int, op: str, out_dtype: Optional[torch.dtype] = None,
                  algorithm: str = "auto", strategy: Optional[str] = None) -> ForwardCall:
     """The ForwardCall of this signature, made once."""
     key = ("forward", x.shape, x.stride(), x.dtype, x.device, dim, op, out_dtype, algorithm, strategy,
            interpreter_active())
-    call = _CALLS.get(key)
-    if call is None:
-        if len(_CALLS) >= _MAX_CALLS:
-            _CALLS.clear()
-        call = _CALLS[key] = ForwardCall(x, dim, op, out_dtype, algorithm, strategy)
-    return call
+    return _cached(key, lambda: ForwardCall(x, dim, op, out_dtype, algorithm, strategy))
 
 
 def backward_call(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, out_dtype: Optional[torch.dtype] = None,
                   strategy: Optional[str] = None) -> BackwardCall:
+    """The BackwardCall of this signature, made once."""
     key = ("backward", dy.shape, dy.stride(), dy.dtype, y.dtype, y.device, dim, log, out_dtype, strategy,
            interpreter_active())
-    call = _CALLS.get(key)
-    if call is None:
-        if len(_CALLS) >= _MAX_CALLS:
-            _CALLS.clear()
-        call = _CALLS[key] = BackwardCall(y, dy, dim, log, out_dtype, strategy)
-    return call
+    return _cached(key, lambda: BackwardCall(y, dy, dim, log, out_dtype, strategy))
 
 
 def launch_forward(x: torch.Tensor, dim: int, op: str, temperature: float = 1.0,

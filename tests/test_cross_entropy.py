@@ -19,7 +19,8 @@ from onlinesoftmax.ops.cross_entropy import cross_entropy, linear_cross_entropy,
 from onlinesoftmax.ops.cross_entropy import launch as ce_launch
 from onlinesoftmax.ops.cross_entropy import op as ce_op
 
-from conftest import DEVICE, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, gpu_only, make_logits, needs_triton
+from conftest import (DEVICE, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, gpu_only, make_logits, needs_triton,
+                      relative_error)
 
 # Strategies of the forward with the gradient in place, and where each one runs.
 INPLACE_STRATEGIES = ("on_chip", "split_on_chip", "two_pass") if TRITON_RUNS else ("torch",)
@@ -534,9 +535,20 @@ def test_linear_matches_torch(reduction, dtype, chunk, gen):
     out = linear_cross_entropy(*leaves[:2], target, leaves[2], chunk=chunk, **options)
     (out * upstream.to(out.dtype)).sum().backward()
     assert_matches(out.detach(), ref, dtype, "loss")
+    # bf16 gradients: the logits' gradient is rounded to bf16 before each matrix product, so the
+    # bound is flash-attention's: within twice what the same math in bf16 torch gives (or the table).
+    bound = TOLERANCE[dtype]
+    if dtype == torch.bfloat16:
+        torch_leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        logits = torch_leaves[0] @ torch_leaves[1].T + torch_leaves[2]
+        loss = reference(logits.float(), target, **options).to(dtype)
+        (loss * upstream.to(dtype)).sum().backward()
+        torch_error = max(relative_error(t.grad, g) for t, g in zip(torch_leaves, ref_grads))
+        bound = max(bound, 2 * torch_error)
     for name, leaf, grad in zip("xwb", leaves, ref_grads):
         assert leaf.grad.dtype == dtype
-        assert_matches(leaf.grad, grad, dtype, f"grad {name}")
+        error = relative_error(leaf.grad, grad)
+        assert error <= bound, f"grad {name}: relative error {error:.3e} > {bound:.3e}"
 
 
 @pytest.mark.parametrize("options", [OPTIONS[3], OPTIONS[-1]], ids=_ids)

@@ -26,6 +26,13 @@ def specialization(args):
     return tuple(native_specialize_impl(BaseBackend, a, False, True, True) for a in args)
 
 
+def _every_bound_launch_through_its_launcher(monkeypatch):
+    # A bound launch calls the compiled kernel directly after its first call (on a GPU): route
+    # every call through Launcher.__call__ so that the recording sees them all.
+    monkeypatch.setattr(_launch.BoundLaunch, "__call__",
+                        lambda self, *args: self.launcher(self.grid, self.key, *args, **self.meta))
+
+
 @needs_triton
 def test_equal_keys_mean_equal_specializations(gen, monkeypatch):
     seen = collections.defaultdict(set)
@@ -36,6 +43,7 @@ def test_equal_keys_mean_equal_specializations(gen, monkeypatch):
         return launch(self, grid, key, *args, **meta)
 
     monkeypatch.setattr(_launch.Launcher, "__call__", recording)
+    _every_bound_launch_through_its_launcher(monkeypatch)
     base = make_logits((6, 208), torch.float32, gen)
     flat = make_logits((6 * 64 + 4,), torch.float32, gen)
     views = [
@@ -73,6 +81,7 @@ def test_the_check_catches_a_key_that_leaves_out_the_alignment(gen, monkeypatch)
         return launch(self, grid, key, *args, **meta)
 
     monkeypatch.setattr(_launch.Launcher, "__call__", recording)
+    _every_bound_launch_through_its_launcher(monkeypatch)
     monkeypatch.setattr(softmax_launch, "aligned", lambda t: True)
     flat = make_logits((6 * 64 + 4,), torch.float32, gen)
     onlinesoftmax.softmax(flat[:384].view(6, 64)[:, :40], strategy="looped")
@@ -85,3 +94,73 @@ def test_the_check_catches_a_key_that_leaves_out_the_alignment(gen, monkeypatch)
 def test_interpreted_kernels_take_tritons_own_path():
     # Under the interpreter the kernels are not JITFunctions and must not reach the compiled path.
     assert not _launch.Launcher(softmax_kernels.row_on_chip_softmax_kernel).fast
+
+
+class _FakeCompiled:
+    """Stands in for Triton's CompiledKernel: ``run`` is a launcher whose C ``launch`` records calls."""
+
+    def __init__(self, calls, scratch=0):
+        launcher = type("Launcher", (), {})()
+        launcher.launch = lambda *args: calls.append(("C", args))  # a Python function: not Triton's C launcher
+        launcher.global_scratch_size = scratch
+        launcher.profile_scratch_size = 0
+        launcher.launch_cooperative_grid = False
+        launcher.launch_pdl = False
+        self.run, self.function, self.packed_metadata = launcher, "function", "metadata"
+
+
+def test_bound_launch_goes_direct_after_its_first_call(monkeypatch):
+    # The compiled path needs a GPU; here its pieces are stand-ins: the first call goes through
+    # the launcher (Triton's own path, which compiles), every later one straight to the kernel's
+    # launcher with the grid, the stream, the launcher's fixed arguments, the runtime arguments
+    # and the constexprs in signature order.
+    calls = []
+
+    class FakeJit:
+        arg_names = ["x", "n", "BLOCK", "FLAG"]
+        params = [type("P", (), {"name": n, "default": d})() for n, d in
+                  (("x", None), ("n", None), ("BLOCK", None), ("FLAG", True))]
+
+        def __getitem__(self, grid):
+            def first(*args, **meta):
+                calls.append(("triton", grid, args, meta))
+                return compiled
+            return first
+
+    compiled = _FakeCompiled(calls)
+    monkeypatch.setattr(_launch, "_direct_launch", lambda kernel, tail: (
+        lambda *args: calls.append(("C", args)),
+        (kernel.function, False, False, None, None, kernel.packed_metadata, None, None, None), tail))
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    launcher = _launch.Launcher(FakeJit())
+    launcher.fast = True  # as for a JITFunction
+    launcher.arg_names, launcher.defaults = FakeJit.arg_names, {p.name: p.default for p in FakeJit.params}
+    x = torch.zeros(4)
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    bound = launcher.bind((7,), "key", BLOCK=16)
+    bound(x, 3)
+    assert calls == [("triton", (7,), (x, 3), {"BLOCK": 16})] and bound.direct is not None
+    bound(x, 5)
+    assert calls[1] == ("C", (7, 1, 1, 1234, "function", False, False, None, None, "metadata", None, None, None,
+                              x, 5, 16, True))
+    # Launch hooks installed (a profiler): every call takes Triton's path again.
+    from triton import knobs
+    monkeypatch.setattr(knobs.runtime.launch_enter_hook, "calls", [lambda *a: None])
+    launcher_calls = []
+    monkeypatch.setattr(_launch.Launcher, "__call__", lambda self, *a, **k: launcher_calls.append(a))
+    bound(x, 6)
+    assert launcher_calls == [((7,), "key", x, 6)] and len(calls) == 2
+
+
+def test_direct_launch_takes_the_c_launcher_only_without_scratch():
+    calls = []
+    builtin_launch = len  # any builtin stands for the compiled C function
+    plain = _FakeCompiled(calls)
+    plain.run.launch = builtin_launch
+    launch, prefix, tail = _launch._direct_launch(plain, (1,))
+    assert launch is builtin_launch and prefix == ("function", False, False, None, None, "metadata", None, None, None)
+    scratch = _FakeCompiled(calls, scratch=128)  # device-side descriptors: Triton's wrapper allocates
+    scratch.run.launch = builtin_launch
+    launch, prefix, tail = _launch._direct_launch(scratch, (1,))
+    assert launch is scratch.run and prefix == ("function", "metadata", None, None, None)

@@ -63,12 +63,63 @@ class Launcher:
                          for name in self.arg_names[len(args):])
             if len(self.compiled) >= MAX_KEYS:
                 self.compiled.clear()
-            self.compiled[(device, key)] = (kernel.run, kernel.function, kernel.packed_metadata, tail)
+            self.compiled[(device, key)] = _direct_launch(kernel, tail)
             return
-        run, function, metadata, tail = entry
+        launch, prefix, tail = entry
         stream = torch._C._cuda_getCurrentRawStream(device)
-        run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream, function,
-            metadata, None, None, None, *args, *tail)
+        launch(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream, *prefix, *args,
+               *tail)
+
+    def bind(self, grid, key, **meta) -> "BoundLaunch":
+        """This kernel's launch for one recipe: grid, key and constexprs fixed, called with the runtime
+        arguments alone (what a prepared call repeats every time)."""
+        return BoundLaunch(self, grid, key, meta)
+
+    def entry(self, key):
+        """(device, launch, prefix, tail) of ``key`` on the current device, once launched there; else None."""
+        device = torch._C._cuda_getDevice()
+        entry = self.compiled.get((device, key))
+        return None if entry is None else (device, *entry)
+
+
+def _direct_launch(kernel, tail: tuple) -> tuple:
+    """(launch, prefix, tail) such that ``launch(gx, gy, gz, stream, *prefix, *args, *tail)`` launches
+    ``kernel``: its C launcher itself when the kernel needs no scratch memory from Triton's
+    allocators (which its Python wrapper would allocate per launch), else that wrapper."""
+    run = kernel.run
+    launch = getattr(run, "launch", None)
+    if (getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0
+            and type(launch).__name__ == "builtin_function_or_method"):
+        # CudaLauncher.__call__ without its per-launch Python: no scratch, no launch hooks.
+        return launch, (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                        kernel.packed_metadata, None, None, None), tail
+    return run, (kernel.function, kernel.packed_metadata, None, None, None), tail
+
+
+class BoundLaunch:
+    """``Launcher.bind(grid, key, **meta)``: ``bound(*args)`` launches as ``launcher(grid, key, *args,
+    **meta)`` does, without re-reading the grid, the key and the constexprs every call: the first
+    call (and any call made with launch hooks installed, or another current device) goes through
+    the launcher; later ones call the compiled kernel's launcher directly."""
+
+    __slots__ = ("launcher", "grid", "key", "meta", "grid3", "direct")
+
+    def __init__(self, launcher: Launcher, grid, key, meta: dict):
+        self.launcher, self.grid, self.key, self.meta = launcher, grid, key, meta
+        self.grid3 = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        self.direct = None
+
+    def __call__(self, *args):
+        direct = self.direct
+        hooks = knobs.runtime
+        if (direct is None or hooks.launch_enter_hook.calls or hooks.launch_exit_hook.calls
+                or torch._C._cuda_getDevice() != direct[0]):
+            self.launcher(self.grid, self.key, *args, **self.meta)
+            if self.launcher.fast and direct is None:
+                self.direct = self.launcher.entry(self.key)
+            return
+        device, launch, prefix, tail = direct
+        launch(*self.grid3, torch._C._cuda_getCurrentRawStream(device), *prefix, *args, *tail)
 
 
 def op_when_compiling(custom_op, launch):

@@ -8,8 +8,10 @@ from typing import Optional
 
 import torch
 import triton
+from triton.runtime import _allocation
 
 from ... import _buffers, cpu
+from ..._device import interpreter_active, plan_cache as _device_plan_cache
 from ..._launch import Launcher, aligned
 from . import plan as planner
 from .kernels import (
@@ -31,7 +33,6 @@ def _ensure_allocator():
     # program); Triton asks the allocator registered with triton.set_allocator. That registration
     # is a ContextVar: set in one thread it is absent in another (autograd runs backward in its
     # own thread), so it is checked before every launch. A user's own allocator is left alone.
-    from triton.runtime import _allocation
     if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
         triton.set_allocator(_descriptor_scratch)
 
@@ -102,36 +103,69 @@ def _layout_key(*tensors: torch.Tensor) -> tuple:
     return tuple((t.shape, t.stride(), t.dtype, aligned(t)) for t in tensors)
 
 
+class _ForwardCall:
+    """One forward call signature (shapes, strides, dtypes, the tensors' alignment, the mask, the
+    load path) with the plan and every launch argument but the scale decided once: a repeated call
+    allocates its outputs and launches (on the H100 machine's host the checks and planning of an
+    unprepared call cost more than a short sequence's kernel)."""
+
+    __slots__ = ("plan", "out_shape", "lse_shape", "ints", "offset", "launch", "mode")
+
+    def __init__(self, key, q, k, v, mode, use_descriptor):
+        batch, n_heads_q, n_queries, head_dim = q.shape
+        n_heads_kv, n_keys = k.shape[1], k.shape[2]
+        tma_ok = descriptor_ok(q, k, v)
+        chosen = self.plan = planner.attention_plan(
+            "forward", head_dim, q.dtype, mode != "none", q.device, n_queries, n_keys,
+            tma_ok if use_descriptor is None else use_descriptor,
+            tma_ok and use_descriptor is not False and heads_follow_rows(q, k, v))
+        self.mode = mode
+        self.out_shape = (batch, n_heads_q, n_queries, head_dim)
+        self.lse_shape = (batch, n_heads_q, n_queries)
+        self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
+                     *_strides(q), *_strides(k), *_strides(v), *_head_strides(q, k, v))
+        self.offset = _causal_offset(mode, n_queries, n_keys)
+        self.launch = None
+        if chosen.path != "torch":
+            grid = (triton.cdiv(n_queries, chosen.block_m), batch * n_heads_q)
+            self.launch = _forward_launcher.bind(
+                grid, key, BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, BLOCK_D=chosen.block_d,
+                CAUSAL=mode != "none", USE_DESCRIPTOR=chosen.use_descriptor, ROW_DESCRIPTORS=chosen.row_descriptors,
+                WARP_SPECIALIZE=chosen.warp_specialize, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
+                **chosen.compile_options)
+
+    def __call__(self, q, k, v, scale):
+        chosen = self.plan
+        planner.record_attention(chosen)
+        if self.launch is None:
+            return cpu.attention_forward(q, k, v, self.mode, scale)
+        out = _buffers.empty(self.out_shape, q.dtype, q.device)
+        lse = _buffers.empty(self.lse_shape, torch.float32, q.device)
+        if out.numel() == 0:
+            return out, lse
+        if chosen.use_descriptor or chosen.row_descriptors:
+            _ensure_allocator()
+        self.launch(q, k, v, out, lse, *self.ints, scale * LOG2E, self.offset)
+        return out, lse
+
+
+_FORWARD_CALLS: dict = {}
+MAX_CALLS = 4096
+_device_plan_cache(_FORWARD_CALLS.clear)
+
+
 def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, scale: float,
                    use_descriptor: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) for validated inputs; ``mode`` is "none", "top_left" or "bottom_right".
     ``use_descriptor`` overrides the layout check: False forces pointer loads everywhere."""
-    batch, n_heads_q, n_queries, head_dim = q.shape
-    n_heads_kv, n_keys = k.shape[1], k.shape[2]
-    tma_ok = descriptor_ok(q, k, v)
-    chosen = planner.attention_plan("forward", head_dim, q.dtype, mode != "none", q.device, n_queries, n_keys,
-                                    tma_ok if use_descriptor is None else use_descriptor,
-                                    tma_ok and use_descriptor is not False and heads_follow_rows(q, k, v))
-    planner.record_attention(chosen)
-    if chosen.path == "torch":
-        return cpu.attention_forward(q, k, v, mode, scale)
-    out = _buffers.empty((batch, n_heads_q, n_queries, head_dim), q.dtype, q.device)
-    lse = _buffers.empty((batch, n_heads_q, n_queries), torch.float32, q.device)
-    if out.numel() == 0:
-        return out, lse
-    if chosen.use_descriptor or chosen.row_descriptors:
-        _ensure_allocator()
-    grid = (triton.cdiv(n_queries, chosen.block_m), batch * n_heads_q)
-    _forward_launcher(
-        grid, (chosen, _layout_key(q, k, v)),
-        q, k, v, out, lse, n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
-        *_strides(q), *_strides(k), *_strides(v), *_head_strides(q, k, v),
-        scale * LOG2E, _causal_offset(mode, n_queries, n_keys),
-        BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, BLOCK_D=chosen.block_d, CAUSAL=mode != "none",
-        USE_DESCRIPTOR=chosen.use_descriptor, ROW_DESCRIPTORS=chosen.row_descriptors,
-        WARP_SPECIALIZE=chosen.warp_specialize, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
-        **chosen.compile_options)
-    return out, lse
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, aligned(q), aligned(k),
+           aligned(v), mode, use_descriptor, interpreter_active())
+    call = _FORWARD_CALLS.get(key)
+    if call is None:
+        if len(_FORWARD_CALLS) >= MAX_CALLS:
+            _FORWARD_CALLS.clear()
+        call = _FORWARD_CALLS[key] = _ForwardCall(key, q, k, v, mode, use_descriptor)
+    return call(q, k, v, scale)
 
 
 def launch_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

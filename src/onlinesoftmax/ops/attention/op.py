@@ -85,6 +85,12 @@ def _causal_mode(causal, name: str = "attention") -> str:
     raise ValueError(f"{name}: causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
 
 
+# Argument signatures validate() accepted, with its answer: the checks depend only on these (a
+# repeated call, as a training or serving loop makes, skips them).
+_CHECKED: dict = {}
+MAX_CHECKED = 4096
+
+
 def validate(q, k, v, causal, scale, name: str = "attention"):
     """Check attention arguments; returns (mode, scale). Shared with distributed.attention."""
     for arg, t in (("q", q), ("k", k), ("v", v)):
@@ -188,7 +194,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
     >>> onlinesoftmax.attention(q, k, v, causal=True).shape
     torch.Size([1, 2, 5, 32])
     """
-    mode, scale = validate(q, k, v, causal, scale)
+    try:
+        # The types too: True == 1 and 1 == 1.0, but validate takes some of these and refuses others.
+        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal,
+               type(causal), scale, type(scale), type(q), type(k), type(v))
+        checked = _CHECKED.get(key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable option: validate says what is wrong
+        key = checked = None
+    if checked is None:
+        checked = validate(q, k, v, causal, scale)
+        if key is not None:
+            if len(_CHECKED) >= MAX_CHECKED:
+                _CHECKED.clear()
+            _CHECKED[key] = checked
+    mode, scale = checked
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, lse = _AttentionFunction.apply(q, k, v, mode, scale)
     else:

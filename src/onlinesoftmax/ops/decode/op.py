@@ -46,10 +46,10 @@ class _Recipe:
     (shapes and strides) and constexprs. Built once per signature; a repeated call only allocates
     and launches (a decode step calls this once per layer per token)."""
 
-    __slots__ = ("plan", "out_shape", "lse_shape", "part_rows", "split_ints", "split_meta", "merge_ints",
-                 "merge_meta", "nothing_to_read")
+    __slots__ = ("plan", "out_shape", "lse_shape", "part_rows", "split_ints", "merge_ints", "split_launch",
+                 "merge_launch", "nothing_to_read")
 
-    def __init__(self, q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits, return_lse):
+    def __init__(self, key, q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits, return_lse):
         batch, n_queries, heads_q, head_dim = q.shape
         heads_kv = k_cache.shape[2]
         page_size = k_cache.shape[1] if block_table is not None else 0
@@ -76,11 +76,12 @@ class _Recipe:
         self.merge_ints = (batch, group, n_queries, heads_q, *counts, seqlens_stride, *out_strides, *lse_strides)
         common = dict(HEAD_DIM=head_dim, BATCH_POW2=_device.next_power_of_2(batch) if split else 1,
                       HAS_SEQLENS=cache_seqlens is not None, AUTO=chosen.num_splits == 0, WRITE_LSE=return_lse)
-        self.split_meta = dict(common, BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, BLOCK_D=chosen.block_d,
-                               PAGE_SIZE=page_size, CAUSAL=causal, SPLIT=split, num_warps=chosen.num_warps,
-                               num_stages=chosen.num_stages)
-        self.merge_meta = dict(common, BLOCK_R=chosen.merge_block_r, BLOCK_P=chosen.merge_block_p,
-                               BLOCK_D=chosen.merge_block_d, BLOCK_N=chosen.block_n, num_warps=chosen.merge_warps)
+        self.split_launch = _split_launcher.bind(
+            chosen.grid, key, **common, BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, BLOCK_D=chosen.block_d,
+            PAGE_SIZE=page_size, CAUSAL=causal, SPLIT=split, num_warps=chosen.num_warps, num_stages=chosen.num_stages)
+        self.merge_launch = _merge_launcher.bind(
+            chosen.merge_grid, key, **common, BLOCK_R=chosen.merge_block_r, BLOCK_P=chosen.merge_block_p,
+            BLOCK_D=chosen.merge_block_d, BLOCK_N=chosen.block_n, num_warps=chosen.merge_warps) if split else None
 
 
 _RECIPES: dict = {}
@@ -103,8 +104,8 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if recipe is None:
         if len(_RECIPES) >= MAX_RECIPES:
             _RECIPES.clear()
-        recipe = _RECIPES[signature] = _Recipe(q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits,
-                                               return_lse)
+        recipe = _RECIPES[signature] = _Recipe(signature, q, k_cache, v_cache, cache_seqlens, block_table, causal,
+                                               num_splits, return_lse)
     chosen = recipe.plan
     planner.record(chosen)
     if chosen.path == "torch":
@@ -127,11 +128,10 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         part_out = part_lse = out  # placeholders: never written on this path
     seqlens = cache_seqlens if cache_seqlens is not None else out
     lse_arg = lse if lse is not None else out
-    _split_launcher(chosen.grid, signature, q, k_cache, v_cache, seqlens, block_table if block_table is not None else out,
-                    out, lse_arg, part_out, part_lse, *recipe.split_ints, scale * kernels.LOG2E, **recipe.split_meta)
+    recipe.split_launch(q, k_cache, v_cache, seqlens, block_table if block_table is not None else out, out, lse_arg,
+                        part_out, part_lse, *recipe.split_ints, scale * kernels.LOG2E)
     if split:
-        _merge_launcher(chosen.merge_grid, signature, part_out, part_lse, seqlens, out, lse_arg, *recipe.merge_ints,
-                        **recipe.merge_meta)
+        recipe.merge_launch(part_out, part_lse, seqlens, out, lse_arg, *recipe.merge_ints)
     return out, lse
 
 

@@ -196,26 +196,28 @@ class ForwardCall:
                         HOLD_INPUT=chosen.hold_input, OPAQUE_WIDEN=recipe.opaque_widen, num_warps=chosen.num_warps,
                         **common)
             ints = (chosen.rows, n_cols, inner, *strides)
+            bound = {a: _row_on_chip_softmax.bind(chosen.grid, (recipe, a), **meta) for a in align}
 
             def launch(x, y, lse, inv_t, is_aligned):
-                _row_on_chip_softmax(chosen.grid, (recipe, is_aligned), x, y, lse, *ints, inv_t, **meta)
+                bound[is_aligned](x, y, lse, *ints, inv_t)
         elif chosen.strategy == "looped":
             metas = {a: dict(BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", ALIGN=align[a],
                              num_warps=chosen.num_warps, **common) for a in align}
             ints = (n_cols, inner, *strides)
+            bound = {a: _looped_softmax.bind(chosen.grid, (recipe, a), **metas[a]) for a in align}
 
             def launch(x, y, lse, inv_t, is_aligned):
-                _looped_softmax(chosen.grid, (recipe, is_aligned), x, y, lse, *ints, inv_t, **metas[is_aligned])
+                bound[is_aligned](x, y, lse, *ints, inv_t)
         elif chosen.strategy == "split_row_on_chip":
             metas = {a: dict(BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
                              OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align[a], num_warps=chosen.num_warps,
                              **chosen.compile_options, **common) for a in align}
             ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
+            bound = {a: _split_row_on_chip_softmax.bind(chosen.grid, (recipe, a), **metas[a]) for a in align}
 
             def launch(x, y, lse, inv_t, is_aligned):
                 parts, counters = _row_exchange(chosen, 2, device)  # (m, d) per chunk
-                _split_row_on_chip_softmax(chosen.grid, (recipe, is_aligned), x, y, lse, parts, counters, *ints,
-                                           inv_t, **metas[is_aligned])
+                bound[is_aligned](x, y, lse, parts, counters, *ints, inv_t)
         else:
             chunks_pow2 = next_power_of_2(chosen.num_chunks)
             passes = (PARTIAL_MAX, PARTIAL_SUM) if chosen.algorithm == "safe" else (PARTIAL_ONLINE,)
@@ -225,17 +227,19 @@ class ForwardCall:
             metas = {a: dict(BLOCK=chosen.block_cols, PARTIALS_POW2=chunks_pow2, ALIGN=align[a],
                              num_warps=chosen.num_warps, **common) for a in align}
             grid = (chosen.rows, 1 if self.write_lse else chosen.num_chunks)
+            partial_ints = (n_cols, inner, *recipe.in_strides, chosen.chunk_size, chosen.num_chunks)
+            normalize_ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
+            partials = {a: [_split_row_partials.bind(chosen.grid, (recipe, a, p), **partial_metas[a, p]) for p in passes]
+                        for a in align}
+            normalize = {a: _split_row_normalize.bind(grid, (recipe, a), **metas[a]) for a in align}
 
             def launch(x, y, lse, inv_t, is_aligned):
                 # One buffer for the three planes, no views of it: on the H100 machine's host each
                 # tensor view cost about 5 us per call, as much as a launch.
                 parts = _buffers.empty((3, chosen.rows, chosen.num_chunks), torch.float32, device)
-                for p in passes:
-                    _split_row_partials(chosen.grid, (recipe, is_aligned, p), x, parts, n_cols, inner,
-                                        *recipe.in_strides, chosen.chunk_size, chosen.num_chunks, inv_t,
-                                        **partial_metas[is_aligned, p])
-                _split_row_normalize(grid, (recipe, is_aligned), x, y, lse, parts, n_cols, inner, *strides,
-                                     chosen.chunk_size, chosen.num_chunks, inv_t, **metas[is_aligned])
+                for partial in partials[is_aligned]:
+                    partial(x, parts, *partial_ints, inv_t)
+                normalize[is_aligned](x, y, lse, parts, *normalize_ints, inv_t)
         return launch
 
     def __call__(self, x: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -289,36 +293,41 @@ class BackwardCall:
             meta = dict(BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
                         OPAQUE_WIDEN=recipe.opaque_widen, **base)
             ints = (chosen.rows, n_cols, inner, *strides)
+            bound = {a: _row_on_chip_backward.bind(chosen.grid, (recipe, a), **meta) for a in align}
 
             def launch(y, dy, dx, inv_t, is_aligned):
-                _row_on_chip_backward(chosen.grid, (recipe, is_aligned), y, dy, dx, *ints, inv_t, **meta)
+                bound[is_aligned](y, dy, dx, *ints, inv_t)
         elif chosen.strategy == "looped":
             metas = {a: dict(BLOCK=chosen.block_cols, ALIGN=align[a], **base) for a in align}
             ints = (n_cols, inner, *strides)
+            bound = {a: _looped_backward.bind(chosen.grid, (recipe, a), **metas[a]) for a in align}
 
             def launch(y, dy, dx, inv_t, is_aligned):
-                _looped_backward(chosen.grid, (recipe, is_aligned), y, dy, dx, *ints, inv_t, **metas[is_aligned])
+                bound[is_aligned](y, dy, dx, *ints, inv_t)
         elif chosen.strategy == "split_row_on_chip":
             metas = {a: dict(BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
                              OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align[a], **chosen.compile_options, **base)
                      for a in align}
             ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
+            bound = {a: _split_row_on_chip_backward.bind(chosen.grid, (recipe, a), **metas[a]) for a in align}
 
             def launch(y, dy, dx, inv_t, is_aligned):
                 parts, counters = _row_exchange(chosen, 1, device)  # the dot per chunk
-                _split_row_on_chip_backward(chosen.grid, (recipe, is_aligned), y, dy, dx, parts, counters, *ints,
-                                            inv_t, **metas[is_aligned])
+                bound[is_aligned](y, dy, dx, parts, counters, *ints, inv_t)
         else:
             dot_metas = {a: dict(BLOCK=chosen.block_cols, ALIGN=align[a], **base) for a in align}
             apply_metas = {a: dict(BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(chosen.num_chunks),
                                    ALIGN=align[a], **base) for a in align}
 
+            dot_ints = (n_cols, inner, *y_strides, *dy_strides, chosen.chunk_size, chosen.num_chunks)
+            apply_ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
+            dots = {a: _split_row_backward_dot.bind(chosen.grid, (recipe, a), **dot_metas[a]) for a in align}
+            applies = {a: _split_row_backward_apply.bind(chosen.grid, (recipe, a), **apply_metas[a]) for a in align}
+
             def launch(y, dy, dx, inv_t, is_aligned):
                 parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, device)
-                _split_row_backward_dot(chosen.grid, (recipe, is_aligned), y, dy, parts, n_cols, inner, *y_strides,
-                                        *dy_strides, chosen.chunk_size, chosen.num_chunks, **dot_metas[is_aligned])
-                _split_row_backward_apply(chosen.grid, (recipe, is_aligned), y, dy, dx, parts, n_cols, inner, *strides,
-                                          chosen.chunk_size, chosen.num_chunks, inv_t, **apply_metas[is_aligned])
+                dots[is_aligned](y, dy, parts, *dot_ints)
+                applies[is_aligned](y, dy, dx, parts, *apply_ints, inv_t)
         self.launch = launch
 
     def __call__(self, y: torch.Tensor, dy: torch.Tensor, temperature: float) -> torch.Tensor:

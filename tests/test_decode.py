@@ -170,7 +170,10 @@ def test_uniform_lengths_take_the_direct_path(gen):
     check(inputs, num_splits="auto", what="uniform")
     assert plan.last_plan().path == expected_path("direct")
     if TRITON_RUNS and not ON_GPU:
-        assert "uniform lengths" in plan.last_plan().reason
+        # Either rule says so: the batch fills the GPU, or its splits could not be shorter than a
+        # wave's share of the keys (the partials' budget against the K/V bytes).
+        reason = plan.last_plan().reason
+        assert "uniform lengths" in reason or "under two splits" in reason, reason
 
 
 def test_no_visible_key_gives_zeros_and_minus_inf(gen):

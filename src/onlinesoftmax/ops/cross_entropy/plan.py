@@ -37,6 +37,12 @@ SERVES = {"forward": ("stream",), "stats": ("stream",), "backward": ("backward",
 # columns), stream bf16 32-40 / 48-56, backward bf16 ~32 / 48-62; one whole 32768-column bf16
 # row at 64 spilled (128 registers and a 56-byte stack).
 ELEMENTS_PER_THREAD = 16
+# ... except the 2-byte streaming kernels (stream, backward), at 32: a training step with a
+# separate backward (bf16, H100, scripts/tune/sweep_cross_entropy.py, docs/notes/2026-11/
+# sweep_cross_entropy-h100.log) took 8192 x 128256 from 2.507 to 2.379 ms, 8192 x 50257 from 1.210
+# to 1.095, 8192 x 32000 from 0.658 to 0.624; at 32 the on-chip kernels lost 20-37%. float32 was
+# not swept: it keeps 16.
+STREAM_ELEMENTS_PER_THREAD = {4: 16, 2: 32}
 MAX_WARPS = 16
 
 # Elements a program reads per tile, by element size: 16 KB (the softmax's looped kernels'
@@ -50,6 +56,12 @@ STREAM_MAX_CHUNKS = 256
 # on_chip holds rows up to this many (padded) columns in one program, by element size: the split
 # tile (16 KB); longer rows take split_on_chip (a 64 KB single-program tile spilled, above).
 ON_CHIP_MAX_COLS = {4: 4096, 2: 8192}
+# ... or two_pass where there are rows enough for this many programs an SM: reading a row twice
+# (the second read mostly from L2) beat holding it across programs that wait for each other. The
+# same sweep, inplace training step, split_on_chip -> two_pass: 8192 x 128256 2.465 -> 2.369 ms,
+# 8192 x 50257 1.091 -> 0.956, 8192 x 32000 0.668 -> 0.551. With fewer rows split_on_chip keeps
+# the GPU busy where one program a row could not. By element size; float32 was not swept (0: never).
+TWO_PASS_MIN_ROWS_PER_SM = {4: 0, 2: 4}
 # split_on_chip: 16 KB tiles (bf16 8192 columns, fp32 4096: the softmax's tuned split_row_on_chip
 # forward, 2.0-2.3 TB/s on the H100), larger tiles only where a row would
 # otherwise take more than SPLIT_MAX_CHUNKS_PER_SM chunks an SM (a row's programs must be resident
@@ -193,13 +205,13 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
     stream_block = tile(INTERPRETER_BLOCK if interpreting else STREAM_BLOCK[elem])
     if op == "backward":
         block = tile(INTERPRETER_BLOCK if interpreting else BACKWARD_BLOCK[elem])
-        return Plan(op, "backward", block=block, num_warps=warps(block),
+        return Plan(op, "backward", block=block, num_warps=warps(block, STREAM_ELEMENTS_PER_THREAD[elem]),
                     grid=(rows, _device.cdiv(span, block)), **shape)
     if op in ("forward", "stats"):
         n_tiles = _device.cdiv(span, stream_block)
         per_chunk = _device.cdiv(n_tiles, min(n_tiles, STREAM_MAX_CHUNKS))
         chunks = _device.cdiv(n_tiles, per_chunk)
-        return Plan(op, "stream", block=stream_block, num_warps=warps(stream_block),
+        return Plan(op, "stream", block=stream_block, num_warps=warps(stream_block, STREAM_ELEMENTS_PER_THREAD[elem]),
                     num_chunks=chunks, tiles_per_chunk=per_chunk, grid=(rows, chunks), **shape)
 
     # forward_grad
@@ -208,6 +220,8 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
     if strategy is None:
         if interpreting or span <= ON_CHIP_MAX_COLS[elem]:
             strategy = "on_chip"
+        elif TWO_PASS_MIN_ROWS_PER_SM[elem] and rows >= TWO_PASS_MIN_ROWS_PER_SM[elem] * sms:
+            strategy = "two_pass"
         elif split_tile <= SPLIT_MAX_TILE:
             strategy = "split_on_chip"
         else:
@@ -232,8 +246,8 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
                 num_chunks=chunks, grid=(rows * chunks,), **shape)
 
 
-def _warps(block: int) -> int:
-    return max(1, min(MAX_WARPS, block // (32 * ELEMENTS_PER_THREAD)))
+def _warps(block: int, elements_per_thread: int | None = None) -> int:
+    return max(1, min(MAX_WARPS, block // (32 * (elements_per_thread or ELEMENTS_PER_THREAD))))
 
 
 def scale_launch(rows: int, cols: int, dtype: torch.dtype, device: torch.device, interpreting: bool) -> tuple:

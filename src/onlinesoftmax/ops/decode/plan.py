@@ -55,17 +55,24 @@ PROGRAMS_PER_SM = 3
 
 # ---- How many splits ------------------------------------------------------------------------------
 # The split launch aims at this many waves of programs: with several programs per slot the last
-# ones to finish are short, so the tail where few SMs still read is short too; more waves would
-# add partials and per-program start-up (a q load, the pipeline's first loads) for little.
-TARGET_WAVES = 4
+# ones to finish are short, so the tail where few SMs still read is short too; more waves add
+# partials and per-program start-up (a q load, the pipeline's first loads). H100, bf16, CUDA-graph
+# us (scripts/tune/sweep_decode.py, docs/notes/2026-11/sweep_decode-h100.log), 4 waves -> 2:
+# B1 32/8 128K 191.9 -> 187.8, B64 4K 373.5 -> 372.4, B128 1K page 16 207.0 -> 195.4, D64 109.2 ->
+# 107.3, MQA and Sq 4 rows level; 1 wave lost 13% at D64 and 2% at B64, 8 waves 1-2% everywhere.
+TARGET_WAVES = 2
 # No split shorter than this many keys: each program pays a fixed start (lengths, q, the first
 # loads' latency) that must stay small against its share of the stream (256 keys x D128 x 2
 # tensors x 2 bytes = 128 KB, ~11 us of one program's share of an SM's bandwidth).
 MIN_SPLIT_KEYS = 256
 # ... and no split so short that its partial (rows x (D + 1) fp32, written, then read by the
 # merge) is more than this fraction of the K/V bytes it reads: many rows (GQA group x queries)
-# need longer splits, unless that leaves fewer programs than the GPU holds (_min_split_keys).
-PARTIAL_BYTES_FRACTION = 1 / 16
+# need longer splits, unless that leaves fewer programs than the GPU holds (_min_split_keys),
+# and a batch that fills the GPU at full length then takes the direct path. The same sweep, 1/16
+# -> 1/64: the skewed Sq 4 batch 94.0 -> 79.4 us (longer splits of its short sequences), B128 1K
+# 207.0 -> 189.6 (direct: 1024 programs, no merge), B64 4K 373.5 -> 368.0, MQA 36.9 -> 35.5,
+# others level (+0.5% at most); 1/4 lost up to 13%.
+PARTIAL_BYTES_FRACTION = 1 / 64
 # Uniform lengths (no cache_seqlens) with at least this many waves of (sequence, KV head, row
 # block) programs take the direct path: every program has the same work, so the batch alone
 # balances and the merge launch would be pure cost.

@@ -1,0 +1,71 @@
+"""Cross-entropy tables (GPU): ``ops/cross_entropy/plan.py``'s tiles and strategies under other
+values, one training step (forward + gradient, "mean") as the bench times it.
+
+    python scripts/tune/sweep_cross_entropy.py [--shapes 8192x128256 ...] [--variants default ...]
+
+Each line: one shape, one mode (inplace_backward=True: the gradient written over the logits by the
+forward; separate: the forward reads, the backward reads again and writes), one variant; do_bench
+medians over rotated inputs, GB/s against that mode's floor bytes (fused: logits read + gradient
+written; separate: 2 reads + 1 write), the plans the step ran. Variants change tables only through
+``onlinesoftmax.override_plan("cross_entropy", ...)``.
+"""
+
+import argparse
+
+import torch
+
+import onlinesoftmax
+from onlinesoftmax.bench import cross_entropy_suite as suite
+from onlinesoftmax.bench.harness import copy_bandwidth_gbs, parse_dims, rotation_count, time_ms
+from onlinesoftmax.ops.cross_entropy import plan as ce_plan
+
+VARIANTS = {
+    "default": {},
+    "split_tile32K": dict(SPLIT_TILE_BYTES=32768, SPLIT_MAX_TILE=32768),
+    "split_tile8K": dict(SPLIT_TILE_BYTES=8192),
+    "elements32": dict(ELEMENTS_PER_THREAD=32),
+    "elements8": dict(ELEMENTS_PER_THREAD=8),
+    "two_pass": dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}),
+    "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
+    "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),
+}
+MODES = {"inplace": dict(inplace_backward=True), "separate": {}}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", nargs="*", default=["8192x128256", "8192x50257", "8192x32000"])
+    parser.add_argument("--dtype", default="bf16", choices=list(suite.DTYPES))
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    args = parser.parse_args()
+    dtype = suite.DTYPES[args.dtype]
+    copy = copy_bandwidth_gbs()
+    print(f"{torch.cuda.get_device_name()}, copy {copy:.0f} GB/s", flush=True)
+    gen = torch.Generator().manual_seed(0)
+    for text in args.shapes:
+        shape = parse_dims(text, 2)
+        case = suite.case(shape, dtype)
+        sets = [case.make_inputs(gen) for _ in range(rotation_count(case.bytes_moved))]
+        logits_bytes = shape[0] * shape[1] * dtype.itemsize
+        print(f"\n{text} {args.dtype}: logits {logits_bytes / 1e9:.2f} GB; floors {2 * logits_bytes / copy / 1e6:.3f} ms "
+              f"fused, {3 * logits_bytes / copy / 1e6:.3f} ms separate", flush=True)
+        for mode, options in MODES.items():
+            step = suite._step(lambda x, t: onlinesoftmax.cross_entropy(x, t, **options))
+            floor_bytes = (2 if mode == "inplace" else 3) * logits_bytes
+            for name in args.variants:
+                with onlinesoftmax.override_plan("cross_entropy", **VARIANTS[name]):
+                    try:
+                        ms = time_ms(step, sets)
+                        chosen = ce_plan.choose("forward_grad" if mode == "inplace" else "forward", *shape, dtype,
+                                                torch.device("cuda"))
+                        print(f"  {mode:8s} {name:14s} {ms:7.3f} ms {floor_bytes / ms / 1e6:6.0f} GB/s  forward: "
+                              f"{chosen.strategy} block {chosen.block} warps {chosen.num_warps} chunks {chosen.num_chunks}",
+                              flush=True)
+                    except Exception as exc:  # a variant the planner refuses for this shape
+                        print(f"  {mode:8s} {name:14s} {type(exc).__name__}: {str(exc).splitlines()[0][:100]}", flush=True)
+        del sets
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

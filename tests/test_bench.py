@@ -130,16 +130,19 @@ def test_merge_keeps_the_earlier_runs_rows_of_cases_not_measured_again(tmp_path,
     second = measured("bfloat16", 4.0) + [Row("3x7", "float32", "forward", "onlinesoftmax", ms=0.25, gbs=4.0)]
     harness.finish_rows(second, 50.0)
     rows, runs = harness.merge_with_previous(args, "softmax", second)
-    # float32 forward 3x7 was measured again: only this run's row of it remains (with no torch row).
+    # float32 forward 3x7 was measured again by one implementation (as --impls runs them): its row is
+    # this run's, the torch row beside it the first run's, and its speedup is against that row.
     assert [(r.dtype, r.case, r.impl, r.ms) for r in rows if r.direction == "forward" and r.case == "3x7"] == [
-        ("float32", "3x7", "onlinesoftmax", 0.25), ("bfloat16", "3x7", "torch", 8.0), ("bfloat16", "3x7", "onlinesoftmax", 4.0)]
-    assert len(rows) == 8 + 8 - 2 + 1 and [r.direction for r in rows] == ["forward"] * 7 + ["backward"] * 8
+        ("float32", "3x7", "torch", 2.0), ("float32", "3x7", "onlinesoftmax", 0.25), ("bfloat16", "3x7", "torch", 8.0),
+        ("bfloat16", "3x7", "onlinesoftmax", 4.0)]
+    assert rows[1].speedup_vs_torch == 8.0
+    assert len(rows) == 8 + 8 and [r.direction for r in rows] == ["forward"] * 8 + ["backward"] * 8
     kept = next(r for r in rows if (r.direction, r.dtype, r.case, r.impl) == ("backward", "float32", "5x9", "onlinesoftmax"))
     assert kept.pct_of_copy == 100.0 / 40.0 and kept.speedup_vs_torch == 2.0  # its own run's figures
     assert runs == [{"command": "onlinesoftmax bench --dtype fp32", "date": "2026-11-25 01:00:00 UTC", "copy_gbs": 40.0}]
     harness.write_results(args, "softmax", rows, 50.0, "", None, runs)
     payload = json.loads((tmp_path / "softmax.json").read_text())
-    assert payload["earlier_runs"] == runs and len(payload["rows"]) == 15
+    assert payload["earlier_runs"] == runs and len(payload["rows"]) == 16
     assert "come from earlier runs (--merge): `onlinesoftmax bench --dtype fp32`" in (tmp_path / "softmax.md").read_text()
     # A third run that measures every float32 case again: the first run's rows are gone, and so is
     # its record; the second run's are kept.
@@ -152,6 +155,22 @@ def test_merge_keeps_the_earlier_runs_rows_of_cases_not_measured_again(tmp_path,
     # Without --merge the file is replaced.
     args.merge = False
     assert harness.merge_with_previous(args, "softmax", second) == (second, [])
+
+
+def test_impls_runs_only_the_implementations_named():
+    case = harness.Case("3x7", torch.float32, "forward", 168, lambda gen: (torch.randn(3, 7, generator=gen),),
+                        lambda inputs: torch.softmax(inputs[0].double(), -1))
+    impls = [Implementation("torch", lambda x: torch.softmax(x, -1)),
+             Implementation("peer", lambda x: torch.softmax(x, -1))]
+    gen = torch.Generator().manual_seed(0)
+    try:
+        harness.select_implementations("torch, onlinesoftmax")
+        assert [r.impl for r in harness.run_case(case, impls, gen, timed=False)] == ["torch"]
+        harness.select_implementations("onlinesoftmax")
+        assert harness.run_case(case, impls, gen, timed=False) == []
+    finally:
+        harness.select_implementations(None)
+    assert [r.impl for r in harness.run_case(case, impls, gen, timed=False)] == ["torch", "peer"]
 
 
 @pytest.mark.parametrize("text, count, expected", [("16x262144", 2, (16, 262144)), ("1X25000X5", 3, (1, 25000, 5))])
@@ -220,10 +239,12 @@ def test_existing_results_are_not_overwritten_unless_asked(tmp_path, capsys, mon
 
 
 def test_merge_is_refused_for_suites_that_do_not_merge(capsys):
-    # Only the softmax suite merges; elsewhere the flag would be ignored silently.
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["bench", "topk", "--merge"])
-    assert exit_info.value.code == 2 and "--merge applies to the softmax suites only" in capsys.readouterr().err
+    # The bench grids merge (softmax, topk, attention, decode, cross-entropy); elsewhere the flag would be ignored silently.
+    for argv in (["bench", "sweep", "--merge"], ["bench", "attention", "--sweep", "--merge"]):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and "--merge applies to the" in err, err
 
 
 def test_explain_prints_the_decode_plan(capsys):
@@ -232,3 +253,8 @@ def test_explain_prints_the_decode_plan(capsys):
     out = capsys.readouterr().out
     assert "path: split" in out and "heads 32/8" in out
     assert cli.main(["explain", "1x32x8x1x131072x128x0"]) == 2  # a decode shape without --op decode
+    # Decode runs in 16 bits: bf16 unless told, fp32 refused.
+    assert cli.main(["explain", "1x8x2x1x256x128x0", "--op", "decode"]) == 0
+    assert "bfloat16" in capsys.readouterr().out
+    assert cli.main(["explain", "1x8x2x1x256x128x0", "--op", "decode", "--dtype", "fp32"]) == 2
+    assert "float16 and bfloat16" in capsys.readouterr().err

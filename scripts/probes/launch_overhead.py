@@ -97,7 +97,18 @@ def main():
     x_vocab = torch.randn(1, 151936, device="cuda")
     x_vocab_bf16 = x_vocab.bfloat16()
     x_small_vocab = torch.randn(1, 25000, device="cuda")
+    # Inputs past the torch route's size (planner.TORCH_BELOW_ELEMENTS) whose GPU time is a few us:
+    # what the host spends on a kernel-path call, against torch's on the same tensor.
+    x_rows_bf16 = torch.randn(2048, 1000, device="cuda").bfloat16()
+    x_gpt2_bf16 = torch.randn(32, 50257, device="cuda").bfloat16()
+    forward_call = softmax_launch.forward_call(x_rows_bf16, 1, "softmax", None, "auto", None)
     cases = {
+        "torch.softmax 2048x1000 bf16": lambda: torch.softmax(x_rows_bf16, -1),
+        "onlinesoftmax.softmax 2048x1000 bf16": lambda: onlinesoftmax.softmax(x_rows_bf16),
+        "ForwardCall 2048x1000 bf16 (no route lookup)": lambda: forward_call(x_rows_bf16, 1.0),
+        "torch.empty_like 2048x1000 bf16": lambda: torch.empty_like(x_rows_bf16),
+        "torch.log_softmax 32x50257 bf16": lambda: torch.log_softmax(x_gpt2_bf16, -1),
+        "onlinesoftmax.log_softmax 32x50257 bf16": lambda: onlinesoftmax.log_softmax(x_gpt2_bf16),
         "torch.softmax 4x1024": lambda: torch.softmax(x_small, -1),
         "triton launch, 1 arg": lambda: one_arg_kernel[(1,)](buf),
         "triton launch, 15 args + 5 constexpr": lambda: many_args_kernel[(1,)](
@@ -122,6 +133,8 @@ def main():
         print(f"quack not importable ({type(exc).__name__}): its host cost is not measured")
     for name, fn in cases.items():
         print(f"{name:48s} {per_call_us(fn, 3000 if 'x262144' not in name else 300):8.1f} us issued per call")
+    print_profile(lambda: onlinesoftmax.softmax(x_rows_bf16), 25, calls=3000)
+    print_profile(lambda: onlinesoftmax.log_softmax(x_gpt2_bf16), 25, calls=3000)
     print_profile(lambda: onlinesoftmax.softmax(x_long_bf16), 25)
     print_profile(lambda: onlinesoftmax.softmax_topk(x_vocab_bf16, 1), 20)
     if args.modules:

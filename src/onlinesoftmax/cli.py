@@ -38,7 +38,7 @@ SUITES = {
 
 
 # Suites whose grid can be measured in parts (--merge adds a run's rows to the results file).
-MERGING_SUITES = ("softmax",)
+MERGING_SUITES = ("softmax", "topk", "attention", "decode", "cross_entropy", "linear_cross_entropy")
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:
@@ -65,7 +65,13 @@ def cpu_check(suite: str) -> int:
 
 
 def explain(args) -> int:
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    # Decode attention runs in 16-bit only: its default is bf16, the other ops' fp32.
+    name = args.dtype or ("bf16" if args.op == "decode" else "fp32")
+    if args.op == "decode" and name == "fp32":
+        print("explain --op decode: decode attention runs in float16 and bfloat16; pass --dtype bf16 or fp16",
+              file=sys.stderr)
+        return 2
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
     if torch.cuda.is_available():
         device, sms = torch.device("cuda"), None
     else:
@@ -137,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     bench.add_argument("--merge", action="store_true",
                        help="keep the rows of the existing results file that this run does not measure")
+    bench.add_argument("--impls", default=None, metavar="NAMES",
+                       help="comma-separated implementations to run (the results' impl names, e.g. "
+                            "onlinesoftmax,torch); with --merge the others keep their rows from the results file")
     bench.add_argument("--random", type=int, default=0, metavar="N",
                        help="sweep suites: add N seeded random shapes (--seed) to the grid")
     bench.add_argument("--quick", action="store_true", help="sweep suites: a smaller grid")
@@ -145,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     exp = sub.add_parser("explain", help="print the launch plan for a shape")
     exp.add_argument("shape", type=_parse_shape)
-    exp.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    exp.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
+                     help="default fp32 (decode: bf16)")
     exp.add_argument("--op", default="softmax", choices=["softmax", "log_softmax", "logsumexp",
                                                           "softmax_backward", "log_softmax_backward",
                                                           "softmax_topk", "decode"])
@@ -167,7 +177,9 @@ def main(argv=None) -> int:
         return 0
     if args.command == "bench":
         if args.merge and args.suite not in MERGING_SUITES:
-            parser.error(f"--merge applies to the {' and '.join(MERGING_SUITES)} suites only, not {args.suite!r}")
+            parser.error(f"--merge applies to the {', '.join(MERGING_SUITES)} suites only, not {args.suite!r}")
+        if args.merge and args.sweep:
+            parser.error("--merge applies to the bench grids, not to --sweep")
         if not torch.cuda.is_available() and args.suite not in ("distributed",):
             return cpu_check(args.suite)
         existing = _existing_results(args)
@@ -175,6 +187,9 @@ def main(argv=None) -> int:
             print(f"onlinesoftmax bench: {existing[0]} exists; pass --overwrite to replace it, --merge to add "
                   "this run's rows to it, or --out DIR to write elsewhere", file=sys.stderr)
             return 2
+        from .bench import harness
+
+        harness.select_implementations(args.impls)
         module_name, function = SUITES[args.suite].split(":")
         return getattr(importlib.import_module(module_name, __package__), function)(args)
     if args.command == "explain":

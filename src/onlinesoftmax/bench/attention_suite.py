@@ -244,8 +244,10 @@ def run(args) -> int:
     rows = harness.run_cases("attention", cases(shapes, dtypes, directions), impls, gen,
                              graph_timing=not args.no_graph)
     harness.finish_rows(rows, None)
+    rows, earlier_runs = harness.merge_with_previous(args, "attention", rows)
     result = summary(rows)
-    harness.write_results(args, "attention", rows, None, summary_text(result, sdpa), {"summary": result})
+    harness.write_results(args, "attention", rows, None, summary_text(result, sdpa), {"summary": result},
+                          earlier_runs)
     return harness.exit_code(rows)
 
 

@@ -167,13 +167,15 @@ def run(args) -> int:
                                           graph_timing=not args.no_graph)
             torch.cuda.empty_cache()
     harness.finish_rows(rows, copy_gbs)
+    rows, earlier_runs = harness.merge_with_previous(args, "cross_entropy", rows)
+    cases = list(dict.fromkeys((getattr(torch, r.dtype), harness.parse_dims(r.case, 2)) for r in rows))
     table, summary = _floor_notes(rows, cases, copy_gbs)
     notes = ("One training step of a 'mean' loss: forward, then the gradient of the logits. GB/s against the fused "
              "floor (logits read once, gradient written once); the separate floor reads the logits twice. "
              "'peak MB': what one step allocates above its inputs (the returned gradient included; the in-place "
              "implementations return the logits' own storage). Implementations that overwrite the logits ran on "
              "inputs of their own.\n\n" + table)
-    harness.write_results(args, "cross_entropy", rows, copy_gbs, notes, {"floors": summary})
+    harness.write_results(args, "cross_entropy", rows, copy_gbs, notes, {"floors": summary}, earlier_runs)
     return harness.exit_code(rows)
 
 
@@ -266,10 +268,11 @@ def run_linear(args) -> int:
                                       graph_timing=False)
             torch.cuda.empty_cache()
     harness.finish_rows(rows, None)
+    rows, earlier_runs = harness.merge_with_previous(args, "linear_cross_entropy", rows)
     notes = ("One training step of a 'mean' loss of h @ W.T: forward, then the gradients of h and W (TFLOP/s: the "
              "three matmuls, 6 N H V). 'peak MB': what one step allocates above its inputs, the gradients it returns "
              "included (grad W alone is V x H in the weight's dtype). onlinesoftmax keeps an fp32 grad-W "
              "accumulator (V x H x 4 bytes) from its forward to its backward; see docs/perf-cross_entropy.md.")
-    harness.write_results(args, "linear_cross_entropy", rows, None, notes)
+    harness.write_results(args, "linear_cross_entropy", rows, None, notes, earlier_runs=earlier_runs)
     return harness.exit_code(rows)
 

@@ -393,8 +393,11 @@ def run(args) -> int:
     cases = [make_case(shape, dtype) for dtype in dtypes for shape in shapes]
     rows = harness.run_cases("decode", cases, impls, gen, graph_timing=not args.no_graph)
     harness.finish_rows(rows, copy_gbs)
-    result = summary(rows, {s.label(): s for s in shapes}, copy_gbs)
-    harness.write_results(args, "decode", rows, copy_gbs, summary_text(result, sdpa, flash_attn), {"summary": result})
+    rows, earlier_runs = harness.merge_with_previous(args, "decode", rows)
+    shapes_by_label = {s.label(): s for s in GRID + shapes}
+    result = summary([r for r in rows if r.case in shapes_by_label], shapes_by_label, copy_gbs)
+    harness.write_results(args, "decode", rows, copy_gbs, summary_text(result, sdpa, flash_attn), {"summary": result},
+                          earlier_runs)
     return harness.exit_code(rows)
 
 

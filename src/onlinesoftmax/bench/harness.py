@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import sys
 import time
@@ -205,6 +206,18 @@ def environment(command: str) -> dict:
     return env
 
 
+# ``bench --impls``: the implementations to run (None: all); see select_implementations.
+SELECTED_IMPLS: Optional[frozenset] = None
+
+
+def select_implementations(names: Optional[str]) -> None:
+    """Run only the implementations named (comma-separated, as they appear in the results' impl
+    column); the suites' other implementations are left out of the run, not reported as skipped,
+    so that ``--merge`` keeps their rows from the results file."""
+    global SELECTED_IMPLS
+    SELECTED_IMPLS = frozenset(n.strip() for n in names.split(",") if n.strip()) if names else None
+
+
 def run_case(case: Case, impls: list[Implementation], gen: torch.Generator, timed: bool = True,
              rotation_bytes: int = ROTATION_BYTES, progress: Callable[[str], None] = lambda s: None,
              graph_timing: bool = False, max_input_sets: Optional[int] = None, warmup_ms: int = 25,
@@ -213,6 +226,10 @@ def run_case(case: Case, impls: list[Implementation], gen: torch.Generator, time
 
     ``max_input_sets`` caps the rotation (sweeps of many small cells: those stay in L2, as in use);
     ``back_to_back`` times eager calls in a loop (host included) instead of do_bench's flushed calls."""
+    if SELECTED_IMPLS is not None:
+        impls = [impl for impl in impls if impl.name in SELECTED_IMPLS]
+        if not impls:
+            return []
     sets = rotation_count(case.bytes_moved, rotation_bytes) if timed else 1
     if max_input_sets:
         sets = min(sets, max_input_sets)
@@ -352,6 +369,11 @@ def plot(path, rows: list[Row], copy_gbs: Optional[float], title: str) -> None:
     plt.close(fig)
 
 
+SHORT_NAMES = {"forward": "fwd", "backward": "bwd", "forward+backward": "fwd+bwd", "float32": "fp32",
+               "bfloat16": "bf16", "float16": "fp16", "direction": "dir", "% copy": "%copy",
+               "vs torch": "xtorch", "graph ms": "graph", "rel err": "err", "TFLOP/s": "TFLOPs"}
+
+
 def print_table(rows: list[Row], title: str) -> None:
     """The rows as a table that stays readable in 100 columns: skipped implementations are named
     in one line each above it instead of taking rows (and width) of their own."""
@@ -367,14 +389,24 @@ def print_table(rows: list[Row], title: str) -> None:
         for cells in [table_columns(rows)] + table_rows(rows):
             print("  ".join(f"{c:>10s}" for c in cells))
         return
-    table = Table(title=title, min_width=60)
-    for col in table_columns(rows):
-        table.add_column(col, justify="right" if col not in ("impl", "status", "case") else "left")
-    for cells, r in zip(table_rows(rows), rows):
-        style = "red" if r.status in ("WRONG", "NaN") or r.status.startswith("error") else (
-            "dim" if r.status.startswith("skipped") else None)
-        table.add_row(*cells, style=style)
-    Console().print(table)
+    from rich import box
+
+    # No vertical rules, short names, no empty columns (graph times not taken, no torch row):
+    # the table fits 100 characters; case and impl keep their width and the rest gives.
+    columns, cells = table_columns(rows), table_rows(rows)
+    keep = [i for i, col in enumerate(columns) if col in ("case", "impl", "status") or any(c[i] for c in cells)]
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), pad_edge=False,
+                  collapse_padding=True)
+    for i in keep:
+        col = columns[i]
+        text = col in ("impl", "status", "case")  # may wrap; numbers and short names may not
+        widest = max([len(c[i]) for c in cells] + [1])
+        table.add_column(SHORT_NAMES.get(col, col), justify="left" if text else "right", no_wrap=not text,
+                         overflow="fold", min_width=min(widest, 18) if col in ("case", "impl") else None)
+    for row_cells, r in zip(cells, rows):
+        style = "red" if r.status in ("WRONG", "NaN") or r.status.startswith("error") else None
+        table.add_row(*(SHORT_NAMES.get(row_cells[i], row_cells[i]) for i in keep), style=style)
+    Console(width=max(100, shutil.get_terminal_size((100, 24)).columns)).print(table)
 
 
 def parse_dims(text: str, count: int) -> tuple[int, ...]:
@@ -440,18 +472,19 @@ def _stem(args, suite: str) -> str:
 
 def merge_with_previous(args, suite: str, rows: list[Row]) -> tuple[list[Row], list[dict]]:
     """With ``--merge``: this run's rows after the rows of the results already at the output path
-    that this run did not measure (by direction, dtype and case), ordered forward first, then by
-    dtype and case as they first appear; and the records (command, date, copy bandwidth) of the
-    earlier runs whose rows remain. Lets one grid be measured in several calls of a time-limited
-    machine. Rows keep the figures of their own run (% of copy is against that run's copy)."""
+    that this run did not measure (by direction, dtype, case and implementation: ``--impls`` runs
+    some implementations and keeps the others' rows), ordered forward first, then by dtype and case
+    as they first appear; and the records (command, date, copy bandwidth) of the earlier runs whose
+    rows remain. Lets one grid be measured in several calls of a time-limited machine. Rows keep the
+    figures of their own run (% of copy is against that run's copy)."""
     path = _stem(args, suite) + ".json"
     if not getattr(args, "merge", False) or not os.path.exists(path):
         return rows, []
     with open(path) as f:
         previous = json.load(f)
-    measured = {(r.direction, r.dtype, r.case) for r in rows}
+    measured = {(r.direction, r.dtype, r.case, r.impl) for r in rows}
     env = previous["environment"]
-    kept = [Row(**r) for r in previous["rows"] if (r["direction"], r["dtype"], r["case"]) not in measured]
+    kept = [Row(**r) for r in previous["rows"] if (r["direction"], r["dtype"], r["case"], r["impl"]) not in measured]
     runs = previous.get("earlier_runs", []) + [
         {"command": env["command"], "date": env["date"], "copy_gbs": previous.get("copy_gbs")}]
     if all(r.run_date for r in kept):  # (files written before rows carried their run keep every record)
@@ -460,6 +493,11 @@ def merge_with_previous(args, suite: str, rows: list[Row]) -> tuple[list[Row], l
     dtypes = list(dict.fromkeys(r.dtype for r in merged))
     cases = list(dict.fromkeys(r.case for r in merged))
     merged.sort(key=lambda r: (r.direction != "forward", dtypes.index(r.dtype), cases.index(r.case)))
+    # Speedups against the torch row now beside each row (the rows' % of copy stay their run's).
+    torch_ms = {(r.case, r.dtype, r.direction): r.ms for r in merged if r.impl == "torch" and r.ms}
+    for r in merged:
+        base = torch_ms.get((r.case, r.dtype, r.direction))
+        r.speedup_vs_torch = base / r.ms if r.ms and base else None
     return merged, runs
 
 

@@ -52,6 +52,9 @@ def cases():
     x = torch.randn(4, 128, device="cuda")
     xg = x.clone().requires_grad_()
     dy = torch.randn_like(x)
+    xk = torch.randn(64, 4096, device="cuda")
+    xkg = xk.clone().requires_grad_()
+    dyk = torch.randn_like(xk)
     out = [
         ("softmax", "forward", lambda: onlinesoftmax.softmax(x, -1), lambda: torch.softmax(x, -1), "torch.softmax"),
         ("log_softmax", "forward", lambda: onlinesoftmax.log_softmax(x, -1), lambda: torch.log_softmax(x, -1),
@@ -62,6 +65,13 @@ def cases():
          _with_backward(lambda t: torch.softmax(t, -1), xg, dy), "torch.softmax"),
         ("log_softmax", "forward+backward", _with_backward(lambda t: onlinesoftmax.log_softmax(t, -1), xg, dy),
          _with_backward(lambda t: torch.log_softmax(t, -1), xg, dy), "torch.log_softmax"),
+        # Past the torch route's size (plan.TORCH_BELOW_ELEMENTS): the Triton kernels' host path.
+        ("softmax 64x4096", "forward", lambda: onlinesoftmax.softmax(xk, -1), lambda: torch.softmax(xk, -1),
+         "torch.softmax"),
+        ("log_softmax 64x4096", "forward", lambda: onlinesoftmax.log_softmax(xk, -1),
+         lambda: torch.log_softmax(xk, -1), "torch.log_softmax"),
+        ("softmax 64x4096", "forward+backward", _with_backward(lambda t: onlinesoftmax.softmax(t, -1), xkg, dyk),
+         _with_backward(lambda t: torch.softmax(t, -1), xkg, dyk), "torch.softmax"),
         ("softmax_topk", "softmax_topk", lambda: onlinesoftmax.softmax_topk(x, 8),
          lambda: torch.topk(torch.softmax(x, -1), 8), "torch.topk(torch.softmax)"),
     ]

@@ -117,13 +117,14 @@ def run(args) -> int:
             rows += harness.run_cases("topk", [case(shape, dtype)], {"forward": implementations(shape)}, gen,
                                       graph_timing=not args.no_graph)
     harness.finish_rows(rows, copy_gbs)
+    rows, earlier_runs = harness.merge_with_previous(args, "topk", rows)
     notes, summary = _floor_notes(rows, shapes, dtypes, copy_gbs)
     notes = ("Bytes: x read once + values, int64 indices and a float32 lse written once. Read floor: bytes of x "
              f"at the measured copy bandwidth ({copy_gbs:.0f} GB/s). 'graph ms': replayed from a CUDA graph "
              "(no Python launch overhead; what a decode loop under graphs sees). quack: softmax=True normalizes over "
              "the k chosen logits (router weights), not the row, so its row checks its selection only: the row "
              "probabilities of its indices.\n\n" + notes)
-    harness.write_results(args, "topk", rows, copy_gbs, notes, {"floors": summary})
+    harness.write_results(args, "topk", rows, copy_gbs, notes, {"floors": summary}, earlier_runs)
     return harness.exit_code(rows)
 
 

@@ -144,13 +144,17 @@ def test_bound_launch_goes_direct_after_its_first_call(monkeypatch):
     bound(x, 5)
     assert calls[1] == ("C", (7, 1, 1, 1234, "function", False, False, None, None, "metadata", None, None, None,
                               x, 5, 16, True))
+    # The launcher itself, called again with the same key, takes the same direct path.
+    launcher((7, 2), "key", x, 9, BLOCK=16)
+    assert calls[2] == ("C", (7, 2, 1, 1234, "function", False, False, None, None, "metadata", None, None, None,
+                              x, 9, 16, True))
     # Launch hooks installed (a profiler): every call takes Triton's path again.
     from triton import knobs
     monkeypatch.setattr(knobs.runtime.launch_enter_hook, "calls", [lambda *a: None])
     launcher_calls = []
     monkeypatch.setattr(_launch.Launcher, "__call__", lambda self, *a, **k: launcher_calls.append(a))
     bound(x, 6)
-    assert launcher_calls == [((7,), "key", x, 6)] and len(calls) == 2
+    assert launcher_calls == [((7,), "key", x, 6)] and len(calls) == 3
 
 
 def test_direct_launch_takes_the_c_launcher_only_without_scratch():

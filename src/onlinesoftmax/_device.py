@@ -106,6 +106,21 @@ def plan_cache(clear: Callable[[], None]) -> Callable[[], None]:
     return clear
 
 
+# Entries a per-signature table (prepared calls, routes, validated arguments) holds before it
+# starts over: a long-running process that sees ever new shapes must not grow without bound.
+MAX_SIGNATURES = 4096
+
+
+def remember(table: dict, key, value):
+    """``table[key] = value``, emptying ``table`` first when it is full; returns ``value``.
+
+    For the miss path of a per-signature table: the hit path stays one ``table.get(key)``."""
+    if len(table) >= MAX_SIGNATURES:
+        table.clear()
+    table[key] = value
+    return value
+
+
 def clear_plan_caches() -> None:
     for clear in _CACHES:
         clear()

@@ -66,9 +66,7 @@ class Launcher:
             self.compiled[(device, key)] = _direct_launch(kernel, tail)
             return
         launch, prefix, tail = entry
-        stream = torch._C._cuda_getCurrentRawStream(device)
-        launch(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream, *prefix, *args,
-               *tail)
+        launch(*_grid3(grid), torch._C._cuda_getCurrentRawStream(device), *prefix, *args, *tail)
 
     def bind(self, grid, key, **meta) -> "BoundLaunch":
         """This kernel's launch for one recipe: grid, key and constexprs fixed, called with the runtime
@@ -80,6 +78,11 @@ class Launcher:
         device = torch._C._cuda_getDevice()
         entry = self.compiled.get((device, key))
         return None if entry is None else (device, *entry)
+
+
+def _grid3(grid) -> tuple:
+    """A grid of one to three dims as the three the launcher takes."""
+    return (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
 
 
 def _direct_launch(kernel, tail: tuple) -> tuple:
@@ -106,7 +109,7 @@ class BoundLaunch:
 
     def __init__(self, launcher: Launcher, grid, key, meta: dict):
         self.launcher, self.grid, self.key, self.meta = launcher, grid, key, meta
-        self.grid3 = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        self.grid3 = _grid3(grid)
         self.direct = None
 
     def __call__(self, *args):

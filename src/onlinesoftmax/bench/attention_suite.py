@@ -24,7 +24,6 @@ from .harness import Case, Implementation
 # training shapes from short to long sequences, a head dim of 64, and grouped-query attention.
 GRID = [(8, 16, 16, 1024, 128), (4, 16, 16, 4096, 128), (1, 16, 16, 16384, 128), (4, 32, 32, 4096, 64),
         (2, 32, 8, 8192, 128)]
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 FORWARD, FORWARD_BACKWARD = "forward", "fwd+bwd"
 # Targets from issue 5, as ratios of ours to the peer's TFLOP/s.
 TARGET_VS_CUDNN = 0.9
@@ -227,12 +226,7 @@ def summary_text(result: dict, sdpa) -> str:
 
 def run(args) -> int:
     """``onlinesoftmax bench attention``: the grid, causal and not, forward and forward+backward."""
-    asked = (args.dtype or "bf16").split(",")
-    names = [d for d in asked if d in DTYPES]
-    dropped = [d for d in asked if d not in DTYPES]
-    if dropped:
-        print(f"attention runs in fp16 and bf16; not benchmarking {', '.join(dropped)}")
-    dtypes = [DTYPES[d] for d in names] or [torch.bfloat16]
+    dtypes = harness.half_dtypes(args, "attention")
     directions = [FORWARD] + ([] if args.no_backward else [FORWARD_BACKWARD])
     if getattr(args, "sweep", False):
         return run_sweep(args, dtypes, directions)

@@ -380,12 +380,7 @@ def run(args) -> int:
     if not torch.cuda.is_available():
         print("No CUDA GPU found: the decode benchmark needs one (tests/test_decode.py covers correctness on CPU).")
         return 0
-    asked = (args.dtype or "bf16").split(",")
-    names = [d for d in asked if d in DTYPES]
-    dropped = [d for d in asked if d not in DTYPES]
-    if dropped:
-        print(f"decode attention runs in fp16 and bf16; not benchmarking {', '.join(dropped)}")
-    dtypes = [DTYPES[d] for d in names] or [torch.bfloat16]
+    dtypes = harness.half_dtypes(args, "decode attention")
     shapes = [parse_shape(text) for text in args.shape] if args.shape else GRID
     gen = torch.Generator().manual_seed(args.seed)
     copy_gbs = harness.copy_bandwidth_gbs()

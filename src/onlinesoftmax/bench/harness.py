@@ -269,13 +269,17 @@ def run_case(case: Case, impls: list[Implementation], gen: torch.Generator, time
 
 def finish_rows(rows: list[Row], copy_gbs: Optional[float]) -> None:
     """Fill % of copy bandwidth and speedup vs torch eager (the 'torch' row of the same case)."""
-    torch_ms = {(r.case, r.dtype, r.direction): r.ms for r in rows if r.impl == "torch" and r.ms}
     for r in rows:
         if r.gbs and copy_gbs:
             r.pct_of_copy = 100.0 * r.gbs / copy_gbs
+    _speedups_vs_torch(rows)
+
+
+def _speedups_vs_torch(rows: list[Row]) -> None:
+    torch_ms = {(r.case, r.dtype, r.direction): r.ms for r in rows if r.impl == "torch" and r.ms}
+    for r in rows:
         base = torch_ms.get((r.case, r.dtype, r.direction))
-        if r.ms and base:
-            r.speedup_vs_torch = base / r.ms
+        r.speedup_vs_torch = base / r.ms if r.ms and base else None
 
 
 def _fmt(value, spec):
@@ -409,6 +413,17 @@ def print_table(rows: list[Row], title: str) -> None:
     Console(width=max(100, shutil.get_terminal_size((100, 24)).columns)).print(table)
 
 
+def half_dtypes(args, what: str) -> list[torch.dtype]:
+    """``--dtype`` for the suites of ops that run in fp16 and bf16 only (default bf16); names
+    other dtypes that were asked for and are left out."""
+    names = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    asked = (args.dtype or "bf16").split(",")
+    dropped = [d for d in asked if d not in names]
+    if dropped:
+        print(f"{what} runs in fp16 and bf16; not benchmarking {', '.join(dropped)}")
+    return [names[d] for d in asked if d in names] or [torch.bfloat16]
+
+
 def parse_dims(text: str, count: int) -> tuple[int, ...]:
     """``"16x262144"`` -> ``(16, 262144)``: a --shape value with exactly ``count`` positive dims."""
     try:
@@ -493,11 +508,7 @@ def merge_with_previous(args, suite: str, rows: list[Row]) -> tuple[list[Row], l
     dtypes = list(dict.fromkeys(r.dtype for r in merged))
     cases = list(dict.fromkeys(r.case for r in merged))
     merged.sort(key=lambda r: (r.direction != "forward", dtypes.index(r.dtype), cases.index(r.case)))
-    # Speedups against the torch row now beside each row (the rows' % of copy stay their run's).
-    torch_ms = {(r.case, r.dtype, r.direction): r.ms for r in merged if r.impl == "torch" and r.ms}
-    for r in merged:
-        base = torch_ms.get((r.case, r.dtype, r.direction))
-        r.speedup_vs_torch = base / r.ms if r.ms and base else None
+    _speedups_vs_torch(merged)  # against the torch row now beside each (% of copy stays its run's)
     return merged, runs
 
 

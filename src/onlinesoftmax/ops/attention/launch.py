@@ -11,7 +11,7 @@ import triton
 from triton.runtime import _allocation
 
 from ... import _buffers, cpu
-from ..._device import interpreter_active, plan_cache as _device_plan_cache
+from ..._device import interpreter_active, plan_cache as _device_plan_cache, remember
 from ..._launch import Launcher, aligned
 from . import plan as planner
 from .kernels import (
@@ -150,7 +150,6 @@ class _ForwardCall:
 
 
 _FORWARD_CALLS: dict = {}
-MAX_CALLS = 4096
 _device_plan_cache(_FORWARD_CALLS.clear)
 
 
@@ -162,9 +161,7 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str,
            aligned(v), mode, use_descriptor, interpreter_active())
     call = _FORWARD_CALLS.get(key)
     if call is None:
-        if len(_FORWARD_CALLS) >= MAX_CALLS:
-            _FORWARD_CALLS.clear()
-        call = _FORWARD_CALLS[key] = _ForwardCall(key, q, k, v, mode, use_descriptor)
+        call = remember(_FORWARD_CALLS, key, _ForwardCall(key, q, k, v, mode, use_descriptor))
     return call(q, k, v, scale)
 
 

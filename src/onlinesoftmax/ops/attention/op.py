@@ -10,6 +10,7 @@ from typing import Optional, Union
 
 import torch
 
+from ..._device import remember
 from ..._launch import op_when_compiling
 from .launch import launch_backward, launch_forward
 
@@ -88,7 +89,6 @@ def _causal_mode(causal, name: str = "attention") -> str:
 # Argument signatures validate() accepted, with its answer: the checks depend only on these (a
 # repeated call, as a training or serving loop makes, skips them).
 _CHECKED: dict = {}
-MAX_CHECKED = 4096
 
 
 def validate(q, k, v, causal, scale, name: str = "attention"):
@@ -204,9 +204,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
     if checked is None:
         checked = validate(q, k, v, causal, scale)
         if key is not None:
-            if len(_CHECKED) >= MAX_CHECKED:
-                _CHECKED.clear()
-            _CHECKED[key] = checked
+            remember(_CHECKED, key, checked)
     mode, scale = checked
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, lse = _AttentionFunction.apply(q, k, v, mode, scale)

@@ -21,7 +21,6 @@ MIN_PAGE_SIZE = 16
 # The torch path gathers this many keys of every sequence at a time: it bounds the fp32 copies of
 # K and V and the score tile, while keeping each einsum large enough to run at matmul speed.
 CPU_KEY_BLOCK = 2048
-MAX_RECIPES = 4096  # launch recipes kept (one per call signature) before the table starts over
 
 # --------------------------------------------------------------------------------------------
 # Launchers (Triton: CUDA, or CPU tensors under TRITON_INTERPRET=1)
@@ -102,10 +101,8 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  _device.interpreter_active())
     recipe = _RECIPES.get(signature)
     if recipe is None:
-        if len(_RECIPES) >= MAX_RECIPES:
-            _RECIPES.clear()
-        recipe = _RECIPES[signature] = _Recipe(signature, q, k_cache, v_cache, cache_seqlens, block_table, causal,
-                                               num_splits, return_lse)
+        recipe = _device.remember(_RECIPES, signature, _Recipe(signature, q, k_cache, v_cache, cache_seqlens,
+                                                                block_table, causal, num_splits, return_lse))
     chosen = recipe.plan
     planner.record(chosen)
     if chosen.path == "torch":

@@ -15,7 +15,8 @@ from typing import Optional
 import torch
 
 from ... import _buffers, cpu
-from ..._device import inline_ptx_allowed, interpreter_active, next_power_of_2, plan_cache, triton_runs_on
+from ..._device import (inline_ptx_allowed, interpreter_active, next_power_of_2, plan_cache, remember,
+                         triton_runs_on)
 from ..._launch import Launcher, aligned
 from ..._triton import COUNTER_STRIDE
 from . import plan as planner
@@ -136,6 +137,24 @@ _split_row_backward_dot = Launcher(split_row_backward_dot_kernel)
 _split_row_backward_apply = Launcher(split_row_backward_apply_kernel)
 
 
+def _by_alignment(launcher: Launcher, grid, recipe: _Recipe, meta_for, *tag) -> dict:
+    """``{is_aligned: bound launch}``: one launch of ``launcher`` for an input 16-byte aligned and
+    one for an input that is not, ``meta_for(align)`` giving each one's constexprs (``align``: the
+    granule where rows are read in granules and the tensor allows it, else 1; outputs are always
+    aligned)."""
+    return {aligned: launcher.bind(grid, (recipe, aligned, *tag), **meta_for(recipe.granule if aligned else 1))
+            for aligned in (False, True)}
+
+
+def _one_launch(bound: dict, ints: tuple):
+    """The launch of a strategy that is one kernel over three tensors, its integers and 1 / T."""
+
+    def launch(a, b, c, inv_t, is_aligned):
+        bound[is_aligned](a, b, c, *ints, inv_t)
+
+    return launch
+
+
 def _row_exchange(plan: planner.Plan, planes: int, device: torch.device):
     # split_row_on_chip's partials (``planes`` floats per chunk) and its counters: the ticket
     # counter and one arrival counter per row (see _triton.take_ticket).
@@ -187,33 +206,24 @@ class ForwardCall:
     def _launcher(self, recipe, chosen, device):
         common = dict(LOG=self.op == "log_softmax", WRITE_Y=not self.write_lse, WRITE_LSE=self.write_lse,
                       CONTIGUOUS=recipe.contiguous)
-        # Rows read in 16-byte granules need a 16-byte-aligned tensor (outputs always are).
-        align = {False: 1, True: recipe.granule}
         strides = (*recipe.in_strides, *recipe.out_strides)
         n_cols, inner = chosen.cols, recipe.inner
         if chosen.strategy == "row_on_chip":
-            meta = dict(BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
-                        HOLD_INPUT=chosen.hold_input, OPAQUE_WIDEN=recipe.opaque_widen, num_warps=chosen.num_warps,
-                        **common)
-            ints = (chosen.rows, n_cols, inner, *strides)
-            bound = {a: _row_on_chip_softmax.bind(chosen.grid, (recipe, a), **meta) for a in align}
-
-            def launch(x, y, lse, inv_t, is_aligned):
-                bound[is_aligned](x, y, lse, *ints, inv_t)
-        elif chosen.strategy == "looped":
-            metas = {a: dict(BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", ALIGN=align[a],
-                             num_warps=chosen.num_warps, **common) for a in align}
-            ints = (n_cols, inner, *strides)
-            bound = {a: _looped_softmax.bind(chosen.grid, (recipe, a), **metas[a]) for a in align}
-
-            def launch(x, y, lse, inv_t, is_aligned):
-                bound[is_aligned](x, y, lse, *ints, inv_t)
-        elif chosen.strategy == "split_row_on_chip":
-            metas = {a: dict(BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
-                             OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align[a], num_warps=chosen.num_warps,
-                             **chosen.compile_options, **common) for a in align}
+            bound = _by_alignment(_row_on_chip_softmax, chosen.grid, recipe, lambda align: dict(
+                BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program, HOLD_INPUT=chosen.hold_input,
+                OPAQUE_WIDEN=recipe.opaque_widen, num_warps=chosen.num_warps, **common))
+            return _one_launch(bound, (chosen.rows, n_cols, inner, *strides))
+        if chosen.strategy == "looped":
+            bound = _by_alignment(_looped_softmax, chosen.grid, recipe, lambda align: dict(
+                BLOCK=chosen.block_cols, SAFE=chosen.algorithm == "safe", ALIGN=align, num_warps=chosen.num_warps,
+                **common))
+            return _one_launch(bound, (n_cols, inner, *strides))
+        if chosen.strategy == "split_row_on_chip":
+            bound = _by_alignment(_split_row_on_chip_softmax, chosen.grid, recipe, lambda align: dict(
+                BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
+                OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, num_warps=chosen.num_warps, **chosen.compile_options,
+                **common))
             ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
-            bound = {a: _split_row_on_chip_softmax.bind(chosen.grid, (recipe, a), **metas[a]) for a in align}
 
             def launch(x, y, lse, inv_t, is_aligned):
                 parts, counters = _row_exchange(chosen, 2, device)  # (m, d) per chunk
@@ -221,17 +231,15 @@ class ForwardCall:
         else:
             chunks_pow2 = next_power_of_2(chosen.num_chunks)
             passes = (PARTIAL_MAX, PARTIAL_SUM) if chosen.algorithm == "safe" else (PARTIAL_ONLINE,)
-            partial_metas = {(a, p): dict(BLOCK=chosen.block_cols, CHUNKS_POW2=chunks_pow2, CONTIGUOUS=recipe.contiguous,
-                                          PASS=p, ALIGN=align[a], num_warps=chosen.num_warps)
-                             for a in align for p in passes}
-            metas = {a: dict(BLOCK=chosen.block_cols, PARTIALS_POW2=chunks_pow2, ALIGN=align[a],
-                             num_warps=chosen.num_warps, **common) for a in align}
             grid = (chosen.rows, 1 if self.write_lse else chosen.num_chunks)
             partial_ints = (n_cols, inner, *recipe.in_strides, chosen.chunk_size, chosen.num_chunks)
             normalize_ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
-            partials = {a: [_split_row_partials.bind(chosen.grid, (recipe, a, p), **partial_metas[a, p]) for p in passes]
-                        for a in align}
-            normalize = {a: _split_row_normalize.bind(grid, (recipe, a), **metas[a]) for a in align}
+            by_pass = [_by_alignment(_split_row_partials, chosen.grid, recipe, lambda align, p=p: dict(
+                BLOCK=chosen.block_cols, CHUNKS_POW2=chunks_pow2, CONTIGUOUS=recipe.contiguous, PASS=p, ALIGN=align,
+                num_warps=chosen.num_warps), p) for p in passes]
+            partials = {a: [bound[a] for bound in by_pass] for a in (False, True)}
+            normalize = _by_alignment(_split_row_normalize, grid, recipe, lambda align: dict(
+                BLOCK=chosen.block_cols, PARTIALS_POW2=chunks_pow2, ALIGN=align, num_warps=chosen.num_warps, **common))
 
             def launch(x, y, lse, inv_t, is_aligned):
                 # One buffer for the three planes, no views of it: on the H100 machine's host each
@@ -284,45 +292,36 @@ class BackwardCall:
         self.launch = None
         if chosen.strategy not in planner.TRITON_STRATEGIES:
             return
-        align = {False: 1, True: recipe.granule}  # y, dy and dx in 16-byte granules (see ForwardCall)
+        # y, dy and dx in 16-byte granules where the recipe says so (see ForwardCall).
         y_strides = dx_strides = recipe.out_strides
         n_cols, inner, dy_strides = chosen.cols, recipe.inner, recipe.in_strides
         strides = (*y_strides, *dy_strides, *dx_strides)
         base = dict(CONTIGUOUS=recipe.contiguous, LOG=log, num_warps=chosen.num_warps)
         if chosen.strategy == "row_on_chip":
-            meta = dict(BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
-                        OPAQUE_WIDEN=recipe.opaque_widen, **base)
-            ints = (chosen.rows, n_cols, inner, *strides)
-            bound = {a: _row_on_chip_backward.bind(chosen.grid, (recipe, a), **meta) for a in align}
-
-            def launch(y, dy, dx, inv_t, is_aligned):
-                bound[is_aligned](y, dy, dx, *ints, inv_t)
+            bound = _by_alignment(_row_on_chip_backward, chosen.grid, recipe, lambda align: dict(
+                BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
+                OPAQUE_WIDEN=recipe.opaque_widen, **base))
+            launch = _one_launch(bound, (chosen.rows, n_cols, inner, *strides))
         elif chosen.strategy == "looped":
-            metas = {a: dict(BLOCK=chosen.block_cols, ALIGN=align[a], **base) for a in align}
-            ints = (n_cols, inner, *strides)
-            bound = {a: _looped_backward.bind(chosen.grid, (recipe, a), **metas[a]) for a in align}
-
-            def launch(y, dy, dx, inv_t, is_aligned):
-                bound[is_aligned](y, dy, dx, *ints, inv_t)
+            bound = _by_alignment(_looped_backward, chosen.grid, recipe, lambda align: dict(
+                BLOCK=chosen.block_cols, ALIGN=align, **base))
+            launch = _one_launch(bound, (n_cols, inner, *strides))
         elif chosen.strategy == "split_row_on_chip":
-            metas = {a: dict(BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
-                             OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align[a], **chosen.compile_options, **base)
-                     for a in align}
+            bound = _by_alignment(_split_row_on_chip_backward, chosen.grid, recipe, lambda align: dict(
+                BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
+                OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, **chosen.compile_options, **base))
             ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
-            bound = {a: _split_row_on_chip_backward.bind(chosen.grid, (recipe, a), **metas[a]) for a in align}
 
             def launch(y, dy, dx, inv_t, is_aligned):
                 parts, counters = _row_exchange(chosen, 1, device)  # the dot per chunk
                 bound[is_aligned](y, dy, dx, parts, counters, *ints, inv_t)
         else:
-            dot_metas = {a: dict(BLOCK=chosen.block_cols, ALIGN=align[a], **base) for a in align}
-            apply_metas = {a: dict(BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(chosen.num_chunks),
-                                   ALIGN=align[a], **base) for a in align}
-
             dot_ints = (n_cols, inner, *y_strides, *dy_strides, chosen.chunk_size, chosen.num_chunks)
             apply_ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
-            dots = {a: _split_row_backward_dot.bind(chosen.grid, (recipe, a), **dot_metas[a]) for a in align}
-            applies = {a: _split_row_backward_apply.bind(chosen.grid, (recipe, a), **apply_metas[a]) for a in align}
+            dots = _by_alignment(_split_row_backward_dot, chosen.grid, recipe, lambda align: dict(
+                BLOCK=chosen.block_cols, ALIGN=align, **base))
+            applies = _by_alignment(_split_row_backward_apply, chosen.grid, recipe, lambda align: dict(
+                BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(chosen.num_chunks), ALIGN=align, **base))
 
             def launch(y, dy, dx, inv_t, is_aligned):
                 parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, device)
@@ -349,17 +348,12 @@ class BackwardCall:
 
 
 _CALLS: dict = {}
-_MAX_CALLS = 4096  # distinct call signatures kept; then start over
 plan_cache(_CALLS.clear)
 
 
 def _cached(key, make):
     call = _CALLS.get(key)
-    if call is None:
-        if len(_CALLS) >= _MAX_CALLS:
-            _CALLS.clear()
-        call = _CALLS[key] = make()
-    return call
+    return call if call is not None else remember(_CALLS, key, make())
 
 
 def forward_call(x: torch.Tensor, dim: int, op: str, out_dtype: Optional[torch.dtype] = None,

@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional, Sequence, Union
 import torch
 
 from ... import _validate
-from ..._device import interpreter_active, plan_cache
+from ..._device import interpreter_active, plan_cache, remember
 from ..._launch import op_when_compiling
 from . import plan as planner
 from .launch import forward_call, launch_backward, launch_forward
@@ -112,7 +112,6 @@ class _Route(NamedTuple):
 
 
 _ROUTES: dict = {}
-_MAX_ROUTES = 4096
 plan_cache(_ROUTES.clear)
 
 
@@ -155,12 +154,7 @@ def _softmax_route(x, dim, dtype, algorithm, strategy, name) -> _Route:
 
 def _route(table_key, make):
     route = _ROUTES.get(table_key)
-    if route is None:
-        route = make()
-        if len(_ROUTES) >= _MAX_ROUTES:
-            _ROUTES.clear()
-        _ROUTES[table_key] = route
-    return route
+    return route if route is not None else remember(_ROUTES, table_key, make())
 
 
 # The eager forward of a kernel-path signature, kept beside its route: one lookup a call.
@@ -198,9 +192,7 @@ def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
         return _forward_op(x, route.dim, name, temperature, route.out_dtype, algorithm, strategy)
     call = _FORWARD_CALLS.get(key)
     if call is None:
-        if len(_FORWARD_CALLS) >= _MAX_ROUTES:
-            _FORWARD_CALLS.clear()
-        call = _FORWARD_CALLS[key] = forward_call(x, route.dim, name, route.out_dtype, algorithm, strategy)
+        call = remember(_FORWARD_CALLS, key, forward_call(x, route.dim, name, route.out_dtype, algorithm, strategy))
     return call(x, temperature)
 
 

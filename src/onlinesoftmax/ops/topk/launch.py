@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from ... import _buffers, cpu
-from ..._device import interpreter_active, next_power_of_2, plan_cache
+from ..._device import interpreter_active, next_power_of_2, plan_cache, remember
 from ..._launch import Launcher, aligned
 from . import plan as planner
 from .kernels import topk_backward_kernel, topk_merge_kernel, topk_stream_kernel
@@ -71,10 +71,8 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
                  is_aligned, x2.is_cuda or interpreter_active())
     prepared = _PREPARED.get(signature)
     if prepared is None:
-        if len(_PREPARED) >= 4096:
-            _PREPARED.clear()
-        prepared = _PREPARED[signature] = _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read,
-                                                   is_aligned, signature[-1])
+        prepared = remember(_PREPARED, signature, _prepare(x2, k, strategy, block, num_chunks, lane_keep,
+                                                           second_read, is_aligned, signature[-1]))
     chosen, launch_key, common = prepared
     if chosen is None:
         if n_rows:

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from ... import _validate
-from ..._device import plan_cache
+from ..._device import plan_cache, remember
 from ..._launch import op_when_compiling
 from . import plan as planner
 from .kernels import MAX_COLS
@@ -172,9 +172,7 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, temperature: float =
     if dim is None or type(temperature) is not float or not 0.0 < temperature < float("inf"):
         dim = _check(x, k, signature[4] if signature else dim, temperature, sorted)
         if signature is not None:
-            if len(_CHECKED) >= 4096:
-                _CHECKED.clear()
-            _CHECKED[signature] = dim
+            remember(_CHECKED, signature, dim)
     if strategy is not None and strategy not in planner.TOPK_STRATEGIES:
         raise ValueError(f"softmax_topk: strategy must be None or one of {planner.TOPK_STRATEGIES}, got {strategy!r}")
     squeeze = x.dim() == 0

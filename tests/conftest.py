@@ -40,6 +40,17 @@ def strategies_here():
     return plan.STRATEGIES if TRITON_RUNS else ("torch", "vectorized")
 
 
+@pytest.fixture(autouse=True)
+def kernels_at_every_size(request):
+    """Small eager CUDA calls run torch's own kernel (plan.EAGER_HOST_US); the GPU runs the tests on
+    our kernels at every size, except those marked ``eager_torch_route``."""
+    if not ON_GPU or request.node.get_closest_marker("eager_torch_route"):
+        yield
+        return
+    with onlinesoftmax.override_plan("softmax", EAGER_HOST_US={"forward": {1: 0, 2: 0, 3: 0}, "train": 0}):
+        yield
+
+
 @pytest.fixture
 def plan_override():
     """``plan_override(op="softmax", **tables)``: run the rest of the test under other plan tables
@@ -120,5 +131,6 @@ def poisoned_outputs(monkeypatch):
         return torch.full(shape, poison, dtype=dtype, device=device)
 
     monkeypatch.setattr(buffers, "empty", nan_filled)
+    monkeypatch.setattr(buffers, "empty_like", lambda t: nan_filled(t.shape, t.dtype, t.device))
     # Scratch kept between launches (row_exchange) is made again from the NaN-filled buffers.
     monkeypatch.setattr(buffers, "_EXCHANGE", {})

@@ -494,6 +494,17 @@ def test_split_row_on_chip_under_a_register_cap(plan_override, gen):
     assert all(torch.equal(a, b) for a, b in zip(free, capped))
 
 
+def test_rows_needing_the_largest_tiles_are_streamed_unless_asked_for():
+    # bf16 198x615032 held in 16384-element tiles ran at 0.2x torch: the plan streams such rows.
+    def choose(strategy=None):
+        return plan.choose("softmax", 198, 615032, torch.bfloat16, torch.device("cuda"), strategy=strategy, sms=132,
+                           interpreting=False)
+    assert choose().strategy == "split_row"
+    assert choose("split_row_on_chip").block_cols == 16384
+    assert plan.choose("softmax", 64, 128256, torch.bfloat16, torch.device("cuda"), sms=132,
+                       interpreting=False).strategy == "split_row_on_chip"
+
+
 @needs_triton
 def test_split_row_on_chip_refuses_rows_too_long_to_hold(plan_override):
     # A row needs all its programs resident at once: more chunks than that is an error, not a hang.
@@ -702,3 +713,70 @@ def test_opaque_widening_is_exact_for_every_16_bit_pattern(dtype, copy):
     nan = expected.isnan()
     assert torch.equal(out.isnan(), nan)
     assert torch.equal(out[~nan].view(torch.int32), expected[~nan].view(torch.int32))
+
+
+# --------------------------------------------------------------------------------------------
+# The eager torch route: small eager CUDA calls run torch's kernel (plan.EAGER_HOST_US)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.eager_torch_route
+def test_eager_torch_route_weighs_torchs_kernel_against_our_host_time(plan_override):
+    def route(rows, cols, dtype=torch.bfloat16, train=False):
+        chosen = plan.choose("softmax", rows, cols, dtype, torch.device("cuda"), sms=132, interpreting=False)
+        return plan.eager_torch(chosen, train, sms=132)
+
+    assert route(4, 1000) and route(64, 32001)  # torch's kernel finishes within our host time
+    assert not route(16384, 65536)  # the GPU's time decides: ours
+    # torch gives a long row one block: 16 rows of 128257 take it about 27 us, longer than our host path.
+    assert not route(16, 128257)
+    # Differentiated, our two Python autograd steps cost more host time: torch's kernels up to larger sizes.
+    assert route(4096, 4097, train=True) and not route(4096, 4097)
+    assert plan.torch_kernel_us(16, 128257, 0, 132) == pytest.approx(plan.TORCH_ROW_US + 128257 * 0.2e-3)
+    plan_override(EAGER_HOST_US={"forward": {1: 0, 2: 0, 3: 0}, "train": 0})
+    assert not route(1, 8) and not route(1, 8, train=True)
+    assert plan.eager_torch_note(plan.choose("softmax", 1, 8, torch.float32, torch.device("cuda"), sms=132,
+                                             interpreting=False), sms=132) == ""
+
+
+@pytest.mark.eager_torch_route
+def test_explain_says_when_eager_calls_take_torchs_kernel(capsys):
+    from onlinesoftmax.cli import main
+
+    assert main(["explain", "4x1000", "--dtype", "bf16", "--sms", "132"]) == 0
+    out = capsys.readouterr().out
+    assert "strategy:    row_on_chip" in out and "eager calls: torch's own kernel" in out
+    assert main(["explain", "16384x65536", "--dtype", "fp32", "--sms", "132"]) == 0
+    assert "eager calls" not in capsys.readouterr().out
+
+
+@gpu_only
+@pytest.mark.eager_torch_route
+@pytest.mark.parametrize("fn, ref", [(onlinesoftmax.softmax, torch.softmax), (onlinesoftmax.log_softmax, torch.log_softmax),
+                                     (onlinesoftmax.logsumexp, torch.logsumexp)], ids=["softmax", "log_softmax", "logsumexp"])
+def test_eager_torch_route_gives_torchs_result_and_kernels_under_graphs_and_compile(fn, ref, gen):
+    x = make_logits((8, 1001), torch.bfloat16, gen)
+    assert torch.equal(fn(x, -1), ref(x, -1))
+    assert plan.last_plan().strategy == "torch" and "EAGER_HOST_US" in plan.last_plan().reason
+    # Differentiated, the graph is torch's own node.
+    xg = x.clone().requires_grad_()
+    assert type(fn(xg, -1).grad_fn).__name__.endswith("Backward0")
+    # Captured into a CUDA graph, the call is the kernels'.
+    static = x.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(static, -1)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(static, -1)
+    assert plan.last_plan().strategy != "torch"
+    fresh = make_logits((8, 1001), torch.bfloat16, gen)
+    static.copy_(fresh)
+    out.fill_(float("nan"))
+    graph.replay()
+    assert_matches(out, ref(fresh.double(), -1), torch.bfloat16, "graph replay")
+    # Under torch.compile, the custom op: the kernels.
+    compiled = torch.compile(lambda t: fn(t, -1), fullgraph=True)
+    assert_matches(compiled(fresh), ref(fresh.double(), -1), torch.bfloat16, "compiled")

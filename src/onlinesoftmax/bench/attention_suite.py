@@ -274,8 +274,12 @@ def run_sweep(args, dtypes, directions) -> int:
           flush=True)
     rows = []
     for case in cases(shapes, dtypes, directions):
-        rows += harness.run_case(case, impls[case.direction], gen, graph_timing=not args.no_graph,
-                                 max_input_sets=4, back_to_back=True)
+        measured = harness.run_case(case, impls[case.direction], gen, graph_timing=not args.no_graph,
+                                    max_input_sets=4, back_to_back=True)
+        rows += measured
+        # One line a case as it finishes: a run cut short still leaves what it measured in its log.
+        print(f"{case.direction} {case.label}: " + ", ".join(
+            f"{r.impl} {r.ms:.4f} ms" if r.ms else f"{r.impl} {r.status}" for r in measured), flush=True)
     harness.finish_rows(rows, None)
     cells = []
     for key in dict.fromkeys((r.direction, r.dtype, r.case) for r in rows):

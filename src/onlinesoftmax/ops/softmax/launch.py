@@ -199,6 +199,8 @@ class ForwardCall:
         self.device = device = x.device
         self.shape = x.shape
         self.empty = x.numel() == 0
+        # The output is allocated like the input where it can be (see _buffers.empty_like).
+        self.like = not self.write_lse and self.out_dtype == x.dtype and x.is_contiguous() and not recipe.copy_input
         self.launch = None
         if chosen.strategy in planner.TRITON_STRATEGIES:
             self.launch = self._launcher(recipe, chosen, device)
@@ -258,7 +260,9 @@ class ForwardCall:
                 return torch_forward(x, self.dim, self.op, 1.0 / temperature, self.out_dtype)
             return cpu.forward(x, self.dim, self.op, 1.0 / temperature, self.out_dtype, chosen.algorithm)
         # The output a launch does not write is passed as x: a valid pointer that is never stored to.
-        if self.write_lse:
+        if self.like:
+            y, lse = _buffers.empty_like(x), x
+        elif self.write_lse:
             y, lse = x, _buffers.empty(self.recipe.lse_shape, torch.float32, self.device)
         else:
             y = _buffers.empty(self.shape, self.out_dtype, self.device)
@@ -289,6 +293,7 @@ class BackwardCall:
         self.device = device = y.device
         self.shape = y.shape
         self.empty = y.numel() == 0
+        self.like = self.out_dtype == y.dtype  # dx allocated like the (contiguous) y
         self.launch = None
         if chosen.strategy not in planner.TRITON_STRATEGIES:
             return
@@ -336,13 +341,13 @@ class BackwardCall:
             if chosen.strategy == "torch":
                 return torch_backward(y, dy, self.dim, self.log, 1.0 / temperature, self.out_dtype)
             return cpu.backward(y, dy, self.dim, self.log, 1.0 / temperature, self.out_dtype)
-        dx = _buffers.empty(self.shape, self.out_dtype, self.device)
+        if not y.is_contiguous():
+            y = y.contiguous()
+        dx = _buffers.empty_like(y) if self.like else _buffers.empty(self.shape, self.out_dtype, self.device)
         if self.empty:
             return dx
         if self.recipe.copy_input:
             dy = dy.contiguous()
-        if not y.is_contiguous():
-            y = y.contiguous()
         self.launch(y, dy, dx, 1.0 / temperature, aligned(dy) and aligned(y))
         return dx
 

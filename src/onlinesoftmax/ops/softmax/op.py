@@ -6,8 +6,8 @@ y = exp(x - m) / d; ``plan.py`` picks where the row lives meanwhile, ``launch.py
 The public functions keep the host's work per call small, since training and serving code calls
 them eagerly many times a step: a call's signature (shape, strides, dtypes, options) maps to a
 prepared route in one dictionary lookup, so argument checks and planning run once per signature.
-Calls that the plan gives to torch's own kernels (CPU tensors, float64, other dtypes) call torch
-directly, autograd included.
+Calls that the plan gives to torch's own kernels (CPU tensors, float64, other dtypes, and small
+eager CUDA calls: plan.EAGER_HOST_US) call torch directly, autograd included.
 """
 
 from __future__ import annotations
@@ -109,6 +109,9 @@ class _Route(NamedTuple):
     out_dtype: Optional[torch.dtype]
     torch_path: bool  # torch's own kernels (the plan's "torch" strategy), autograd included
     torch_plan: Optional[planner.Plan]  # what last_plan() reports for it
+    # Eager calls run torch's kernel (plan.EAGER_HOST_US), without autograd / differentiated.
+    eager_torch: bool = False
+    eager_torch_train: bool = False
 
 
 _ROUTES: dict = {}
@@ -146,15 +149,45 @@ def _softmax_route(x, dim, dtype, algorithm, strategy, name) -> _Route:
     cast_to = dtype if dtype is not None and dtype != x.dtype and not exact else None
     torch_path = not kernels or strategy == "torch" or (strategy is None and (
         x.device.type != "cuda" and not interpreter_active()))
-    reason = "torch's own kernel for this device / dtype"
-    if not torch_path and strategy is None and x.device.type == "cuda" and x.numel() <= planner.TORCH_BELOW_ELEMENTS:
-        torch_path, reason = True, planner.TORCH_BELOW_REASON
-    return _Route(dim, cast_to, dtype, torch_path, _torch_plan(name, x, dim, reason) if torch_path else None)
+    if torch_path:
+        return _Route(dim, cast_to, dtype, True, _torch_plan(name, x, dim, _TORCH_KERNEL_REASON))
+    eager, eager_train = _eager_torch(name, x, dim, strategy, algorithm, x.dtype if cast_to is None else cast_to,
+                                      dtype)
+    return _Route(dim, cast_to, dtype, False, _torch_plan(name, x, dim, _EAGER_TORCH_REASON), eager, eager_train)
 
 
-def _route(table_key, make):
-    route = _ROUTES.get(table_key)
-    return route if route is not None else remember(_ROUTES, table_key, make())
+_TORCH_KERNEL_REASON = "torch's own kernel for this device / dtype"
+_EAGER_TORCH_REASON = "an eager call whose torch kernel finishes within our host time (plan.EAGER_HOST_US)"
+
+
+def _eager_torch(name, x, dim, strategy, algorithm, dtype, out_dtype) -> tuple[bool, bool]:
+    """(without autograd, differentiated): whether an eager call of this signature runs torch's kernel."""
+    if strategy is not None or x.device.type != "cuda":
+        return False, False
+    cols = x.shape[dim] if x.dim() else 1
+    rows = x.numel() // cols if cols else 0
+    chosen = planner.choose(name, rows, cols, dtype, x.device, algorithm)
+    return planner.eager_torch(chosen, False, out_dtype), planner.eager_torch(chosen, True, out_dtype)
+
+
+def _host_decides() -> bool:
+    """An eager call whose host time is its cost: not traced by torch.compile, not captured into a CUDA graph."""
+    # torch's binding itself: torch.cuda.is_current_stream_capturing() wraps it in 0.5 us of checks.
+    return not torch.compiler.is_compiling() and not torch._C._cuda_isCurrentStreamCapturing()
+
+
+def _route(key, make, *args):
+    """The route of call signature ``key``, made by ``make(*args)`` the first time (every time where
+    ``key`` is None or unhashable: not a tensor, odd arguments, whose checks then raise)."""
+    try:
+        route = _ROUTES.get(key)
+    except TypeError:
+        return make(*args)
+    if route is None:
+        route = make(*args)
+        if key is not None:
+            remember(_ROUTES, key, route)
+    return route
 
 
 # The eager forward of a kernel-path signature, kept beside its route: one lookup a call.
@@ -168,17 +201,19 @@ def _torch_plan(op, x, dim, reason) -> planner.Plan:
 
 
 def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
-    name = "log_softmax" if log else "softmax"
+    # The hit path is a few attribute reads and one lookup: small eager calls are the host's time.
     try:
         key = (x.shape, x.stride(), x.dtype, x.device, dim, dtype, algorithm, strategy, log)
     except AttributeError:
-        key = None  # not a tensor: the route's checks raise
-    route = _route(key, lambda: _softmax_route(x, dim, dtype, algorithm, strategy, name)) if key else \
-        _softmax_route(x, dim, dtype, algorithm, strategy, name)
-    temperature = _temperature(temperature, name)
+        key = None
+    name = "log_softmax" if log else "softmax"
+    route = _route(key, _softmax_route, x, dim, dtype, algorithm, strategy, name)
+    if type(temperature) is not float or temperature != 1.0:
+        temperature = _temperature(temperature, name)
     if route.cast_to is not None:
         x = x.to(route.cast_to)
-    if route.torch_path:
+    grad = x.requires_grad and torch.is_grad_enabled()
+    if route.torch_path or ((route.eager_torch_train if grad else route.eager_torch) and _host_decides()):
         planner.record(route.torch_plan)
         if temperature != 1.0:
             x = x.to(torch.promote_types(x.dtype, torch.float32)) * (1.0 / temperature)
@@ -186,7 +221,7 @@ def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
         return fn(x, route.dim) if route.out_dtype is None else fn(x, route.dim, dtype=route.out_dtype)
     if x.dim() == 0:
         return _softmax_like(x.reshape(1), 0, dtype, temperature, algorithm, strategy, log).reshape(())
-    if x.requires_grad and torch.is_grad_enabled():
+    if grad:
         return _SoftmaxFunction.apply(x, route.dim, log, temperature, route.out_dtype, algorithm, strategy)
     if torch.compiler.is_compiling():
         return _forward_op(x, route.dim, name, temperature, route.out_dtype, algorithm, strategy)
@@ -235,7 +270,10 @@ def softmax(x: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None,
     Semantics follow ``torch.softmax``: ``-inf`` entries give 0, a row that is all ``-inf`` gives
     NaN, any NaN or ``+inf`` in a row makes the whole row NaN. Differentiable (Triton backward
     kernels) and traceable by ``torch.compile(fullgraph=True)``. CPU tensors run torch's own
-    kernel (torch's speed); under ``TRITON_INTERPRET=1`` they run the Triton kernels.
+    kernel (torch's speed); under ``TRITON_INTERPRET=1`` they run the Triton kernels. So do eager
+    CUDA calls small enough that torch's kernel would finish within our host time
+    (``plan.EAGER_HOST_US``; ``onlinesoftmax explain`` says which): the result is torch's. Under
+    CUDA-graph capture and torch.compile the Triton kernels run at every size.
 
     Raises
     ------
@@ -292,10 +330,10 @@ def _logsumexp_route(x, dim, keepdim, strategy) -> tuple:
                          f"bfloat16; got {_validate.dtype_name(x.dtype)}")
     torch_path = not kernels or strategy == "torch" or (strategy is None and (
         x.device.type != "cuda" and not interpreter_active()))
-    reason = "torch's own kernel for this device / dtype"
-    if not torch_path and strategy is None and x.device.type == "cuda" and x.numel() <= planner.TORCH_BELOW_ELEMENTS:
-        torch_path, reason = True, planner.TORCH_BELOW_REASON
-    return dims, compute, _torch_plan("logsumexp", x, dims[-1], reason) if torch_path else None
+    if torch_path:
+        return dims, compute, _torch_plan("logsumexp", x, dims[-1], _TORCH_KERNEL_REASON), True, (True, True)
+    eager = _eager_torch("logsumexp", x, dims[-1], strategy, "auto", compute, None)
+    return dims, compute, _torch_plan("logsumexp", x, dims[-1], _EAGER_TORCH_REASON), False, eager
 
 
 def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]] = -1, keepdim: bool = False, *,
@@ -337,13 +375,14 @@ def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]] = -1, keepdim: boo
     """
     try:
         key = ("logsumexp", x.shape, x.stride(), x.dtype, x.device,
-               dim if isinstance(dim, int) else tuple(dim), keepdim, strategy)
+               dim if type(dim) is int else tuple(dim), keepdim, strategy)
     except (AttributeError, TypeError):
         key = None
-    route = _route(key, lambda: _logsumexp_route(x, dim, keepdim, strategy)) if key else \
-        _logsumexp_route(x, dim, keepdim, strategy)
-    dims, compute, torch_plan = route
-    if torch_plan is not None:
+    route = _route(key, _logsumexp_route, x, dim, keepdim, strategy)
+    dims, compute, torch_plan, torch_path, eager = route
+    eager_forward, eager_train = eager
+    if torch_path or ((eager_train if x.requires_grad and torch.is_grad_enabled() else eager_forward)
+                      and _host_decides()):
         planner.record(torch_plan)
         return torch.logsumexp(x, dims, keepdim)
     if x.dtype != compute:

@@ -29,8 +29,9 @@ Strategies
     ``strategy="split_row"`` for rows over 32768. The interpreter runs programs one after another,
     so there every row is one chunk.
 ``torch``
-    torch's own kernel (``torch.softmax`` and friends): CPU tensors, float64, and calls so small
-    that the host's time decides (see ``TORCH_BELOW_ELEMENTS``).
+    torch's own kernel (``torch.softmax`` and friends): CPU tensors, float64, and eager calls so
+    small that the host's time decides (see ``EAGER_HOST_US``; the plan of such a shape is still
+    the kernels', which CUDA graphs and torch.compile run).
 ``vectorized``
     The split-and-merge online algorithm in vectorized PyTorch (:mod:`onlinesoftmax.cpu`), on
     request: it computes what the kernels compute, on any device, at torch-op speed.
@@ -87,8 +88,12 @@ SPLIT_BELOW_ROWS_PER_SM = 2
 SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": {4: 32768, 2: 16384}}
 # One warp per this many bytes of a program's tile.
 SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
-# Rows that need larger tiles than this go to split_row.
+# Rows that need larger tiles than this cannot be held (the strategy refuses them when asked for).
 SPLIT_ON_CHIP_MAX_TILE = 16384
+# The largest tile the plan picks the strategy for by itself; longer rows go to split_row. With
+# 16384-element tiles (rows of 540K-1.08M on 132 SMs) bf16 198x615032 took 1.93 ms against torch's
+# 0.38 (a random shape of the sweep; the floor is 0.16 ms).
+SPLIT_ON_CHIP_AUTO_MAX_TILE = 8192
 # A row's programs must be resident together: at most half the SMs' worth of chunks a row.
 SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
 # Register cap a thread (Triton's maxnreg) by op (and element size), 0 for the compiler's choice:
@@ -98,11 +103,66 @@ SPLIT_ON_CHIP_MAX_REGISTERS = {"softmax": 32, "log_softmax": {4: 32, 2: 0}, "log
 # The cap buys programs an SM, which only counts beyond one uncapped wave (bf16 16x262144 lost 11.8 -> 12.2 us under it).
 SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM = 6
 
-# Tensors of at most this many elements run torch's own kernel on CUDA: both kernels then take the
-# GPU's launch latency, and the call's time is the host's, where torch's C++ dispatch is leaner than
-# any Triton launch from Python (0 turns it off; ``onlinesoftmax explain`` says when it applies).
-TORCH_BELOW_ELEMENTS = 65536
-TORCH_BELOW_REASON = f"at most {TORCH_BELOW_ELEMENTS} elements: the host's time decides, and torch's dispatch is leaner"
+# The eager torch route. Called back to back, an eager call costs the longer of its host time and its
+# GPU time. Our host time (Python, the allocation, a Triton launch; for a differentiated call, a Python
+# autograd node in each direction) is longer than torch's C++ dispatch, so where torch's own kernel
+# would finish within our host time, an eager call runs torch's kernel: the result is torch's, at
+# torch's speed. Under CUDA-graph capture and torch.compile the host's time is not the call's, and
+# the kernels run at every size. Values measured on the H100 machine (docs/perf-softmax.md, "The
+# eager torch route"); a model of torch's kernel that errs short only sends calls to our kernels.
+#
+# Our host time an eager call, µs: "forward" by the plan's launches; "train", a forward and its
+# backward through autograd.
+EAGER_HOST_US = {"forward": {1: 16.0, 2: 26.0, 3: 34.0}, "train": 150.0}
+# torch's softmax kernel on the GPU: rows up to TORCH_SHORT_ROW_COLS elements stream at
+# TORCH_STREAM_GBS; longer rows take one block each, TORCH_ROW_US + TORCH_ROW_NS_PER_ELEMENT a row
+# alone, TORCH_ROWS_PER_SM blocks an SM, and stream no faster than TORCH_LONG_ROW_GBS.
+TORCH_SHORT_ROW_COLS = 1024
+TORCH_STREAM_GBS = 2800.0
+TORCH_LONG_ROW_GBS = 2000.0
+TORCH_ROW_US = 2.0
+TORCH_ROW_NS_PER_ELEMENT = 0.2
+TORCH_ROWS_PER_SM = 4
+
+
+def torch_kernel_us(rows: int, cols: int, bytes_moved: int, sms: int) -> float:
+    """What torch's softmax-family kernel takes on the GPU for ``rows`` x ``cols`` moving ``bytes_moved``."""
+    if cols <= TORCH_SHORT_ROW_COLS:
+        return bytes_moved / TORCH_STREAM_GBS / 1e3
+    waves = cdiv(rows, sms * TORCH_ROWS_PER_SM)
+    return max(bytes_moved / TORCH_LONG_ROW_GBS / 1e3, waves * (TORCH_ROW_US + cols * TORCH_ROW_NS_PER_ELEMENT / 1e3))
+
+
+def eager_torch(chosen: "Plan", train: bool = False, out_dtype: torch.dtype | None = None,
+                sms: int | None = None) -> bool:
+    """Whether an eager CUDA call planned as ``chosen`` runs torch's kernel instead (see EAGER_HOST_US)."""
+    if chosen.strategy not in TRITON_STRATEGIES:
+        return False
+    sms = sms or sm_count(torch.device("cuda"))
+    forward = chosen.bytes_moved(out_dtype)
+    if not train:
+        return torch_kernel_us(chosen.rows, chosen.cols, forward, sms) < EAGER_HOST_US["forward"][chosen.launches]
+    out_size = 4 if chosen.op == "logsumexp" else (out_dtype or chosen.dtype).itemsize
+    backward = chosen.rows * chosen.cols * (2 * out_size + chosen.dtype.itemsize)
+    step = torch_kernel_us(chosen.rows, chosen.cols, forward, sms) + torch_kernel_us(chosen.rows, chosen.cols,
+                                                                                     backward, sms)
+    return step < EAGER_HOST_US["train"]
+
+
+def eager_torch_note(chosen: "Plan", sms: int | None = None) -> str:
+    """What ``explain`` adds where eager calls planned as ``chosen`` run torch's kernel ("" where none does)."""
+    forward = chosen if not chosen.op.endswith("_backward") else dataclasses.replace(
+        chosen, op=chosen.op.replace("_backward", ""))
+    when = []
+    if forward is chosen and eager_torch(chosen, sms=sms):
+        when.append("without autograd")
+    if eager_torch(forward, train=True, sms=sms):
+        when.append("differentiated (forward and backward)")
+    if not when:
+        return ""
+    return (f"eager calls: torch's own kernel when {' or '.join(when)}: torch's kernel would finish within "
+            "our host time (EAGER_HOST_US), so torch's leaner dispatch decides; CUDA-graph capture and "
+            "torch.compile run the plan above")
 
 
 def _split_on_chip_max_chunks(sms: int) -> int:
@@ -238,8 +298,6 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
             reason = "a CPU tensor: torch's own kernel"
         elif dtype not in KERNEL_DTYPES:
             reason = f"{str(dtype).replace('torch.', '')}: torch's own kernel (the Triton kernels take fp32, fp16, bf16)"
-        elif not interpreting and rows * cols <= TORCH_BELOW_ELEMENTS:
-            reason = TORCH_BELOW_REASON
         if reason:
             return Plan(op, "torch", "auto", rows, cols, dtype, reason=reason)
     elif strategy in TRITON_STRATEGIES and not triton_ok:
@@ -263,7 +321,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         if algorithm == "auto" and next_power_of_2(cols) <= on_chip_max:
             strategy = "row_on_chip"
         elif (algorithm == "auto" and op != "logsumexp" and not interpreting
-              and _split_on_chip_tile(backward, cols, elem, sms) <= SPLIT_ON_CHIP_MAX_TILE):
+              and _split_on_chip_tile(backward, cols, elem, sms) <= min(SPLIT_ON_CHIP_AUTO_MAX_TILE,
+                                                                         SPLIT_ON_CHIP_MAX_TILE)):
             strategy = "split_row_on_chip"
         elif rows < SPLIT_BELOW_ROWS_PER_SM * sms and cols > STREAM_BLOCK[elem]:
             strategy = "split_row"
@@ -274,7 +333,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         raise ValueError(f"algorithm={algorithm!r} asks for {algorithm} passes over memory, but strategy "
                          f"{strategy!r} reads the row once; use algorithm='auto'")
     if strategy == "row_on_chip":
-        block = next_power_of_2(cols)
+        # At least 2: 16-bit tiles are widened two values a register (_triton.widen_opaque).
+        block = max(2, next_power_of_2(cols))
         rows_per_program = min(max(1, ROW_TILE_ELEMENTS // block), next_power_of_2(rows))
         warps = _warps_for_tile(block * rows_per_program)
         hold_input = not backward and block >= ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, block + 1)

@@ -38,7 +38,8 @@ plan_cache(_PREPARED.clear)
 
 
 def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton):
-    """(plan, compiled-kernel key, constexprs) of a forward signature; no plan for the torch path."""
+    """(plan, bound stream launch, bound merge launch or None) of a forward signature; (None, None,
+    None) for the torch path."""
     n_rows, n_cols = x2.shape
     if not use_triton or k == 0 or k > planner.TOPK_MAX_K or n_rows == 0:
         return None, None, None
@@ -52,7 +53,12 @@ def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_alig
                   READ_SUSPECT_LANES=chosen.second_read == "lanes",
                   CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2, is_aligned), WRITE_LSE=True,
                   num_warps=chosen.num_warps)
-    return chosen, launch_key, common
+    if chosen.strategy == "single":
+        return chosen, _topk_stream.bind((n_rows, 1), launch_key, FINAL=True, **common), None
+    stream = _topk_stream.bind((n_rows, chosen.num_chunks), launch_key, FINAL=False, **common)
+    merge = _topk_merge.bind((n_rows,), chosen, K_POW2=chosen.k_pow2, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
+                             WRITE_LSE=True, num_warps=planner.TOPK_MERGE_WARPS)
+    return chosen, stream, merge
 
 
 def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optional[str] = None,
@@ -73,7 +79,7 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
     if prepared is None:
         prepared = remember(_PREPARED, signature, _prepare(x2, k, strategy, block, num_chunks, lane_keep,
                                                            second_read, is_aligned, signature[-1]))
-    chosen, launch_key, common = prepared
+    chosen, stream, merge = prepared
     if chosen is None:
         if n_rows:
             cpu.softmax_topk(x2, k, 1.0 / temperature, values, indices, lse)
@@ -85,20 +91,15 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
     part_keys = indices
     if chosen.strategy == "split" or chosen.compact:
         part_keys = _buffers.empty((n_rows, chosen.num_chunks, chosen.k_pow2), torch.int64, x2.device)
-    if chosen.strategy == "single":
-        _topk_stream(
-            (n_rows, 1), launch_key, x2, values, indices, lse, lse, lse, part_keys, n_cols, k, x2.stride(0),
-            x2.stride(1), k, n_cols, 1, inv_t, FINAL=True, **common)
+    if merge is None:
+        stream(x2, values, indices, lse, lse, lse, part_keys, n_cols, k, x2.stride(0), x2.stride(1), k, n_cols, 1,
+               inv_t)
         return values, indices, lse
     part_m = _buffers.empty((n_rows, chosen.num_chunks), torch.float32, x2.device)
     part_d = _buffers.empty((n_rows, chosen.num_chunks), torch.float32, x2.device)
-    _topk_stream(
-        (n_rows, chosen.num_chunks), launch_key, x2, values, indices, lse, part_m, part_d, part_keys, n_cols, k,
-        x2.stride(0), x2.stride(1), k, chosen.chunk_size, chosen.num_chunks, inv_t, FINAL=False, **common)
-    _topk_merge(
-        (n_rows,), chosen, part_m, part_d, part_keys, values, indices, lse, k, k, chosen.num_chunks,
-        K_POW2=chosen.k_pow2, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), WRITE_LSE=True,
-        num_warps=planner.TOPK_MERGE_WARPS)
+    stream(x2, values, indices, lse, part_m, part_d, part_keys, n_cols, k, x2.stride(0), x2.stride(1), k,
+           chosen.chunk_size, chosen.num_chunks, inv_t)
+    merge(part_m, part_d, part_keys, values, indices, lse, k, k, chosen.num_chunks)
     return values, indices, lse
 
 

@@ -239,12 +239,38 @@ def test_existing_results_are_not_overwritten_unless_asked(tmp_path, capsys, mon
 
 
 def test_merge_is_refused_for_suites_that_do_not_merge(capsys):
-    # The bench grids merge (softmax, topk, attention, decode, cross-entropy); elsewhere the flag would be ignored silently.
-    for argv in (["bench", "sweep", "--merge"], ["bench", "attention", "--sweep", "--merge"]):
+    # The bench grids and the sweeps merge; elsewhere the flag would be ignored silently.
+    for argv in (["bench", "ladder", "--merge"], ["bench", "host", "--merge"]):
         with pytest.raises(SystemExit) as exit_info:
             cli.main(argv)
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and "--merge applies to the" in err, err
+
+
+def test_sweep_merges_runs_of_other_dtypes_into_one_set_of_cells(tmp_path, monkeypatch):
+    # A full sweep takes longer than one call of the device machine: each dtype in its own run.
+    from onlinesoftmax.bench import sweep_suite
+
+    def run(dtype, ours_ms):
+        rows = [Row(f"{op} {shape}", dtype, direction, impl, ms=ours_ms if impl == "onlinesoftmax" else 1.0)
+                for direction in ("forward", "backward") for op in ("softmax", "log_softmax")
+                for shape in ("1x1000", "32x50257") for impl in ("torch", "torch.compile", "onlinesoftmax")]
+        harness.finish_rows(rows, None)
+        return rows
+
+    args = argparse.Namespace(out=str(tmp_path), seed=7, merge=True)
+    monkeypatch.setattr("sys.argv", ["onlinesoftmax", "bench", "sweep", "--dtype", "bf16"])
+    sweep_suite.write(args, run("bfloat16", 0.5), None)
+    monkeypatch.setattr("sys.argv", ["onlinesoftmax", "bench", "sweep", "--dtype", "fp32", "--merge"])
+    sweep_suite.write(args, run("float32", 2.0), None)
+    payload = json.loads((tmp_path / "sweep.json").read_text())
+    by_dtype = {dtype: [c["vs_torch"] for c in payload["cells"] if c["dtype"] == dtype] for dtype in ("bfloat16", "float32")}
+    assert by_dtype == {"bfloat16": [2.0] * 8, "float32": [0.5] * 8}
+    assert payload["shapes"] == [[1, 1000], [32, 50257]]
+    assert [run["command"] for run in payload["earlier_runs"]] == ["onlinesoftmax bench sweep --dtype bf16"]
+    assert "come from earlier runs (--merge)" in (tmp_path / "sweep.md").read_text()
+    for name in ("sweep-bfloat16-forward.png", "sweep-float32-backward.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_explain_prints_the_decode_plan(capsys):

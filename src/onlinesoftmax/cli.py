@@ -37,8 +37,9 @@ SUITES = {
 }
 
 
-# Suites whose grid can be measured in parts (--merge adds a run's rows to the results file).
-MERGING_SUITES = ("softmax", "topk", "attention", "decode", "cross_entropy", "linear_cross_entropy")
+# Suites whose grid can be measured in parts (--merge adds a run's rows to the results file); the
+# sweeps too, which take longer than one call of a time-limited machine.
+MERGING_SUITES = ("softmax", "sweep", "topk", "attention", "decode", "cross_entropy", "linear_cross_entropy")
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:
@@ -182,8 +183,6 @@ def main(argv=None) -> int:
     if args.command == "bench":
         if args.merge and args.suite not in MERGING_SUITES:
             parser.error(f"--merge applies to the {', '.join(MERGING_SUITES)} suites only, not {args.suite!r}")
-        if args.merge and args.sweep:
-            parser.error("--merge applies to the bench grids, not to --sweep")
         if not torch.cuda.is_available() and args.suite not in ("distributed",):
             return cpu_check(args.suite)
         existing = _existing_results(args)

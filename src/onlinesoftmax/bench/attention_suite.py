@@ -281,6 +281,7 @@ def run_sweep(args, dtypes, directions) -> int:
         print(f"{case.direction} {case.label}: " + ", ".join(
             f"{r.impl} {r.ms:.4f} ms" if r.ms else f"{r.impl} {r.status}" for r in measured), flush=True)
     harness.finish_rows(rows, None)
+    rows, earlier_runs = harness.merge_with_previous(args, "attention_sweep", rows)
     cells = []
     for key in dict.fromkeys((r.direction, r.dtype, r.case) for r in rows):
         sel = {r.impl: r for r in rows if (r.direction, r.dtype, r.case) == key}
@@ -295,8 +296,8 @@ def run_sweep(args, dtypes, directions) -> int:
                     cell[f"graph_vs_{peer}"] = sel[peer].graph_ms / ours.graph_ms
         cells.append(cell)
     notes = _sweep_notes(cells, sdpa)
-    stem = harness.write_results(args, "attention_sweep", rows, None, notes, {"cells": cells}, table=False,
-                                 bars=False)
+    stem = harness.write_results(args, "attention_sweep", rows, None, notes, {"cells": cells}, earlier_runs,
+                                 table=False, bars=False)
     for dtype in dict.fromkeys(c["dtype"] for c in cells):
         for direction in directions:
             sel = [c for c in cells if c["dtype"] == dtype and c["direction"] == direction]

@@ -188,10 +188,18 @@ def run(args) -> int:
                                              max_input_sets=MAX_INPUT_SETS, back_to_back=True)
                 print(f"{direction} {dtype} {op}: {len(shapes)} shapes done", flush=True)
     harness.finish_rows(rows, copy_gbs)
+    write(args, rows, copy_gbs)
+    return harness.exit_code(rows)
+
+
+def write(args, rows: list[harness.Row], copy_gbs) -> str:
+    """Write this run's cells (with ``--merge``, beside the earlier runs' cells it did not measure:
+    a full sweep takes longer than one call of a time-limited machine) and the heat maps."""
+    rows, earlier_runs = harness.merge_with_previous(args, "sweep", rows)
     cells = _ratios(rows)
-    notes = summary_markdown(cells)
-    stem = harness.write_results(args, "sweep", rows, copy_gbs, notes, {"cells": cells, "shapes": shapes},
-                                 table=False, bars=False)
+    shapes = [list(shape) for shape in dict.fromkeys(tuple(int(v) for v in c["shape"].split("x")) for c in cells)]
+    stem = harness.write_results(args, "sweep", rows, copy_gbs, summary_markdown(cells),
+                                 {"cells": cells, "shapes": shapes}, earlier_runs, table=False, bars=False)
     for path in heat_maps(stem, cells):
         print(f"wrote {path}")
-    return harness.exit_code(rows)
+    return stem

@@ -99,17 +99,13 @@ _dkdv_launcher = Launcher(attention_backward_dkdv_kernel)
 _dq_launcher = Launcher(attention_backward_dq_kernel)
 
 
-def _layout_key(*tensors: torch.Tensor) -> tuple:
-    return tuple((t.shape, t.stride(), t.dtype, aligned(t)) for t in tensors)
-
-
 class _ForwardCall:
     """One forward call signature (shapes, strides, dtypes, the tensors' alignment, the mask, the
     load path) with the plan and every launch argument but the scale decided once: a repeated call
     allocates its outputs and launches (on the H100 machine's host the checks and planning of an
     unprepared call cost more than a short sequence's kernel)."""
 
-    __slots__ = ("plan", "out_shape", "lse_shape", "ints", "offset", "launch", "mode")
+    __slots__ = ("plan", "out_shape", "lse_shape", "ints", "offset", "launch", "mode", "out_like_q")
 
     def __init__(self, key, q, k, v, mode, use_descriptor):
         batch, n_heads_q, n_queries, head_dim = q.shape
@@ -121,6 +117,7 @@ class _ForwardCall:
             tma_ok and use_descriptor is not False and heads_follow_rows(q, k, v))
         self.mode = mode
         self.out_shape = (batch, n_heads_q, n_queries, head_dim)
+        self.out_like_q = q.is_contiguous()  # out is contiguous, of q's shape and dtype
         self.lse_shape = (batch, n_heads_q, n_queries)
         self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
                      *_strides(q), *_strides(k), *_strides(v), *_head_strides(q, k, v))
@@ -139,7 +136,7 @@ class _ForwardCall:
         planner.record_attention(chosen)
         if self.launch is None:
             return cpu.attention_forward(q, k, v, self.mode, scale)
-        out = _buffers.empty(self.out_shape, q.dtype, q.device)
+        out = _buffers.empty_like(q) if self.out_like_q else _buffers.empty(self.out_shape, q.dtype, q.device)
         lse = _buffers.empty(self.lse_shape, torch.float32, q.device)
         if out.numel() == 0:
             return out, lse
@@ -165,47 +162,80 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str,
     return call(q, k, v, scale)
 
 
+class _BackwardCall:
+    """One backward call signature, decided once like the forward's: the two plans, the launch
+    arguments but the tensors, and the three launches bound (delta, dK/dV, dQ). A training step
+    calls it once per layer; unprepared, its planning, keys and launch keywords cost more host
+    time than the short sequences' kernels."""
+
+    __slots__ = ("plan", "mode", "delta_shape", "like", "zeros", "delta", "dkdv", "dq", "ints", "descriptors")
+
+    def __init__(self, key, do, q, k, v, mode, use_descriptor):
+        batch, n_heads_q, n_queries, head_dim = q.shape
+        n_heads_kv, n_keys = k.shape[1], k.shape[2]
+        causal = mode != "none"
+        ok = descriptor_ok(q, k, v, do) if use_descriptor is None else use_descriptor
+        dkdv_plan = self.plan = planner.attention_plan("backward_dkdv", head_dim, q.dtype, causal, q.device,
+                                                       n_queries, n_keys, ok)
+        dq_plan = planner.attention_plan("backward_dq", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok)
+        self.mode = mode
+        self.delta_shape = (batch, n_heads_q, n_queries)
+        # Gradients allocated like their input where the kernels' contiguous layout is the input's.
+        self.like = tuple(t.is_contiguous() for t in (q, k, v))
+        self.zeros = q.numel() == 0 or k.numel() == 0
+        self.delta = self.dkdv = self.dq = None
+        self.descriptors = False
+        if dkdv_plan.path == "torch" or self.zeros:
+            return
+        delta_block = 64 if head_dim <= 128 else 32
+        self.delta = _delta_launcher.bind(
+            (triton.cdiv(n_queries, delta_block), batch * n_heads_q), key,
+            BLOCK_M=delta_block, BLOCK_D=dkdv_plan.block_d, num_warps=4)
+        self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
+                     *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_head_strides(q, k, v, do))
+        self.dkdv = _dkdv_launcher.bind(
+            (triton.cdiv(n_keys, dkdv_plan.block_n), batch * n_heads_kv), key,
+            BLOCK_M=dkdv_plan.block_m, BLOCK_N=dkdv_plan.block_n, BLOCK_D=dkdv_plan.block_d, CAUSAL=causal,
+            USE_DESCRIPTOR=dkdv_plan.use_descriptor, num_warps=dkdv_plan.num_warps, num_stages=dkdv_plan.num_stages,
+            **dkdv_plan.compile_options)
+        self.dq = _dq_launcher.bind(
+            (triton.cdiv(n_queries, dq_plan.block_m), batch * n_heads_q), key,
+            BLOCK_M=dq_plan.block_m, BLOCK_N=dq_plan.block_n, BLOCK_D=dq_plan.block_d, CAUSAL=causal,
+            USE_DESCRIPTOR=dq_plan.use_descriptor, num_warps=dq_plan.num_warps, num_stages=dq_plan.num_stages,
+            **dq_plan.compile_options)
+        self.descriptors = dkdv_plan.use_descriptor or dq_plan.use_descriptor
+
+    def __call__(self, do, q, k, v, out, lse, scale):
+        planner.record_attention(self.plan)
+        if self.plan.path == "torch":
+            return cpu.attention_backward(do, q, k, v, out, lse, self.mode, scale)
+        dq, dk, dv = (_buffers.empty_like(t) if like else _buffers.empty(t.shape, t.dtype, t.device)
+                      for t, like in zip((q, k, v), self.like))
+        if self.zeros:
+            return dq.zero_(), dk.zero_(), dv.zero_()
+        if self.descriptors:
+            _ensure_allocator()
+        delta = _buffers.empty(self.delta_shape, torch.float32, q.device)
+        n_queries, head_dim = q.shape[2], q.shape[3]
+        self.delta(out, do, delta, self.ints[0], n_queries, head_dim, *_strides(do))
+        args = (*self.ints, scale * LOG2E, scale, _causal_offset(self.mode, n_queries, k.shape[2]))
+        self.dkdv(q, k, v, do, lse, delta, dk, dv, *args)
+        self.dq(q, k, v, do, lse, delta, dq, *args)
+        return dq, dk, dv
+
+
+_BACKWARD_CALLS: dict = {}
+_device_plan_cache(_BACKWARD_CALLS.clear)
+
+
 def launch_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, mode: str, scale: float, use_descriptor: Optional[bool] = None):
     """(dq, dk, dv) from the saved forward (out, lse) and the upstream gradient ``do``."""
-    batch, n_heads_q, n_queries, head_dim = q.shape
-    n_heads_kv, n_keys = k.shape[1], k.shape[2]
-    causal = mode != "none"
-    ok = descriptor_ok(q, k, v, do) if use_descriptor is None else use_descriptor
-    dkdv_plan = planner.attention_plan("backward_dkdv", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok)
-    dq_plan = planner.attention_plan("backward_dq", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok)
-    planner.record_attention(dkdv_plan)
-    if dkdv_plan.path == "torch":
-        return cpu.attention_backward(do, q, k, v, out, lse, mode, scale)
-    dq = _buffers.empty(q.shape, q.dtype, q.device)
-    dk = _buffers.empty(k.shape, k.dtype, k.device)
-    dv = _buffers.empty(v.shape, v.dtype, v.device)
-    if q.numel() == 0 or k.numel() == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    if dkdv_plan.use_descriptor or dq_plan.use_descriptor:
-        _ensure_allocator()
-    delta = _buffers.empty((batch, n_heads_q, n_queries), torch.float32, q.device)
-    delta_block = 64 if head_dim <= 128 else 32
-    key = (dkdv_plan, dq_plan, _layout_key(q, k, v, do, out, lse))
-    _delta_launcher(
-        (triton.cdiv(n_queries, delta_block), batch * n_heads_q), key,
-        out, do, delta, n_heads_q, n_queries, head_dim, *_strides(do),
-        BLOCK_M=delta_block, BLOCK_D=dkdv_plan.block_d, num_warps=4)
-    args = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
-            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_head_strides(q, k, v, do),
-            scale * LOG2E, scale, _causal_offset(mode, n_queries, n_keys))
-    _dkdv_launcher(
-        (triton.cdiv(n_keys, dkdv_plan.block_n), batch * n_heads_kv), key,
-        q, k, v, do, lse, delta, dk, dv, *args,
-        BLOCK_M=dkdv_plan.block_m, BLOCK_N=dkdv_plan.block_n, BLOCK_D=dkdv_plan.block_d, CAUSAL=causal,
-        USE_DESCRIPTOR=dkdv_plan.use_descriptor, num_warps=dkdv_plan.num_warps, num_stages=dkdv_plan.num_stages,
-        **dkdv_plan.compile_options)
-    _dq_launcher(
-        (triton.cdiv(n_queries, dq_plan.block_m), batch * n_heads_q), key,
-        q, k, v, do, lse, delta, dq, *args,
-        BLOCK_M=dq_plan.block_m, BLOCK_N=dq_plan.block_n, BLOCK_D=dq_plan.block_d, CAUSAL=causal,
-        USE_DESCRIPTOR=dq_plan.use_descriptor, num_warps=dq_plan.num_warps, num_stages=dq_plan.num_stages,
-        **dq_plan.compile_options)
-    return dq, dk, dv
-
-
+    # out and lse are the forward's own outputs (contiguous, from the allocator): their layout
+    # follows from q's, and only the caller-owned tensors' alignment enters the key.
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype, q.device, aligned(q),
+           aligned(k), aligned(v), aligned(do), mode, use_descriptor, interpreter_active())
+    call = _BACKWARD_CALLS.get(key)
+    if call is None:
+        call = remember(_BACKWARD_CALLS, key, _BackwardCall(key, do, q, k, v, mode, use_descriptor))
+    return call(do, q, k, v, out, lse, scale)

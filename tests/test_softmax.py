@@ -388,6 +388,18 @@ def test_bad_input_raises_clear_errors(fn):
         fn(x.double(), strategy="looped")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("fn, ref", [(onlinesoftmax.softmax, torch.softmax), (onlinesoftmax.log_softmax, torch.log_softmax)],
+                         ids=["softmax", "log_softmax"])
+def test_torchs_kernel_with_a_temperature_keeps_the_dtype(fn, ref, dtype, gen):
+    # The torch strategy (CPU tensors, small eager CUDA calls) divides in float32 and rounds once to x's dtype.
+    x = make_logits((5, 300), dtype, gen)
+    out = fn(x, -1, temperature=2.5, strategy="torch")
+    assert out.dtype == dtype
+    assert_matches(out, ref(x.double() / 2.5, -1), dtype, "temperature 2.5")
+    assert fn(x, -1, torch.float32, temperature=2.5, strategy="torch").dtype == torch.float32
+
+
 @pytest.mark.parametrize("fn, ref", [(onlinesoftmax.softmax, torch.softmax), (onlinesoftmax.log_softmax, torch.log_softmax),
                                      (onlinesoftmax.logsumexp, torch.logsumexp)])
 def test_dtypes_the_kernels_do_not_take_give_torchs_answer(fn, ref, gen):

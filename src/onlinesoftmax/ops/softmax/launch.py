@@ -170,7 +170,9 @@ def torch_forward(x: torch.Tensor, dim: int, op: str, inv_temperature: float, ou
     if op == "logsumexp":
         return torch.logsumexp(x.to(wide), dim)
     fn = torch.log_softmax if op == "log_softmax" else torch.softmax
-    return fn(x, dim) if x.dtype == out_dtype else fn(x, dim, dtype=out_dtype)
+    # A wider out_dtype: torch's dtype= (an exact upcast first). A narrower one (x widened for the
+    # temperature): computed in x's dtype, rounded once.
+    return fn(x, dim, dtype=out_dtype) if out_dtype.itemsize > x.dtype.itemsize else fn(x, dim).to(out_dtype)
 
 
 def torch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, inv_temperature: float,

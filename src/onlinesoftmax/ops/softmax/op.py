@@ -215,9 +215,11 @@ def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
     grad = x.requires_grad and torch.is_grad_enabled()
     if route.torch_path or ((route.eager_torch_train if grad else route.eager_torch) and _host_decides()):
         planner.record(route.torch_plan)
-        if temperature != 1.0:
-            x = x.to(torch.promote_types(x.dtype, torch.float32)) * (1.0 / temperature)
         fn = torch.log_softmax if log else torch.softmax
+        if temperature != 1.0:
+            # x / T in at least float32, rounded once at the end to the dtype the call returns.
+            out_dtype = route.out_dtype or x.dtype
+            return fn(x.to(torch.promote_types(x.dtype, torch.float32)) * (1.0 / temperature), route.dim).to(out_dtype)
         return fn(x, route.dim) if route.out_dtype is None else fn(x, route.dim, dtype=route.out_dtype)
     if x.dim() == 0:
         return _softmax_like(x.reshape(1), 0, dtype, temperature, algorithm, strategy, log).reshape(())

@@ -162,8 +162,8 @@ _EAGER_TORCH_REASON = "an eager call whose torch kernel finishes within our host
 
 def _eager_torch(name, x, dim, strategy, algorithm, dtype, out_dtype) -> tuple[bool, bool]:
     """(without autograd, differentiated): whether an eager call of this signature runs torch's kernel."""
-    if strategy is not None or x.device.type != "cuda":
-        return False, False
+    if strategy is not None or algorithm != "auto" or x.device.type != "cuda":
+        return False, False  # an explicit strategy or algorithm asks for our kernels
     cols = x.shape[dim] if x.dim() else 1
     rows = x.numel() // cols if cols else 0
     chosen = planner.choose(name, rows, cols, dtype, x.device, algorithm)

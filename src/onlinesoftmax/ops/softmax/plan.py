@@ -108,8 +108,9 @@ SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM = 6
 # autograd node in each direction) is longer than torch's C++ dispatch, so where torch's own kernel
 # would finish within our host time, an eager call runs torch's kernel: the result is torch's, at
 # torch's speed. Under CUDA-graph capture and torch.compile the host's time is not the call's, and
-# the kernels run at every size. Values measured on the H100 machine (docs/perf-softmax.md, "The
-# eager torch route"); a model of torch's kernel that errs short only sends calls to our kernels.
+# the kernels run at every size, as they do for calls that name a strategy or an algorithm. Values
+# measured on the H100 machine (docs/perf-softmax.md, "The eager torch route"); a model of torch's
+# kernel that errs short only sends calls to our kernels.
 #
 # Our host time an eager call, µs: "forward" by the plan's launches; "train", a forward and its
 # backward through autograd.

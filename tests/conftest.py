@@ -47,7 +47,7 @@ def kernels_at_every_size(request):
     if not ON_GPU or request.node.get_closest_marker("eager_torch_route"):
         yield
         return
-    with onlinesoftmax.override_plan("softmax", EAGER_HOST_US={"forward": {1: 0, 2: 0, 3: 0}, "train": 0}):
+    with onlinesoftmax.override_plan("softmax", EAGER_HOST_US=plan.EAGER_ROUTE_OFF):
         yield
 
 

@@ -745,7 +745,7 @@ def test_eager_torch_route_weighs_torchs_kernel_against_our_host_time(plan_overr
     # Differentiated, our two Python autograd steps cost more host time: torch's kernels up to larger sizes.
     assert route(4096, 4097, train=True) and not route(4096, 4097)
     assert plan.torch_kernel_us(16, 128257, 0, 132) == pytest.approx(plan.TORCH_ROW_US + 128257 * 0.2e-3)
-    plan_override(EAGER_HOST_US={"forward": {1: 0, 2: 0, 3: 0}, "train": 0})
+    plan_override(EAGER_HOST_US=plan.EAGER_ROUTE_OFF)
     assert not route(1, 8) and not route(1, 8, train=True)
     assert plan.eager_torch_note(plan.choose("softmax", 1, 8, torch.float32, torch.device("cuda"), sms=132,
                                              interpreting=False), sms=132) == ""

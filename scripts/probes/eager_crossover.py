@@ -21,7 +21,7 @@ import torch
 
 import onlinesoftmax
 from onlinesoftmax import _buffers
-from onlinesoftmax.ops.softmax import op as sop
+from onlinesoftmax.ops.softmax import op as sop, plan as softmax_plan
 
 
 def eager_us(fn, sets, n=300, reps=5):
@@ -55,7 +55,7 @@ def graph_us(fn, args, n=20):
 ROWS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 COLS = (1000, 4097, 32001, 50257, 128257)
 # The route off: every call runs our kernels.
-onlinesoftmax.override_plan("softmax", EAGER_HOST_US={"forward": {1: 0, 2: 0, 3: 0}, "train": 0}).__enter__()
+onlinesoftmax.override_plan("softmax", EAGER_HOST_US=softmax_plan.EAGER_ROUTE_OFF).__enter__()
 print("dtype op rows cols elems | fwd torch ours | bwd torch ours | graph fwd torch ours", flush=True)
 for dtype in (torch.bfloat16, torch.float32):
     for op in ("softmax", "log_softmax"):

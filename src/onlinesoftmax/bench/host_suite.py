@@ -123,12 +123,13 @@ def _verdict(kind: str, ours: float, theirs: float) -> tuple[str, bool]:
 def run(args) -> int:
     rows, lines = [], ["| op | call | ours us | peer | peer us | target | met |", "|---|---|---|---|---|---|---|"]
     import onlinesoftmax
+    from ..ops.softmax import plan as softmax_plan
 
     for name, kind, ours, theirs, peer in cases():
         with contextlib.ExitStack() as stack:
             if name.endswith(KERNELS):
                 stack.enter_context(onlinesoftmax.override_plan(
-                    "softmax", EAGER_HOST_US={"forward": {1: 0, 2: 0, 3: 0}, "train": 0}))
+                    "softmax", EAGER_HOST_US=softmax_plan.EAGER_ROUTE_OFF))
             ours_us = host_us(ours)
         theirs_us = host_us(theirs)
         target, met = _verdict(kind, ours_us, theirs_us)

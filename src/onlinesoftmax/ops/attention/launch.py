@@ -168,7 +168,8 @@ class _BackwardCall:
     calls it once per layer; unprepared, its planning, keys and launch keywords cost more host
     time than the short sequences' kernels."""
 
-    __slots__ = ("plan", "mode", "delta_shape", "like", "zeros", "delta", "dkdv", "dq", "ints", "descriptors")
+    __slots__ = ("plan", "mode", "delta_shape", "like", "zeros", "delta", "dkdv", "dq", "delta_ints", "ints", "offset",
+                 "descriptors")
 
     def __init__(self, key, do, q, k, v, mode, use_descriptor):
         batch, n_heads_q, n_queries, head_dim = q.shape
@@ -191,8 +192,10 @@ class _BackwardCall:
         self.delta = _delta_launcher.bind(
             (triton.cdiv(n_queries, delta_block), batch * n_heads_q), key,
             BLOCK_M=delta_block, BLOCK_D=dkdv_plan.block_d, num_warps=4)
+        self.delta_ints = (n_heads_q, n_queries, head_dim, *_strides(do))
         self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
                      *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_head_strides(q, k, v, do))
+        self.offset = _causal_offset(mode, n_queries, n_keys)
         self.dkdv = _dkdv_launcher.bind(
             (triton.cdiv(n_keys, dkdv_plan.block_n), batch * n_heads_kv), key,
             BLOCK_M=dkdv_plan.block_m, BLOCK_N=dkdv_plan.block_n, BLOCK_D=dkdv_plan.block_d, CAUSAL=causal,
@@ -216,9 +219,8 @@ class _BackwardCall:
         if self.descriptors:
             _ensure_allocator()
         delta = _buffers.empty(self.delta_shape, torch.float32, q.device)
-        n_queries, head_dim = q.shape[2], q.shape[3]
-        self.delta(out, do, delta, self.ints[0], n_queries, head_dim, *_strides(do))
-        args = (*self.ints, scale * LOG2E, scale, _causal_offset(self.mode, n_queries, k.shape[2]))
+        self.delta(out, do, delta, *self.delta_ints)
+        args = (*self.ints, scale * LOG2E, scale, self.offset)
         self.dkdv(q, k, v, do, lse, delta, dk, dv, *args)
         self.dq(q, k, v, do, lse, delta, dq, *args)
         return dq, dk, dv

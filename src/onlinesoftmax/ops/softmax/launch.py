@@ -163,13 +163,16 @@ def _row_exchange(plan: planner.Plan, planes: int, device: torch.device):
 
 def torch_forward(x: torch.Tensor, dim: int, op: str, inv_temperature: float, out_dtype: torch.dtype) -> torch.Tensor:
     """The ``"torch"`` strategy: torch's own kernels, with the launchers' conventions (a float32
-    lse; ``out_dtype`` at least as wide as ``x``'s, the callers having rounded narrower inputs)."""
-    wide = torch.promote_types(x.dtype, torch.float32)
+    lse; ``out_dtype`` at least as wide as ``x``'s, the callers having rounded narrower inputs).
+    Also the public functions' path to torch (CPU tensors, other dtypes, small eager calls), so the
+    common case, no temperature and x's own dtype, is one torch call."""
     if inv_temperature != 1.0:
-        x = x.to(wide) * inv_temperature
+        x = x.to(torch.promote_types(x.dtype, torch.float32)) * inv_temperature
     if op == "logsumexp":
-        return torch.logsumexp(x.to(wide), dim)
+        return torch.logsumexp(x.to(torch.promote_types(x.dtype, torch.float32)), dim)
     fn = torch.log_softmax if op == "log_softmax" else torch.softmax
+    if x.dtype == out_dtype:
+        return fn(x, dim)
     # A wider out_dtype: torch's dtype= (an exact upcast first). A narrower one (x widened for the
     # temperature): computed in x's dtype, rounded once.
     return fn(x, dim, dtype=out_dtype) if out_dtype.itemsize > x.dtype.itemsize else fn(x, dim).to(out_dtype)

@@ -20,7 +20,7 @@ from ... import _validate
 from ..._device import interpreter_active, plan_cache, remember
 from ..._launch import op_when_compiling
 from . import plan as planner
-from .launch import forward_call, launch_backward, launch_forward
+from .launch import forward_call, launch_backward, launch_forward, torch_forward
 
 # --------------------------------------------------------------------------------------------
 # Custom ops: torch.compile sees two opaque ops with fake (shape-only) implementations
@@ -215,12 +215,7 @@ def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
     grad = x.requires_grad and torch.is_grad_enabled()
     if route.torch_path or ((route.eager_torch_train if grad else route.eager_torch) and _host_decides()):
         planner.record(route.torch_plan)
-        fn = torch.log_softmax if log else torch.softmax
-        if temperature != 1.0:
-            # x / T in at least float32, rounded once at the end to the dtype the call returns.
-            out_dtype = route.out_dtype or x.dtype
-            return fn(x.to(torch.promote_types(x.dtype, torch.float32)) * (1.0 / temperature), route.dim).to(out_dtype)
-        return fn(x, route.dim) if route.out_dtype is None else fn(x, route.dim, dtype=route.out_dtype)
+        return torch_forward(x, route.dim, name, 1.0 / temperature, route.out_dtype or x.dtype)
     if x.dim() == 0:
         return _softmax_like(x.reshape(1), 0, dtype, temperature, algorithm, strategy, log).reshape(())
     if grad:

@@ -115,6 +115,9 @@ SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM = 6
 # Our host time an eager call, µs: "forward" by the plan's launches; "train", a forward and its
 # backward through autograd.
 EAGER_HOST_US = {"forward": {1: 16.0, 2: 26.0, 3: 34.0}, "train": 150.0}
+# EAGER_HOST_US with the route turned off (override_plan("softmax", EAGER_HOST_US=EAGER_ROUTE_OFF)):
+# every eager call runs the kernels (the GPU tests, the host bench's kernel rows, the crossover probe).
+EAGER_ROUTE_OFF = {"forward": {1: 0.0, 2: 0.0, 3: 0.0}, "train": 0.0}
 # torch's softmax kernel on the GPU: rows up to TORCH_SHORT_ROW_COLS elements stream at
 # TORCH_STREAM_GBS; longer rows take one block each, TORCH_ROW_US + TORCH_ROW_NS_PER_ELEMENT a row
 # alone, TORCH_ROWS_PER_SM blocks an SM, and stream no faster than TORCH_LONG_ROW_GBS.

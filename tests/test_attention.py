@@ -14,6 +14,7 @@ import torch
 
 import onlinesoftmax
 from onlinesoftmax import cpu
+from onlinesoftmax.bench import attention_suite
 from onlinesoftmax.ops.attention import launch as attention_module, op as attention_op, plan
 
 from conftest import (DEVICE, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, gpu_only, make_logits,
@@ -381,3 +382,41 @@ def test_broadcast_upstream_gradient(gen):
     materialized = torch.autograd.grad(out, (q, k, v), broadcast.contiguous())
     for name, a, b in zip("qkv", grads, materialized):
         assert_grad_matches(a, b, torch.bfloat16, f"d{name}")
+
+
+def plain_attention(q, k, v, causal):
+    """Attention as tensor math in q's dtype: each product and the softmax rounded to it."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+FLASH_CRITERION_LENGTHS = tuple(n for n in attention_suite.SWEEP_LENGTHS if n <= 8191)
+
+
+@gpu_only
+@pytest.mark.parametrize("heads", [(2, 2), (4, 1)], ids=["mha", "gqa4"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", attention_suite.SWEEP_HEAD_DIMS)
+@pytest.mark.parametrize("seq", FLASH_CRITERION_LENGTHS)
+def test_flash_criterion_over_sweep_shapes_gpu(seq, head_dim, causal, heads, gen):
+    """flash-attention's criterion at the sweep's lengths, head dims, masks and head layouts: the
+    max |error| of the output and of each gradient against float32 math is at most twice that of
+    the same math in bf16, plus twice the bf16 rounding of the reference itself (its tests' atol)."""
+    q, k, v = make_qkv(gen, 1, heads[0], heads[1], seq, seq, head_dim, torch.bfloat16, requires_grad=True)
+    d_out = torch.randn((1, heads[0], seq, head_dim), generator=gen).to(DEVICE, torch.bfloat16)
+    ours = attention(q, k, v, causal=causal)
+    same = plain_attention(q, k, v, causal)
+    wide = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    exact = plain_attention(*wide, causal)
+    got = (ours, *torch.autograd.grad(ours, (q, k, v), d_out))
+    low = (same, *torch.autograd.grad(same, (q, k, v), d_out))
+    ref = (exact.detach(), *torch.autograd.grad(exact, wide, d_out.float()))
+    for name, a, b, c in zip(("out", "dq", "dk", "dv"), got, low, ref):
+        error, bf16_error = (a.float() - c).abs().max().item(), (b.float() - c).abs().max().item()
+        atol = 2 * (c.to(torch.bfloat16).float() - c).abs().max().item()
+        assert error <= 2 * bf16_error + atol, (f"S{seq} D{head_dim} {heads} causal={causal} {name}: "
+                                                f"{error:.3e} > 2 x {bf16_error:.3e} + {atol:.1e}")

@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import onlinesoftmax
+
 from onlinesoftmax.ops.cross_entropy import cross_entropy, linear_cross_entropy, plan
 from onlinesoftmax.ops.cross_entropy import launch as ce_launch
 from onlinesoftmax.ops.cross_entropy import op as ce_op
@@ -131,6 +133,23 @@ def test_inplace_strategies_match_torch(strategy, dtype, reduction, gen):
     cross_entropy(x2.requires_grad_(), target, strategy=strategy, inplace_backward=True)
     assert plan.last_plan().strategy == strategy and plan.last_plan().op == "forward_grad"
     assert plan.last_plan().edges  # 203 columns: rows start and end inside 16-byte vectors
+
+
+@needs_triton
+@pytest.mark.parametrize("hold_l2", [False, True], ids=["plain", "hold_l2"])
+@pytest.mark.parametrize("warps", [0, 4], ids=["warps_by_tile", "warps4"])
+def test_two_pass_tables(hold_l2, warps, gen):
+    # two_pass's own tables: eviction hints on its loads and stores, its warps; the same results.
+    shape = (6, 203)
+    x = make_logits(shape, torch.bfloat16, gen, outliers=False)
+    target = _targets(*shape, gen, ignore_every=4)
+    with onlinesoftmax.override_plan("cross_entropy", TWO_PASS_HOLD_L2=hold_l2, TWO_PASS_WARPS={4: warps, 2: warps},
+                                     TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0}):
+        _check_loss_and_grad(x, target, torch.bfloat16, strategy="two_pass", inplace=True, what="two_pass")
+        cross_entropy(x.detach().clone().requires_grad_(), target, strategy="two_pass", inplace_backward=True)
+        chosen = plan.last_plan()
+    assert (chosen.strategy, chosen.hold_l2) == ("two_pass", hold_l2)
+    assert chosen.num_warps == (warps or plan._warps(chosen.block))
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=_ids)
@@ -422,6 +441,13 @@ def test_plans_for_the_gpu():
     assert gpt2.edges and gpt2.num_chunks == 7  # 50257 + 7 head columns in 8192-column tiles
     assert choose("forward_grad", 64, 4000, torch.float32).strategy == "on_chip"
     assert choose("forward_grad", 64, 2_000_000, torch.bfloat16).strategy == "two_pass"
+    # two_pass keeps each row in L2 between its reads; its warps by element size and row length.
+    assert big.hold_l2 and "L2" in big.describe()
+    fp32 = choose("forward_grad", 8192, 128256, torch.float32)
+    assert (fp32.strategy, fp32.num_warps, fp32.hold_l2) == ("two_pass", 32, True)
+    short = choose("forward_grad", 8192, 32000, torch.bfloat16)
+    assert (short.strategy, short.num_warps) == ("two_pass", 8)
+    assert choose("forward_grad", 512, 128256, torch.float32).strategy == "split_on_chip"
     fwd = choose("forward", 8192, 128256, torch.bfloat16)
     assert (fwd.strategy, fwd.num_chunks, fwd.tiles_per_chunk, fwd.num_warps) == ("stream", 16, 1, 8)
     assert choose("backward", 8192, 128256, torch.float32).grid == (8192, 32)

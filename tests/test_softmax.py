@@ -795,3 +795,21 @@ def test_eager_torch_route_gives_torchs_result_and_kernels_under_graphs_and_comp
     # Under torch.compile, the custom op: the kernels.
     compiled = torch.compile(lambda t: fn(t, -1), fullgraph=True)
     assert_matches(compiled(fresh), ref(fresh.double(), -1), torch.bfloat16, "compiled")
+
+
+def test_padded_two_byte_rows_leave_row_on_chip():
+    # bf16 rows a little over a power of two fill half of row_on_chip's tile: the backward streams
+    # them (looped), the forward holds them across programs while that tile is at most 16384; the
+    # rule is 2-byte only and leaves logsumexp, short rows and well-filled tiles as they were.
+    cuda = torch.device("cuda")
+    def strategy(op, rows, cols, dtype=torch.bfloat16):
+        return plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False).strategy
+    assert strategy("log_softmax", 9682, 8604) == "split_row_on_chip"
+    assert strategy("softmax_backward", 9682, 8604) == "looped"
+    assert strategy("log_softmax_backward", 1024, 17000) == "looped"
+    assert strategy("softmax", 1024, 17000) == "row_on_chip"  # split_row_on_chip ran at 179-870 GB/s there
+    assert strategy("softmax", 4096, 10000) == "row_on_chip"  # 61% of the tile
+    assert strategy("logsumexp", 9682, 8604) == "row_on_chip"
+    assert strategy("softmax_backward", 5576, 4941) == "row_on_chip"  # shorter than one stream block
+    assert strategy("softmax", 2048, 4097, torch.float32) == "row_on_chip"
+    assert strategy("softmax_backward", 2048, 4097, torch.float32) == "row_on_chip"

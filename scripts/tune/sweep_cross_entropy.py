@@ -25,7 +25,19 @@ VARIANTS = {
     "split_tile8K": dict(SPLIT_TILE_BYTES=8192),
     "elements32": dict(ELEMENTS_PER_THREAD=32),
     "elements8": dict(ELEMENTS_PER_THREAD=8),
-    "two_pass": dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}),
+    # two_pass with the first plan's tables (no eviction hints, warps by the tile), then with
+    # each of the later tables on its own.
+    "two_pass_plain": dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_HOLD_L2=False,
+                           TWO_PASS_WARPS={4: 0, 2: 0}, TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0}),
+    "two_pass_hold": dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_WARPS={4: 0, 2: 0},
+                          TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0}),
+    "two_pass_hold_w32": dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_WARPS={4: 32, 2: 32},
+                              TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0}),
+    "two_pass_hold_w16": dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_WARPS={4: 16, 2: 16},
+                              TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0}),
+    "two_pass_hold_w8": dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_WARPS={4: 8, 2: 8},
+                             TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0}),
+    "split_on_chip": dict(TWO_PASS_MIN_ROWS_PER_SM={4: 0, 2: 0}),
     "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
     "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),
 }

@@ -269,7 +269,8 @@ def run_sweep(args, dtypes, directions) -> int:
     impls, sdpa = implementations()
     keep = {"sdpa-flash", "sdpa-cudnn", "onlinesoftmax"} | (set() if args.quick else {"flex-compiled"})
     impls = {d: [i for i in impls[d] if i.name in keep] for d in impls}
-    shapes = sweep_shapes(args.quick)
+    # --shape picks cells of the sweep (or others) to measure, e.g. one head dim a call, with --merge.
+    shapes = [harness.parse_dims(t, 5) for t in args.shape] if args.shape else sweep_shapes(args.quick)
     print(f"seed {args.seed}; {len(shapes)} shapes x {len(dtypes)} dtypes x 2 masks x {len(directions)} directions",
           flush=True)
     rows = []

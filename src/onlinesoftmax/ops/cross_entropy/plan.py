@@ -57,11 +57,25 @@ STREAM_MAX_CHUNKS = 256
 # tile (16 KB); longer rows take split_on_chip (a 64 KB single-program tile spilled, above).
 ON_CHIP_MAX_COLS = {4: 4096, 2: 8192}
 # ... or two_pass where there are rows enough for this many programs an SM: reading a row twice
-# (the second read mostly from L2) beat holding it across programs that wait for each other. The
-# same sweep, inplace training step, split_on_chip -> two_pass: 8192 x 128256 2.465 -> 2.369 ms,
-# 8192 x 50257 1.091 -> 0.956, 8192 x 32000 0.668 -> 0.551. With fewer rows split_on_chip keeps
-# the GPU busy where one program a row could not. By element size; float32 was not swept (0: never).
-TWO_PASS_MIN_ROWS_PER_SM = {4: 0, 2: 4}
+# (the second read mostly from L2) beat holding it across programs that wait for each other.
+# Inplace training step, split_on_chip -> two_pass (scripts/tune/sweep_cross_entropy.py, H100;
+# docs/notes/2026-11/sweep_cross_entropy-h100.log and sweep_cross_entropy-two_pass-h100.log):
+# bf16 8192 x 128256 2.465 -> 2.369 ms, 8192 x 50257 1.091 -> 0.956, 8192 x 32000 0.668 -> 0.551;
+# fp32 (with the two tables below) 8192 x 128256 4.547 -> 4.279, 8192 x 32000 1.125 -> 0.884.
+# With fewer rows split_on_chip keeps the GPU busy where one program a row could not.
+TWO_PASS_MIN_ROWS_PER_SM = {4: 4, 2: 4}
+# two_pass: the first read asks L2 to keep the row for the second, which, with the gradient's
+# stores, asks it to drop the lines (eviction hints). Same sweep, bf16 8192 x 128256 2.373 ->
+# 2.236 ms, 8192 x 50257 0.960 -> 0.926; fp32 8192 x 32000 1.095 -> 1.032.
+TWO_PASS_HOLD_L2 = True
+# two_pass: warps a program by element size (0: by the tile, as the other kernels), and rows of at
+# most TWO_PASS_SHORT_ROW_BYTES take TWO_PASS_SHORT_ROW_WARPS (more programs an SM: more rows in
+# flight). Same sweep, with the hints: fp32 at 32 warps 8192 x 128256 4.312 -> 4.279 ms, 8192 x
+# 32000 1.032 -> 0.884; bf16 at 16 warps beat 32 and 8 at 128256 (2.236 against 2.319 and 2.323)
+# and 50257 (0.926 against 1.010 and 0.985); bf16 8192 x 32000 (64 KB rows) at 8: 0.563 -> 0.491.
+TWO_PASS_WARPS = {4: 32, 2: 16}
+TWO_PASS_SHORT_ROW_BYTES = {4: 0, 2: 65536}
+TWO_PASS_SHORT_ROW_WARPS = 8
 # split_on_chip: 16 KB tiles (bf16 8192 columns, fp32 4096: the softmax's tuned split_row_on_chip
 # forward, 2.0-2.3 TB/s on the H100), larger tiles only where a row would
 # otherwise take more than SPLIT_MAX_CHUNKS_PER_SM chunks an SM (a row's programs must be resident
@@ -115,6 +129,7 @@ class Plan:
     align: int = 1  # elements in 16 bytes: tiles start at absolute multiples of it
     edges: bool = False  # rows start or end inside a 16-byte vector: their partial vectors go element-wise
     contiguous: bool = True  # unit column stride
+    hold_l2: bool = False  # two_pass: eviction hints keep the row in L2 between its two reads
 
     @property
     def reads(self) -> int:
@@ -140,7 +155,8 @@ class Plan:
             f"alignment:   tiles at multiples of {self.align} elements"
             + ("; rows' partial first/last 16-byte vectors written element-wise" if self.edges else ""),
             f"reads:       {self.reads} of the logits"
-            + (", gradient written over them" if self.op == "forward_grad" else ""),
+            + (", gradient written over them" if self.op == "forward_grad" else "")
+            + ("; L2 asked to keep each row between its reads" if self.hold_l2 else ""),
             f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (floor)",
         ]
         if bandwidth_gbs:
@@ -227,8 +243,11 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         else:
             strategy = "two_pass"
     if strategy == "two_pass":
-        return Plan(op, strategy, block=stream_block, num_warps=warps(stream_block),
-                    tiles_per_chunk=_device.cdiv(span, stream_block), grid=(rows, 1), **shape)
+        short = cols * elem <= TWO_PASS_SHORT_ROW_BYTES[elem]
+        return Plan(op, strategy, block=stream_block,
+                    num_warps=TWO_PASS_SHORT_ROW_WARPS if short else TWO_PASS_WARPS[elem] or warps(stream_block),
+                    tiles_per_chunk=_device.cdiv(span, stream_block), grid=(rows, 1),
+                    hold_l2=TWO_PASS_HOLD_L2, **shape)
     if strategy == "on_chip" or interpreting:  # the interpreter holds a row in one program
         block = tile(_device.next_power_of_2(span))
         if not interpreting and block > ON_CHIP_MAX_COLS[elem]:

@@ -63,6 +63,17 @@ KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
 # The backward holds y and dy; the same limit measured best.
 BACKWARD_ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
+# 2-byte rows longer than one stream block that fill less than this share of row_on_chip's
+# power-of-two tile are not held whole: the idle lanes cut what an SM has in flight. The backward
+# takes looped; the forward split_row_on_chip where that tile is at most
+# ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS. H100, scripts/tune/sweep_strategies.py, GB/s
+# (docs/notes/2026-11/sweep_strategies-padded-h100.log), row_on_chip -> the rule's strategy, bf16:
+# 9682 x 8604 forward 1264-1300 -> 1715-1924, backward 1663-1758 -> 2498-2538 (softmax and
+# log_softmax); 4096 x 9500 forward 1268-1296 -> 1748-1924, backward 1678-1751 -> 2396-2398;
+# 1024 x 17000 backward 1503-1577 -> 1791-1806, but forward split_row_on_chip 179-870: kept on
+# chip. float32 lost (2048 x 4097 forward 2000 -> 1705, backward 2454 -> 2395): 0, never.
+ROW_ON_CHIP_MIN_FILL = {4: 0.0, 2: 0.6}
+ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS = 16384
 # bf16 rows at least this long wait in registers at 16 bits (widened for each use): half the registers, 2 programs an SM.
 ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 # A held row takes at most 16 warps: 64 registers a thread, 2 programs an SM, half the warps in each cross-warp reduction.
@@ -322,8 +333,14 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
     elem = dtype.itemsize
     on_chip_max = (BACKWARD_ROW_ON_CHIP_MAX_COLS if backward else ROW_ON_CHIP_MAX_COLS)[elem]
     if strategy is None:
-        if algorithm == "auto" and next_power_of_2(cols) <= on_chip_max:
+        on_chip = algorithm == "auto" and next_power_of_2(cols) <= on_chip_max
+        padded = (on_chip and op != "logsumexp" and cols > STREAM_BLOCK[elem]
+                  and cols < ROW_ON_CHIP_MIN_FILL[elem] * next_power_of_2(cols)
+                  and (backward or next_power_of_2(cols) <= ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS))
+        if on_chip and not padded:
             strategy = "row_on_chip"
+        elif padded and backward:
+            strategy = "looped"
         elif (algorithm == "auto" and op != "logsumexp" and not interpreting
               and _split_on_chip_tile(backward, cols, elem, sms) <= min(SPLIT_ON_CHIP_AUTO_MAX_TILE,
                                                                          SPLIT_ON_CHIP_MAX_TILE)):

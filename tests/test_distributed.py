@@ -19,7 +19,7 @@ import torch.distributed as dist
 import onlinesoftmax
 from onlinesoftmax import distributed
 
-from conftest import DEVICE, ON_GPU, TRITON_RUNS, assert_matches, make_logits
+from conftest import DEVICE, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, make_logits, relative_error
 from worlds import run_world, shard_bounds
 
 STRATEGIES = ("split_row", "torch") if TRITON_RUNS and not ON_GPU else (("split_row",) if ON_GPU else ("torch",))
@@ -175,7 +175,11 @@ def check_attention(rank, world, seed):
         # dq is the sum of every rank's share, dk and dv this rank's slice of the full gradients.
         # The size gives every rank 6-10 keys: on slices of 2-3 keys (13x6) the norm-wise error of
         # a correct bf16 backward scattered up to 1.2e-2 (the single-process op's, on whole tensors,
-        # up to 0.83e-2 over 36 seeds), so a bound of 1e-2 measured the sample, not the kernel.
+        # up to 0.83e-2 over 36 seeds), so a bound of 1e-2 measured the sample, not the kernel; at
+        # 6-10 keys dK still reached 1.08e-2 once under the interpreter (which rounds bf16 by
+        # truncation). So each slice is held to the dtype's bound or, where the single-process op
+        # on the whole tensors is itself further off on that slice, twice its error (as
+        # flash-attention's tests hold a kernel to twice the error of the same math in bf16).
         if (n_queries, n_keys) != (13, 20):
             continue
         d_out = torch.randn(q.shape, generator=gen).to(dtype).to(DEVICE)
@@ -183,14 +187,18 @@ def check_attention(rank, world, seed):
             leaves = [q.clone().requires_grad_(), take_shard(k, 2, world, rank).clone().requires_grad_(),
                       take_shard(v, 2, world, rank).clone().requires_grad_()]
             distributed.attention(*leaves, causal=causal).backward(d_out)
+            single = [t.clone().requires_grad_() for t in (q, k, v)]
+            onlinesoftmax.attention(*single, causal=causal).backward(d_out)
             full = [t.double().requires_grad_() for t in (q, k, v)]
             mode = {False: "none", True: "top_left", "bottom_right": "bottom_right"}[causal]
             attention_reference(*full, mode)[0].backward(d_out.double())
             what = f"rank {rank}/{world} Sq {n_queries} Sk {n_keys} causal {causal}"
-            assert_matches(leaves[0].grad, full[0].grad, dtype, f"attention dq {what}")
-            for i, name in ((1, "dk"), (2, "dv")):
-                assert_matches(leaves[i].grad, take_shard(full[i].grad, 2, world, rank), dtype,
-                               f"attention {name} {what}")
+            for i, name in ((0, "dq"), (1, "dk"), (2, "dv")):
+                shard = (lambda t: t) if i == 0 else (lambda t: take_shard(t, 2, world, rank))
+                ref = shard(full[i].grad)
+                bound = max(TOLERANCE[dtype], 2 * relative_error(shard(single[i].grad), ref))
+                err = relative_error(leaves[i].grad, ref)
+                assert err <= bound, f"attention {name} {what}: relative error {err:.3e} > {bound:.2e} ({dtype})"
 
 
 def check_bad_input(rank, world, seed):

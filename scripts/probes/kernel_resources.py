@@ -2,6 +2,9 @@
 launch for the bench grids on an H100 (sm_90), measured without a GPU.
 
     python scripts/probes/kernel_resources.py [--arch 90] [--sms 132] [--ops softmax,topk,attention]
+        [--shapes ROWSxCOLS,...] [--attention-shapes HQxHKVxSxD,...] [--table OP:NAME=VALUE ...]
+
+--table compiles under another value of a plan table (a Python literal), through override_plan.
 
 The launchers run on CPU tensors with the plan made for the GPU (``--sms`` SMs) and record each
 kernel launch instead of making it (attention at batch 1 and one KV head with its query group:
@@ -11,7 +14,10 @@ sm_``arch`` target, is compiled with the ptxas that Triton bundles, and the bund
 the cubin's resource usage. Registers decide how many programs an SM holds at once (65536 per SM,
 allocated per warp in steps of 8 per thread), which bounds the loads a streaming kernel keeps in
 flight: of the numbers that decide a kernel's speed, the one a machine without a GPU can measure.
-STACK above 0 is a frame in local memory (spills, or arrays ptxas would not keep in registers).
+SMEM is the shared memory a program takes (ptxas's static part and Triton's dynamic part, sized at
+compile time: the pipeline's stages of tiles, reduction scratch); an SM has 228 KB of it, 1 KB of it reserved per program, so it
+bounds programs an SM too (the programs/SM column is the least of the register, warp, shared
+memory and program limits). STACK above 0 is a frame in local memory (spills, or arrays ptxas would not keep in registers).
 A kernel that Triton warp-specializes runs more warps than its num_warps (WARPS counts them all)
 and its REG is what each thread gets at launch; its warpgroups then trade registers (setmaxnreg).
 
@@ -25,6 +31,7 @@ compile either way, which timing alone showed as a 1.5x slower top-k on the H100
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import os
 import re
@@ -51,6 +58,8 @@ from onlinesoftmax.ops.topk import plan as topk_planner
 REGISTERS_PER_SM = 65536
 MAX_WARPS_PER_SM = 64
 MAX_PROGRAMS_PER_SM = 32
+SHARED_PER_SM = 228 * 1024
+SHARED_RESERVED_PER_PROGRAM = 1024
 
 
 @contextlib.contextmanager
@@ -89,6 +98,7 @@ def recorded_launches(sms: int):
     # recipes are forgotten before (they were made for this machine) and after.
     _device.clear_plan_caches()
     with mock.patch.object(_launch.Launcher, "__call__", record), mock.patch.object(JITFunction, "run", record_direct), \
+            mock.patch.object(_launch.Launcher, "entry", lambda self, key: None), \
             mock.patch.object(softmax_planner, "choose", choose_for_gpu), \
             mock.patch.object(topk_planner, "topk_plan", topk_plan_for_gpu), \
             mock.patch.object(attention_planner, "attention_plan", attention_plan_for_gpu), \
@@ -152,12 +162,15 @@ def resource_usage(fn, args, meta: dict, arch: int) -> dict:
         sass = subprocess.run([cuobjdump, "--dump-sass", cubin.name], capture_output=True, text=True, check=True).stdout
     usage = {key: int(value) for key, value in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", report)}
     # A warp-specialized kernel runs more warps than num_warps asked for (its producer warpgroup).
-    return dict(usage, loops=loop_loads_in_flight(sass), warps=kernel.metadata.num_warps)
+    # Triton's shared memory is dynamic (its size in the kernel's metadata), beside ptxas's static SHARED.
+    return dict(usage, loops=loop_loads_in_flight(sass), warps=kernel.metadata.num_warps,
+                dynamic_shared=kernel.metadata.shared)
 
 
-def programs_per_sm(registers: int, num_warps: int) -> int:
+def programs_per_sm(registers: int, num_warps: int, shared: int = 0) -> int:
     per_warp = -(-registers // 8) * 8 * 32
-    return min(REGISTERS_PER_SM // (per_warp * num_warps), MAX_WARPS_PER_SM // num_warps, MAX_PROGRAMS_PER_SM)
+    return min(REGISTERS_PER_SM // (per_warp * num_warps), MAX_WARPS_PER_SM // num_warps, MAX_PROGRAMS_PER_SM,
+               SHARED_PER_SM // (shared + SHARED_RESERVED_PER_PROGRAM))
 
 
 def softmax_cases(dtype, shapes=None):
@@ -174,8 +187,8 @@ def topk_cases(dtype):
         yield f"{rows}x{cols}:k{k}", lambda x=x, k=k: topk_launch.launch_forward(x, k, 1.0)
 
 
-def attention_cases(dtype):
-    for _, heads_q, heads_kv, seq, head_dim in attention_suite.GRID:
+def attention_cases(dtype, shapes=None):
+    for _, heads_q, heads_kv, seq, head_dim in shapes or attention_suite.GRID:
         q = torch.empty((1, heads_q // heads_kv, seq, head_dim), dtype=dtype)  # one KV head, its query group
         k = torch.empty((1, 1, seq, head_dim), dtype=dtype)
         for mode in ("none", "top_left"):
@@ -191,21 +204,38 @@ def main():
     parser.add_argument("--sms", type=int, default=132, help="SM count the plans are made for")
     parser.add_argument("--ops", default="softmax,topk,attention", help="comma-separated: softmax, topk, attention")
     parser.add_argument("--shapes", default="", help="softmax: comma-separated ROWSxCOLS instead of the bench grid")
+    parser.add_argument("--attention-shapes", default="",
+                        help="attention: comma-separated HQxHKVxSxD instead of the bench grid (batch 1)")
+    parser.add_argument("--table", action="append", default=[], metavar="OP:NAME=VALUE",
+                        help="another value of a plan table, e.g. attention:ATTENTION_CONFIGS={...}")
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        for text in args.table:
+            op, assignment = text.split(":", 1)
+            name, value = assignment.split("=", 1)
+            stack.enter_context(_device.override_plan(op, **{name: ast.literal_eval(value)}))
+        report(args)
+
+
+def report(args):
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
+    attention_shapes = [(1, *(int(v) for v in s.split("x"))) for s in args.attention_shapes.split(",") if s]
     print(f"sm_{args.arch}, plans for {args.sms} SMs, triton {triton.__version__}")
-    print(f"{'dtype':9s} {'case':26s} {'kernel':34s} {'warps':>5s} {'regs':>4s} {'stack':>5s} {'programs/SM':>11s}  loads in flight")
+    print(f"{'dtype':9s} {'case':26s} {'kernel':34s} {'warps':>5s} {'regs':>4s} {'stack':>5s} {'smem KB':>7s} "
+          f"{'programs/SM':>11s}  loads in flight")
     cases = {"softmax": softmax_cases, "topk": topk_cases, "attention": attention_cases}
     for op in args.ops.split(","):
         for dtype in (torch.bfloat16,) if op == "attention" else (torch.float32, torch.bfloat16):
-            for case, run in (cases[op](dtype, shapes) if op == "softmax" else cases[op](dtype)):
+            chosen = {"softmax": shapes, "attention": attention_shapes}
+            for case, run in (cases[op](dtype, chosen[op]) if op in chosen else cases[op](dtype)):
                 with recorded_launches(args.sms) as calls:
                     run()
                 for fn, launch_args, meta in calls:
                     usage = resource_usage(fn, launch_args, meta, args.arch)
                     warps = usage["warps"]
+                    shared = usage.get("SHARED", 0) + usage["dynamic_shared"]
                     print(f"{str(dtype)[6:]:9s} {case:26s} {fn.__name__:34s} {warps:5d} {usage['REG']:4d} "
-                          f"{usage['STACK']:5d} {programs_per_sm(usage['REG'], warps):11d}  "
+                          f"{usage['STACK']:5d} {shared / 1024:7.1f} {programs_per_sm(usage['REG'], warps, shared):11d}  "
                           + " ".join(f"{issued}/{total}" for issued, total in usage["loops"]), flush=True)
 
 

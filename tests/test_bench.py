@@ -284,3 +284,12 @@ def test_explain_prints_the_decode_plan(capsys):
     assert "bfloat16" in capsys.readouterr().out
     assert cli.main(["explain", "1x8x2x1x256x128x0", "--op", "decode", "--dtype", "fp32"]) == 2
     assert "float16 and bfloat16" in capsys.readouterr().err
+
+
+def test_report_case_prints_each_implementation(capsys):
+    # The per-case line is what a run cut short by a machine's time limit leaves in its log.
+    from types import SimpleNamespace
+
+    harness.report_case("bf16 8192x32000", [SimpleNamespace(impl="onlinesoftmax", ms=0.4904, status="ok"),
+                                            SimpleNamespace(impl="quack", ms=None, status="skipped: not installed")])
+    assert capsys.readouterr().out == "bf16 8192x32000: onlinesoftmax 0.4904 ms, quack skipped: not installed\n"

@@ -278,9 +278,7 @@ def run_sweep(args, dtypes, directions) -> int:
         measured = harness.run_case(case, impls[case.direction], gen, graph_timing=not args.no_graph,
                                     max_input_sets=4, back_to_back=True)
         rows += measured
-        # One line a case as it finishes: a run cut short still leaves what it measured in its log.
-        print(f"{case.direction} {case.label}: " + ", ".join(
-            f"{r.impl} {r.ms:.4f} ms" if r.ms else f"{r.impl} {r.status}" for r in measured), flush=True)
+        harness.report_case(f"{case.direction} {case.label}", measured)
     harness.finish_rows(rows, None)
     rows, earlier_runs = harness.merge_with_previous(args, "attention_sweep", rows)
     cells = []

@@ -162,9 +162,12 @@ def run(args) -> int:
         shapes = [harness.parse_dims(t, 2) for t in args.shape] if args.shape else GRID.get(dtype, GRID[torch.float32])
         for shape in shapes:
             cases.append((dtype, shape))
+            measured = []
             for impls in groups:
-                rows += harness.run_cases("cross_entropy", [case(shape, dtype)], {DIRECTION: impls}, gen,
-                                          graph_timing=not args.no_graph)
+                measured += harness.run_cases("cross_entropy", [case(shape, dtype)], {DIRECTION: impls}, gen,
+                                              graph_timing=not args.no_graph)
+            harness.report_case(f"{str(dtype)[6:]} {shape[0]}x{shape[1]}", measured)
+            rows += measured
             torch.cuda.empty_cache()
     harness.finish_rows(rows, copy_gbs)
     rows, earlier_runs = harness.merge_with_previous(args, "cross_entropy", rows)
@@ -264,8 +267,10 @@ def run_linear(args) -> int:
     for dtype in dtypes:
         for shape in shapes:
             # Each set of inputs is over 1 GB (W and its gradient): two sets rotate, no more.
-            rows += harness.run_cases("linear_cross_entropy", [linear_case(shape, dtype)], {DIRECTION: impls}, gen,
-                                      graph_timing=False)
+            measured = harness.run_cases("linear_cross_entropy", [linear_case(shape, dtype)], {DIRECTION: impls},
+                                         gen, graph_timing=False)
+            harness.report_case(f"{str(dtype)[6:]} {'x'.join(map(str, shape))}", measured)
+            rows += measured
             torch.cuda.empty_cache()
     harness.finish_rows(rows, None)
     rows, earlier_runs = harness.merge_with_previous(args, "linear_cross_entropy", rows)

@@ -267,6 +267,13 @@ def run_case(case: Case, impls: list[Implementation], gen: torch.Generator, time
     return rows
 
 
+def report_case(label: str, measured: list) -> None:
+    """One line a case as it finishes: a run cut short (a time-limited machine) still leaves in its
+    log what it measured, where the results files are written only at the end."""
+    print(f"{label}: " + ", ".join(f"{r.impl} {r.ms:.4f} ms" if r.ms else f"{r.impl} {r.status}" for r in measured),
+          flush=True)
+
+
 def finish_rows(rows: list[Row], copy_gbs: Optional[float]) -> None:
     """Fill % of copy bandwidth and speedup vs torch eager (the 'torch' row of the same case)."""
     for r in rows:

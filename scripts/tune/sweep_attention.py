@@ -10,6 +10,12 @@ Budget: about 4 minutes on an H100, most of it compiling (each candidate compile
 and causality); candidates past DEADLINE_S are skipped and reported as such.
 
     python scripts/tune/sweep_attention.py [--quick] [--forward-only | --backward-only]
+        [--shapes BxHQxHKVxSxD,...] [--short]
+
+--short times the forward candidates for sequences of a few key blocks instead (the attention
+sweep's S128 and S512 cells, docs/perf-attention.md "The sweep"): smaller tiles and fewer stages,
+which fit more programs an SM there (scripts/probes/kernel_resources.py,
+docs/notes/2026-11/kernel_resources-attention_short-sm90.txt).
 
 Forward loads: "pointer" (masked pointer loads), "descriptor" (3-D TMA descriptors per head), "rows"
 (2-D TMA descriptors over every head's rows in the unmasked key loop) and "ws" (rows, one loop,
@@ -43,6 +49,15 @@ FORWARD_CANDIDATES = {
     64: [(64, 64, 4, 4, "pointer"), (64, 64, 4, 4, "rows"), (64, 64, 4, 3, "rows"), (64, 64, 4, 5, "rows"),
          (64, 128, 4, 3, "rows"), (128, 64, 8, 3, "rows"), (128, 64, 4, 3, "rows"), (64, 64, 8, 4, "rows")],
 }
+# Short sequences: at S128 the plan's D64 forward holds two 4-warp programs an SM (184 registers);
+# these hold three or four (ptxas for sm_90), D128 ones without warp specialization.
+SHORT_FORWARD_CANDIDATES = {
+    128: [(128, 128, 4, 2, "ws"), (64, 64, 4, 2, "pointer"), (64, 64, 4, 1, "pointer"), (32, 64, 4, 2, "pointer"),
+          (64, 128, 8, 1, "pointer")],
+    64: [(64, 128, 4, 3, "rows"), (64, 64, 4, 2, "pointer"), (64, 64, 4, 1, "pointer"), (32, 64, 4, 2, "pointer"),
+         (32, 128, 4, 1, "pointer"), (64, 128, 4, 1, "pointer")],
+}
+SHORT_SHAPES = [(256, 16, 16, 128, 64), (256, 32, 8, 128, 64), (64, 16, 16, 512, 64), (256, 16, 16, 128, 128)]
 # ((dK/dV config), (dQ config), use_descriptor), configs as (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # The first of each head dim is the plan's, the second the plan before it. The plan's register caps
 # (ATTENTION_MAX_REGISTERS) apply to every candidate of their head dim and causality;
@@ -106,7 +121,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="first two shapes only")
     parser.add_argument("--forward-only", action="store_true", help="skip the backward candidates")
     parser.add_argument("--backward-only", action="store_true", help="skip the forward candidates")
+    parser.add_argument("--shapes", default="", help="comma-separated BxHQxHKVxSxD instead of the grid")
+    parser.add_argument("--short", action="store_true",
+                        help="the short-sequence forward candidates (and shapes, without --shapes)")
     args = parser.parse_args()
+    shapes = [tuple(int(v) for v in text.split("x")) for text in args.shapes.split(",") if text]
+    shapes = shapes or (SHORT_SHAPES if args.short else SHAPES[:2] if args.quick else SHAPES)
+    forward_candidates = SHORT_FORWARD_CANDIDATES if args.short else FORWARD_CANDIDATES
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 1
@@ -115,7 +136,7 @@ def main() -> int:
     best_rows = {}  # (kernel, head_dim, causal) -> {candidate: [tflops per shape]}
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for shape in SHAPES[:2] if args.quick else SHAPES:
+    for shape in shapes:
         batch, heads_q, heads_kv, seq, head_dim = shape
         q = torch.randn(batch, heads_q, seq, head_dim, device="cuda", generator=gen).bfloat16()
         k = torch.randn(batch, heads_kv, seq, head_dim, device="cuda", generator=gen).bfloat16()
@@ -140,7 +161,7 @@ def main() -> int:
                     print(f"  {backend_name:12s} fwd {f / fwd_ms / 1e9:6.1f} TFLOP/s   bwd {2.5 * f / bwd_ms / 1e9:6.1f} TFLOP/s")
                 except RuntimeError as exc:
                     print(f"  {backend_name:12s} unavailable: {str(exc).splitlines()[0][:100]}")
-            for candidate in [] if args.backward_only else FORWARD_CANDIDATES[head_dim]:
+            for candidate in [] if args.backward_only else forward_candidates[head_dim]:
                 if time.time() - start > DEADLINE_S:
                     print(f"  fwd {candidate}: skipped (past the {DEADLINE_S} s budget)")
                     continue

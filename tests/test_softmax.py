@@ -484,7 +484,7 @@ def test_split_row_on_chip_under_a_register_cap(plan_override, gen):
     # The plan passes its cap to Triton's compiler (maxnreg; the interpreter ignores it), by op and
     # element size, where a launch has more programs than fit uncapped: results stay those of the
     # uncapped kernel, forward and backward.
-    plan_override(SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM=0)
+    plan_override(SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM=0, SPLIT_ON_CHIP_CAP_MIN_FILL=0.0)
     x = make_logits((3, 3000), torch.bfloat16, gen, outliers=False)
     dy = make_logits((3, 3000), torch.bfloat16, gen, scale=1.0)
 
@@ -799,17 +799,34 @@ def test_eager_torch_route_gives_torchs_result_and_kernels_under_graphs_and_comp
 
 def test_padded_two_byte_rows_leave_row_on_chip():
     # bf16 rows a little over a power of two fill half of row_on_chip's tile: the backward streams
-    # them (looped), the forward holds them across programs while that tile is at most 16384; the
-    # rule is 2-byte only and leaves logsumexp, short rows and well-filled tiles as they were.
+    # them (looped); the forward holds rows that start off 16-byte boundaries across programs while
+    # that tile is at most 16384 (the measured case); the rule is 2-byte only and leaves logsumexp,
+    # short rows and well-filled tiles as they were.
     cuda = torch.device("cuda")
-    def strategy(op, rows, cols, dtype=torch.bfloat16):
-        return plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False).strategy
+    def chosen(op, rows, cols, dtype=torch.bfloat16, strategy=None):
+        misaligned = (cols * dtype.itemsize) % 16 != 0
+        return plan._choose(op, rows, cols, dtype, cuda, "auto", strategy, 132, False, misaligned)
+    strategy = lambda *args: chosen(*args).strategy  # noqa: E731
     assert strategy("log_softmax", 9682, 8604) == "split_row_on_chip"
+    assert strategy("softmax", 4096, 9000) == "row_on_chip"  # aligned rows: that kernel was not timed
     assert strategy("softmax_backward", 9682, 8604) == "looped"
     assert strategy("log_softmax_backward", 1024, 17000) == "looped"
     assert strategy("softmax", 1024, 17000) == "row_on_chip"  # split_row_on_chip ran at 179-870 GB/s there
-    assert strategy("softmax", 4096, 10000) == "row_on_chip"  # 61% of the tile
+    assert strategy("softmax", 4096, 10001) == "row_on_chip"  # 61% of the tile
     assert strategy("logsumexp", 9682, 8604) == "row_on_chip"
     assert strategy("softmax_backward", 5576, 4941) == "row_on_chip"  # shorter than one stream block
     assert strategy("softmax", 2048, 4097, torch.float32) == "row_on_chip"
     assert strategy("softmax_backward", 2048, 4097, torch.float32) == "row_on_chip"
+
+
+def test_split_row_on_chip_cap_only_on_well_filled_chunks():
+    # Chunks under 3/4 of their tile spill under the register cap (ptxas: a 456-byte stack in bf16):
+    # uncapped there; full chunks keep it.
+    cuda = torch.device("cuda")
+    def cap(rows, cols):
+        chosen = plan._choose("softmax", rows, cols, torch.bfloat16, cuda, "auto", "split_row_on_chip", 132, False)
+        return chosen.chunk_size, chosen.block_cols, chosen.max_registers
+    assert cap(4096, 9000) == (4512, 8192, 0)
+    assert cap(1024, 17000) == (5680, 8192, 0)
+    assert cap(4096, 12288) == (6144, 8192, 32)
+    assert cap(64, 128256)[2] == 32

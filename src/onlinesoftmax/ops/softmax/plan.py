@@ -66,7 +66,9 @@ BACKWARD_ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
 # 2-byte rows longer than one stream block that fill less than this share of row_on_chip's
 # power-of-two tile are not held whole: the idle lanes cut what an SM has in flight. The backward
 # takes looped; the forward split_row_on_chip where that tile is at most
-# ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS. H100, scripts/tune/sweep_strategies.py, GB/s
+# ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and rows start off 16-byte boundaries (the measured rows:
+# that kernel takes 32 registers; on aligned rows such chunks compile to 106, ptxas for sm_90,
+# not timed). H100, scripts/tune/sweep_strategies.py, GB/s
 # (docs/notes/2026-11/sweep_strategies-padded-h100.log), row_on_chip -> the rule's strategy, bf16:
 # 9682 x 8604 forward 1264-1300 -> 1715-1924, backward 1663-1758 -> 2498-2538 (softmax and
 # log_softmax); 4096 x 9500 forward 1268-1296 -> 1748-1924, backward 1678-1751 -> 2396-2398;
@@ -111,6 +113,12 @@ SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
 # 32 lets 8 forward programs share an SM instead of 6 with no spill; the 2-byte log_softmax and the backward spill under it.
 SPLIT_ON_CHIP_MAX_REGISTERS = {"softmax": 32, "log_softmax": {4: 32, 2: 0}, "logsumexp": 0,
                                "softmax_backward": 0, "log_softmax_backward": 0}
+# ... and only where a chunk fills at least this share of its power-of-two tile: below it the capped
+# kernels spill (ptxas for sm_90, scripts/probes/kernel_resources.py: bf16 softmax chunks of 4512,
+# 5504 and 5680 in 8192-element tiles took a 456-byte stack at 32 registers, chunks of 6144 and up
+# none; fp32 chunks of 4320 and 5680 a 152-byte one), and a bf16 1024 x 17000 forward so capped ran
+# at 179 GB/s on the H100 (docs/notes/2026-11/sweep_strategies-padded-h100.log).
+SPLIT_ON_CHIP_CAP_MIN_FILL = 0.75
 # The cap buys programs an SM, which only counts beyond one uncapped wave (bf16 16x262144 lost 11.8 -> 12.2 us under it).
 SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM = 6
 
@@ -336,7 +344,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         on_chip = algorithm == "auto" and next_power_of_2(cols) <= on_chip_max
         padded = (on_chip and op != "logsumexp" and cols > STREAM_BLOCK[elem]
                   and cols < ROW_ON_CHIP_MIN_FILL[elem] * next_power_of_2(cols)
-                  and (backward or next_power_of_2(cols) <= ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS))
+                  and (backward or (misaligned_rows and next_power_of_2(cols) <= ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS)))
         if on_chip and not padded:
             strategy = "row_on_chip"
         elif padded and backward:
@@ -382,7 +390,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         num_chunks = cdiv(span, chunk)
         programs = rows * num_chunks
         cap = _for_element_size(SPLIT_ON_CHIP_MAX_REGISTERS[op], elem)
-        if programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms or misaligned_rows:
+        if (programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms or misaligned_rows
+                or chunk < SPLIT_ON_CHIP_CAP_MIN_FILL * next_power_of_2(chunk)):
             # One wave without the cap: it would buy nothing. Rows read in granules hold more
             # state (the row's edges), and under the cap ptxas spills (bf16: 168 bytes).
             cap = 0

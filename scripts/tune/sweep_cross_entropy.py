@@ -19,24 +19,25 @@ from onlinesoftmax.bench import cross_entropy_suite as suite
 from onlinesoftmax.bench.harness import copy_bandwidth_gbs, parse_dims, rotation_count, time_ms
 from onlinesoftmax.ops.cross_entropy import plan as ce_plan
 
+def _two_pass(warps: int, hold_l2: bool = True) -> dict:
+    """two_pass forced at every row length, ``warps`` a program in every dtype (0: by the tile)."""
+    return dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_HOLD_L2=hold_l2,
+                TWO_PASS_WARPS={4: warps, 2: warps}, TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0})
+
+
 VARIANTS = {
     "default": {},
     "split_tile32K": dict(SPLIT_TILE_BYTES=32768, SPLIT_MAX_TILE=32768),
     "split_tile8K": dict(SPLIT_TILE_BYTES=8192),
     "elements32": dict(ELEMENTS_PER_THREAD=32),
     "elements8": dict(ELEMENTS_PER_THREAD=8),
-    # two_pass with the first plan's tables (no eviction hints, warps by the tile), then with
-    # each of the later tables on its own.
-    "two_pass_plain": dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_HOLD_L2=False,
-                           TWO_PASS_WARPS={4: 0, 2: 0}, TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0}),
-    "two_pass_hold": dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_WARPS={4: 0, 2: 0},
-                          TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0}),
-    "two_pass_hold_w32": dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_WARPS={4: 32, 2: 32},
-                              TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0}),
-    "two_pass_hold_w16": dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_WARPS={4: 16, 2: 16},
-                              TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0}),
-    "two_pass_hold_w8": dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_WARPS={4: 8, 2: 8},
-                             TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0}),
+    # two_pass with the first plan's tables (no eviction hints, warps by the tile), then the hints
+    # with warps by the tile and at 32, 16 and 8.
+    "two_pass_plain": _two_pass(0, hold_l2=False),
+    "two_pass_hold": _two_pass(0),
+    "two_pass_hold_w32": _two_pass(32),
+    "two_pass_hold_w16": _two_pass(16),
+    "two_pass_hold_w8": _two_pass(8),
     "split_on_chip": dict(TWO_PASS_MIN_ROWS_PER_SM={4: 0, 2: 0}),
     "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
     "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),

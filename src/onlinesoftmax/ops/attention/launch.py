@@ -99,6 +99,13 @@ _dkdv_launcher = Launcher(attention_backward_dkdv_kernel)
 _dq_launcher = Launcher(attention_backward_dq_kernel)
 
 
+def _plan_meta(chosen: planner.AttentionPlan, causal: bool) -> dict:
+    """The constexprs and launch options every attention kernel takes from its plan."""
+    return dict(BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, BLOCK_D=chosen.block_d, CAUSAL=causal,
+                USE_DESCRIPTOR=chosen.use_descriptor, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
+                **chosen.compile_options)
+
+
 class _ForwardCall:
     """One forward call signature (shapes, strides, dtypes, the tensors' alignment, the mask, the
     load path) with the plan and every launch argument but the scale decided once: a repeated call
@@ -126,10 +133,8 @@ class _ForwardCall:
         if chosen.path != "torch":
             grid = (triton.cdiv(n_queries, chosen.block_m), batch * n_heads_q)
             self.launch = _forward_launcher.bind(
-                grid, key, BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, BLOCK_D=chosen.block_d,
-                CAUSAL=mode != "none", USE_DESCRIPTOR=chosen.use_descriptor, ROW_DESCRIPTORS=chosen.row_descriptors,
-                WARP_SPECIALIZE=chosen.warp_specialize, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
-                **chosen.compile_options)
+                grid, key, **_plan_meta(chosen, mode != "none"), ROW_DESCRIPTORS=chosen.row_descriptors,
+                WARP_SPECIALIZE=chosen.warp_specialize)
 
     def __call__(self, q, k, v, scale):
         chosen = self.plan
@@ -196,16 +201,10 @@ class _BackwardCall:
         self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
                      *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_head_strides(q, k, v, do))
         self.offset = _causal_offset(mode, n_queries, n_keys)
-        self.dkdv = _dkdv_launcher.bind(
-            (triton.cdiv(n_keys, dkdv_plan.block_n), batch * n_heads_kv), key,
-            BLOCK_M=dkdv_plan.block_m, BLOCK_N=dkdv_plan.block_n, BLOCK_D=dkdv_plan.block_d, CAUSAL=causal,
-            USE_DESCRIPTOR=dkdv_plan.use_descriptor, num_warps=dkdv_plan.num_warps, num_stages=dkdv_plan.num_stages,
-            **dkdv_plan.compile_options)
-        self.dq = _dq_launcher.bind(
-            (triton.cdiv(n_queries, dq_plan.block_m), batch * n_heads_q), key,
-            BLOCK_M=dq_plan.block_m, BLOCK_N=dq_plan.block_n, BLOCK_D=dq_plan.block_d, CAUSAL=causal,
-            USE_DESCRIPTOR=dq_plan.use_descriptor, num_warps=dq_plan.num_warps, num_stages=dq_plan.num_stages,
-            **dq_plan.compile_options)
+        self.dkdv = _dkdv_launcher.bind((triton.cdiv(n_keys, dkdv_plan.block_n), batch * n_heads_kv), key,
+                                        **_plan_meta(dkdv_plan, causal))
+        self.dq = _dq_launcher.bind((triton.cdiv(n_queries, dq_plan.block_m), batch * n_heads_q), key,
+                                    **_plan_meta(dq_plan, causal))
         self.descriptors = dkdv_plan.use_descriptor or dq_plan.use_descriptor
 
     def __call__(self, do, q, k, v, out, lse, scale):

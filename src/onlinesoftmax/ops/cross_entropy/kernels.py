@@ -259,7 +259,8 @@ def cross_entropy_stream_kernel(
     BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,
     EDGES: tl.constexpr, SPLIT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
     SOFTCAP: tl.constexpr, Z: tl.constexpr, Z_IN_ROW: tl.constexpr, MEAN: tl.constexpr,
-    READ_IGNORED: tl.constexpr, WRITE_GRAD: tl.constexpr, STATS: tl.constexpr, HOLD_L2: tl.constexpr,
+    READ_IGNORED: tl.constexpr, WRITE_GRAD: tl.constexpr, STATS: tl.constexpr,
+    FIRST_EVICTION: tl.constexpr = "", SECOND_EVICTION: tl.constexpr = "",
 ):
     # Program (row, chunk) reads tiles [chunk * tiles_per_chunk, ...) of its row (one tile, but for
     # the longest rows): each tile's maximum, then its sum, merged as scalars. (Per-lane online
@@ -270,8 +271,9 @@ def cross_entropy_stream_kernel(
     # interpreter's one program at a time included). WRITE_GRAD (one chunk a row, "two_pass"):
     # a second pass over the row writes the gradient over the logits. STATS (distributed): the row's
     # (m, d, smoothing sum, target logit or -inf) go to loss_ptr's four planes instead of a loss.
-    # HOLD_L2 (two_pass): the first read asks L2 to keep the row for the second, which, with the
-    # gradient's stores, asks it to drop the lines (nothing reads them again in this kernel).
+    # FIRST_EVICTION / SECOND_EVICTION: the cache eviction hints of the first read and of the
+    # second read with the gradient's stores (two_pass: keep the row in L2 for the second read,
+    # then drop it; nothing reads it again in this kernel). "" is the default policy.
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     num_chunks = tl.num_programs(1)
@@ -290,10 +292,7 @@ def cross_entropy_stream_kernel(
     s = tl.zeros((), tl.float32)
     for k in range(k_start, k_stop):
         start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
-        if HOLD_L2:
-            x = tl.load(x_ptr + start + offs, mask=full, other=0.0, eviction_policy="evict_last")
-        else:
-            x = tl.load(x_ptr + start + offs, mask=full, other=0.0)
+        x = tl.load(x_ptr + start + offs, mask=full, other=0.0, eviction_policy=FIRST_EVICTION)
         y = tl.where(full, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)  # [BLOCK]
         tile_m, tile_d = tile_normalizer(y)
         m, d = merge_pair(m, d, tile_m, tile_d)
@@ -342,18 +341,12 @@ def cross_entropy_stream_kernel(
                                            SMOOTH, Z)
                 for k in range(0, (n_cols + head + BLOCK - 1) // BLOCK):
                     start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
-                    if HOLD_L2:
-                        x = tl.load(x_ptr + start + offs, mask=full & read, other=0.0, eviction_policy="evict_first")
-                    else:
-                        x = tl.load(x_ptr + start + offs, mask=full & read, other=0.0)
+                    x = tl.load(x_ptr + start + offs, mask=full & read, other=0.0, eviction_policy=SECOND_EVICTION)
                     y = tl.where(full & read, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
                     g = gradient(y, cols, local_target, lse, a, b, e, weight_ptr, full, valid, bad, tanh_scale,
                                  inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
-                    if HOLD_L2:
-                        tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full,
-                                 eviction_policy="evict_first")
-                    else:
-                        tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full)
+                    tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full,
+                             eviction_policy=SECOND_EVICTION)
                 if EDGES:
                     write_edge_gradient(x_ptr, x_ptr, base, n_cols, local_target, lse, a, b, e, valid, bad, read,
                                         weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH,

@@ -176,6 +176,12 @@ def _host_decides() -> bool:
     return not torch.compiler.is_compiling() and not torch._C._cuda_isCurrentStreamCapturing()
 
 
+def _runs_torch(torch_path: bool, eager_torch: bool, eager_torch_train: bool, grad: bool) -> bool:
+    """Whether a call takes torch's own kernel: the plan's torch path, or the eager torch route
+    (differentiated or not) where the host decides."""
+    return torch_path or ((eager_torch_train if grad else eager_torch) and _host_decides())
+
+
 def _route(key, make, *args):
     """The route of call signature ``key``, made by ``make(*args)`` the first time (every time where
     ``key`` is None or unhashable: not a tensor, odd arguments, whose checks then raise)."""
@@ -213,7 +219,7 @@ def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
     if route.cast_to is not None:
         x = x.to(route.cast_to)
     grad = x.requires_grad and torch.is_grad_enabled()
-    if route.torch_path or ((route.eager_torch_train if grad else route.eager_torch) and _host_decides()):
+    if _runs_torch(route.torch_path, route.eager_torch, route.eager_torch_train, grad):
         planner.record(route.torch_plan)
         return torch_forward(x, route.dim, name, 1.0 / temperature, route.out_dtype or x.dtype)
     if x.dim() == 0:
@@ -376,10 +382,8 @@ def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]] = -1, keepdim: boo
     except (AttributeError, TypeError):
         key = None
     route = _route(key, _logsumexp_route, x, dim, keepdim, strategy)
-    dims, compute, torch_plan, torch_path, eager = route
-    eager_forward, eager_train = eager
-    if torch_path or ((eager_train if x.requires_grad and torch.is_grad_enabled() else eager_forward)
-                      and _host_decides()):
+    dims, compute, torch_plan, torch_path, (eager_forward, eager_train) = route
+    if _runs_torch(torch_path, eager_forward, eager_train, x.requires_grad and torch.is_grad_enabled()):
         planner.record(torch_plan)
         return torch.logsumexp(x, dims, keepdim)
     if x.dtype != compute:

@@ -208,6 +208,11 @@ def _split_on_chip_tile(backward: bool, cols: int, elem: int, sms: int) -> int:
     return max(smallest, next_power_of_2(cdiv(cols, _split_on_chip_max_chunks(sms))))
 
 
+def _half_empty_tile(cols: int, elem: int) -> bool:
+    """Rows longer than one stream block that fill less than ROW_ON_CHIP_MIN_FILL of row_on_chip's tile."""
+    return cols > STREAM_BLOCK[elem] and cols < ROW_ON_CHIP_MIN_FILL[elem] * next_power_of_2(cols)
+
+
 def _warps_for_tile(elements: int) -> int:
     for limit, warps in WARPS_BY_TILE_ELEMENTS:
         if elements <= limit:
@@ -342,13 +347,15 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
     on_chip_max = (BACKWARD_ROW_ON_CHIP_MAX_COLS if backward else ROW_ON_CHIP_MAX_COLS)[elem]
     if strategy is None:
         on_chip = algorithm == "auto" and next_power_of_2(cols) <= on_chip_max
-        padded = (on_chip and op != "logsumexp" and cols > STREAM_BLOCK[elem]
-                  and cols < ROW_ON_CHIP_MIN_FILL[elem] * next_power_of_2(cols)
-                  and (backward or (misaligned_rows and next_power_of_2(cols) <= ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS)))
-        if on_chip and not padded:
+        if on_chip and op != "logsumexp" and _half_empty_tile(cols, elem):
+            if backward:
+                strategy = "looped"
+            elif misaligned_rows and next_power_of_2(cols) <= ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS:
+                strategy = "split_row_on_chip"
+            else:
+                strategy = "row_on_chip"
+        elif on_chip:
             strategy = "row_on_chip"
-        elif padded and backward:
-            strategy = "looped"
         elif (algorithm == "auto" and op != "logsumexp" and not interpreting
               and _split_on_chip_tile(backward, cols, elem, sms) <= min(SPLIT_ON_CHIP_AUTO_MAX_TILE,
                                                                          SPLIT_ON_CHIP_MAX_TILE)):

@@ -135,7 +135,8 @@ def test_forward_row_descriptors(shape, mode, gen, plan_override):
     head dim and for causal masks too) where the keys fill whole blocks; the interpreter runs the
     same code unspecialized."""
     config = plan.ATTENTION_FORWARD_WARP_SPECIALIZED[128][0]  # the GPU's; the interpreter keeps its own blocks
-    plan_override("attention", ATTENTION_FORWARD_WARP_SPECIALIZED={64: (config, config), 128: (config, config)})
+    plan_override("attention", ATTENTION_FORWARD_WARP_SPECIALIZED={64: (config, config), 128: (config, config)},
+                  ATTENTION_SHORT_CONFIGS=dict.fromkeys(plan.ATTENTION_SHORT_CONFIGS, ()))  # short shapes, the tables' paths
     q, k, v = make_qkv(gen, *ROW_SHAPES[shape], torch.bfloat16, requires_grad=True)
     out, lse = attention(q, k, v, causal=CAUSAL_ARG[mode], return_lse=True)
     chosen = plan.last_attention_plan()
@@ -256,6 +257,32 @@ def test_backward_is_deterministic(gen):
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
+@gpu_only
+def test_override_plan_launches_its_own_kernels(gen):
+    # A call signature first run under the default tables, then under other block sizes: the second
+    # must launch kernels compiled for its own plan. (Keyed by the signature alone, it launched the
+    # first plan's kernels on the second plan's grids, and the rows those left unwritten kept the
+    # pooled outputs of the call before: the other inputs' results here.)
+    q, k, v = make_qkv(gen, 2, 4, 4, 256, 256, 64, torch.bfloat16, requires_grad=True)
+    d_out = torch.randn(q.shape, generator=gen).to(torch.bfloat16).to(DEVICE)
+    torch.autograd.grad(attention(q * 2, k, v, causal=True), (q, k, v), d_out)
+    default = {kernel: plan.attention_plan(kernel, 64, torch.bfloat16, True, q.device, 256, 256, True)
+               for kernel in plan.ATTENTION_KERNELS}
+    other = {"forward": (128, 64, 4, 2), "backward_dkdv": (64, 128, 8, 2), "backward_dq": (128, 64, 8, 2)}
+    assert all((default[kernel].block_m, default[kernel].block_n) != other[kernel][:2] for kernel in other)
+    tables = dict(plan.ATTENTION_CONFIGS, **{kernel: ((1 << 30, config, config),) for kernel, config in other.items()})
+    with onlinesoftmax.override_plan("attention", ATTENTION_CONFIGS=tables, ATTENTION_FORWARD_WARP_SPECIALIZED={},
+                                     ATTENTION_SHORT_CONFIGS=dict.fromkeys(plan.ATTENTION_SHORT_CONFIGS, ())):
+        out = attention(q, k, v, causal=True)
+        assert plan.last_attention_plan().block_m == other["forward"][0]
+        grads = torch.autograd.grad(out, (q, k, v), d_out)
+        assert plan.last_attention_plan().block_n == other["backward_dkdv"][1]
+    ref_out, _ = reference(q, k, v, "top_left")
+    assert_matches(out, ref_out, torch.bfloat16, "out under other tables")
+    for name, got, want in zip("qkv", grads, reference_grads(q, k, v, d_out, "top_left")):
+        assert_matches(got, want, torch.bfloat16, f"d{name} under other tables")
+
+
 def test_register_caps_reach_gpu_plans_only(monkeypatch):
     # The GPU's plans carry each cap to Triton as maxnreg; the interpreter's carry none.
     assert plan.ATTENTION_MAX_REGISTERS
@@ -268,6 +295,31 @@ def test_register_caps_reach_gpu_plans_only(monkeypatch):
         monkeypatch.setattr(plan, "interpreter_active", lambda: True)
         interpreted = plan.attention_plan(kernel, block_d, torch.bfloat16, causal, torch.device("cpu"), 4096, 4096, True)
         assert interpreted.compile_options == {}
+
+
+def test_short_sequences_take_their_own_configs(monkeypatch):
+    # ATTENTION_SHORT_CONFIGS rows apply up to their length (keys for the forward, the longer of
+    # queries and keys for the backward) and at their head dim only, with the forward's loads;
+    # an entry of None leaves its mask to the tables.
+    monkeypatch.setattr(plan, "interpreter_active", lambda: False)
+    short = {"forward": ((512, 64, (128, 64, 4, 2, "ws"), (128, 64, 4, 2, "pointer")),),
+             "backward_dkdv": ((256, 64, (64, 128, 8, 2), (64, 128, 8, 1)),),
+             "backward_dq": ((256, 64, None, (128, 64, 8, 2)),)}  # None: the tables
+    cuda = torch.device("cuda")
+    with onlinesoftmax.override_plan("attention", ATTENTION_SHORT_CONFIGS=short):
+        ws = plan.attention_plan("forward", 64, torch.bfloat16, False, cuda, 4096, 512, True, True)
+        assert (ws.block_m, ws.block_n, ws.num_warps, ws.warp_specialize) == (128, 64, 4, True)
+        ragged = plan.attention_plan("forward", 64, torch.bfloat16, False, cuda, 4096, 500, True, True)
+        assert (ragged.block_m, ragged.warp_specialize, ragged.row_descriptors) == (128, False, True)
+        pointer = plan.attention_plan("forward", 64, torch.bfloat16, True, cuda, 512, 512, True, True)
+        assert (pointer.block_m, pointer.row_descriptors, pointer.warp_specialize) == (128, False, False)
+        dkdv = plan.attention_plan("backward_dkdv", 64, torch.bfloat16, True, cuda, 200, 256, True)
+        assert (dkdv.block_m, dkdv.block_n, dkdv.num_stages) == (64, 128, 1)
+        for kernel, head_dim, n_queries, n_keys in (("forward", 64, 128, 513), ("forward", 128, 128, 128),
+                                                    ("backward_dkdv", 64, 257, 128), ("backward_dq", 64, 128, 128)):
+            chosen = plan.attention_plan(kernel, head_dim, torch.bfloat16, False, cuda, n_queries, n_keys, True)
+            row = next(r for r in plan.ATTENTION_CONFIGS[kernel] if head_dim <= r[0])
+            assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages) == row[1]
 
 
 def test_lse_merges_partial_attentions(gen):
@@ -397,12 +449,21 @@ def plain_attention(q, k, v, causal):
 FLASH_CRITERION_LENGTHS = tuple(n for n in attention_suite.SWEEP_LENGTHS if n <= 8191)
 
 
+@pytest.fixture
+def release_cached_memory():
+    """Hands the caching allocator's blocks back after the test: the S8191 cases' float32 score
+    matrices (1 GiB each) stay reserved otherwise, and 14 workers sharing one GPU ran out."""
+    yield
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 @gpu_only
 @pytest.mark.parametrize("heads", [(2, 2), (4, 1)], ids=["mha", "gqa4"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", attention_suite.SWEEP_HEAD_DIMS)
 @pytest.mark.parametrize("seq", FLASH_CRITERION_LENGTHS)
-def test_flash_criterion_over_sweep_shapes_gpu(seq, head_dim, causal, heads, gen):
+def test_flash_criterion_over_sweep_shapes_gpu(seq, head_dim, causal, heads, gen, release_cached_memory):
     """flash-attention's criterion at the sweep's lengths, head dims, masks and head layouts: the
     max |error| of the output and of each gradient against float32 math is at most twice that of
     the same math in bf16, plus twice the bf16 rounding of the reference itself (its tests' atol)."""

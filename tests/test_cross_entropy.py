@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import onlinesoftmax
 
+from onlinesoftmax import _device
 from onlinesoftmax.ops.cross_entropy import cross_entropy, linear_cross_entropy, plan
 from onlinesoftmax.ops.cross_entropy import launch as ce_launch
 from onlinesoftmax.ops.cross_entropy import op as ce_op
@@ -138,17 +139,22 @@ def test_inplace_strategies_match_torch(strategy, dtype, reduction, gen):
 @needs_triton
 @pytest.mark.parametrize("hold_l2", [False, True], ids=["plain", "hold_l2"])
 @pytest.mark.parametrize("warps", [0, 4], ids=["warps_by_tile", "warps4"])
-def test_two_pass_tables(hold_l2, warps, gen):
-    # two_pass's own tables: eviction hints on its loads and stores, its warps; the same results.
-    shape = (6, 203)
+@pytest.mark.parametrize("programs_per_sm", [0, 1], ids=["program_a_row", "persistent"])
+def test_two_pass_tables(hold_l2, warps, programs_per_sm, gen):
+    # two_pass's own tables: eviction hints on its loads and stores, its warps, a persistent grid
+    # (fewer programs than rows: 4 SMs under the interpreter); the same results.
+    shape = (300 if ON_GPU else 6, 203)
     x = make_logits(shape, torch.bfloat16, gen, outliers=False)
     target = _targets(*shape, gen, ignore_every=4)
-    with onlinesoftmax.override_plan("cross_entropy", TWO_PASS_HOLD_L2=hold_l2, TWO_PASS_WARPS={4: warps, 2: warps},
-                                     TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0}):
+    with onlinesoftmax.override_plan("cross_entropy", TWO_PASS_HOLD_L2=hold_l2,
+                                     TWO_PASS_LAUNCH={4: ((1 << 62, warps, 0),), 2: ((1 << 62, warps, 0),)},
+                                     TWO_PASS_PROGRAMS_PER_SM={4: programs_per_sm, 2: programs_per_sm}):
         _check_loss_and_grad(x, target, torch.bfloat16, strategy="two_pass", inplace=True, what="two_pass")
         cross_entropy(x.detach().clone().requires_grad_(), target, strategy="two_pass", inplace_backward=True)
         chosen = plan.last_plan()
-    assert (chosen.strategy, chosen.hold_l2) == ("two_pass", hold_l2)
+    assert (chosen.strategy, chosen.hold_l2, chosen.persistent) == ("two_pass", hold_l2, programs_per_sm > 0)
+    programs = programs_per_sm * _device.sm_count(x.device)
+    assert chosen.grid[0] == (programs if programs_per_sm else shape[0]) and programs < shape[0]
     assert chosen.num_warps == (warps or plan._warps(chosen.block))
 
 
@@ -433,7 +439,7 @@ def test_plans_for_the_gpu():
     # Rows enough for TWO_PASS_MIN_ROWS_PER_SM programs an SM read their row twice; fewer hold it
     # across programs.
     big = choose("forward_grad", 8192, 128256, torch.bfloat16)
-    assert (big.strategy, big.block, big.num_warps, big.reads) == ("two_pass", 8192, 16, 2)
+    assert (big.strategy, big.block, big.num_warps, big.reads) == ("two_pass", 16384, 32, 2)
     assert not big.edges and big.bytes_moved() == 2 * 8192 * 128256 * 2 + 8192 * 8
     held = choose("forward_grad", 512, 128256, torch.bfloat16)
     assert (held.strategy, held.block, held.num_chunks, held.num_warps) == ("split_on_chip", 8192, 16, 16)
@@ -446,7 +452,9 @@ def test_plans_for_the_gpu():
     fp32 = choose("forward_grad", 8192, 128256, torch.float32)
     assert (fp32.strategy, fp32.num_warps, fp32.hold_l2) == ("two_pass", 32, True)
     short = choose("forward_grad", 8192, 32000, torch.bfloat16)
-    assert (short.strategy, short.num_warps) == ("two_pass", 8)
+    assert (short.strategy, short.block, short.num_warps) == ("two_pass", 8192, 8)
+    middle = choose("forward_grad", 8192, 50257, torch.bfloat16)
+    assert (middle.strategy, middle.block, middle.num_warps) == ("two_pass", 8192, 16)
     assert choose("forward_grad", 512, 128256, torch.float32).strategy == "split_on_chip"
     fwd = choose("forward", 8192, 128256, torch.bfloat16)
     assert (fwd.strategy, fwd.num_chunks, fwd.tiles_per_chunk, fwd.num_warps) == ("stream", 16, 1, 8)

@@ -7,15 +7,13 @@ CUDNN backends are timed on the same inputs for reference. TFLOP/s: 4*B*Hq*S^2*D
 for causal), 2.5x that per backward.
 
 Budget: about 4 minutes on an H100, most of it compiling (each candidate compiles once per head dim
-and causality); candidates past DEADLINE_S are skipped and reported as such.
+and causality); candidates past DEADLINE_S (or --deadline) are skipped and reported as such.
 
     python scripts/tune/sweep_attention.py [--quick] [--forward-only | --backward-only]
         [--shapes BxHQxHKVxSxD,...] [--short]
 
---short times the forward candidates for sequences of a few key blocks instead (the attention
-sweep's S128 and S512 cells, docs/perf-attention.md "The sweep"): smaller tiles and fewer stages,
-which fit more programs an SM there (scripts/probes/kernel_resources.py,
-docs/notes/2026-11/kernel_resources-attention_short-sm90.txt).
+--short times candidates for sequences of a few key blocks instead (the attention sweep's S128 and
+S512 cells, docs/perf-attention.md "The sweep").
 
 Forward loads: "pointer" (masked pointer loads), "descriptor" (3-D TMA descriptors per head), "rows"
 (2-D TMA descriptors over every head's rows in the unmasked key loop) and "ws" (rows, one loop,
@@ -49,15 +47,28 @@ FORWARD_CANDIDATES = {
     64: [(64, 64, 4, 4, "pointer"), (64, 64, 4, 4, "rows"), (64, 64, 4, 3, "rows"), (64, 64, 4, 5, "rows"),
          (64, 128, 4, 3, "rows"), (128, 64, 8, 3, "rows"), (128, 64, 4, 3, "rows"), (64, 64, 8, 4, "rows")],
 }
-# Short sequences: at S128 the plan's D64 forward holds two 4-warp programs an SM (184 registers);
-# these hold three or four (ptxas for sm_90), D128 ones without warp specialization.
+# Short sequences. plan.ATTENTION_SHORT_CONFIGS came from three rounds (docs/notes/2026-11/
+# sweep_attention-short-h100.log): the tables' configs, smaller tiles that fit more programs an SM
+# and larger query blocks; variations of the best (2 stages at BLOCK_N = 64 won); then more stages
+# over smaller key blocks (3 stages at BLOCK_N = 32 won, listed here, the third round's, with the
+# shapes S1000 D64 and S512 D128 added).
 SHORT_FORWARD_CANDIDATES = {
-    128: [(128, 128, 4, 2, "ws"), (64, 64, 4, 2, "pointer"), (64, 64, 4, 1, "pointer"), (32, 64, 4, 2, "pointer"),
-          (64, 128, 8, 1, "pointer")],
-    64: [(64, 128, 4, 3, "rows"), (64, 64, 4, 2, "pointer"), (64, 64, 4, 1, "pointer"), (32, 64, 4, 2, "pointer"),
-         (32, 128, 4, 1, "pointer"), (64, 128, 4, 1, "pointer")],
+    128: [(64, 128, 4, 1, "pointer"), (64, 64, 4, 2, "pointer"), (64, 32, 4, 3, "pointer"), (64, 64, 4, 3, "pointer"),
+          (64, 128, 4, 2, "pointer"), (128, 128, 4, 2, "ws"), (128, 128, 8, 3, "pointer")],
+    64: [(64, 64, 4, 2, "pointer"), (64, 32, 4, 3, "pointer"), (64, 32, 4, 4, "pointer"), (64, 64, 4, 3, "pointer"),
+         (64, 64, 4, 2, "rows"), (128, 64, 4, 2, "pointer"), (64, 128, 4, 3, "rows")],
 }
-SHORT_SHAPES = [(256, 16, 16, 128, 64), (256, 32, 8, 128, 64), (64, 16, 16, 512, 64), (256, 16, 16, 128, 128)]
+# ... and for the backward, the tables' configs first, then larger key blocks (dK/dV) and query blocks
+# (dQ): one or two programs a head. The tables' were best at every shape of the first round.
+SHORT_BACKWARD_CANDIDATES = {
+    128: [((32, 64, 4, 3), (128, 32, 8, 2), True), ((64, 64, 8, 2), (128, 64, 8, 2), True),
+          ((32, 128, 8, 2), (128, 64, 8, 2), True), ((64, 128, 8, 1), (128, 128, 8, 1), True)],
+    64: [((32, 64, 4, 2), (64, 64, 4, 3), True), ((64, 128, 8, 2), (128, 64, 8, 2), True),
+         ((32, 128, 4, 2), (128, 128, 8, 2), True), ((64, 128, 4, 2), (128, 64, 4, 2), True),
+         ((64, 64, 4, 2), (64, 64, 4, 2), True)],
+}
+SHORT_SHAPES = [(256, 16, 16, 128, 64), (256, 32, 8, 128, 64), (64, 16, 16, 512, 64), (32, 16, 16, 1000, 64),
+                (256, 16, 16, 128, 128), (64, 16, 16, 512, 128)]
 # ((dK/dV config), (dQ config), use_descriptor), configs as (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # The first of each head dim is the plan's, the second the plan before it. The plan's register caps
 # (ATTENTION_MAX_REGISTERS) apply to every candidate of their head dim and causality;
@@ -94,9 +105,10 @@ def rel(a, b):
 
 def forced(**configs):
     """override_plan's tables for one candidate: each named kernel's table replaced by one row that
-    covers every head dim."""
+    covers every head dim, and no short-sequence rows."""
     return dict(ATTENTION_CONFIGS=dict(plan.ATTENTION_CONFIGS, **{
-        kernel: ((1 << 30, config, config),) for kernel, config in configs.items()}))
+        kernel: ((1 << 30, config, config),) for kernel, config in configs.items()}),
+        ATTENTION_SHORT_CONFIGS=dict.fromkeys(plan.ATTENTION_SHORT_CONFIGS, ()))
 
 
 def forced_forward(config, loads):
@@ -122,12 +134,15 @@ def main() -> int:
     parser.add_argument("--forward-only", action="store_true", help="skip the backward candidates")
     parser.add_argument("--backward-only", action="store_true", help="skip the forward candidates")
     parser.add_argument("--shapes", default="", help="comma-separated BxHQxHKVxSxD instead of the grid")
+    parser.add_argument("--deadline", type=float, default=DEADLINE_S,
+                        help="seconds after which the remaining candidates are skipped")
     parser.add_argument("--short", action="store_true",
-                        help="the short-sequence forward candidates (and shapes, without --shapes)")
+                        help="the short-sequence candidates (and shapes, without --shapes)")
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in text.split("x")) for text in args.shapes.split(",") if text]
     shapes = shapes or (SHORT_SHAPES if args.short else SHAPES[:2] if args.quick else SHAPES)
     forward_candidates = SHORT_FORWARD_CANDIDATES if args.short else FORWARD_CANDIDATES
+    backward_candidates = SHORT_BACKWARD_CANDIDATES if args.short else BACKWARD_CANDIDATES
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 1
@@ -162,8 +177,8 @@ def main() -> int:
                 except RuntimeError as exc:
                     print(f"  {backend_name:12s} unavailable: {str(exc).splitlines()[0][:100]}")
             for candidate in [] if args.backward_only else forward_candidates[head_dim]:
-                if time.time() - start > DEADLINE_S:
-                    print(f"  fwd {candidate}: skipped (past the {DEADLINE_S} s budget)")
+                if time.time() - start > args.deadline:
+                    print(f"  fwd {candidate}: skipped (past the {args.deadline:.0f} s budget)")
                     continue
                 try:
                     with onlinesoftmax.override_plan("attention", **forced_forward(candidate[:4], candidate[4])):
@@ -180,10 +195,10 @@ def main() -> int:
                 except Exception as exc:  # a config that does not compile (shared memory, registers)
                     print(f"  fwd {candidate}: error {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}")
             out, lse = attention_launch.launch_forward(q, k, v, mode, scale)
-            for dkdv, dq_config, use_descriptor in [] if args.forward_only else BACKWARD_CANDIDATES[head_dim]:
+            for dkdv, dq_config, use_descriptor in [] if args.forward_only else backward_candidates[head_dim]:
                 candidate = (dkdv, dq_config, use_descriptor)
-                if time.time() - start > DEADLINE_S:
-                    print(f"  bwd {candidate}: skipped (past the {DEADLINE_S} s budget)")
+                if time.time() - start > args.deadline:
+                    print(f"  bwd {candidate}: skipped (past the {args.deadline:.0f} s budget)")
                     continue
                 def backward():
                     return attention_launch.launch_backward(d_out, q, k, v, out, lse, mode, scale,

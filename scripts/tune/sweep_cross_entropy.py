@@ -1,7 +1,7 @@
 """Cross-entropy tables (GPU): ``ops/cross_entropy/plan.py``'s tiles and strategies under other
 values, one training step (forward + gradient, "mean") as the bench times it.
 
-    python scripts/tune/sweep_cross_entropy.py [--shapes 8192x128256 ...] [--variants default ...]
+    python scripts/tune/sweep_cross_entropy.py [--shapes 8192x128256 ...] [--variants default ...] [--modes inplace separate]
 
 Each line: one shape, one mode (inplace_backward=True: the gradient written over the logits by the
 forward; separate: the forward reads, the backward reads again and writes), one variant; do_bench
@@ -19,10 +19,18 @@ from onlinesoftmax.bench import cross_entropy_suite as suite
 from onlinesoftmax.bench.harness import copy_bandwidth_gbs, parse_dims, rotation_count, time_ms
 from onlinesoftmax.ops.cross_entropy import plan as ce_plan
 
-def _two_pass(warps: int, hold_l2: bool = True) -> dict:
-    """two_pass forced at every row length, ``warps`` a program in every dtype (0: by the tile)."""
+def _two_pass(warps: int, hold_l2: bool = True, tile_bytes: int = 0) -> dict:
+    """two_pass forced at every row length, ``warps`` a program in every dtype (0: by the tile),
+    tiles of ``tile_bytes`` (0: the stream tile)."""
     return dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_HOLD_L2=hold_l2,
-                TWO_PASS_WARPS={4: warps, 2: warps}, TWO_PASS_SHORT_ROW_BYTES={4: 0, 2: 0})
+                TWO_PASS_LAUNCH={e: ((1 << 62, warps, tile_bytes // e),) for e in (4, 2)})
+
+
+def _persistent(programs_per_sm: int, warps: int, tile_bytes: int = 0) -> dict:
+    """two_pass (with the hints) on a persistent grid of ``programs_per_sm`` programs an SM, ``warps``
+    a program, tiles of ``tile_bytes`` (0: the stream tile)."""
+    return dict(_two_pass(warps, tile_bytes=tile_bytes),
+                TWO_PASS_PROGRAMS_PER_SM={4: programs_per_sm, 2: programs_per_sm})
 
 
 VARIANTS = {
@@ -38,6 +46,17 @@ VARIANTS = {
     "two_pass_hold_w32": _two_pass(32),
     "two_pass_hold_w16": _two_pass(16),
     "two_pass_hold_w8": _two_pass(8),
+    # two_pass with larger tiles (Liger's in-place kernel: 32768 columns a step on 32 warps).
+    "two_pass_hold_w32_64K": _two_pass(32, tile_bytes=65536),
+    "two_pass_hold_w32_32K": _two_pass(32, tile_bytes=32768),
+    "two_pass_hold_w16_32K": _two_pass(16, tile_bytes=32768),
+    "two_pass_nohold_w32_64K": _two_pass(32, hold_l2=False, tile_bytes=65536),
+    # two_pass with fewer rows in flight: a persistent grid of one or two programs an SM.
+    "persist1_w32": _persistent(1, 32),
+    "persist1_w32_32K": _persistent(1, 32, 32768),
+    "persist1_w16_32K": _persistent(1, 16, 32768),
+    "persist2_w16": _persistent(2, 16),
+    "persist2_w16_32K": _persistent(2, 16, 32768),
     "split_on_chip": dict(TWO_PASS_MIN_ROWS_PER_SM={4: 0, 2: 0}),
     "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
     "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),
@@ -50,6 +69,7 @@ def main():
     parser.add_argument("--shapes", nargs="*", default=["8192x128256", "8192x50257", "8192x32000"])
     parser.add_argument("--dtype", default="bf16", choices=list(suite.DTYPES))
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     args = parser.parse_args()
     dtype = suite.DTYPES[args.dtype]
     copy = copy_bandwidth_gbs()
@@ -62,7 +82,8 @@ def main():
         logits_bytes = shape[0] * shape[1] * dtype.itemsize
         print(f"\n{text} {args.dtype}: logits {logits_bytes / 1e9:.2f} GB; floors {2 * logits_bytes / copy / 1e6:.3f} ms "
               f"fused, {3 * logits_bytes / copy / 1e6:.3f} ms separate", flush=True)
-        for mode, options in MODES.items():
+        for mode in args.modes:
+            options = MODES[mode]
             step = suite._step(lambda x, t: onlinesoftmax.cross_entropy(x, t, **options))
             floor_bytes = (2 if mode == "inplace" else 3) * logits_bytes
             for name in args.variants:
@@ -72,7 +93,8 @@ def main():
                         chosen = ce_plan.choose("forward_grad" if mode == "inplace" else "forward", *shape, dtype,
                                                 torch.device("cuda"))
                         print(f"  {mode:8s} {name:14s} {ms:7.3f} ms {floor_bytes / ms / 1e6:6.0f} GB/s  forward: "
-                              f"{chosen.strategy} block {chosen.block} warps {chosen.num_warps} chunks {chosen.num_chunks}",
+                              f"{chosen.strategy} block {chosen.block} warps {chosen.num_warps} chunks {chosen.num_chunks}"
+                              f" grid {chosen.grid[0]}",
                               flush=True)
                     except Exception as exc:  # a variant the planner refuses for this shape
                         print(f"  {mode:8s} {name:14s} {type(exc).__name__}: {str(exc).splitlines()[0][:100]}", flush=True)

@@ -297,6 +297,13 @@ def run_sweep(args, dtypes, directions) -> int:
     notes = _sweep_notes(cells, sdpa)
     stem = harness.write_results(args, "attention_sweep", rows, None, notes, {"cells": cells}, earlier_runs,
                                  table=False, bars=False)
+    sweep_heat_maps(stem, cells, directions)
+    return harness.exit_code(rows)
+
+
+def sweep_heat_maps(stem: str, cells: list[dict], directions) -> None:
+    """``{stem}-{dtype}-{direction}.png``: ours over FLASH and over cuDNN per cell, rows by sequence
+    length (merged runs list their cells in any order)."""
     for dtype in dict.fromkeys(c["dtype"] for c in cells):
         for direction in directions:
             sel = [c for c in cells if c["dtype"] == dtype and c["direction"] == direction]
@@ -307,11 +314,10 @@ def run_sweep(args, dtypes, directions) -> int:
                     if f"vs_{peer}" in c:
                         batch_heads_seq, config = _sweep_axes(c["case"])
                         values[(batch_heads_seq, config)] = c[f"vs_{peer}"]
-                rows_l = list(dict.fromkeys(r for r, _ in values))
+                rows_l = sorted(dict.fromkeys(r for r, _ in values), key=lambda r: int(r.split()[0][1:]))
                 cols_l = sorted(dict.fromkeys(k for _, k in values))
                 panels.append((f"{direction} {dtype}: ours over {peer} (eager)", rows_l, cols_l, values))
             print("wrote", harness.heat_maps(f"{stem}-{dtype}-{direction}.png", panels))
-    return harness.exit_code(rows)
 
 
 def _sweep_axes(case: str) -> tuple[str, str]:

@@ -132,8 +132,10 @@ class _ForwardCall:
         self.launch = None
         if chosen.path != "torch":
             grid = (triton.cdiv(n_queries, chosen.block_m), batch * n_heads_q)
+            # The plan completes the compiled-kernel key: the call signature alone would launch a kernel
+            # compiled under other tables (override_plan) on this plan's grid.
             self.launch = _forward_launcher.bind(
-                grid, key, **_plan_meta(chosen, mode != "none"), ROW_DESCRIPTORS=chosen.row_descriptors,
+                grid, (key, chosen), **_plan_meta(chosen, mode != "none"), ROW_DESCRIPTORS=chosen.row_descriptors,
                 WARP_SPECIALIZE=chosen.warp_specialize)
 
     def __call__(self, q, k, v, scale):
@@ -195,15 +197,16 @@ class _BackwardCall:
             return
         delta_block = 64 if head_dim <= 128 else 32
         self.delta = _delta_launcher.bind(
-            (triton.cdiv(n_queries, delta_block), batch * n_heads_q), key,
+            (triton.cdiv(n_queries, delta_block), batch * n_heads_q), (key, dkdv_plan.block_d),
             BLOCK_M=delta_block, BLOCK_D=dkdv_plan.block_d, num_warps=4)
         self.delta_ints = (n_heads_q, n_queries, head_dim, *_strides(do))
         self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
                      *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_head_strides(q, k, v, do))
         self.offset = _causal_offset(mode, n_queries, n_keys)
-        self.dkdv = _dkdv_launcher.bind((triton.cdiv(n_keys, dkdv_plan.block_n), batch * n_heads_kv), key,
+        # Each kernel's plan in its key, as the forward's.
+        self.dkdv = _dkdv_launcher.bind((triton.cdiv(n_keys, dkdv_plan.block_n), batch * n_heads_kv), (key, dkdv_plan),
                                         **_plan_meta(dkdv_plan, causal))
-        self.dq = _dq_launcher.bind((triton.cdiv(n_queries, dq_plan.block_m), batch * n_heads_q), key,
+        self.dq = _dq_launcher.bind((triton.cdiv(n_queries, dq_plan.block_m), batch * n_heads_q), (key, dq_plan),
                                     **_plan_meta(dq_plan, causal))
         self.descriptors = dkdv_plan.use_descriptor or dq_plan.use_descriptor
 

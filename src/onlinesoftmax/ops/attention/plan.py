@@ -38,6 +38,26 @@ ATTENTION_FORWARD_ROW_DESCRIPTORS = (64, 128)
 # Forwards Triton warp-specializes (a producer warpgroup loading, two consumers), by padded head dim:
 # (non-causal, causal) config; head dim 128 gained 8-20%; BLOCK_N = 64 and D64 with 3 stages computed NaN in Triton 3.6.
 ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2))}
+# Short sequences, by kernel: rows (most keys, padded head dim, non-causal config, causal config),
+# the first whose length and head dim fit applying before the tables above. The length is the keys
+# for the forward (a program's work) and the longer of queries and keys for the backward. A
+# forward config carries its loads as a fifth field: "pointer", "rows" (TMA row descriptors where
+# the layout allows) or "ws" (warp-specialized, where the key blocks are whole). None: the tables above.
+# Measured (scripts/tune/sweep_attention.py --short, three rounds, docs/notes/2026-11/
+# sweep_attention-short-h100.log; TFLOP/s, the tables' config -> this one): small query blocks and
+# key blocks of 32 with 3 stages, which keep several programs an SM and their next key blocks in
+# flight. D64 S128 83 -> 160 (causal 40 -> 84), GQA 89 -> 188 (42 -> 101), S512 233 -> 288 (127 ->
+# 206), S1000 289 -> 313 (193 -> 248); D128 S128 132 -> 171 (65 -> 90), S512 causal 208 -> 237 (the
+# warp-specialized forward stays at S512 non-causal: 348 against 323). The backward's tables were
+# best over the short shapes swept (geometric mean): no backward rows.
+ATTENTION_SHORT_CONFIGS = {
+    "forward": ((512, 64, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
+                (1024, 64, (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
+                (128, 128, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
+                (512, 128, None, (64, 32, 4, 3, "pointer"))),
+    "backward_dkdv": (),
+    "backward_dq": (),
+}
 # Register caps (Triton's maxnreg) that fit one more backward program an SM, by (kernel, padded head dim, causal).
 ATTENTION_MAX_REGISTERS = {("backward_dkdv", 64, True): 168, ("backward_dq", 128, False): 128,
                            ("backward_dq", 128, True): 128}
@@ -92,7 +112,8 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     launcher checks strides and alignment). Cached: planning is on every call's path."""
     if kernel not in ATTENTION_CONFIGS:
         raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS}")
-    return _attention_plan(kernel, head_dim, dtype, causal, torch.device(device).type, n_keys,
+    length = n_keys if kernel == "forward" else max(n_queries, n_keys)
+    return _attention_plan(kernel, head_dim, dtype, causal, torch.device(device).type, n_keys, length,
                            bool(descriptor_ok), bool(rows_ok), interpreter_active())
 
 
@@ -102,20 +123,28 @@ def _clear():
 
 
 @functools.lru_cache(maxsize=4096)
-def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, descriptor_ok, rows_ok,
+def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length, descriptor_ok, rows_ok,
                     interpreting) -> AttentionPlan:
     if device_type != "cuda" and not interpreting:
         return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
     block_d = next_power_of_2(head_dim)
+    short = None if interpreting else next(
+        (r[3] if causal else r[2] for r in ATTENTION_SHORT_CONFIGS[kernel] if length <= r[0] and block_d == r[1]), None)
     if interpreting:
         config = ATTENTION_INTERPRETER_CONFIGS[kernel]
+    elif short is not None:
+        config = short[:4]
     else:
         row = next((r for r in ATTENTION_CONFIGS[kernel] if block_d <= r[0]), ATTENTION_CONFIGS[kernel][-1])
         config = row[2] if causal else row[1]
     use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR[kernel])
-    rows = kernel == "forward" and rows_ok and (interpreting or block_d in ATTENTION_FORWARD_ROW_DESCRIPTORS)
-    specialized = (ATTENTION_FORWARD_WARP_SPECIALIZED.get(block_d, (None, None))[causal]
-                   if rows and head_dim == block_d else None)
+    if kernel == "forward" and short is not None:
+        rows = rows_ok and short[4] in ("rows", "ws")
+        specialized = short[:4] if rows and short[4] == "ws" and head_dim == block_d else None
+    else:
+        rows = kernel == "forward" and rows_ok and (interpreting or block_d in ATTENTION_FORWARD_ROW_DESCRIPTORS)
+        specialized = (ATTENTION_FORWARD_WARP_SPECIALIZED.get(block_d, (None, None))[causal]
+                       if rows and head_dim == block_d else None)
     # The interpreter keeps its small blocks (and ignores the specialization, running the same code).
     if specialized is not None and n_keys % (config if interpreting else specialized)[1] == 0:
         return AttentionPlan(kernel, "triton", head_dim, dtype, causal, False, True, True, block_d=block_d,

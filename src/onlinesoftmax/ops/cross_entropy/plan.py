@@ -68,14 +68,25 @@ TWO_PASS_MIN_ROWS_PER_SM = {4: 4, 2: 4}
 # stores, asks it to drop the lines (eviction hints). Same sweep, bf16 8192 x 128256 2.373 ->
 # 2.236 ms, 8192 x 50257 0.960 -> 0.926; fp32 8192 x 32000 1.095 -> 1.032.
 TWO_PASS_HOLD_L2 = True
-# two_pass: warps a program by element size (0: by the tile, as the other kernels), and rows of at
-# most TWO_PASS_SHORT_ROW_BYTES take TWO_PASS_SHORT_ROW_WARPS (more programs an SM: more rows in
-# flight). Same sweep, with the hints: fp32 at 32 warps 8192 x 128256 4.312 -> 4.279 ms, 8192 x
-# 32000 1.032 -> 0.884; bf16 at 16 warps beat 32 and 8 at 128256 (2.236 against 2.319 and 2.323)
-# and 50257 (0.926 against 1.010 and 0.985); bf16 8192 x 32000 (64 KB rows) at 8: 0.563 -> 0.491.
-TWO_PASS_WARPS = {4: 32, 2: 16}
-TWO_PASS_SHORT_ROW_BYTES = {4: 0, 2: 65536}
-TWO_PASS_SHORT_ROW_WARPS = 8
+# two_pass launches by element size: rows (most bytes a row, warps a program (0: by the tile), tile
+# columns (0: STREAM_BLOCK)), the first whose bytes hold the row applying. Warps and tiles decide
+# how many rows an SM has in flight and how many bytes each keeps loading. Measured in place
+# (scripts/tune/sweep_cross_entropy.py, docs/notes/2026-11/sweep_cross_entropy-two_pass-h100.log
+# and sweep_cross_entropy-tiles-h100.log), with the hints: bf16 rows of at most 64 KB at 8 warps
+# (8192 x 32000 0.563 -> 0.491 ms against 16); up to 128 KB at 16 (8192 x 50257 0.926 against 1.010
+# at 32 and 0.985 at 8); longer at 32 warps over 32 KB tiles (8192 x 128256 2.231 -> 1.995, 16384 x
+# 128256 4.426 -> 3.944; 64 KB tiles 2.750, 16 warps over 32 KB 2.260); fp32 at 32 warps
+# (8192 x 128256 4.312 -> 4.279, 8192 x 32000 1.032 -> 0.884).
+TWO_PASS_LAUNCH = {4: ((1 << 62, 32, 0),),
+                   2: ((65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 16384))}
+# two_pass on a persistent grid of this many programs an SM by element size, each taking every
+# (programs)-th row (0: one program a row). One program an SM keeps 132 rows between their two
+# reads (34 MB at 128256 bf16 columns), which the H100's 50 MB L2 could hold, where four an SM keep
+# 528 (135 MB). Measured not faster in place (scripts/tune/sweep_cross_entropy.py,
+# docs/notes/2026-11/sweep_cross_entropy-persistent-h100.log): bf16 8192 x 128256 2.238 ms -> 2.304
+# at best (32 warps, 32 KB tiles), 8192 x 50257 0.927 -> 1.051 at best (two an SM); fp32 within 1%.
+# Off: an option for GPUs whose L2 holds more rows.
+TWO_PASS_PROGRAMS_PER_SM = {4: 0, 2: 0}
 # split_on_chip: 16 KB tiles (bf16 8192 columns, fp32 4096: the softmax's tuned split_row_on_chip
 # forward, 2.0-2.3 TB/s on the H100), larger tiles only where a row would
 # otherwise take more than SPLIT_MAX_CHUNKS_PER_SM chunks an SM (a row's programs must be resident
@@ -130,6 +141,7 @@ class Plan:
     edges: bool = False  # rows start or end inside a 16-byte vector: their partial vectors go element-wise
     contiguous: bool = True  # unit column stride
     hold_l2: bool = False  # two_pass: eviction hints keep the row in L2 between its two reads
+    persistent: bool = False  # two_pass: fewer programs than rows, each taking every grid[0]-th row
 
     @property
     def reads(self) -> int:
@@ -148,7 +160,9 @@ class Plan:
         dtype = str(self.dtype).replace("torch.", "")
         lines = [
             f"op:          cross_entropy {self.op}  ({self.rows} rows x {self.cols} classes, {dtype})",
-            f"strategy:    {self.strategy}, grid {self.grid}, {self.num_warps} warps a program",
+            f"strategy:    {self.strategy}, grid {self.grid}"
+            + (" (persistent: each program takes every grid[0]-th row)" if self.persistent else "")
+            + f", {self.num_warps} warps a program",
             f"tiles:       {self.block} columns"
             + (f"; {self.num_chunks} chunks a row" if self.num_chunks > 1 else "")
             + (f", {self.tiles_per_chunk} tiles a chunk" if self.strategy == "stream" else ""),
@@ -243,11 +257,13 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         else:
             strategy = "two_pass"
     if strategy == "two_pass":
-        short = cols * elem <= TWO_PASS_SHORT_ROW_BYTES[elem]
-        return Plan(op, strategy, block=stream_block,
-                    num_warps=TWO_PASS_SHORT_ROW_WARPS if short else TWO_PASS_WARPS[elem] or warps(stream_block),
-                    tiles_per_chunk=_device.cdiv(span, stream_block), grid=(rows, 1),
-                    hold_l2=TWO_PASS_HOLD_L2, **shape)
+        row_bytes = cols * elem
+        _, num_warps, columns = next((r for r in TWO_PASS_LAUNCH[elem] if row_bytes <= r[0]), TWO_PASS_LAUNCH[elem][-1])
+        block = stream_block if interpreting or not columns else tile(columns)
+        programs = min(rows, TWO_PASS_PROGRAMS_PER_SM[elem] * sms) or rows
+        return Plan(op, strategy, block=block, num_warps=num_warps or warps(block),
+                    tiles_per_chunk=_device.cdiv(span, block), grid=(programs, 1),
+                    hold_l2=TWO_PASS_HOLD_L2, persistent=programs < rows, **shape)
     if strategy == "on_chip" or interpreting:  # the interpreter holds a row in one program
         block = tile(_device.next_power_of_2(span))
         if not interpreting and block > ON_CHIP_MAX_COLS[elem]:

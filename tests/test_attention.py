@@ -436,16 +436,6 @@ def test_broadcast_upstream_gradient(gen):
         assert_grad_matches(a, b, torch.bfloat16, f"d{name}")
 
 
-def plain_attention(q, k, v, causal):
-    """Attention as tensor math in q's dtype: each product and the softmax rounded to it."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if causal:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).tril(), float("-inf"))
-    return torch.softmax(s, -1) @ v
-
-
 FLASH_CRITERION_LENGTHS = tuple(n for n in attention_suite.SWEEP_LENGTHS if n <= 8191)
 
 
@@ -470,9 +460,9 @@ def test_flash_criterion_over_sweep_shapes_gpu(seq, head_dim, causal, heads, gen
     q, k, v = make_qkv(gen, 1, heads[0], heads[1], seq, seq, head_dim, torch.bfloat16, requires_grad=True)
     d_out = torch.randn((1, heads[0], seq, head_dim), generator=gen).to(DEVICE, torch.bfloat16)
     ours = attention(q, k, v, causal=causal)
-    same = plain_attention(q, k, v, causal)
+    same = attention_suite.math_attention(q, k, v, causal)
     wide = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    exact = plain_attention(*wide, causal)
+    exact = attention_suite.math_attention(*wide, causal)
     got = (ours, *torch.autograd.grad(ours, (q, k, v), d_out))
     low = (same, *torch.autograd.grad(same, (q, k, v), d_out))
     ref = (exact.detach(), *torch.autograd.grad(exact, wide, d_out.float()))

@@ -14,17 +14,7 @@ import argparse
 import torch
 
 import onlinesoftmax
-
-
-def math_attention(q, k, v, causal):
-    """Attention as plain tensor math in q's dtype (products and softmax each rounded to it)."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if causal:
-        seen = torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).tril()
-        s = s.masked_fill(~seen, float("-inf"))
-    return torch.softmax(s, -1) @ v
+from onlinesoftmax.bench.attention_suite import math_attention
 
 
 def truncated(t):

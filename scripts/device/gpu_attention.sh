@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Attention on the GPU, from the repository root: bash scripts/device/gpu_attention.sh OUTDIR [tests] [sanitize] [sweep] [bench]
-# (no stage named: all four). Expected on an H100: tests ~2.5 min, sanitize ~1 min, sweep ~3 min,
+# [fullsweep:D:DTYPE] (no stage named: the first four). Expected on an H100: tests ~2.5 min, sanitize ~1 min, sweep ~3 min,
 # bench ~4-6 min (FlexAttention compiles once per case); each stage has its own time limit.
 set -uo pipefail
 OUT=${1:?usage: gpu_attention.sh OUTDIR [tests sanitize sweep bench]}
@@ -32,6 +32,17 @@ for stage in $STAGES; do
             timeout 420 python3 -m onlinesoftmax bench attention --dtype bf16 --out "$OUT" --overwrite \
                 > "$OUT/attention_bench.log" 2>&1 || status=1
             tail -45 "$OUT/attention_bench.log" ;;
+        fullsweep:*)
+            # One part of the full sweep (bench attention --sweep without --quick: FlexAttention too), one
+            # head dim and dtype a call, merged into $OUT/attention_sweep.json: fullsweep:D:DTYPE, e.g.
+            # fullsweep:80:bf16. Copy the committed attention_sweep.json into $OUT first to extend it.
+            IFS=: read -r _ dim dtype <<< "$stage"
+            shapes=$(python3 -c "from onlinesoftmax.bench.attention_suite import sweep_shapes
+print(' '.join('--shape ' + 'x'.join(map(str, s)) for s in sweep_shapes(False) if s[4] == $dim))")
+            # shellcheck disable=SC2086
+            timeout 540 python3 -m onlinesoftmax bench attention --sweep --dtype "$dtype" --merge --out "$OUT" $shapes \
+                > "$OUT/attention_fullsweep_${dim}_${dtype}.log" 2>&1 || status=1
+            tail -12 "$OUT/attention_fullsweep_${dim}_${dtype}.log" ;;
         *) echo "unknown stage $stage"; status=1 ;;
     esac
 done

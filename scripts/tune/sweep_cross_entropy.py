@@ -26,13 +26,6 @@ def _two_pass(warps: int, hold_l2: bool = True, tile_bytes: int = 0) -> dict:
                 TWO_PASS_LAUNCH={e: ((1 << 62, warps, tile_bytes // e),) for e in (4, 2)})
 
 
-def _persistent(programs_per_sm: int, warps: int, tile_bytes: int = 0) -> dict:
-    """two_pass (with the hints) on a persistent grid of ``programs_per_sm`` programs an SM, ``warps``
-    a program, tiles of ``tile_bytes`` (0: the stream tile)."""
-    return dict(_two_pass(warps, tile_bytes=tile_bytes),
-                TWO_PASS_PROGRAMS_PER_SM={4: programs_per_sm, 2: programs_per_sm})
-
-
 VARIANTS = {
     "default": {},
     "split_tile32K": dict(SPLIT_TILE_BYTES=32768, SPLIT_MAX_TILE=32768),
@@ -51,12 +44,6 @@ VARIANTS = {
     "two_pass_hold_w32_32K": _two_pass(32, tile_bytes=32768),
     "two_pass_hold_w16_32K": _two_pass(16, tile_bytes=32768),
     "two_pass_nohold_w32_64K": _two_pass(32, hold_l2=False, tile_bytes=65536),
-    # two_pass with fewer rows in flight: a persistent grid of one or two programs an SM.
-    "persist1_w32": _persistent(1, 32),
-    "persist1_w32_32K": _persistent(1, 32, 32768),
-    "persist1_w16_32K": _persistent(1, 16, 32768),
-    "persist2_w16": _persistent(2, 16),
-    "persist2_w16_32K": _persistent(2, 16, 32768),
     "split_on_chip": dict(TWO_PASS_MIN_ROWS_PER_SM={4: 0, 2: 0}),
     "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
     "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),

@@ -197,7 +197,7 @@ class _BackwardCall:
             return
         delta_block = 64 if head_dim <= 128 else 32
         self.delta = _delta_launcher.bind(
-            (triton.cdiv(n_queries, delta_block), batch * n_heads_q), (key, dkdv_plan.block_d),
+            (triton.cdiv(n_queries, delta_block), batch * n_heads_q), key,
             BLOCK_M=delta_block, BLOCK_D=dkdv_plan.block_d, num_warps=4)
         self.delta_ints = (n_heads_q, n_queries, head_dim, *_strides(do))
         self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,

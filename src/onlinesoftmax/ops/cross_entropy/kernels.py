@@ -255,43 +255,12 @@ def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target, lse, a, b, e, vali
 def cross_entropy_stream_kernel(
     x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, parts_ptr, sync_ptr,
     n_cols, x_stride, col_stride, target_stride, ignore_index, class_offset, n_classes,
-    label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, tiles_per_chunk, rows,
-    BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,
-    EDGES: tl.constexpr, SPLIT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
-    SOFTCAP: tl.constexpr, Z: tl.constexpr, Z_IN_ROW: tl.constexpr, MEAN: tl.constexpr,
-    READ_IGNORED: tl.constexpr, WRITE_GRAD: tl.constexpr, STATS: tl.constexpr, PERSISTENT: tl.constexpr = False,
-    FIRST_EVICTION: tl.constexpr = "", SECOND_EVICTION: tl.constexpr = "",
-):
-    # Program (row, chunk) streams its chunk of a row (stream_row); PERSISTENT (two_pass, one chunk a
-    # row): a grid of fewer programs than rows, each taking rows program_id, + num_programs, ...
-    # (fewer rows in flight: each row's bytes between its two reads fit in L2).
-    if PERSISTENT:
-        first, step = tl.program_id(0), tl.num_programs(0)
-        for i in range(0, tl.cdiv(rows - first, step)):  # rows as a tensor (the interpreter's loop index is an int)
-            stream_row(first + i * step, 0, 1, rows, x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, parts_ptr, sync_ptr,
-                       n_cols, x_stride, col_stride, target_stride, ignore_index, class_offset, n_classes,
-                       label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, tiles_per_chunk,
-                       BLOCK, CHUNKS_POW2, ALIGN, CONTIGUOUS, EDGES, SPLIT, HAS_WEIGHT, SMOOTH, SOFTCAP, Z, Z_IN_ROW, MEAN,
-                       READ_IGNORED, WRITE_GRAD, STATS, FIRST_EVICTION, SECOND_EVICTION)
-    else:
-        stream_row(tl.program_id(0), tl.program_id(1), tl.num_programs(1), rows,
-                   x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, parts_ptr, sync_ptr,
-                   n_cols, x_stride, col_stride, target_stride, ignore_index, class_offset, n_classes,
-                   label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, tiles_per_chunk,
-                   BLOCK, CHUNKS_POW2, ALIGN, CONTIGUOUS, EDGES, SPLIT, HAS_WEIGHT, SMOOTH, SOFTCAP, Z, Z_IN_ROW, MEAN,
-                   READ_IGNORED, WRITE_GRAD, STATS, FIRST_EVICTION, SECOND_EVICTION)
-
-
-@triton.jit
-def stream_row(
-    row, chunk, num_chunks, rows, x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, parts_ptr, sync_ptr,
-    n_cols, x_stride, col_stride, target_stride, ignore_index, class_offset, n_classes,
     label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, tiles_per_chunk,
     BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,
     EDGES: tl.constexpr, SPLIT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
     SOFTCAP: tl.constexpr, Z: tl.constexpr, Z_IN_ROW: tl.constexpr, MEAN: tl.constexpr,
     READ_IGNORED: tl.constexpr, WRITE_GRAD: tl.constexpr, STATS: tl.constexpr,
-    FIRST_EVICTION: tl.constexpr, SECOND_EVICTION: tl.constexpr,
+    FIRST_EVICTION: tl.constexpr = "", SECOND_EVICTION: tl.constexpr = "",
 ):
     # Program (row, chunk) reads tiles [chunk * tiles_per_chunk, ...) of its row (one tile, but for
     # the longest rows): each tile's maximum, then its sum, merged as scalars. (Per-lane online
@@ -305,6 +274,9 @@ def stream_row(
     # FIRST_EVICTION / SECOND_EVICTION: the cache eviction hints of the first read and of the
     # second read with the gradient's stores (two_pass: keep the row in L2 for the second read,
     # then drop it; nothing reads it again in this kernel). "" is the default policy.
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    num_chunks = tl.num_programs(1)
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_classes)
     local_target = target - class_offset
     read = valid | READ_IGNORED
@@ -332,7 +304,7 @@ def stream_row(
                                                   inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
             m, d = merge_pair(m, d, edge_m, edge_d)
             s += edge_s
-    n_rows = tl.zeros((), tl.int64) + rows  # rows may be a constexpr 1
+    n_rows = tl.num_programs(0).to(tl.int64)
     finish = True
     if SPLIT:
         n_parts = n_rows * num_chunks

@@ -117,9 +117,9 @@ def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, we
     if chosen.strategy in ("stream", "two_pass"):
         _stream(chosen.grid, key, x, target, w, denom, loss, lse, parts, counters,
                 n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, class_offset, n_classes,
-                label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.tiles_per_chunk, n_rows,
+                label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.tiles_per_chunk,
                 BLOCK=chosen.block, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=split,
-                WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats, PERSISTENT=chosen.persistent,
+                WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats,
                 FIRST_EVICTION="evict_last" if chosen.hold_l2 else "",
                 SECOND_EVICTION="evict_first" if chosen.hold_l2 else "", **common)
     else:

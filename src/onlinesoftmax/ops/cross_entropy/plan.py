@@ -79,14 +79,6 @@ TWO_PASS_HOLD_L2 = True
 # (8192 x 128256 4.312 -> 4.279, 8192 x 32000 1.032 -> 0.884).
 TWO_PASS_LAUNCH = {4: ((1 << 62, 32, 0),),
                    2: ((65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 16384))}
-# two_pass on a persistent grid of this many programs an SM by element size, each taking every
-# (programs)-th row (0: one program a row). One program an SM keeps 132 rows between their two
-# reads (34 MB at 128256 bf16 columns), which the H100's 50 MB L2 could hold, where four an SM keep
-# 528 (135 MB). Measured not faster in place (scripts/tune/sweep_cross_entropy.py,
-# docs/notes/2026-11/sweep_cross_entropy-persistent-h100.log): bf16 8192 x 128256 2.238 ms -> 2.304
-# at best (32 warps, 32 KB tiles), 8192 x 50257 0.927 -> 1.051 at best (two an SM); fp32 within 1%.
-# Off: an option for GPUs whose L2 holds more rows.
-TWO_PASS_PROGRAMS_PER_SM = {4: 0, 2: 0}
 # split_on_chip: 16 KB tiles (bf16 8192 columns, fp32 4096: the softmax's tuned split_row_on_chip
 # forward, 2.0-2.3 TB/s on the H100), larger tiles only where a row would
 # otherwise take more than SPLIT_MAX_CHUNKS_PER_SM chunks an SM (a row's programs must be resident
@@ -141,7 +133,6 @@ class Plan:
     edges: bool = False  # rows start or end inside a 16-byte vector: their partial vectors go element-wise
     contiguous: bool = True  # unit column stride
     hold_l2: bool = False  # two_pass: eviction hints keep the row in L2 between its two reads
-    persistent: bool = False  # two_pass: fewer programs than rows, each taking every grid[0]-th row
 
     @property
     def reads(self) -> int:
@@ -160,9 +151,7 @@ class Plan:
         dtype = str(self.dtype).replace("torch.", "")
         lines = [
             f"op:          cross_entropy {self.op}  ({self.rows} rows x {self.cols} classes, {dtype})",
-            f"strategy:    {self.strategy}, grid {self.grid}"
-            + (" (persistent: each program takes every grid[0]-th row)" if self.persistent else "")
-            + f", {self.num_warps} warps a program",
+            f"strategy:    {self.strategy}, grid {self.grid}, {self.num_warps} warps a program",
             f"tiles:       {self.block} columns"
             + (f"; {self.num_chunks} chunks a row" if self.num_chunks > 1 else "")
             + (f", {self.tiles_per_chunk} tiles a chunk" if self.strategy == "stream" else ""),
@@ -260,10 +249,8 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         row_bytes = cols * elem
         _, num_warps, columns = next((r for r in TWO_PASS_LAUNCH[elem] if row_bytes <= r[0]), TWO_PASS_LAUNCH[elem][-1])
         block = stream_block if interpreting or not columns else tile(columns)
-        programs = min(rows, TWO_PASS_PROGRAMS_PER_SM[elem] * sms) or rows
         return Plan(op, strategy, block=block, num_warps=num_warps or warps(block),
-                    tiles_per_chunk=_device.cdiv(span, block), grid=(programs, 1),
-                    hold_l2=TWO_PASS_HOLD_L2, persistent=programs < rows, **shape)
+                    tiles_per_chunk=_device.cdiv(span, block), grid=(rows, 1), hold_l2=TWO_PASS_HOLD_L2, **shape)
     if strategy == "on_chip" or interpreting:  # the interpreter holds a row in one program
         block = tile(_device.next_power_of_2(span))
         if not interpreting and block > ON_CHIP_MAX_COLS[elem]:

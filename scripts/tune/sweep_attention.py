@@ -46,6 +46,10 @@ FORWARD_CANDIDATES = {
           (128, 128, 4, 2, "ws"), (128, 64, 4, 3, "ws")],
     64: [(64, 64, 4, 4, "pointer"), (64, 64, 4, 4, "rows"), (64, 64, 4, 3, "rows"), (64, 64, 4, 5, "rows"),
          (64, 128, 4, 3, "rows"), (128, 64, 8, 3, "rows"), (128, 64, 4, 3, "rows"), (64, 64, 8, 4, "rows")],
+    # Head dim 256: the table's starting point first, then FlashAttention-2's Hopper-sized tile (128 x 64 on
+    # 8 warps) and smaller ones; a 64 x 256 fp32 accumulator is 128 registers a thread on 4 warps.
+    256: [(64, 64, 4, 2, "pointer"), (128, 64, 8, 2, "pointer"), (128, 64, 8, 2, "rows"), (64, 64, 8, 2, "pointer"),
+          (128, 32, 8, 2, "pointer"), (64, 32, 4, 3, "pointer"), (64, 64, 4, 2, "rows"), (128, 64, 4, 2, "ws")],
 }
 # Short sequences. plan.ATTENTION_SHORT_CONFIGS came from three rounds (docs/notes/2026-11/
 # sweep_attention-short-h100.log): the tables' configs, smaller tiles that fit more programs an SM
@@ -83,6 +87,9 @@ BACKWARD_CANDIDATES = {
           ((32, 64, 4, 3), (128, 32, 8, 2), False)],
     64: [((32, 64, 4, 2), (64, 64, 4, 3), True), ((32, 64, 4, 3), (64, 64, 4, 3), True),
          ((32, 128, 8, 3), (128, 64, 4, 3), True), ((64, 128, 8, 3), (128, 64, 8, 3), True)],
+    256: [((32, 64, 8, 2), (64, 32, 4, 2), True), ((64, 64, 8, 2), (64, 64, 8, 2), True),
+          ((32, 64, 4, 2), (64, 32, 8, 2), True), ((32, 64, 8, 1), (64, 32, 4, 1), True),
+          ((16, 64, 4, 2), (64, 16, 4, 2), True), ((32, 64, 8, 2), (64, 32, 4, 2), False)],
 }
 DEADLINE_S = 170
 TOLERANCE = 2e-2  # relative error against SDPA in bf16

@@ -1,11 +1,13 @@
 """Tuning data for ops/softmax/plan.py's tables (GPU): time the softmax on the shapes where a setting
 is in doubt, under alternative values of the tables (onlinesoftmax.override_plan), in one process.
 
-    python scripts/tune/tune_softmax.py [--out tune.json] [--strategy split_row_on_chip] [--backward] [--shapes 4096x4096]
+    python scripts/tune/tune_softmax.py [--out tune.json] [--strategy split_row_on_chip] [--backward] [--log]
+        [--shapes 4096x4096]
 
 Each line is one shape and one constant set; GB/s counts x read once and y written once (backward:
 y and dy read, dx written). Times are
 CUDA-graph replays (the kernels' own cost, without host launch overhead) over rotated inputs.
+Each case also times torch's own kernel on the same inputs (the line "torch"), the mark to beat.
 """
 
 import argparse
@@ -70,6 +72,12 @@ CASES = [
     (torch.float32, 256, 151936, "split_row", split_variants),
     # The rows that still take split_row on the bench grid (its partials pass reads at 62-76% of
     # copy there: docs/notes/2026-11/probe_split_row_passes-h100.log).
+    # Off the grid: shapes where the sweep (bench sweep) measured ours behind torch.
+    (torch.bfloat16, 2048, 50257, "split_row_on_chip", split_on_chip_variants),
+    (torch.bfloat16, 2048, 50257, "looped", looped_variants),
+    (torch.bfloat16, 198, 615032, "split_row", split_variants),
+    (torch.bfloat16, 198, 615032, "looped", looped_variants),
+    (torch.float32, 198, 615032, "split_row", split_variants),
     (torch.float32, 1, 16777216, "split_row", split_variants),
     (torch.bfloat16, 1, 16777216, "split_row", split_variants),
     (torch.float32, 256, 151936, "looped", looped_variants),
@@ -100,6 +108,7 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--strategy", default=None, help="only the cases of this strategy")
     parser.add_argument("--backward", action="store_true", help="time softmax backward instead")
+    parser.add_argument("--log", action="store_true", help="log_softmax (forward or backward) instead of softmax")
     parser.add_argument("--shapes", default=None, help="only these ROWSxCOLS, comma-separated")
     args = parser.parse_args()
     copy = copy_bandwidth_gbs()
@@ -112,16 +121,26 @@ def main():
             continue
         nbytes = (3 if args.backward else 2) * rows * cols * dtype.itemsize
         count = rotation_count(nbytes)
+        log = args.log
         if args.backward:  # y, dy -> dx
-            xs = [(torch.softmax(torch.randn(rows, cols, device="cuda"), -1).to(dtype),
+            forward = torch.log_softmax if log else torch.softmax
+            xs = [(forward(torch.randn(rows, cols, device="cuda"), -1).to(dtype),
                    torch.randn(rows, cols, device="cuda", dtype=dtype)) for _ in range(count)]
-            call = lambda y, dy: softmax_launch.launch_backward(y, dy, 1, False, strategy=strategy)  # noqa: E731
+            call = lambda y, dy: softmax_launch.launch_backward(y, dy, 1, log, strategy=strategy)  # noqa: E731
+            aten = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
+            torch_call = lambda y, dy: aten(dy, y, 1, dtype)  # noqa: E731
         else:
             xs = [(torch.randn(rows, cols, device="cuda", dtype=dtype),) for _ in range(count)]
-            call = lambda x: onlinesoftmax.softmax(x, strategy=strategy)  # noqa: E731
+            ours = onlinesoftmax.log_softmax if log else onlinesoftmax.softmax
+            call = lambda x: ours(x, strategy=strategy)  # noqa: E731
+            torch_call = (lambda x: torch.log_softmax(x, -1)) if log else (lambda x: torch.softmax(x, -1))
         # The first replays after allocating the inputs ran slow on the H100 (row_on_chip "current"
         # 5-25% below the same configuration timed later): one untimed pass first.
         graph_time_ms(call, xs)
+        torch_ms = graph_time_ms(torch_call, xs)
+        print(f"{str(dtype)[6:]} {rows}x{cols} torch: {nbytes / torch_ms / 1e6:.0f} GB/s", flush=True)
+        results.append(dict(dtype=str(dtype), rows=rows, cols=cols, strategy="torch", constants="torch's kernel",
+                            ms=torch_ms, gbs=nbytes / torch_ms / 1e6, copy_gbs=copy))
         best = None
         for values in [{}] + list(variants()):
             with onlinesoftmax.override_plan("softmax", **values):

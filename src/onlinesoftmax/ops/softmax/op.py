@@ -112,6 +112,9 @@ class _Route(NamedTuple):
     # Eager calls run torch's kernel (plan.EAGER_HOST_US), without autograd / differentiated.
     eager_torch: bool = False
     eager_torch_train: bool = False
+    # torch.softmax or torch.log_softmax where a call at temperature 1 is that function of (x, dim)
+    # alone (no cast, no other output dtype): the torch paths' whole work, one call.
+    torch_fn: Optional[object] = None
 
 
 _ROUTES: dict = {}
@@ -149,11 +152,14 @@ def _softmax_route(x, dim, dtype, algorithm, strategy, name) -> _Route:
     cast_to = dtype if dtype is not None and dtype != x.dtype and not exact else None
     torch_path = not kernels or strategy == "torch" or (strategy is None and (
         x.device.type != "cuda" and not interpreter_active()))
+    plain = cast_to is None and dtype in (None, x.dtype)
+    torch_fn = (torch.log_softmax if name == "log_softmax" else torch.softmax) if plain else None
     if torch_path:
-        return _Route(dim, cast_to, dtype, True, _torch_plan(name, x, dim, _TORCH_KERNEL_REASON))
+        return _Route(dim, cast_to, dtype, True, _torch_plan(name, x, dim, _TORCH_KERNEL_REASON), torch_fn=torch_fn)
     eager, eager_train = _eager_torch(name, x, dim, strategy, algorithm, x.dtype if cast_to is None else cast_to,
                                       dtype)
-    return _Route(dim, cast_to, dtype, False, _torch_plan(name, x, dim, _EAGER_TORCH_REASON), eager, eager_train)
+    return _Route(dim, cast_to, dtype, False, _torch_plan(name, x, dim, _EAGER_TORCH_REASON), eager, eager_train,
+                  torch_fn)
 
 
 _TORCH_KERNEL_REASON = "torch's own kernel for this device / dtype"
@@ -170,10 +176,15 @@ def _eager_torch(name, x, dim, strategy, algorithm, dtype, out_dtype) -> tuple[b
     return planner.eager_torch(chosen, False, out_dtype), planner.eager_torch(chosen, True, out_dtype)
 
 
+# torch's binding itself: torch.cuda.is_current_stream_capturing() wraps it in 0.5 us of checks.
+# (A stub that raises on CPU builds of torch, called only for CUDA tensors.)
+_capturing = torch._C._cuda_isCurrentStreamCapturing
+_compiling = torch.compiler.is_compiling
+
+
 def _host_decides() -> bool:
     """An eager call whose host time is its cost: not traced by torch.compile, not captured into a CUDA graph."""
-    # torch's binding itself: torch.cuda.is_current_stream_capturing() wraps it in 0.5 us of checks.
-    return not torch.compiler.is_compiling() and not torch._C._cuda_isCurrentStreamCapturing()
+    return not _compiling() and not _capturing()
 
 
 def _runs_torch(torch_path: bool, eager_torch: bool, eager_torch_train: bool, grad: bool) -> bool:
@@ -207,19 +218,29 @@ def _torch_plan(op, x, dim, reason) -> planner.Plan:
 
 
 def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
-    # The hit path is a few attribute reads and one lookup: small eager calls are the host's time.
+    # The hit path is a few attribute reads and one lookup: small eager calls are the host's time,
+    # and where the route gives a call to torch, these lines are all that ours adds to torch's own
+    # call (bench host measures it): they are kept few and inline.
     try:
         key = (x.shape, x.stride(), x.dtype, x.device, dim, dtype, algorithm, strategy, log)
     except AttributeError:
         key = None
+    try:
+        route = _ROUTES[key]
+    except (KeyError, TypeError):  # a new signature, unhashable arguments, not a tensor (whose checks raise)
+        route = _route(key, _softmax_route, x, dim, dtype, algorithm, strategy, "log_softmax" if log else "softmax")
+    grad = x.requires_grad and torch.is_grad_enabled()
+    torch_kernel = route.torch_path or ((route.eager_torch_train if grad else route.eager_torch)
+                                        and not _compiling() and not _capturing())
+    if torch_kernel and route.torch_fn is not None and type(temperature) is float and temperature == 1.0:
+        planner.record(route.torch_plan)
+        return route.torch_fn(x, route.dim)
     name = "log_softmax" if log else "softmax"
-    route = _route(key, _softmax_route, x, dim, dtype, algorithm, strategy, name)
     if type(temperature) is not float or temperature != 1.0:
         temperature = _temperature(temperature, name)
     if route.cast_to is not None:
         x = x.to(route.cast_to)
-    grad = x.requires_grad and torch.is_grad_enabled()
-    if _runs_torch(route.torch_path, route.eager_torch, route.eager_torch_train, grad):
+    if torch_kernel:
         planner.record(route.torch_plan)
         return torch_forward(x, route.dim, name, 1.0 / temperature, route.out_dtype or x.dtype)
     if x.dim() == 0:

@@ -63,7 +63,8 @@ def force_descriptor(monkeypatch, plan_override, use_descriptor: bool):
     monkeypatch.setattr(attention_module, "descriptor_ok", lambda *tensors: use_descriptor)
     # Where the layout allows it, the plan still picks per kernel (the forward prefers pointer
     # loads on the H100); forcing descriptors on covers every kernel's TMA path.
-    plan_override("attention", ATTENTION_USE_DESCRIPTOR=dict.fromkeys(plan.ATTENTION_USE_DESCRIPTOR, True))
+    plan_override("attention", ATTENTION_USE_DESCRIPTOR=dict.fromkeys(plan.ATTENTION_USE_DESCRIPTOR, True),
+                  ATTENTION_BACKWARD_POINTER_MAX_WORK=0)
 
 
 def expected_path():
@@ -406,20 +407,36 @@ def test_long_sequences_gpu(n_queries, n_keys, mode, head_dim, gen):
 
 
 @gpu_only
+@pytest.mark.parametrize("head_dim, n_keys", [(128, 2048), (256, 1024), (256, 1000)])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "non-causal"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_matches_sdpa_math_gpu(dtype, causal, gen):
+def test_matches_sdpa_math_gpu(dtype, causal, head_dim, n_keys, gen):
     """Within the error of SDPA's math backend in the same dtype (both against float64); at head
-    dim 128 with whole key blocks, the warp-specialized forward in each dtype and mask."""
+    dims 128 and 256 with whole key blocks, the warp-specialized forward in each dtype and mask
+    (1000 keys: the row-descriptor forward that covers partial key blocks)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q, k, v = make_qkv(gen, 2, 8, 8, 2048, 2048, 128, dtype)
+    q, k, v = make_qkv(gen, 2, 8, 8, n_keys, n_keys, head_dim, dtype)
     ref, _ = reference(q, k, v, "top_left" if causal else "none")
     with sdpa_kernel(SDPBackend.MATH):
         math_out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     ours = attention(q, k, v, causal=causal)
-    assert plan.last_attention_plan().warp_specialize == (128 in plan.ATTENTION_FORWARD_WARP_SPECIALIZED)
+    specialized = plan.ATTENTION_FORWARD_WARP_SPECIALIZED.get(head_dim)
+    assert plan.last_attention_plan().warp_specialize == (
+        specialized is not None and n_keys % specialized[causal][1] == 0)
     assert relative_error(ours, ref) <= max(TOLERANCE[dtype], 1.5 * relative_error(math_out, ref))
+
+
+@gpu_only
+def test_small_backward_reads_through_pointers(gen):
+    """At or below ATTENTION_BACKWARD_POINTER_MAX_WORK the backward takes pointer loads (a launch
+    with device-side descriptors goes through Triton's slower Python launcher, host time a tiny step
+    cannot hide); above it, TMA descriptors."""
+    for (batch, heads, seq, head_dim), descriptors in (((1, 2, 128, 64), False), ((2, 8, 2048, 128), True)):
+        q, k, v = make_qkv(gen, batch, heads, heads, seq, seq, head_dim, torch.bfloat16, requires_grad=True)
+        attention(q, k, v, causal=True).backward(torch.randn(q.shape, dtype=q.dtype, device=q.device))
+        chosen = plan.last_attention_plan()
+        assert chosen.kernel == "backward_dkdv" and chosen.use_descriptor == descriptors, chosen
 
 
 def test_broadcast_upstream_gradient(gen):

@@ -460,6 +460,22 @@ def test_split_row_on_chip_tiles_by_direction_and_element_size(plan_override):
     assert tiles == {("softmax", torch.float32): (2048, 4), ("softmax", torch.bfloat16): (4096, 4),
                      ("softmax_backward", torch.float32): (8192, 4),
                      ("softmax_backward", torch.bfloat16): (8192, 16)}
+    # Rows that start off 16-byte boundaries: the 2-byte backward takes fewer warps a tile.
+    plan_override(SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES={4: 8192, 2: 4096})
+    odd = {dtype: plan._choose("softmax_backward", 2048, 50257, dtype, cuda, "auto", None, 132, False, True)
+           for dtype in (torch.float32, torch.bfloat16)}
+    assert {dtype: (c.strategy, c.block_cols, c.num_warps) for dtype, c in odd.items()} == {
+        torch.float32: ("split_row_on_chip", 8192, 4), torch.bfloat16: ("split_row_on_chip", 8192, 4)}
+
+
+def test_split_row_chunks_by_rows(plan_override):
+    # SPLIT_PROGRAMS_PER_SM by rows: one row aims at 2 programs an SM, more rows at 8.
+    plan_override(SPLIT_PROGRAMS_PER_SM=((1, 2), (1 << 62, 8)))
+    cuda = torch.device("cuda")
+    one = plan._choose("softmax", 1, 1 << 24, torch.float32, cuda, "auto", None, 132, False)
+    many = plan._choose("softmax", 198, 615032, torch.bfloat16, cuda, "auto", None, 132, False)
+    assert (one.strategy, one.num_chunks) == ("split_row", 256)  # 264 wanted, whole stream blocks each
+    assert (many.strategy, many.num_chunks) == ("split_row", 6)
 
 
 def test_split_row_on_chip_register_cap_only_beyond_one_uncapped_wave():

@@ -24,7 +24,7 @@ from onlinesoftmax.ops.softmax import plan
 
 def split_variants():
     for programs, warps, block_scale in itertools.product((2, 4, 8), (4, 8, 16), (1, 2)):
-        yield dict(SPLIT_PROGRAMS_PER_SM=programs, SPLIT_WARPS=warps,
+        yield dict(SPLIT_PROGRAMS_PER_SM=((1 << 62, programs),), SPLIT_WARPS=warps,
                    STREAM_BLOCK={4: 4096 * block_scale, 2: 8192 * block_scale})
 
 
@@ -54,6 +54,7 @@ def split_on_chip_variants():
     for tile_bytes, warp_bytes in itertools.product((8192, 16384, 32768), (1024, 2048, 4096)):
         yield dict(SPLIT_ON_CHIP_TILE_BYTES={"forward": tile_bytes, "backward": tile_bytes},
                    SPLIT_ON_CHIP_WARP_BYTES={"forward": warp_bytes, "backward": warp_bytes},
+                   SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES={4: warp_bytes, 2: warp_bytes},
                    SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM=1.0)
 
 
@@ -97,6 +98,8 @@ def describe(values):
     for name, value in values.items():
         if name == "WARPS_BY_TILE_ELEMENTS":
             value = "/".join(str(w) for _, w in value)
+        elif name == "SPLIT_PROGRAMS_PER_SM":
+            value = value[-1][1]
         elif isinstance(value, dict):
             value = value.get(2, value.get("forward"))
         parts.append(f"{name}={int(value) if isinstance(value, bool) else value}")

@@ -182,7 +182,12 @@ class _BackwardCall:
         batch, n_heads_q, n_queries, head_dim = q.shape
         n_heads_kv, n_keys = k.shape[1], k.shape[2]
         causal = mode != "none"
-        ok = descriptor_ok(q, k, v, do) if use_descriptor is None else use_descriptor
+        if use_descriptor is None:
+            small = (not interpreter_active() and batch * n_heads_q * n_queries * n_keys * head_dim
+                     <= planner.ATTENTION_BACKWARD_POINTER_MAX_WORK)
+            ok = not small and descriptor_ok(q, k, v, do)
+        else:
+            ok = use_descriptor
         dkdv_plan = self.plan = planner.attention_plan("backward_dkdv", head_dim, q.dtype, causal, q.device,
                                                        n_queries, n_keys, ok)
         dq_plan = planner.attention_plan("backward_dq", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok)

@@ -4,8 +4,8 @@ kernel, head dim and causality. The measurements behind each value are in ``docs
 A config is (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). Rows are (largest head dim,
 non-causal config, causal config); the first row whose head dim is >= D applies, D being padded to
 a power of two inside the kernels (80 -> 128, 96 -> 128, 192 -> 256). Forward: BLOCK_M = 128 on 8
-warps gives each warpgroup 64 query rows for wgmma; head dim 256 halves BLOCK_M (a 128 x 256 fp32
-accumulator alone would take 128 registers a thread). Backward dK/dV holds a key block's K, V, dK
+warps gives each warpgroup 64 query rows for wgmma (at head dim 256 their 64 x 256 fp32 accumulator
+takes 128 registers a thread, with 64-key blocks to leave room for the scores). Backward dK/dV holds a key block's K, V, dK
 and dV and streams query blocks, so BLOCK_N is its large side; dQ is the mirror image.
 """
 
@@ -19,25 +19,39 @@ import torch
 from ..._device import LastPlan, interpreter_active, next_power_of_2, plan_cache
 from ..._launch import RegisterCap
 
-# Head dims 64 and 128: the best of a sweep on the H100; head dim 256 was not swept (a starting point).
+# The best of sweeps on the H100 (scripts/tune/sweep_attention.py; head dim 256:
+# docs/notes/2026-11/sweep_attention-d256-h100.log, where the first table, 64 x 64 blocks on 4
+# warps, ran the forward at 0.63-0.92x SDPA FLASH: a 64 x 256 fp32 accumulator on 4 warps is 128
+# registers a thread).
 ATTENTION_CONFIGS = {
     "forward": ((64, (64, 128, 4, 3), (64, 64, 4, 4)),
                 (128, (128, 128, 8, 3), (128, 128, 8, 3)),
-                (256, (64, 64, 4, 2), (64, 64, 4, 2))),
+                (256, (128, 64, 8, 2), (128, 64, 8, 2))),
     "backward_dkdv": ((64, (32, 64, 4, 2), (32, 64, 4, 2)),
                       (128, (32, 64, 4, 3), (32, 64, 4, 3)),
-                      (256, (32, 64, 8, 2), (32, 64, 8, 1))),
+                      (256, (64, 64, 8, 2), (64, 64, 8, 2))),
     "backward_dq": ((64, (64, 64, 4, 3), (64, 64, 4, 3)),
                     (128, (128, 32, 8, 2), (128, 32, 8, 2)),
-                    (256, (64, 32, 4, 2), (64, 32, 4, 2))),
+                    (256, (128, 32, 8, 2), (128, 32, 8, 2))),
 }
+# The backward reads through TMA descriptors (ATTENTION_USE_DESCRIPTOR) only where its work,
+# batch x query heads x queries x keys x head dim, is above this: a launch with device-side
+# descriptors goes through Triton's Python launcher (scratch memory a launch), and an eager training
+# step of a tiny attention cost 393.6 µs of host time with them against 287.2 with pointer loads
+# (SDPA 228.3; B1 H2 S128 D64 causal, H100 host, docs/notes/2026-11/host_attention_descriptors-h100.log).
+# 2^31 is about 21 GFLOP of backward, some 100 µs of GPU time; the sweep's smallest cell is 4.3e9.
+ATTENTION_BACKWARD_POINTER_MAX_WORK = 1 << 31
 # TMA descriptors where the layout allows: both backward kernels ran fastest with them, the generic forward with pointers.
 ATTENTION_USE_DESCRIPTOR = {"forward": False, "backward_dkdv": True, "backward_dq": True}
-# Padded head dims whose forward reads whole key blocks through 2-D descriptors over every head's rows (D64: 380 -> 418 TFLOP/s).
-ATTENTION_FORWARD_ROW_DESCRIPTORS = (64, 128)
+# Padded head dims whose forward reads whole key blocks through 2-D descriptors over every head's
+# rows (D64: 380 -> 418 TFLOP/s; D256 at 128 x 64 blocks, 8 warps: 424 -> 495 at S2048).
+ATTENTION_FORWARD_ROW_DESCRIPTORS = (64, 128, 256)
 # Forwards Triton warp-specializes (a producer warpgroup loading, two consumers), by padded head dim:
-# (non-causal, causal) config; head dim 128 gained 8-20%; BLOCK_N = 64 and D64 with 3 stages computed NaN in Triton 3.6.
-ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2))}
+# (non-causal, causal) config; head dim 128 gained 8-20%, head dim 256 (BLOCK_N = 64) 1.2-1.3x over
+# the row descriptors alone (S2048 495 -> 624 TFLOP/s, causal 411 -> 514); at head dims 64 and 128,
+# BLOCK_N = 64 and D64 with 3 stages computed NaN in Triton 3.6 (D256's was checked at every swept shape).
+ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
+                                      256: ((128, 64, 4, 2), (128, 64, 4, 2))}
 # Short sequences, by kernel: rows (most keys, padded head dim, non-causal config, causal config),
 # the first whose length and head dim fit applying before the tables above. The length is the keys
 # for the forward (a program's work) and the longer of queries and keys for the backward. A

@@ -88,8 +88,14 @@ WARPS_BY_TILE_ELEMENTS = ((512, 1), (1024, 2), (2048, 4), (4096, 8), (8192, 16),
 # looped and split_row stream blocks of this many elements an iteration (16 KB in flight).
 STREAM_BLOCK = {4: 4096, 2: 8192}
 STREAM_WARPS = 8
-# split_row: 2 wide programs an SM beat 4 narrower ones (bf16 64x128256: 1771 against 1515 GB/s).
-SPLIT_PROGRAMS_PER_SM = 2
+# split_row: programs an SM to aim for, by rows (the first entry whose row count is >= the rows
+# applies). One row: 2 wide programs an SM beat 4 narrower ones (bf16 64x128256, then split_row:
+# 1771 against 1515 GB/s) and kept bf16 1x16777216 at its best (1603-1627 GB/s). More rows: 8, which
+# cuts each of a few hundred long rows into more chunks than 2 an SM would (198 rows: 6 chunks, not
+# 2), so the programs balance over the SMs. H100, scripts/tune/tune_softmax.py, 198 x 615032
+# (docs/notes/2026-11/tune_softmax-split_row_rows-h100.log): forward bf16 1131 -> 1288 GB/s (torch
+# 1280), fp32 1409 -> 1700 (torch 1345); log_softmax backward bf16 1685 -> 1855, fp32 1675 -> 1955.
+SPLIT_PROGRAMS_PER_SM = ((1, 2), (1 << 62, 8))
 SPLIT_WARPS = 16
 # The merge loads all of a row's partials in one tile.
 SPLIT_MAX_CHUNKS = 1024
@@ -99,8 +105,15 @@ SPLIT_BELOW_ROWS_PER_SM = 2
 # split_row_on_chip: chunks of at most this much input each (forward / backward, which holds y and dy: per tensor);
 # many small programs beat few large ones. A value is bytes, or {element size: bytes}.
 SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": {4: 32768, 2: 16384}}
-# One warp per this many bytes of a program's tile.
+# One warp per this many bytes of a program's tile ...
 SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
+# ... except the 2-byte backward of rows that start off 16-byte boundaries (the kernel then reads the
+# row's partial granules on their own): 4 warps an 8192-element tile instead of 16. bf16 2048 x 50257
+# on the H100, GB/s of y, dy and dx (scripts/tune/tune_softmax.py --backward [--log];
+# docs/notes/2026-11/tune_softmax-split_on_chip_backward_misaligned-h100.log): log_softmax 1896 ->
+# 2568 (torch 2189), softmax 2311 -> 2753; on the aligned rows of the bench grid the same warps lost
+# (256 x 151936 2564 -> 2345, 64 x 128256 1954 -> 1968), so those keep 16.
+SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES = {4: 8192, 2: 4096}
 # Rows that need larger tiles than this cannot be held (the strategy refuses them when asked for).
 SPLIT_ON_CHIP_MAX_TILE = 16384
 # The largest tile the plan picks the strategy for by itself; longer rows go to split_row. With
@@ -386,7 +399,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 f"strategy 'split_row_on_chip' holds a row in at most {_split_on_chip_max_chunks(sms)} programs "
                 f"side by side on this GPU, {SPLIT_ON_CHIP_MAX_TILE} elements each; a row of {cols} is longer. "
                 "Use strategy=None (split_row reads such rows twice)")
-        warps = min(32, max(1, tile * elem // _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem)))
+        warp_bytes = (SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES[elem] if backward and misaligned_rows
+                      else _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem))
+        warps = min(32, max(1, tile * elem // warp_bytes))
         # Chunks start at 16-byte boundaries of memory: a row that starts off one spans up to 15
         # elements more.
         span = cols + (15 if misaligned_rows else 0)
@@ -412,7 +427,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
 
     # split_row: enough chunks per row to give every SM a few programs, never fewer than one block
     # of work per chunk, never more chunks than one merge tile holds.
-    wanted_chunks = max(1, cdiv(SPLIT_PROGRAMS_PER_SM * sms, rows))
+    programs_per_sm = next(programs for most_rows, programs in SPLIT_PROGRAMS_PER_SM if rows <= most_rows)
+    wanted_chunks = max(1, cdiv(programs_per_sm * sms, rows))
     chunk = max(block, cdiv(cdiv(cols, wanted_chunks), block) * block)
     chunk = max(chunk, cdiv(cdiv(cols, SPLIT_MAX_CHUNKS), block) * block)
     num_chunks = cdiv(cols, chunk)

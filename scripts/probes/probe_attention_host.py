@@ -1,0 +1,44 @@
+"""Host time of an eager attention training step on tiny inputs (GPU): as planned, and with the
+backward's TMA descriptors off, beside SDPA, then a cProfile of our step.
+
+    python scripts/probes/probe_attention_host.py
+
+The case is bench host's (B1 H2 S128 D64 bf16, causal): the GPU's work is a few microseconds, so
+the host's time per call is the step's. Output of the recorded run:
+docs/notes/2026-11/host_attention_descriptors-h100.log.
+"""
+import cProfile
+import io
+import pstats
+
+import torch
+import torch.nn.functional as F
+
+import onlinesoftmax
+from onlinesoftmax.bench.host_suite import host_us
+from onlinesoftmax.ops.attention import plan
+
+q, k, v = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+do = torch.randn_like(q)
+
+
+def ours():
+    onlinesoftmax.attention(qg, kg, vg, causal=True).backward(do)
+
+
+print("sdpa fwd+bwd", round(host_us(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True).backward(do)), 1))
+print("ours fwd+bwd", round(host_us(ours), 1))
+print("ours fwd only (no grad)", round(host_us(lambda: onlinesoftmax.attention(q, k, v, causal=True)), 1))
+print("ours fwd with grad", round(host_us(lambda: onlinesoftmax.attention(qg, kg, vg, causal=True)), 1))
+with onlinesoftmax.override_plan("attention", ATTENTION_USE_DESCRIPTOR=dict.fromkeys(plan.ATTENTION_USE_DESCRIPTOR, False)):
+    print("ours fwd+bwd, no descriptors", round(host_us(ours), 1))
+profile = cProfile.Profile()
+profile.enable()
+for _ in range(2000):
+    ours()
+profile.disable()
+torch.cuda.synchronize()
+report = io.StringIO()
+pstats.Stats(profile, stream=report).sort_stats("tottime").print_stats(25)
+print(report.getvalue()[:6000])

@@ -16,7 +16,7 @@ from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 
 import onlinesoftmax
-from onlinesoftmax import _launch
+from onlinesoftmax import _buffers, _launch
 from onlinesoftmax.ops.softmax import kernels as softmax_kernels, launch as softmax_launch
 
 from conftest import make_logits, needs_triton
@@ -168,3 +168,31 @@ def test_direct_launch_takes_the_c_launcher_only_without_scratch():
     scratch.run.launch = builtin_launch
     launch, prefix, tail = _launch._direct_launch(scratch, (1,))
     assert launch is scratch.run and prefix == ("function", "metadata", None, None, None)
+
+
+# The real allocators, taken before the autouse fixture replaces them with NaN-filled ones.
+_template, _cached_empty = _buffers.template, _buffers.empty
+
+
+@pytest.mark.parametrize("shape", [(4, 8), (2, 3, 5), (1, 7), (7, 1), (1, 1), (1,), (), (0,), (0, 5), (3, 0, 2)])
+def test_templates_give_fresh_contiguous_buffers(shape):
+    stand_in = _template(shape, torch.float16, torch.device("cpu"))
+    assert stand_in.untyped_storage().nbytes() <= 2 or stand_in.numel() <= 1  # one element, whatever the shape
+    first, second = torch.empty_like(stand_in), torch.empty_like(stand_in)
+    for buffer in (first, second):
+        assert buffer.shape == shape and buffer.dtype == torch.float16
+        assert buffer.stride() == torch.empty(shape).stride(), "not laid out contiguously"
+    if first.numel():
+        assert first.data_ptr() != second.data_ptr()
+
+
+def test_cached_empty_matches_torch_empty():
+    device = torch.device("cpu")
+    for shape in [(3, 4), (3, 4), [2, 2], (), (0, 3)]:
+        buffer = _cached_empty(shape, torch.int64, device)
+        assert buffer.shape == tuple(shape) and buffer.dtype == torch.int64 and buffer.is_contiguous()
+    a, b = _cached_empty((3, 4), torch.float32, device), _cached_empty((3, 4), torch.float32, device)
+    assert a.data_ptr() != b.data_ptr()
+    # A device without an index means the current one at each call: never cached.
+    _cached_empty((5,), torch.float32, "cpu")
+    assert ((5,), torch.float32, "cpu") not in _buffers._TEMPLATES

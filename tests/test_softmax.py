@@ -761,6 +761,9 @@ def test_eager_torch_route_weighs_torchs_kernel_against_our_host_time(plan_overr
     # Differentiated, our two Python autograd steps cost more host time: torch's kernels up to larger sizes.
     assert route(4096, 4097, train=True) and not route(4096, 4097)
     assert plan.torch_kernel_us(16, 128257, 0, 132) == pytest.approx(plan.TORCH_ROW_US + 128257 * 0.2e-3)
+    # torch.logsumexp's forward is several launches: never routed there, differentiated it is.
+    lse = plan.choose("logsumexp", 4, 1000, torch.bfloat16, torch.device("cuda"), sms=132, interpreting=False)
+    assert not plan.eager_torch(lse, False, sms=132) and plan.eager_torch(lse, True, sms=132)
     plan_override(EAGER_HOST_US=plan.EAGER_ROUTE_OFF)
     assert not route(1, 8) and not route(1, 8, train=True)
     assert plan.eager_torch_note(plan.choose("softmax", 1, 8, torch.float32, torch.device("cuda"), sms=132,
@@ -784,9 +787,14 @@ def test_explain_says_when_eager_calls_take_torchs_kernel(capsys):
                                      (onlinesoftmax.logsumexp, torch.logsumexp)], ids=["softmax", "log_softmax", "logsumexp"])
 def test_eager_torch_route_gives_torchs_result_and_kernels_under_graphs_and_compile(fn, ref, gen):
     x = make_logits((8, 1001), torch.bfloat16, gen)
-    assert torch.equal(fn(x, -1), ref(x, -1))
-    assert plan.last_plan().strategy == "torch" and "EAGER_HOST_US" in plan.last_plan().reason
-    if fn is not onlinesoftmax.logsumexp:  # an explicit algorithm (or strategy) asks for our kernels
+    if fn is onlinesoftmax.logsumexp:
+        # Its forward never takes the route (torch's is several kernels: plan.EAGER_ROUTE_FORWARD_OFF).
+        assert_matches(fn(x, -1), ref(x.double(), -1), torch.bfloat16, "logsumexp eager")
+        assert plan.last_plan().strategy != "torch"
+    else:
+        assert torch.equal(fn(x, -1), ref(x, -1))
+        assert plan.last_plan().strategy == "torch" and "EAGER_HOST_US" in plan.last_plan().reason
+        # An explicit algorithm (or strategy) asks for our kernels.
         fn(x, -1, algorithm="online")
         assert plan.last_plan().strategy != "torch"
     # Differentiated, the graph is torch's own node.

@@ -48,11 +48,13 @@ def _exchange(chosen: planner.Plan, device: torch.device):
     return _buffers.row_exchange(3 * chosen.rows * chosen.num_chunks, COUNTER_STRIDE.value * (1 + chosen.rows), device)
 
 
-def _same_layout_buffer(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A new (rows, cols) tensor with x's strides (the kernels address both with one set of offsets)."""
+def _same_layout_buffer(x: torch.Tensor) -> torch.Tensor:
+    """A new (rows, cols) tensor of x's dtype and strides (the kernels address both with one set of offsets)."""
+    if x.is_contiguous():
+        return _buffers.empty_like(x)  # no view to make (a view costs about as much host time as an allocation)
     rows, cols = x.shape
     size = 1 + (rows - 1) * x.stride(0) + (cols - 1) * x.stride(1)
-    return _buffers.empty((size,), dtype, x.device).as_strided(x.shape, x.stride())
+    return _buffers.empty((size,), x.dtype, x.device).as_strided(x.shape, x.stride())
 
 
 def dense(x: torch.Tensor) -> bool:
@@ -206,7 +208,7 @@ def launch_backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torc
     if chosen.strategy == "torch" or n_rows == 0 or n_cols == 0:
         return torch_backward(x, target, weight, denom, lse, grad, ignore_index, reduction, label_smoothing, z_loss,
                               softcap, temperature, class_offset, n_classes)
-    dx = _same_layout_buffer(x, x.dtype)  # the kernel addresses x and dx with one set of offsets
+    dx = _same_layout_buffer(x)  # the kernel addresses x and dx with one set of offsets
     rows_backward(chosen, x, dx, target, weight, denom, lse, grad, ignore_index, reduction, label_smoothing, z_loss,
                   softcap, temperature, class_offset, n_classes)
     return dx

@@ -204,8 +204,11 @@ class ForwardCall:
         self.device = device = x.device
         self.shape = x.shape
         self.empty = x.numel() == 0
-        # The output is allocated like the input where it can be (see _buffers.empty_like).
+        # The output is allocated like the input where it can be (see _buffers.empty_like), else
+        # from a template of y (or of the lse).
         self.like = not self.write_lse and self.out_dtype == x.dtype and x.is_contiguous() and not recipe.copy_input
+        self.out = (_buffers.template(recipe.lse_shape, torch.float32, device) if self.write_lse
+                    else None if self.like else _buffers.template(x.shape, self.out_dtype, device))
         self.launch = None
         if chosen.strategy in planner.TRITON_STRATEGIES:
             self.launch = self._launcher(recipe, chosen, device)
@@ -248,10 +251,12 @@ class ForwardCall:
             normalize = _by_alignment(_split_row_normalize, grid, recipe, lambda align: dict(
                 BLOCK=chosen.block_cols, PARTIALS_POW2=chunks_pow2, ALIGN=align, num_warps=chosen.num_warps, **common))
 
+            # One buffer for the three planes, no views of it: on the H100 machine's host each
+            # tensor view cost about 5 us per call, as much as a launch.
+            parts_template = _buffers.template((3, chosen.rows, chosen.num_chunks), torch.float32, device)
+
             def launch(x, y, lse, inv_t, is_aligned):
-                # One buffer for the three planes, no views of it: on the H100 machine's host each
-                # tensor view cost about 5 us per call, as much as a launch.
-                parts = _buffers.empty((3, chosen.rows, chosen.num_chunks), torch.float32, device)
+                parts = _buffers.empty_like(parts_template)
                 for partial in partials[is_aligned]:
                     partial(x, parts, *partial_ints, inv_t)
                 normalize[is_aligned](x, y, lse, parts, *normalize_ints, inv_t)
@@ -268,10 +273,9 @@ class ForwardCall:
         if self.like:
             y, lse = _buffers.empty_like(x), x
         elif self.write_lse:
-            y, lse = x, _buffers.empty(self.recipe.lse_shape, torch.float32, self.device)
+            y, lse = x, _buffers.empty_like(self.out)
         else:
-            y = _buffers.empty(self.shape, self.out_dtype, self.device)
-            lse = x
+            y, lse = _buffers.empty_like(self.out), x
         if self.empty:
             if self.write_lse:
                 lse.fill_(float("-inf"))
@@ -298,7 +302,8 @@ class BackwardCall:
         self.device = device = y.device
         self.shape = y.shape
         self.empty = y.numel() == 0
-        self.like = self.out_dtype == y.dtype  # dx allocated like the (contiguous) y
+        self.like = self.out_dtype == y.dtype  # dx allocated like the (contiguous) y, else from a template
+        self.dx = None if self.like else _buffers.template(y.shape, self.out_dtype, device)
         self.launch = None
         if chosen.strategy not in planner.TRITON_STRATEGIES:
             return
@@ -333,8 +338,10 @@ class BackwardCall:
             applies = _by_alignment(_split_row_backward_apply, chosen.grid, recipe, lambda align: dict(
                 BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(chosen.num_chunks), ALIGN=align, **base))
 
+            parts_template = _buffers.template((chosen.rows, chosen.num_chunks), torch.float32, device)
+
             def launch(y, dy, dx, inv_t, is_aligned):
-                parts = _buffers.empty((chosen.rows, chosen.num_chunks), torch.float32, device)
+                parts = _buffers.empty_like(parts_template)
                 dots[is_aligned](y, dy, parts, *dot_ints)
                 applies[is_aligned](y, dy, dx, parts, *apply_ints, inv_t)
         self.launch = launch
@@ -348,7 +355,7 @@ class BackwardCall:
             return cpu.backward(y, dy, self.dim, self.log, 1.0 / temperature, self.out_dtype)
         if not y.is_contiguous():
             y = y.contiguous()
-        dx = _buffers.empty_like(y) if self.like else _buffers.empty(self.shape, self.out_dtype, self.device)
+        dx = _buffers.empty_like(y if self.like else self.dx)
         if self.empty:
             return dx
         if self.recipe.copy_input:

@@ -37,6 +37,29 @@ _PREPARED: dict = {}
 plan_cache(_PREPARED.clear)
 
 
+class _Prepared:
+    """A forward signature's plan, bound launches and buffer templates (see _buffers.template:
+    on the H100 machine's host an allocation by shape cost twice one like a template)."""
+
+    __slots__ = ("plan", "stream", "merge", "outputs", "scratch")
+
+    def __init__(self, x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton):
+        n_rows, device = x2.shape[0], x2.device
+        # values, indices, lse
+        self.outputs = (_buffers.template((n_rows, k), x2.dtype, device),
+                        _buffers.template((n_rows, k), torch.int64, device),
+                        _buffers.template((n_rows,), torch.float32, device))
+        self.plan, self.stream, self.merge = _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read,
+                                                      is_aligned, use_triton)
+        chosen = self.plan
+        self.scratch = None
+        if chosen is not None and (chosen.strategy == "split" or chosen.compact):
+            # Each program's candidate list (split) and compaction scratch (compact plans), then
+            # the split's partial (m, d); a single one-by-one launch touches none of them.
+            self.scratch = (_buffers.template((n_rows, chosen.num_chunks, chosen.k_pow2), torch.int64, device),
+                            _buffers.template((n_rows, chosen.num_chunks), torch.float32, device))
+
+
 def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton):
     """(plan, bound stream launch, bound merge launch or None) of a forward signature; (None, None,
     None) for the torch path."""
@@ -67,9 +90,6 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
     """(values, indices, lse) of a (rows, cols) tensor; ``strategy``/``block``/``num_chunks``/``lane_keep``/
     ``second_read`` force the plan."""
     n_rows, n_cols = x2.shape
-    values = _buffers.empty((n_rows, k), x2.dtype, x2.device)
-    indices = _buffers.empty((n_rows, k), torch.int64, x2.device)
-    lse = _buffers.empty((n_rows,), torch.float32, x2.device)
     is_aligned = aligned(x2)
     # Everything but the tensors is decided once per signature: a decode step calls this once per
     # generated token, and the host's Python is most of a small call's time.
@@ -77,26 +97,22 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
                  is_aligned, x2.is_cuda or interpreter_active())
     prepared = _PREPARED.get(signature)
     if prepared is None:
-        prepared = remember(_PREPARED, signature, _prepare(x2, k, strategy, block, num_chunks, lane_keep,
-                                                           second_read, is_aligned, signature[-1]))
-    chosen, stream, merge = prepared
+        prepared = remember(_PREPARED, signature, _Prepared(x2, k, strategy, block, num_chunks, lane_keep,
+                                                            second_read, is_aligned, signature[-1]))
+    values, indices, lse = (_buffers.empty_like(t) for t in prepared.outputs)
+    chosen, stream, merge = prepared.plan, prepared.stream, prepared.merge
     if chosen is None:
         if n_rows:
             cpu.softmax_topk(x2, k, 1.0 / temperature, values, indices, lse)
         return values, indices, lse
     planner.record_topk(chosen)
     inv_t = 1.0 / temperature
-    # Each program's candidate list (split) and compaction scratch (compact plans); a single
-    # one-by-one launch touches neither.
-    part_keys = indices
-    if chosen.strategy == "split" or chosen.compact:
-        part_keys = _buffers.empty((n_rows, chosen.num_chunks, chosen.k_pow2), torch.int64, x2.device)
+    part_keys = indices if prepared.scratch is None else _buffers.empty_like(prepared.scratch[0])
     if merge is None:
         stream(x2, values, indices, lse, lse, lse, part_keys, n_cols, k, x2.stride(0), x2.stride(1), k, n_cols, 1,
                inv_t)
         return values, indices, lse
-    part_m = _buffers.empty((n_rows, chosen.num_chunks), torch.float32, x2.device)
-    part_d = _buffers.empty((n_rows, chosen.num_chunks), torch.float32, x2.device)
+    part_m, part_d = (_buffers.empty_like(prepared.scratch[1]) for _ in range(2))
     stream(x2, values, indices, lse, part_m, part_d, part_keys, n_cols, k, x2.stride(0), x2.stride(1), k,
            chosen.chunk_size, chosen.num_chunks, inv_t)
     merge(part_m, part_d, part_keys, values, indices, lse, k, k, chosen.num_chunks)

@@ -178,11 +178,61 @@ def test_single_row_views_keep_their_head_stride(gen):
 
 @pytest.mark.parametrize("head_dim", attention_op.SUPPORTED_HEAD_DIMS)
 def test_every_head_dim(head_dim, gen):
-    # 80, 96 and 192 are padded to 128 and 256 inside the kernels, with the padding masked.
+    # 80, 96 and 192: the forward computes them in two parts (plan.head_dim_parts), the backward
+    # pads them to 128 and 256 with the padding masked.
     q, k, v = make_qkv(gen, 1, 2, 1, 20, 23, head_dim, torch.bfloat16, requires_grad=True)
     check_all(q, k, v, "top_left", torch.bfloat16, f"D={head_dim}", gen)
     if TRITON_RUNS:
-        assert plan.last_attention_plan().block_d == plan.next_power_of_2(head_dim)
+        backward = plan.last_attention_plan()
+        assert (backward.block_d, backward.block_d2) == (plan.next_power_of_2(head_dim), 0)
+        with torch.no_grad():
+            attention(q, k, v)
+        forward = plan.last_attention_plan()
+        split = head_dim in (80, 96, 192)
+        assert (forward.block_d, forward.block_d2) == ({80: (64, 16), 96: (64, 32), 192: (128, 64)}[head_dim] if split
+                                                       else (head_dim, 0))
+        assert ("computed as" in forward.describe()) == split
+
+
+# (batch, Hq, Hkv, Sq, Sk) at the split head dims: GQA, lengths ending mid-block, keys filling whole blocks.
+SPLIT_SHAPES = {"gqa-37x50": (2, 4, 2, 37, 50), "rows-40x64": (2, 2, 1, 40, 64)}
+
+
+@pytest.mark.parametrize("loads", ["pointer", "head-descriptors", "row-descriptors"])
+@pytest.mark.parametrize("head_dim", [80, 96, 192])
+@pytest.mark.parametrize("shape", list(SPLIT_SHAPES), ids=list(SPLIT_SHAPES))
+def test_split_head_dim_forward(shape, head_dim, loads, gen, monkeypatch, plan_override):
+    """The forward's two head-dim parts through each load path, every mask, against float64 and
+    against the padded computation of the same inputs; the (padded) gradients of its output."""
+    # The layout checks are replaced before the override, which forgets the calls prepared under the real ones.
+    if loads == "pointer":
+        monkeypatch.setattr(attention_module, "descriptor_ok", lambda *tensors: False)
+    if loads == "head-descriptors":
+        monkeypatch.setattr(attention_module, "heads_follow_rows", lambda *tensors: False)
+    plan_override("attention", ATTENTION_USE_DESCRIPTOR=dict.fromkeys(plan.ATTENTION_USE_DESCRIPTOR, True),
+                  ATTENTION_SHORT_CONFIGS=dict.fromkeys(plan.ATTENTION_SHORT_CONFIGS, ()),
+                  ATTENTION_BACKWARD_POINTER_MAX_WORK=0)
+    q, k, v = make_qkv(gen, *SPLIT_SHAPES[shape], head_dim, torch.bfloat16, requires_grad=True)
+    d_out = make_logits(q.shape, torch.bfloat16, gen, scale=1.0, outliers=False)
+    for mode in MODES:
+        what = f"{shape} D{head_dim} {loads} {mode}"
+        out, lse = attention(q, k, v, causal=CAUSAL_ARG[mode], return_lse=True)
+        forward = plan.last_attention_plan()
+        ref_out, ref_lse = reference(q, k, v, mode)
+        assert_matches(out, ref_out, torch.bfloat16, f"{what} out")
+        assert_matches(lse, ref_lse, torch.float32, f"{what} lse")
+        grads = torch.autograd.grad(out, (q, k, v), d_out)
+        for name, got, want in zip("qkv", grads, reference_grads(q, k, v, d_out, mode)):
+            assert_grad_matches(got, want, torch.bfloat16, f"{what} d{name}")
+        if TRITON_RUNS:
+            assert forward.block_d2 > 0 and forward.use_descriptor == (loads != "pointer")
+            assert forward.row_descriptors == (loads == "row-descriptors")
+    if TRITON_RUNS:
+        split = attention(q, k, v, causal=True)
+        with onlinesoftmax.override_plan("attention", ATTENTION_FORWARD_SPLIT_HEAD_DIMS=()):
+            padded = attention(q, k, v, causal=True)
+            assert plan.last_attention_plan().block_d2 == 0
+        assert_matches(split, padded.double(), torch.bfloat16, "split against padded")
 
 
 @pytest.mark.parametrize("n_queries, n_keys", [(20, 33), (33, 20), (24, 24)])

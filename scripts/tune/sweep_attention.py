@@ -50,7 +50,20 @@ FORWARD_CANDIDATES = {
     # 8 warps) and smaller ones; a 64 x 256 fp32 accumulator is 128 registers a thread on 4 warps.
     256: [(64, 64, 4, 2, "pointer"), (128, 64, 8, 2, "pointer"), (128, 64, 8, 2, "rows"), (64, 64, 8, 2, "pointer"),
           (128, 32, 8, 2, "pointer"), (64, 32, 4, 3, "pointer"), (64, 64, 4, 2, "rows"), (128, 64, 4, 2, "ws")],
+    # Head dims computed in two parts (plan.ATTENTION_FORWARD_SPLIT_HEAD_DIMS): the padded plan first (a
+    # sixth field "padded" turns the split off), then the split with the padded dim's config and
+    # others that its smaller tiles (registers, shared memory) may fit.
+    96: [(128, 128, 8, 3, "rows", "padded"), (128, 128, 8, 3, "rows"), (128, 128, 8, 2, "rows"),
+         (128, 64, 8, 3, "rows"), (128, 64, 4, 3, "rows"), (64, 128, 4, 3, "rows"), (64, 64, 4, 3, "rows"),
+         (128, 128, 8, 3, "pointer"), (64, 32, 4, 3, "pointer", "padded"), (64, 32, 4, 3, "pointer")],
 }
+FORWARD_CANDIDATES[80] = FORWARD_CANDIDATES[96]
+# A second round at D96 S512 around the first's best (128 x 64 on 4 warps), and head dim 192 (128 + 64)
+# with D256's config padded and split, then smaller tiles.
+FORWARD_CANDIDATES[96] = FORWARD_CANDIDATES[96] + [
+    (128, 64, 4, 2, "rows"), (128, 64, 4, 4, "rows"), (128, 32, 4, 3, "rows"), (128, 64, 4, 3, "pointer")]
+FORWARD_CANDIDATES[192] = [(128, 64, 8, 2, "rows", "padded"), (128, 64, 8, 2, "rows"), (128, 64, 4, 2, "rows"),
+                           (128, 64, 4, 3, "rows"), (128, 32, 4, 3, "rows"), (64, 64, 4, 3, "rows")]
 # Short sequences. plan.ATTENTION_SHORT_CONFIGS came from three rounds (docs/notes/2026-11/
 # sweep_attention-short-h100.log): the tables' configs, smaller tiles that fit more programs an SM
 # and larger query blocks; variations of the best (2 stages at BLOCK_N = 64 won); then more stages
@@ -121,11 +134,17 @@ def forced(**configs):
         ATTENTION_SHORT_CONFIGS=dict.fromkeys(plan.ATTENTION_SHORT_CONFIGS, ()))
 
 
-def forced_forward(config, loads):
+def padding(variant):
+    """override_plan's tables for a candidate's last field: "padded" turns the head-dim split off."""
+    return {"ATTENTION_FORWARD_SPLIT_HEAD_DIMS": ()} if variant == "padded" else {}
+
+
+def forced_forward(config, loads, variant=None):
     return dict(forced(forward=config),
                 ATTENTION_USE_DESCRIPTOR=dict(plan.ATTENTION_USE_DESCRIPTOR, forward=loads == "descriptor"),
                 ATTENTION_FORWARD_ROW_DESCRIPTORS=(64, 128, 256) if loads in ("rows", "ws") else (),
-                ATTENTION_FORWARD_WARP_SPECIALIZED={d: (config, config) for d in (64, 128, 256)} if loads == "ws" else {})
+                ATTENTION_FORWARD_WARP_SPECIALIZED={d: (config, config) for d in (64, 128, 256)} if loads == "ws" else {},
+                **padding(variant))
 
 
 def sdpa(q, k, v, causal, backend):
@@ -191,10 +210,11 @@ def main() -> int:
                     print(f"  fwd {candidate}: skipped (past the {args.deadline:.0f} s budget)")
                     continue
                 try:
-                    with onlinesoftmax.override_plan("attention", **forced_forward(candidate[:4], candidate[4])):
+                    with onlinesoftmax.override_plan("attention", **forced_forward(candidate[:4], *candidate[4:])):
                         out, lse = attention_launch.launch_forward(q, k, v, mode, scale)
                         chosen = plan.last_attention_plan()
                         assert chosen.warp_specialize == (candidate[4] == "ws"), chosen
+                        assert (chosen.block_d2 > 0) == (head_dim in (80, 96, 192) and candidate[5:] != ("padded",))
                         err = rel(out, ref_out)
                         ms = time_ms(lambda: attention_launch.launch_forward(q, k, v, mode, scale))
                     tflops = f / ms / 1e9

@@ -53,12 +53,20 @@ def load_tile(desc, base_ptr, bh, start, n_rows, stride_row, stride_col, head_di
               BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
     """Rows [start, start + BLOCK_ROWS) of one head as a [BLOCK_ROWS, BLOCK_D] tile, zero past the
     last row and past the head dim (the head dim is padded to a power of two)."""
+    return load_part(desc, base_ptr, bh, start, n_rows, stride_row, stride_col, head_dim, 0,
+                     BLOCK_ROWS, BLOCK_D, USE_DESCRIPTOR)
+
+
+@triton.jit
+def load_part(desc, base_ptr, bh, start, n_rows, stride_row, stride_col, head_dim, COL0: tl.constexpr,
+              BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
+    """load_tile of head-dim columns [COL0, COL0 + BLOCK_D) (a head dim split in two parts: see the forward)."""
     if USE_DESCRIPTOR:
         # The descriptor's bounds are the head's own (rows, head_dim): TMA fills outside with zeros.
-        tile = desc.load([bh, start, 0]).reshape(BLOCK_ROWS, BLOCK_D)
+        tile = desc.load([bh, start, COL0]).reshape(BLOCK_ROWS, BLOCK_D)
     else:
         rows = start + tl.arange(0, BLOCK_ROWS)
-        cols = tl.arange(0, BLOCK_D)
+        cols = COL0 + tl.arange(0, BLOCK_D)
         ptrs = base_ptr + rows.to(tl.int64)[:, None] * stride_row + cols[None, :] * stride_col
         tile = tl.load(ptrs, mask=(rows < n_rows)[:, None] & (cols < head_dim)[None, :], other=0.0)
     return tile
@@ -68,11 +76,18 @@ def load_tile(desc, base_ptr, bh, start, n_rows, stride_row, stride_col, head_di
 def store_tile(desc, base_ptr, bh, start, n_rows, stride_row, head_dim, tile,
                BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
     """Store a [BLOCK_ROWS, BLOCK_D] tile into rows [start, ...) of a head whose head dim is contiguous."""
+    store_part(desc, base_ptr, bh, start, n_rows, stride_row, head_dim, tile, 0, BLOCK_ROWS, BLOCK_D, USE_DESCRIPTOR)
+
+
+@triton.jit
+def store_part(desc, base_ptr, bh, start, n_rows, stride_row, head_dim, tile, COL0: tl.constexpr,
+               BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
+    """store_tile into head-dim columns [COL0, COL0 + BLOCK_D)."""
     if USE_DESCRIPTOR:
-        desc.store([bh, start, 0], tile.reshape(1, BLOCK_ROWS, BLOCK_D))
+        desc.store([bh, start, COL0], tile.reshape(1, BLOCK_ROWS, BLOCK_D))
     else:
         rows = start + tl.arange(0, BLOCK_ROWS)
-        cols = tl.arange(0, BLOCK_D)
+        cols = COL0 + tl.arange(0, BLOCK_D)
         ptrs = base_ptr + rows.to(tl.int64)[:, None] * stride_row + cols[None, :]
         tl.store(ptrs, tile, mask=(rows < n_rows)[:, None] & (cols < head_dim)[None, :])
 
@@ -101,15 +116,15 @@ def rows_descriptor(ptr, n_rows_total, head_dim, stride_row, BLOCK_ROWS: tl.cons
 
 
 @triton.jit
-def load_key_tile(desc, base_ptr, kv_bh, start, n_keys, stride_row, stride_col, head_dim,
+def load_key_tile(desc, base_ptr, kv_bh, start, n_keys, stride_row, stride_col, head_dim, COL0: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_DESCRIPTOR: tl.constexpr,
                   ROW_DESCRIPTORS: tl.constexpr):
-    """Keys [start, start + BLOCK_N) of a K or V head; with ROW_DESCRIPTORS ``desc`` is a
-    rows_descriptor() and the block must lie inside the head."""
+    """Keys [start, start + BLOCK_N) of a K or V head, head-dim columns [COL0, COL0 + BLOCK_D); with
+    ROW_DESCRIPTORS ``desc`` is a rows_descriptor() and the block must lie inside the head."""
     if ROW_DESCRIPTORS:
-        tile = desc.load([kv_bh * n_keys + start, 0])
+        tile = desc.load([kv_bh * n_keys + start, COL0])
     else:
-        tile = load_tile(desc, base_ptr, kv_bh, start, n_keys, stride_row, stride_col, head_dim,
+        tile = load_part(desc, base_ptr, kv_bh, start, n_keys, stride_row, stride_col, head_dim, COL0,
                          BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     return tile
 
@@ -152,17 +167,23 @@ COUNT_ARGS = ["n_heads_q", "group", "batch", "n_queries", "n_keys", "causal_offs
 
 
 @triton.jit
-def forward_key_blocks(acc, l_i, m_i, q, desc_k, desc_v, k_base, v_base, kv_bh, rows,
+def forward_key_blocks(acc, acc2, l_i, m_i, q, q2, desc_k, desc_v, desc_k2, desc_v2, k_base, v_base, kv_bh, rows,
                        start_n, stop_n, n_keys, head_dim, qk_scale, causal_offset,
                        stride_ks, stride_kd, stride_vs, stride_vd,
-                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr,
                        MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, ROW_DESCRIPTORS: tl.constexpr,
                        WARP_SPECIALIZE: tl.constexpr):
-    """The online loop over keys [start_n, stop_n), a block at a time; scores in log2 units."""
+    """The online loop over keys [start_n, stop_n), a block at a time; scores in log2 units. With
+    BLOCK_D2 > 0 the head dim is two parts, [0, BLOCK_D) and [BLOCK_D, BLOCK_D + BLOCK_D2) (q2,
+    acc2, the *2 descriptors); else those are placeholders, never read."""
     for block_start in tl.range(start_n, stop_n, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        k = load_key_tile(desc_k, k_base, kv_bh, block_start, n_keys, stride_ks, stride_kd, head_dim,
+        k = load_key_tile(desc_k, k_base, kv_bh, block_start, n_keys, stride_ks, stride_kd, head_dim, 0,
                           BLOCK_N, BLOCK_D, USE_DESCRIPTOR, ROW_DESCRIPTORS)  # [N, D]
         qk = mma(q, tl.trans(k), None)  # [M, N]
+        if BLOCK_D2 > 0:
+            k2 = load_key_tile(desc_k2, k_base, kv_bh, block_start, n_keys, stride_ks, stride_kd, head_dim, BLOCK_D,
+                               BLOCK_N, BLOCK_D2, USE_DESCRIPTOR, ROW_DESCRIPTORS)
+            qk = mma(q2, tl.trans(k2), qk)
         if MASKED:
             cols = block_start + tl.arange(0, BLOCK_N)
             # Warp-specialized, every block comes here when causal, and its keys fill whole blocks.
@@ -179,11 +200,15 @@ def forward_key_blocks(acc, l_i, m_i, q, desc_k, desc_v, k_base, v_base, kv_bh, 
         p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_key_tile(desc_v, v_base, kv_bh, block_start, n_keys, stride_vs, stride_vd, head_dim,
+        v = load_key_tile(desc_v, v_base, kv_bh, block_start, n_keys, stride_vs, stride_vd, head_dim, 0,
                           BLOCK_N, BLOCK_D, USE_DESCRIPTOR, ROW_DESCRIPTORS)
         acc = mma(p.to(v.dtype), v, acc * alpha[:, None])
+        if BLOCK_D2 > 0:
+            v2 = load_key_tile(desc_v2, v_base, kv_bh, block_start, n_keys, stride_vs, stride_vd, head_dim, BLOCK_D,
+                               BLOCK_N, BLOCK_D2, USE_DESCRIPTOR, ROW_DESCRIPTORS)
+            acc2 = mma(p.to(v2.dtype), v2, acc2 * alpha[:, None])
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc2, l_i, m_i
 
 
 @triton.jit(do_not_specialize=COUNT_ARGS)
@@ -197,8 +222,11 @@ def attention_forward_kernel(
     qk_scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, ROW_DESCRIPTORS: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, BLOCK_D2: tl.constexpr = 0,
 ):
+    # BLOCK_D2 > 0: the head dim is computed as two power-of-two parts, BLOCK_D + BLOCK_D2 (80 as
+    # 64 + 16, 96 as 64 + 32, 192 as 128 + 64) instead of padded to the next power of two, which
+    # multiplies zeros: two products a key block for the scores and two accumulators.
     n_heads_kv = n_heads_q // group
     block_m = tl.program_id(0)
     if CAUSAL:
@@ -220,6 +248,20 @@ def attention_forward_kernel(
     # o is ours: contiguous (batch * heads, n_queries, head_dim).
     desc_o = head_descriptor(o_ptr, batch * n_heads_q, n_queries, head_dim, n_queries * head_dim, head_dim,
                              BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    if BLOCK_D2 > 0:
+        desc_q2 = head_descriptor(q_ptr, batch * n_heads_q, n_queries, head_dim, q_head_stride, stride_qs,
+                                  BLOCK_M, BLOCK_D2, USE_DESCRIPTOR)
+        desc_k2 = head_descriptor(k_ptr, batch * n_heads_kv, n_keys, head_dim, k_head_stride, stride_ks,
+                                  BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
+        desc_v2 = head_descriptor(v_ptr, batch * n_heads_kv, n_keys, head_dim, v_head_stride, stride_vs,
+                                  BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
+        desc_o2 = head_descriptor(o_ptr, batch * n_heads_q, n_queries, head_dim, n_queries * head_dim, head_dim,
+                                  BLOCK_M, BLOCK_D2, USE_DESCRIPTOR)
+    else:
+        desc_q2 = desc_q
+        desc_k2 = desc_k
+        desc_v2 = desc_v
+        desc_o2 = desc_o
     q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
@@ -229,13 +271,25 @@ def attention_forward_kernel(
     m_i = tl.full([BLOCK_M], NEG_INF, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if BLOCK_D2 > 0:
+        acc2 = tl.zeros([BLOCK_M, BLOCK_D2], tl.float32)
+    else:
+        acc2 = acc  # a placeholder the loop never updates
     full_stop, stop = key_ranges(start_m, n_keys, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
     if ROW_DESCRIPTORS:
         desc_k_rows = rows_descriptor(k_ptr, batch * n_heads_kv * n_keys, head_dim, stride_ks, BLOCK_N, BLOCK_D)
         desc_v_rows = rows_descriptor(v_ptr, batch * n_heads_kv * n_keys, head_dim, stride_vs, BLOCK_N, BLOCK_D)
+        if BLOCK_D2 > 0:
+            desc_k_rows2 = rows_descriptor(k_ptr, batch * n_heads_kv * n_keys, head_dim, stride_ks, BLOCK_N, BLOCK_D2)
+            desc_v_rows2 = rows_descriptor(v_ptr, batch * n_heads_kv * n_keys, head_dim, stride_vs, BLOCK_N, BLOCK_D2)
+        else:
+            desc_k_rows2 = desc_k_rows
+            desc_v_rows2 = desc_v_rows
     else:
         desc_k_rows = desc_k
         desc_v_rows = desc_v
+        desc_k_rows2 = desc_k2
+        desc_v_rows2 = desc_v2
     if WARP_SPECIALIZE:
         # Triton 3.6 warp-specializes this loop on Hopper (a producer warpgroup issuing the TMA
         # loads, the query block split between two consumer warpgroups). Its pass compiles only a
@@ -243,25 +297,35 @@ def attention_forward_kernel(
         # through 3-D ones, so: Q by rows too (the last block's rows past the head, read from the
         # next head or as TMA's zeros, are computed and never stored), the output by pointers, and
         # every key block in one loop, all masked when causal. The launcher asks for n_keys to be
-        # a multiple of BLOCK_N, so no key block reads past its head.
+        # a multiple of BLOCK_N, so no key block reads past its head. (The head dim is one part.)
         q = rows_descriptor(q_ptr, batch * n_heads_q * n_queries, head_dim, stride_qs, BLOCK_M, BLOCK_D).load(
             [bh * n_queries + start_m, 0])  # [M, D]
-        acc, l_i, m_i = forward_key_blocks(acc, l_i, m_i, q, desc_k_rows, desc_v_rows, k_base, v_base, kv_bh, rows,
-                                           0, stop, n_keys, head_dim, qk_scale, causal_offset,
-                                           stride_ks, stride_kd, stride_vs, stride_vd,
-                                           BLOCK_N, BLOCK_D, CAUSAL, CAUSAL, USE_DESCRIPTOR, True, True)
+        acc, acc2, l_i, m_i = forward_key_blocks(acc, acc2, l_i, m_i, q, q, desc_k_rows, desc_v_rows, desc_k_rows,
+                                                 desc_v_rows, k_base, v_base, kv_bh, rows,
+                                                 0, stop, n_keys, head_dim, qk_scale, causal_offset,
+                                                 stride_ks, stride_kd, stride_vs, stride_vd,
+                                                 BLOCK_N, BLOCK_D, 0, CAUSAL, CAUSAL, USE_DESCRIPTOR, True, True)
     else:
         q = load_tile(desc_q, q_base, bh, start_m, n_queries, stride_qs, stride_qd, head_dim,
                       BLOCK_M, BLOCK_D, USE_DESCRIPTOR)  # [M, D]
-        acc, l_i, m_i = forward_key_blocks(acc, l_i, m_i, q, desc_k_rows, desc_v_rows, k_base, v_base, kv_bh, rows,
-                                           0, full_stop, n_keys, head_dim, qk_scale, causal_offset,
-                                           stride_ks, stride_kd, stride_vs, stride_vd,
-                                           BLOCK_N, BLOCK_D, CAUSAL, False, USE_DESCRIPTOR, ROW_DESCRIPTORS, False)
+        if BLOCK_D2 > 0:
+            q2 = load_part(desc_q2, q_base, bh, start_m, n_queries, stride_qs, stride_qd, head_dim, BLOCK_D,
+                           BLOCK_M, BLOCK_D2, USE_DESCRIPTOR)
+        else:
+            q2 = q
+        acc, acc2, l_i, m_i = forward_key_blocks(acc, acc2, l_i, m_i, q, q2, desc_k_rows, desc_v_rows, desc_k_rows2,
+                                                 desc_v_rows2, k_base, v_base, kv_bh, rows,
+                                                 0, full_stop, n_keys, head_dim, qk_scale, causal_offset,
+                                                 stride_ks, stride_kd, stride_vs, stride_vd,
+                                                 BLOCK_N, BLOCK_D, BLOCK_D2, CAUSAL, False, USE_DESCRIPTOR,
+                                                 ROW_DESCRIPTORS, False)
         # The blocks on the diagonal or past the last key: rows of other heads must not enter here.
-        acc, l_i, m_i = forward_key_blocks(acc, l_i, m_i, q, desc_k, desc_v, k_base, v_base, kv_bh, rows,
-                                           full_stop, stop, n_keys, head_dim, qk_scale, causal_offset,
-                                           stride_ks, stride_kd, stride_vs, stride_vd,
-                                           BLOCK_N, BLOCK_D, CAUSAL, True, USE_DESCRIPTOR, False, False)
+        acc, acc2, l_i, m_i = forward_key_blocks(acc, acc2, l_i, m_i, q, q2, desc_k, desc_v, desc_k2, desc_v2,
+                                                 k_base, v_base, kv_bh, rows,
+                                                 full_stop, stop, n_keys, head_dim, qk_scale, causal_offset,
+                                                 stride_ks, stride_kd, stride_vs, stride_vd,
+                                                 BLOCK_N, BLOCK_D, BLOCK_D2, CAUSAL, True, USE_DESCRIPTOR, False,
+                                                 False)
     # A row that saw no key (l = 0: bottom-right causal with Sq > Sk, or Sk = 0) gives 0 and lse -inf.
     has_keys = l_i > 0.0
     inv_l = tl.where(has_keys, 1.0 / l_i, 0.0)
@@ -270,6 +334,10 @@ def attention_forward_kernel(
     out = (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty)
     store_tile(desc_o, o_base, bh, start_m, n_queries, head_dim, head_dim, out, BLOCK_M, BLOCK_D,
                USE_DESCRIPTOR and not WARP_SPECIALIZE)
+    if BLOCK_D2 > 0:
+        out2 = (acc2 * inv_l[:, None]).to(o_ptr.dtype.element_ty)
+        store_part(desc_o2, o_base, bh, start_m, n_queries, head_dim, head_dim, out2, BLOCK_D, BLOCK_M, BLOCK_D2,
+                   USE_DESCRIPTOR)
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import triton
 from triton.runtime import _allocation
 
 from ... import _buffers, cpu
-from ..._device import interpreter_active, plan_cache as _device_plan_cache, remember
+from ..._device import interpreter_active, next_power_of_2, plan_cache as _device_plan_cache, remember
 from ..._launch import Launcher, aligned
 from . import plan as planner
 from .kernels import (
@@ -112,7 +112,7 @@ class _ForwardCall:
     allocates its outputs and launches (on the H100 machine's host the checks and planning of an
     unprepared call cost more than a short sequence's kernel)."""
 
-    __slots__ = ("plan", "out_shape", "lse_shape", "ints", "offset", "launch", "mode", "out_like_q")
+    __slots__ = ("plan", "out", "lse", "ints", "offset", "launch", "mode")
 
     def __init__(self, key, q, k, v, mode, use_descriptor):
         batch, n_heads_q, n_queries, head_dim = q.shape
@@ -123,9 +123,9 @@ class _ForwardCall:
             tma_ok if use_descriptor is None else use_descriptor,
             tma_ok and use_descriptor is not False and heads_follow_rows(q, k, v))
         self.mode = mode
-        self.out_shape = (batch, n_heads_q, n_queries, head_dim)
-        self.out_like_q = q.is_contiguous()  # out is contiguous, of q's shape and dtype
-        self.lse_shape = (batch, n_heads_q, n_queries)
+        # Templates of the outputs (_buffers.template): out contiguous in q's shape and dtype, lse float32.
+        self.out = _buffers.template(q.shape, q.dtype, q.device)
+        self.lse = _buffers.template((batch, n_heads_q, n_queries), torch.float32, q.device)
         self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
                      *_strides(q), *_strides(k), *_strides(v), *_head_strides(q, k, v))
         self.offset = _causal_offset(mode, n_queries, n_keys)
@@ -136,15 +136,14 @@ class _ForwardCall:
             # compiled under other tables (override_plan) on this plan's grid.
             self.launch = _forward_launcher.bind(
                 grid, (key, chosen), **_plan_meta(chosen, mode != "none"), ROW_DESCRIPTORS=chosen.row_descriptors,
-                WARP_SPECIALIZE=chosen.warp_specialize)
+                WARP_SPECIALIZE=chosen.warp_specialize, BLOCK_D2=chosen.block_d2)
 
     def __call__(self, q, k, v, scale):
         chosen = self.plan
         planner.record_attention(chosen)
         if self.launch is None:
             return cpu.attention_forward(q, k, v, self.mode, scale)
-        out = _buffers.empty_like(q) if self.out_like_q else _buffers.empty(self.out_shape, q.dtype, q.device)
-        lse = _buffers.empty(self.lse_shape, torch.float32, q.device)
+        out, lse = _buffers.empty_like(self.out), _buffers.empty_like(self.lse)
         if out.numel() == 0:
             return out, lse
         if chosen.use_descriptor or chosen.row_descriptors:
@@ -175,8 +174,8 @@ class _BackwardCall:
     calls it once per layer; unprepared, its planning, keys and launch keywords cost more host
     time than the short sequences' kernels."""
 
-    __slots__ = ("plan", "mode", "delta_shape", "like", "zeros", "delta", "dkdv", "dq", "delta_ints", "ints", "offset",
-                 "descriptors")
+    __slots__ = ("plan", "mode", "delta_buffer", "grads", "zeros", "delta", "dkdv", "dq", "delta_ints", "ints",
+                 "offset", "descriptors")
 
     def __init__(self, key, do, q, k, v, mode, use_descriptor):
         batch, n_heads_q, n_queries, head_dim = q.shape
@@ -192,9 +191,9 @@ class _BackwardCall:
                                                        n_queries, n_keys, ok)
         dq_plan = planner.attention_plan("backward_dq", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok)
         self.mode = mode
-        self.delta_shape = (batch, n_heads_q, n_queries)
-        # Gradients allocated like their input where the kernels' contiguous layout is the input's.
-        self.like = tuple(t.is_contiguous() for t in (q, k, v))
+        # Templates (_buffers.template) of delta and the gradients, which the kernels write contiguous.
+        self.delta_buffer = _buffers.template((batch, n_heads_q, n_queries), torch.float32, q.device)
+        self.grads = tuple(_buffers.template(t.shape, t.dtype, t.device) for t in (q, k, v))
         self.zeros = q.numel() == 0 or k.numel() == 0
         self.delta = self.dkdv = self.dq = None
         self.descriptors = False
@@ -203,7 +202,7 @@ class _BackwardCall:
         delta_block = 64 if head_dim <= 128 else 32
         self.delta = _delta_launcher.bind(
             (triton.cdiv(n_queries, delta_block), batch * n_heads_q), key,
-            BLOCK_M=delta_block, BLOCK_D=dkdv_plan.block_d, num_warps=4)
+            BLOCK_M=delta_block, BLOCK_D=next_power_of_2(head_dim), num_warps=4)
         self.delta_ints = (n_heads_q, n_queries, head_dim, *_strides(do))
         self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
                      *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_head_strides(q, k, v, do))
@@ -219,13 +218,12 @@ class _BackwardCall:
         planner.record_attention(self.plan)
         if self.plan.path == "torch":
             return cpu.attention_backward(do, q, k, v, out, lse, self.mode, scale)
-        dq, dk, dv = (_buffers.empty_like(t) if like else _buffers.empty(t.shape, t.dtype, t.device)
-                      for t, like in zip((q, k, v), self.like))
+        dq, dk, dv = (_buffers.empty_like(t) for t in self.grads)
         if self.zeros:
             return dq.zero_(), dk.zero_(), dv.zero_()
         if self.descriptors:
             _ensure_allocator()
-        delta = _buffers.empty(self.delta_shape, torch.float32, q.device)
+        delta = _buffers.empty_like(self.delta_buffer)
         self.delta(out, do, delta, *self.delta_ints)
         args = (*self.ints, scale * LOG2E, scale, self.offset)
         self.dkdv(q, k, v, do, lse, delta, dk, dv, *args)

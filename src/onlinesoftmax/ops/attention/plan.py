@@ -3,7 +3,8 @@ kernel, head dim and causality. The measurements behind each value are in ``docs
 
 A config is (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). Rows are (largest head dim,
 non-causal config, causal config); the first row whose head dim is >= D applies, D being padded to
-a power of two inside the kernels (80 -> 128, 96 -> 128, 192 -> 256). Forward: BLOCK_M = 128 on 8
+a power of two inside the kernels (80 -> 128, 96 -> 128, 192 -> 256), except in the forward, which
+computes 80, 96 and 192 in two parts and reads its rows by the head dim itself. Forward: BLOCK_M = 128 on 8
 warps gives each warpgroup 64 query rows for wgmma (at head dim 256 their 64 x 256 fp32 accumulator
 takes 128 registers a thread, with 64-key blocks to leave room for the scores). Backward dK/dV holds a key block's K, V, dK
 and dV and streams query blocks, so BLOCK_N is its large side; dQ is the mirror image.
@@ -25,6 +26,7 @@ from ..._launch import RegisterCap
 # registers a thread).
 ATTENTION_CONFIGS = {
     "forward": ((64, (64, 128, 4, 3), (64, 64, 4, 4)),
+                (96, (128, 64, 4, 3), (128, 64, 4, 3)),
                 (128, (128, 128, 8, 3), (128, 128, 8, 3)),
                 (256, (128, 64, 8, 2), (128, 64, 8, 2))),
     "backward_dkdv": ((64, (32, 64, 4, 2), (32, 64, 4, 2)),
@@ -52,7 +54,7 @@ ATTENTION_FORWARD_ROW_DESCRIPTORS = (64, 128, 256)
 # BLOCK_N = 64 and D64 with 3 stages computed NaN in Triton 3.6 (D256's was checked at every swept shape).
 ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
                                       256: ((128, 64, 4, 2), (128, 64, 4, 2))}
-# Short sequences, by kernel: rows (most keys, padded head dim, non-causal config, causal config),
+# Short sequences, by kernel: rows (most keys, head dim: padded, or a split one, non-causal config, causal config),
 # the first whose length and head dim fit applying before the tables above. The length is the keys
 # for the forward (a program's work) and the longer of queries and keys for the backward. A
 # forward config carries its loads as a fifth field: "pointer", "rows" (TMA row descriptors where
@@ -68,10 +70,23 @@ ATTENTION_SHORT_CONFIGS = {
     "forward": ((512, 64, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (1024, 64, (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (128, 128, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
-                (512, 128, None, (64, 32, 4, 3, "pointer"))),
+                (512, 128, None, (64, 32, 4, 3, "pointer")),
+                (512, 80, None, (64, 32, 4, 3, "pointer")),
+                (512, 96, None, (64, 32, 4, 3, "pointer"))),
     "backward_dkdv": (),
     "backward_dq": (),
 }
+# Head dims the forward computes in two power-of-two parts (80 = 64 + 16, 96 = 64 + 32, 192 = 128 + 64:
+# head_dim_parts) instead of padding them to the next power of two, whose zero columns cost a
+# quarter to three eighths of the products at 80 and 96. Their configs are the tables' rows by the
+# head dim itself (the row for 96 covers 80; the short rows name 80 and 96), not by the padded one.
+# Measured (scripts/tune/sweep_attention.py, docs/notes/2026-11/sweep_attention-split-h100.log,
+# TFLOP/s, padded -> split): D96 S2048 333 -> 436 (FLASH 341), causal 256 -> 339 (FLASH 299); D80
+# S2048 281 -> 388 (FLASH 266); D96 S512 218 -> 289 (FLASH 294), causal 184 -> 201 (FLASH 203),
+# with 128 x 64 blocks on 4 warps where the padded dims took 128 x 128 on 8 (and the short rows'
+# 64 x 32 pointer config for short causal rows). The backward pads them: a split backward
+# measured slower at D96 S2048 (228.5 against 235.8) and faulted on the GPU at D96 causal.
+ATTENTION_FORWARD_SPLIT_HEAD_DIMS = (80, 96, 192)
 # Register caps (Triton's maxnreg) that fit one more backward program an SM, by (kernel, padded head dim, causal).
 ATTENTION_MAX_REGISTERS = {("backward_dkdv", 64, True): 168, ("backward_dq", 128, False): 128,
                            ("backward_dq", 128, True): 128}
@@ -99,7 +114,8 @@ class AttentionPlan(RegisterCap):
     warp_specialize: bool = False
     block_m: int = 0
     block_n: int = 0
-    block_d: int = 0
+    block_d: int = 0  # the head dim padded to a power of two, or its first part where it is split
+    block_d2: int = 0  # the split head dim's second part (0: not split)
     num_warps: int = 0
     num_stages: int = 0
     max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
@@ -113,8 +129,10 @@ class AttentionPlan(RegisterCap):
         elif self.row_descriptors:
             loads = f"TMA row descriptors for whole key blocks, {loads} on the diagonal and past the last key"
         cap = f", at most {self.max_registers} registers a thread" if self.max_registers else ""
+        dims = (f"computed as {self.block_d} + {self.block_d2}" if self.block_d2
+                else f"padded to {self.block_d}" if self.block_d != self.head_dim else "unpadded")
         return (f"attention {self.kernel}: BLOCK_M {self.block_m}, BLOCK_N {self.block_n}, head dim "
-                f"{self.head_dim} padded to {self.block_d}, {self.num_warps} warps, {self.num_stages} stages{cap}, "
+                f"{self.head_dim} {dims}, {self.num_warps} warps, {self.num_stages} stages{cap}, "
                 f"{'causal' if self.causal else 'non-causal'}, {loads}")
 
 
@@ -142,14 +160,17 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
     if device_type != "cuda" and not interpreting:
         return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
     block_d = next_power_of_2(head_dim)
+    split = kernel == "forward" and head_dim in ATTENTION_FORWARD_SPLIT_HEAD_DIMS
+    table_dim = head_dim if split else block_d  # the head dim the config rows are read by
     short = None if interpreting else next(
-        (r[3] if causal else r[2] for r in ATTENTION_SHORT_CONFIGS[kernel] if length <= r[0] and block_d == r[1]), None)
+        (r[3] if causal else r[2] for r in ATTENTION_SHORT_CONFIGS[kernel] if length <= r[0] and table_dim == r[1]),
+        None)
     if interpreting:
         config = ATTENTION_INTERPRETER_CONFIGS[kernel]
     elif short is not None:
         config = short[:4]
     else:
-        row = next((r for r in ATTENTION_CONFIGS[kernel] if block_d <= r[0]), ATTENTION_CONFIGS[kernel][-1])
+        row = next((r for r in ATTENTION_CONFIGS[kernel] if table_dim <= r[0]), ATTENTION_CONFIGS[kernel][-1])
         config = row[2] if causal else row[1]
     use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR[kernel])
     if kernel == "forward" and short is not None:
@@ -164,8 +185,19 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
         return AttentionPlan(kernel, "triton", head_dim, dtype, causal, False, True, True, block_d=block_d,
                              **dict(zip(_CONFIG_FIELDS, config if interpreting else specialized)))
     cap = 0 if interpreting else ATTENTION_MAX_REGISTERS.get((kernel, block_d, causal), 0)
-    return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, rows, False, block_d=block_d,
-                         max_registers=cap, **dict(zip(_CONFIG_FIELDS, config)))
+    first, second = head_dim_parts(head_dim) if split else (block_d, 0)
+    return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, rows, False, block_d=first,
+                         block_d2=second, max_registers=cap, **dict(zip(_CONFIG_FIELDS, config)))
+
+
+def head_dim_parts(head_dim: int) -> tuple[int, int]:
+    """(first, second): two powers of two covering ``head_dim`` with less padding than one (second 0
+    where none saves any): half the padded head dim, then the rest padded (at least 16, the tensor
+    cores' depth for 16-bit inputs)."""
+    padded = next_power_of_2(head_dim)
+    first = padded // 2
+    second = max(next_power_of_2(head_dim - first), 16) if head_dim > first else 0
+    return (first, second) if 0 < second and first + second < padded else (padded, 0)
 
 
 _CONFIG_FIELDS = ("block_m", "block_n", "num_warps", "num_stages")

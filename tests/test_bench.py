@@ -64,6 +64,25 @@ def test_run_case_flags_wrong_nan_errors_and_skips_instead_of_hiding_them():
     assert rows[0].rel_error < 1e-6 and rows[1].rel_error > harness.tolerance(torch.float32)
 
 
+def test_second_pass_times_in_reverse_order_and_keeps_the_faster(monkeypatch):
+    # Back-to-back timings (CUDA events) replaced by a record of the order and a script of results.
+    order, results = [], iter([3.0, 5.0, 4.0, 1.0, 6.0])
+    def timed(fn, input_sets):
+        order.append(fn.__name__)
+        return next(results)
+    monkeypatch.setattr(harness, "back_to_back_ms", timed)
+    def first(x): return torch.softmax(x, -1)
+    def second(x): return torch.softmax(x, -1)
+    def wrong(x): return torch.softmax(2 * x, -1)
+    impls = [Implementation("first", first), Implementation("second", second), Implementation("wrong", wrong)]
+    rows = harness.run_case(_case(), impls, torch.Generator().manual_seed(0), max_input_sets=1, back_to_back=True,
+                            second_pass=True)
+    # Every implementation timed in order, then those with a correct result again in reverse.
+    assert order == ["first", "second", "wrong", "second", "first"]
+    assert [r.ms for r in rows] == [3.0, 1.0, 4.0]
+    assert [r.status for r in rows] == ["ok", "ok", "WRONG"]
+
+
 def test_finish_rows_fills_percent_of_copy_and_speedup_against_torch_of_the_same_case():
     rows = [Row("a", "float32", "forward", "torch", ms=2.0, gbs=1000.0),
             Row("a", "float32", "forward", "ours", ms=0.5, gbs=4000.0),

@@ -107,6 +107,9 @@ BACKWARD_CANDIDATES = {
           ((64, 32, 8, 2), (64, 64, 8, 2), True), ((64, 64, 8, 2), (128, 32, 8, 2), True),
           ((32, 64, 8, 2), (64, 64, 8, 2), True), ((32, 64, 8, 1), (64, 64, 8, 2), True)],
 }
+# Head dim 96 (padded to 128 in the backward): D128's candidates, then two with the tiles' other sides.
+BACKWARD_CANDIDATES[96] = BACKWARD_CANDIDATES[128][:4] + [((64, 64, 4, 2), (64, 64, 4, 3), True),
+                                                          ((32, 64, 4, 2), (128, 64, 8, 2), True)]
 DEADLINE_S = 170
 TOLERANCE = 2e-2  # relative error against SDPA in bf16
 

@@ -2,9 +2,9 @@
 kernel, head dim and causality. The measurements behind each value are in ``docs/perf-attention.md``.
 
 A config is (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). Rows are (largest head dim,
-non-causal config, causal config); the first row whose head dim is >= D applies, D being padded to
-a power of two inside the kernels (80 -> 128, 96 -> 128, 192 -> 256), except in the forward, which
-computes 80, 96 and 192 in two parts and reads its rows by the head dim itself. Forward: BLOCK_M = 128 on 8
+non-causal config, causal config); the first row whose head dim is >= D applies. Inside the
+kernels D is padded to a power of two (80 -> 128, 96 -> 128, 192 -> 256), except in the forward,
+which computes 80, 96 and 192 in two parts (ATTENTION_FORWARD_SPLIT_HEAD_DIMS). Forward: BLOCK_M = 128 on 8
 warps gives each warpgroup 64 query rows for wgmma (at head dim 256 their 64 x 256 fp32 accumulator
 takes 128 registers a thread, with 64-key blocks to leave room for the scores). Backward dK/dV holds a key block's K, V, dK
 and dV and streams query blocks, so BLOCK_N is its large side; dQ is the mirror image.
@@ -54,7 +54,7 @@ ATTENTION_FORWARD_ROW_DESCRIPTORS = (64, 128, 256)
 # BLOCK_N = 64 and D64 with 3 stages computed NaN in Triton 3.6 (D256's was checked at every swept shape).
 ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
                                       256: ((128, 64, 4, 2), (128, 64, 4, 2))}
-# Short sequences, by kernel: rows (most keys, head dim: padded, or a split one, non-causal config, causal config),
+# Short sequences, by kernel: rows (most keys, head dim, non-causal config, causal config),
 # the first whose length and head dim fit applying before the tables above. The length is the keys
 # for the forward (a program's work) and the longer of queries and keys for the backward. A
 # forward config carries its loads as a fifth field: "pointer", "rows" (TMA row descriptors where
@@ -78,8 +78,8 @@ ATTENTION_SHORT_CONFIGS = {
 }
 # Head dims the forward computes in two power-of-two parts (80 = 64 + 16, 96 = 64 + 32, 192 = 128 + 64:
 # head_dim_parts) instead of padding them to the next power of two, whose zero columns cost a
-# quarter to three eighths of the products at 80 and 96. Their configs are the tables' rows by the
-# head dim itself (the row for 96 covers 80; the short rows name 80 and 96), not by the padded one.
+# quarter to three eighths of the products at 80 and 96. The forward's row for 96 serves 80 and 96
+# (the short rows name them).
 # Measured (scripts/tune/sweep_attention.py, docs/notes/2026-11/sweep_attention-split-h100.log,
 # TFLOP/s, padded -> split): D96 S2048 333 -> 436 (FLASH 341), causal 256 -> 339 (FLASH 299); D80
 # S2048 281 -> 388 (FLASH 266); D96 S512 218 -> 289 (FLASH 294), causal 184 -> 201 (FLASH 203),
@@ -161,16 +161,17 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
         return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
     block_d = next_power_of_2(head_dim)
     split = kernel == "forward" and head_dim in ATTENTION_FORWARD_SPLIT_HEAD_DIMS
-    table_dim = head_dim if split else block_d  # the head dim the config rows are read by
+    # Rows are read by the head dim itself: a padded dim takes its power of two's row unless a row
+    # of its own comes first (the forward's 96, which its split dims 80 and 96 measured with).
     short = None if interpreting else next(
-        (r[3] if causal else r[2] for r in ATTENTION_SHORT_CONFIGS[kernel] if length <= r[0] and table_dim == r[1]),
+        (r[3] if causal else r[2] for r in ATTENTION_SHORT_CONFIGS[kernel] if length <= r[0] and head_dim == r[1]),
         None)
     if interpreting:
         config = ATTENTION_INTERPRETER_CONFIGS[kernel]
     elif short is not None:
         config = short[:4]
     else:
-        row = next((r for r in ATTENTION_CONFIGS[kernel] if table_dim <= r[0]), ATTENTION_CONFIGS[kernel][-1])
+        row = next((r for r in ATTENTION_CONFIGS[kernel] if head_dim <= r[0]), ATTENTION_CONFIGS[kernel][-1])
         config = row[2] if causal else row[1]
     use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR[kernel])
     if kernel == "forward" and short is not None:

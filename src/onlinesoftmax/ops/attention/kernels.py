@@ -211,6 +211,24 @@ def forward_key_blocks(acc, acc2, l_i, m_i, q, q2, desc_k, desc_v, desc_k2, desc
     return acc, acc2, l_i, m_i
 
 
+@triton.jit
+def forward_descriptors(q_ptr, k_ptr, v_ptr, o_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+                        q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                        USE_DESCRIPTOR: tl.constexpr):
+    """The forward's per-head descriptors of Q, K, V and O for tiles BLOCK_D wide along the head dim."""
+    desc_q = head_descriptor(q_ptr, batch * n_heads_q, n_queries, head_dim, q_head_stride, stride_qs,
+                             BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_k = head_descriptor(k_ptr, batch * n_heads_kv, n_keys, head_dim, k_head_stride, stride_ks,
+                             BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_v = head_descriptor(v_ptr, batch * n_heads_kv, n_keys, head_dim, v_head_stride, stride_vs,
+                             BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    # o is ours: contiguous (batch * heads, n_queries, head_dim).
+    desc_o = head_descriptor(o_ptr, batch * n_heads_q, n_queries, head_dim, n_queries * head_dim, head_dim,
+                             BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    return desc_q, desc_k, desc_v, desc_o
+
+
 @triton.jit(do_not_specialize=COUNT_ARGS)
 def attention_forward_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
@@ -239,24 +257,15 @@ def attention_forward_kernel(
     kv_bh = b * n_heads_kv + h_kv
     start_m = block_m * BLOCK_M
 
-    desc_q = head_descriptor(q_ptr, batch * n_heads_q, n_queries, head_dim, q_head_stride, stride_qs,
-                             BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
-    desc_k = head_descriptor(k_ptr, batch * n_heads_kv, n_keys, head_dim, k_head_stride, stride_ks,
-                             BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_v = head_descriptor(v_ptr, batch * n_heads_kv, n_keys, head_dim, v_head_stride, stride_vs,
-                             BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    # o is ours: contiguous (batch * heads, n_queries, head_dim).
-    desc_o = head_descriptor(o_ptr, batch * n_heads_q, n_queries, head_dim, n_queries * head_dim, head_dim,
-                             BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_q, desc_k, desc_v, desc_o = forward_descriptors(
+        q_ptr, k_ptr, v_ptr, o_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+        BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     if BLOCK_D2 > 0:
-        desc_q2 = head_descriptor(q_ptr, batch * n_heads_q, n_queries, head_dim, q_head_stride, stride_qs,
-                                  BLOCK_M, BLOCK_D2, USE_DESCRIPTOR)
-        desc_k2 = head_descriptor(k_ptr, batch * n_heads_kv, n_keys, head_dim, k_head_stride, stride_ks,
-                                  BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
-        desc_v2 = head_descriptor(v_ptr, batch * n_heads_kv, n_keys, head_dim, v_head_stride, stride_vs,
-                                  BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
-        desc_o2 = head_descriptor(o_ptr, batch * n_heads_q, n_queries, head_dim, n_queries * head_dim, head_dim,
-                                  BLOCK_M, BLOCK_D2, USE_DESCRIPTOR)
+        desc_q2, desc_k2, desc_v2, desc_o2 = forward_descriptors(
+            q_ptr, k_ptr, v_ptr, o_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+            q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+            BLOCK_M, BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
     else:
         desc_q2 = desc_q
         desc_k2 = desc_k

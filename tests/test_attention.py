@@ -491,6 +491,28 @@ def test_small_backward_reads_through_pointers(gen):
         assert chosen.kernel == "backward_dkdv" and chosen.use_descriptor == descriptors, chosen
 
 
+def test_backward_pointer_rule_is_the_plans(monkeypatch):
+    """The plan weighs a backward's work (batch x heads x queries x keys x head dim) against
+    ATTENTION_BACKWARD_POINTER_MAX_WORK on the GPU; the interpreter, the forward and a caller that
+    gives no batch_heads (a forced load path) keep the layout's answer."""
+    cuda = torch.device("cuda")
+    limit = plan.ATTENTION_BACKWARD_POINTER_MAX_WORK
+    monkeypatch.setattr(plan, "interpreter_active", lambda: False)
+    for kernel in ("backward_dkdv", "backward_dq"):
+        def uses_tma(batch_heads, seq=2048, head_dim=128, layout_ok=True):
+            return plan.attention_plan(kernel, head_dim, torch.bfloat16, True, cuda, seq, seq, layout_ok,
+                                       batch_heads=batch_heads).use_descriptor
+        at_limit = limit // (2048 * 2048 * 128)
+        assert not uses_tma(at_limit) and uses_tma(at_limit + 1)
+        assert not uses_tma(at_limit + 1, layout_ok=False)
+        assert uses_tma(None, seq=128, head_dim=64)  # forced: the layout's answer
+    forward = plan.attention_plan("forward", 64, torch.bfloat16, True, cuda, 128, 128, True, batch_heads=1)
+    assert forward.use_descriptor == plan.ATTENTION_USE_DESCRIPTOR["forward"]
+    monkeypatch.setattr(plan, "interpreter_active", lambda: True)
+    assert plan.attention_plan("backward_dkdv", 64, torch.bfloat16, True, cuda, 128, 128, True,
+                               batch_heads=1).use_descriptor
+
+
 def test_broadcast_upstream_gradient(gen):
     """dO with stride 0 everywhere (what out.sum().backward() sends) takes the pointer loads and gives
     the gradients of the materialized dO (through TMA on the GPU)."""

@@ -181,15 +181,13 @@ class _BackwardCall:
         batch, n_heads_q, n_queries, head_dim = q.shape
         n_heads_kv, n_keys = k.shape[1], k.shape[2]
         causal = mode != "none"
-        if use_descriptor is None:
-            small = (not interpreter_active() and batch * n_heads_q * n_queries * n_keys * head_dim
-                     <= planner.ATTENTION_BACKWARD_POINTER_MAX_WORK)
-            ok = not small and descriptor_ok(q, k, v, do)
-        else:
-            ok = use_descriptor
+        ok = descriptor_ok(q, k, v, do) if use_descriptor is None else use_descriptor
+        # A forced load path leaves the work out: the plan then keeps it as given.
+        batch_heads = batch * n_heads_q if use_descriptor is None else None
         dkdv_plan = self.plan = planner.attention_plan("backward_dkdv", head_dim, q.dtype, causal, q.device,
-                                                       n_queries, n_keys, ok)
-        dq_plan = planner.attention_plan("backward_dq", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok)
+                                                       n_queries, n_keys, ok, batch_heads=batch_heads)
+        dq_plan = planner.attention_plan("backward_dq", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok,
+                                         batch_heads=batch_heads)
         self.mode = mode
         # Templates (_buffers.template) of delta and the gradients, which the kernels write contiguous.
         self.delta_buffer = _buffers.template((batch, n_heads_q, n_queries), torch.float32, q.device)

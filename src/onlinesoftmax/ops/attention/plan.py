@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Optional
 
 import torch
 
@@ -138,15 +139,22 @@ class AttentionPlan(RegisterCap):
 
 def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device,
                    n_queries: int = 0, n_keys: int = 0, descriptor_ok: bool = True,
-                   rows_ok: bool = False) -> AttentionPlan:
+                   rows_ok: bool = False, batch_heads: Optional[int] = None) -> AttentionPlan:
     """Block sizes, warps and stages for one attention kernel; ``descriptor_ok`` says whether the
     tensors' layout allows TMA, ``rows_ok`` whether it allows the forward's row descriptors (the
-    launcher checks strides and alignment). Cached: planning is on every call's path."""
+    launcher checks strides and alignment). ``batch_heads`` (batch x query heads) lets a backward
+    kernel weigh its work against ATTENTION_BACKWARD_POINTER_MAX_WORK; None leaves
+    ``descriptor_ok`` as given (a caller that forces the load path). Cached: planning is on every
+    call's path."""
     if kernel not in ATTENTION_CONFIGS:
         raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS}")
+    interpreting = interpreter_active()
+    if (kernel != "forward" and batch_heads is not None and not interpreting
+            and batch_heads * n_queries * n_keys * head_dim <= ATTENTION_BACKWARD_POINTER_MAX_WORK):
+        descriptor_ok = False
     length = n_keys if kernel == "forward" else max(n_queries, n_keys)
     return _attention_plan(kernel, head_dim, dtype, causal, torch.device(device).type, n_keys, length,
-                           bool(descriptor_ok), bool(rows_ok), interpreter_active())
+                           bool(descriptor_ok), bool(rows_ok), interpreting)
 
 
 @plan_cache

@@ -85,13 +85,15 @@ def _check_loss_and_grad(x, target, dtype, upstream=None, strategy=None, inplace
     plans of the forward and of the backward."""
     x64 = x.detach().double().requires_grad_()
     ref = reference(x64, target, **options)
-    g = upstream if upstream is not None else torch.ones_like(ref)
-    (ref * g).sum().backward()
     leaf = x.detach().clone().requires_grad_()
     logits = leaf * 1  # a non-leaf: in place, it is overwritten with the gradient
     out = cross_entropy(logits, target, strategy=strategy, inplace_backward=inplace, **options)
     chosen = plan.last_plan()
-    (out * g.to(out.dtype)).sum().backward()
+    # The upstream gradient as ours receives it (in the loss's dtype), for both: a reference given
+    # the unrounded one would differ by that rounding, which is not ours.
+    g = (upstream if upstream is not None else torch.ones_like(ref)).to(out.dtype)
+    (ref * g.double()).sum().backward()
+    (out * g).sum().backward()
     assert_matches(out.detach(), ref.detach(), dtype, f"{what} loss")
     assert_matches(leaf.grad, x64.grad, dtype, f"{what} grad")
     if inplace:

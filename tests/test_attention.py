@@ -115,7 +115,41 @@ def test_matches_float64(shape, mode, dtype, use_descriptor, gen, monkeypatch, p
     chosen = plan.last_attention_plan()
     assert chosen.path == expected_path()
     if TRITON_RUNS:
-        assert chosen.use_descriptor == use_descriptor and chosen.kernel == "backward_dkdv"
+        assert chosen.use_descriptor == use_descriptor and chosen.kernel == expected_backward(SHAPES[shape])
+
+
+def expected_backward(shape) -> str:
+    """The backward kernel the tables give a (batch, Hq, Hkv, Sq, Sk, D) shape: fused where the
+    longer of queries and keys is within its head dim's row (the interpreter's own limit under it)."""
+    n_queries, n_keys, head_dim = shape[3:]
+    row = next((r for r in plan.ATTENTION_BACKWARD_FUSED if head_dim <= r[0]), None)
+    most = plan.ATTENTION_INTERPRETER_CONFIGS["backward_fused"][0] if not ON_GPU else row and row[1]
+    return "backward_fused" if row and max(n_queries, n_keys) <= most else "backward_dkdv"
+
+
+FUSED_SHAPES = [name for name, shape in SHAPES.items() if expected_backward(shape) == "backward_fused"]
+
+
+@pytest.mark.parametrize("use_descriptor", [True, False], ids=["descriptor", "pointer"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", FUSED_SHAPES)
+def test_fused_and_split_backward_agree(shape, mode, use_descriptor, gen, monkeypatch, plan_override):
+    """Where the fused backward runs by default, the split one (forced) gives the same gradients
+    within rounding, and both match float64 (test_matches_float64 checks the default in both dtypes)."""
+    force_descriptor(monkeypatch, plan_override, use_descriptor)
+    q, k, v = make_qkv(gen, *SHAPES[shape], torch.bfloat16, requires_grad=True)
+    out = attention(q, k, v, causal=CAUSAL_ARG[mode])
+    d_out = torch.randn(out.shape, generator=gen).to(dtype=out.dtype, device=out.device)
+    fused = torch.autograd.grad(out, (q, k, v), d_out)
+    assert plan.last_attention_plan().kernel == ("backward_fused" if TRITON_RUNS else "backward_dkdv")
+    with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_FUSED=()):
+        out = attention(q, k, v, causal=CAUSAL_ARG[mode])
+        split = torch.autograd.grad(out, (q, k, v), d_out)
+        assert plan.last_attention_plan().kernel == "backward_dkdv"
+    for name, a, b, ref in zip("qkv", fused, split, reference_grads(q, k, v, d_out, mode)):
+        assert_grad_matches(a, ref, torch.bfloat16, f"{shape} {mode} fused d{name}")
+        assert_grad_matches(b, ref, torch.bfloat16, f"{shape} {mode} split d{name}")
+        assert_grad_matches(a, b.double(), torch.bfloat16, f"{shape} {mode} fused against split d{name}")
 
 
 # (batch, Hq, Hkv, Sq, Sk, D) for the forward's row-descriptor paths. Key counts are multiples of
@@ -373,6 +407,33 @@ def test_short_sequences_take_their_own_configs(monkeypatch):
             assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages) == row[1]
 
 
+def test_fused_backward_plan(monkeypatch):
+    """The fused backward applies while the longer of queries and keys is within its head dim's
+    row (first row whose head dim is >= D), with BLOCK_N the keys' power of two (16 at least);
+    beyond, at head dims without a row, on CPU without the interpreter, or with the table emptied:
+    None, and the split backward runs."""
+    monkeypatch.setattr(plan, "interpreter_active", lambda: False)
+    cuda = torch.device("cuda")
+    for head_dim in attention_op.SUPPORTED_HEAD_DIMS:
+        row = next((r for r in plan.ATTENTION_BACKWARD_FUSED if head_dim <= r[0]), None)
+        if row is None:
+            assert plan.fused_backward_plan(head_dim, torch.bfloat16, False, cuda, 16, 16) is None
+            continue
+        most = row[1]
+        for n_queries, n_keys in ((1, 1), (most, 3), (5, most), (most, most)):
+            chosen = plan.fused_backward_plan(head_dim, torch.bfloat16, True, cuda, n_queries, n_keys)
+            assert chosen.kernel == "backward_fused" and chosen.block_n == max(16, 1 << (n_keys - 1).bit_length())
+            assert (chosen.block_m, chosen.num_warps, chosen.num_stages) == row[2:]
+            assert chosen.block_n >= n_keys and chosen.block_d >= head_dim
+        assert plan.fused_backward_plan(head_dim, torch.bfloat16, True, cuda, most + 1, 8) is None
+        assert plan.fused_backward_plan(head_dim, torch.bfloat16, True, cuda, 8, most + 1) is None
+        assert plan.fused_backward_plan(head_dim, torch.bfloat16, True, torch.device("cpu"), 8, 8) is None
+    assert any(plan.fused_backward_plan(d, torch.bfloat16, True, cuda, 8, 8) is None
+               for d in attention_op.SUPPORTED_HEAD_DIMS)
+    with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_FUSED=()):
+        assert plan.fused_backward_plan(64, torch.bfloat16, True, cuda, 8, 8) is None
+
+
 def test_lse_merges_partial_attentions(gen):
     """Two attentions over disjoint halves of the keys, merged through their lse, give the full one."""
     q, k, v = make_qkv(gen, 1, 2, 2, 18, 40, 64, torch.float16)
@@ -480,15 +541,31 @@ def test_matches_sdpa_math_gpu(dtype, causal, head_dim, n_keys, gen):
 
 
 @gpu_only
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("heads", [(3, 3), (4, 1)], ids=["mha", "mqa4"])
+def test_fused_backward_at_its_lengths_gpu(heads, mode, head_dim, gen):
+    """The fused backward at its configured sizes: lengths up to its head dim's limit, ending
+    mid-block and unequal (bottom-right leaves queries without keys), against float64."""
+    row = next(r for r in plan.ATTENTION_BACKWARD_FUSED if head_dim <= r[0])
+    for n_queries, n_keys in ((row[1], row[1]), (row[1] - 3, 17), (5, row[1] - 1), (1, 1)):
+        q, k, v = make_qkv(gen, 2, *heads, n_queries, n_keys, head_dim, torch.bfloat16, requires_grad=True)
+        check_all(q, k, v, mode, torch.bfloat16, f"{n_queries}x{n_keys} D{head_dim} {heads} {mode}", gen)
+        assert plan.last_attention_plan().kernel == "backward_fused"
+
+
+@gpu_only
 def test_small_backward_reads_through_pointers(gen):
     """At or below ATTENTION_BACKWARD_POINTER_MAX_WORK the backward takes pointer loads (a launch
     with device-side descriptors goes through Triton's slower Python launcher, host time a tiny step
     cannot hide); above it, TMA descriptors."""
-    for (batch, heads, seq, head_dim), descriptors in (((1, 2, 128, 64), False), ((2, 8, 2048, 128), True)):
+    for (batch, heads, seq, head_dim), kernel, descriptors in (((1, 2, 128, 64), "backward_fused", False),
+                                                               ((1, 2, 512, 64), "backward_dkdv", False),
+                                                               ((2, 8, 2048, 128), "backward_dkdv", True)):
         q, k, v = make_qkv(gen, batch, heads, heads, seq, seq, head_dim, torch.bfloat16, requires_grad=True)
         attention(q, k, v, causal=True).backward(torch.randn(q.shape, dtype=q.dtype, device=q.device))
         chosen = plan.last_attention_plan()
-        assert chosen.kernel == "backward_dkdv" and chosen.use_descriptor == descriptors, chosen
+        assert chosen.kernel == kernel and chosen.use_descriptor == descriptors, chosen
 
 
 def test_backward_pointer_rule_is_the_plans(monkeypatch):
@@ -506,6 +583,10 @@ def test_backward_pointer_rule_is_the_plans(monkeypatch):
         assert not uses_tma(at_limit) and uses_tma(at_limit + 1)
         assert not uses_tma(at_limit + 1, layout_ok=False)
         assert uses_tma(None, seq=128, head_dim=64)  # forced: the layout's answer
+    fused_limit = limit // (128 * 128 * 64)
+    for batch_heads, tma in ((fused_limit, False), (fused_limit + 1, True), (None, True)):
+        fused = plan.fused_backward_plan(64, torch.bfloat16, True, cuda, 128, 128, True, batch_heads=batch_heads)
+        assert fused.kernel == "backward_fused" and fused.use_descriptor == tma
     forward = plan.attention_plan("forward", 64, torch.bfloat16, True, cuda, 128, 128, True, batch_heads=1)
     assert forward.use_descriptor == plan.ATTENTION_USE_DESCRIPTOR["forward"]
     monkeypatch.setattr(plan, "interpreter_active", lambda: True)

@@ -142,6 +142,21 @@ def test_attention_load_paths(head_dim, mode, use_descriptor):
     assert _all_finite(out, *grads)
 
 
+@pytest.mark.parametrize("use_descriptor", [True, False], ids=["descriptors", "pointers"])
+@pytest.mark.parametrize("mode", ["none", "top_left", "bottom_right"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+def test_attention_fused_backward(head_dim, mode, use_descriptor):
+    # The fused backward (keys in one block): GQA, 60 queries and 45 keys ending mid-block.
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 60, head_dim, generator=gen).bfloat16().to(DEVICE)
+    k, v = (torch.randn(1, 2, 45, head_dim, generator=gen).bfloat16().to(DEVICE) for _ in range(2))
+    out, lse = attention_launch.launch_forward(q, k, v, mode, head_dim ** -0.5, use_descriptor=use_descriptor)
+    grads = attention_launch.launch_backward(torch.randn_like(out), q, k, v, out, lse, mode, head_dim ** -0.5,
+                                             use_descriptor=use_descriptor)
+    assert attention_plan.last_attention_plan().kernel == "backward_fused"
+    assert _all_finite(out, *grads)
+
+
 @pytest.mark.parametrize("mode", ["none", "top_left", "bottom_right"])
 @pytest.mark.parametrize("head_dim,n_keys", [(64, 200), (128, 256)], ids=["rows-D64", "warp-specialized-D128"])
 def test_attention_forward_row_paths(head_dim, n_keys, mode):

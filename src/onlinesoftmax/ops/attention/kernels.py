@@ -17,6 +17,10 @@ no atomics, so results are bitwise reproducible:
   registers (the GQA sum over the group happens there, in a fixed order).
 * ``attention_backward_dq_kernel``: one program per query block and query head, looping over keys.
 
+Before those two a small kernel computes ``delta`` (each query row's dO . O). Where a head's keys fit
+one block, ``attention_backward_fused_kernel`` does all three in one program per KV head: one
+launch instead of three, which is most of a short sequence's backward.
+
 Causal masking: key ``j`` is visible to query ``i`` when ``j <= i + offset``, with ``offset = 0``
 for ``"top_left"`` (SDPA's ``is_causal``) and ``offset = Sk - Sq`` for ``"bottom_right"`` (the
 queries are the last Sq positions of the sequence, as when decoding). Each program's key loop is
@@ -579,3 +583,85 @@ def attention_backward_dq_kernel(
     dq_base = dq_ptr + bh.to(tl.int64) * n_queries * head_dim
     store_tile(desc_dq, dq_base, bh, start_m, n_queries, head_dim, head_dim, (dq * scale).to(dq_ptr.dtype.element_ty),
                BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+
+
+@triton.jit(do_not_specialize=COUNT_ARGS)
+def attention_backward_fused_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dk_ptr, dv_ptr,
+    n_heads_q, group, batch, n_queries, n_keys, head_dim,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_dob, stride_doh, stride_dos, stride_dod,
+    q_head_stride, k_head_stride, v_head_stride, do_head_stride,
+    qk_scale, scale, causal_offset,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr,
+):
+    # The whole backward of a KV head whose keys fit one block (BLOCK_N >= n_keys): delta, dK, dV
+    # and dQ in one program, one launch where the split backward takes three. With a single key
+    # block, dQ of a query block is complete after one product (dS K): no accumulation across
+    # programs, so no atomics, and dK and dV sum over the group's query heads in a fixed order.
+    n_heads_kv = n_heads_q // group
+    kv_bh = tl.program_id(0)
+    b = kv_bh // n_heads_kv
+    h_kv = kv_bh % n_heads_kv
+    cols = tl.arange(0, BLOCK_N)
+
+    desc_q = head_descriptor(q_ptr, batch * n_heads_q, n_queries, head_dim, q_head_stride, stride_qs,
+                             BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_do = head_descriptor(do_ptr, batch * n_heads_q, n_queries, head_dim, do_head_stride, stride_dos,
+                              BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    # O, dQ, dK and dV are the op's own contiguous tensors.
+    desc_o = head_descriptor(o_ptr, batch * n_heads_q, n_queries, head_dim, n_queries * head_dim, head_dim,
+                             BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_dq = head_descriptor(dq_ptr, batch * n_heads_q, n_queries, head_dim, n_queries * head_dim, head_dim,
+                              BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_k = head_descriptor(k_ptr, batch * n_heads_kv, n_keys, head_dim, k_head_stride, stride_ks,
+                             BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_v = head_descriptor(v_ptr, batch * n_heads_kv, n_keys, head_dim, v_head_stride, stride_vs,
+                             BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_dk = head_descriptor(dk_ptr, batch * n_heads_kv, n_keys, head_dim, n_keys * head_dim, head_dim,
+                              BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_dv = head_descriptor(dv_ptr, batch * n_heads_kv, n_keys, head_dim, n_keys * head_dim, head_dim,
+                              BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    k = load_tile(desc_k, k_base, kv_bh, 0, n_keys, stride_ks, stride_kd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    v = load_tile(desc_v, v_base, kv_bh, 0, n_keys, stride_vs, stride_vd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for g in range(0, group):
+        h = h_kv * group + g
+        bh = b * n_heads_q + h
+        q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+        o_base = o_ptr + bh.to(tl.int64) * n_queries * head_dim
+        dq_base = dq_ptr + bh.to(tl.int64) * n_queries * head_dim
+        # Every query block, those that see no key too: their dQ rows are written as zeros (P = 0).
+        for start_m in tl.range(0, n_queries, BLOCK_M, num_stages=1):
+            rows = start_m + tl.arange(0, BLOCK_M)
+            q = load_tile(desc_q, q_base, bh, start_m, n_queries, stride_qs, stride_qd, head_dim,
+                          BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+            do = load_tile(desc_do, do_base, bh, start_m, n_queries, stride_dos, stride_dod, head_dim,
+                           BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+            o = load_tile(desc_o, o_base, bh, start_m, n_queries, head_dim, 1, head_dim,
+                          BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # as the delta kernel's
+            lse = tl.load(lse_ptr + bh.to(tl.int64) * n_queries + rows, mask=rows < n_queries, other=float("inf"))
+            lse2 = tl.where(lse == NEG_INF, float("inf"), lse * 1.4426950408889634)  # as load_row_stats
+            p_t = tl.math.exp2(mma(k, tl.trans(q), None) * qk_scale - lse2[None, :])  # [N, M]
+            p_t = tl.where(tl.trans(visible(rows, cols, n_keys, causal_offset, CAUSAL, False)), p_t, 0.0)
+            dv = mma(p_t.to(do.dtype), do, dv)
+            dp_t = mma(v, tl.trans(do), None)
+            ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+            dk = mma(ds_t, q, dk)
+            dq = mma(tl.trans(ds_t), k, None)  # [M, D]: every key's share, the row's whole dQ
+            store_tile(desc_dq, dq_base, bh, start_m, n_queries, head_dim, head_dim,
+                       (dq * scale).to(dq_ptr.dtype.element_ty), BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    dk_base = dk_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
+    dv_base = dv_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
+    store_tile(desc_dk, dk_base, kv_bh, 0, n_keys, head_dim, head_dim, (dk * scale).to(dk_ptr.dtype.element_ty),
+               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    store_tile(desc_dv, dv_base, kv_bh, 0, n_keys, head_dim, head_dim, dv.to(dv_ptr.dtype.element_ty),
+               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)

@@ -19,6 +19,7 @@ from .kernels import (
     attention_backward_delta_kernel,
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
+    attention_backward_fused_kernel,
     attention_forward_kernel,
 )
 
@@ -97,6 +98,7 @@ _forward_launcher = Launcher(attention_forward_kernel)
 _delta_launcher = Launcher(attention_backward_delta_kernel)
 _dkdv_launcher = Launcher(attention_backward_dkdv_kernel)
 _dq_launcher = Launcher(attention_backward_dq_kernel)
+_fused_launcher = Launcher(attention_backward_fused_kernel)
 
 
 def _plan_meta(chosen: planner.AttentionPlan, causal: bool) -> dict:
@@ -169,13 +171,13 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str,
 
 
 class _BackwardCall:
-    """One backward call signature, decided once like the forward's: the two plans, the launch
-    arguments but the tensors, and the three launches bound (delta, dK/dV, dQ). A training step
-    calls it once per layer; unprepared, its planning, keys and launch keywords cost more host
-    time than the short sequences' kernels."""
+    """One backward call signature, decided once like the forward's: the plans, the launch
+    arguments but the tensors, and the launches bound (delta, dK/dV, dQ; or the fused kernel alone
+    where the plan gives one). A training step calls it once per layer; unprepared, its planning,
+    keys and launch keywords cost more host time than the short sequences' kernels."""
 
-    __slots__ = ("plan", "mode", "delta_buffer", "grads", "zeros", "delta", "dkdv", "dq", "delta_ints", "ints",
-                 "offset", "descriptors")
+    __slots__ = ("plan", "mode", "delta_buffer", "grads", "zeros", "delta", "dkdv", "dq", "fused", "delta_ints",
+                 "ints", "offset", "descriptors")
 
     def __init__(self, key, do, q, k, v, mode, use_descriptor):
         batch, n_heads_q, n_queries, head_dim = q.shape
@@ -184,27 +186,32 @@ class _BackwardCall:
         ok = descriptor_ok(q, k, v, do) if use_descriptor is None else use_descriptor
         # A forced load path leaves the work out: the plan then keeps it as given.
         batch_heads = batch * n_heads_q if use_descriptor is None else None
-        dkdv_plan = self.plan = planner.attention_plan("backward_dkdv", head_dim, q.dtype, causal, q.device,
-                                                       n_queries, n_keys, ok, batch_heads=batch_heads)
-        dq_plan = planner.attention_plan("backward_dq", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok,
-                                         batch_heads=batch_heads)
+        fused_plan = planner.fused_backward_plan(head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok,
+                                                 batch_heads=batch_heads)
+        dkdv_plan = self.plan = fused_plan or planner.attention_plan(
+            "backward_dkdv", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok, batch_heads=batch_heads)
         self.mode = mode
         # Templates (_buffers.template) of delta and the gradients, which the kernels write contiguous.
         self.delta_buffer = _buffers.template((batch, n_heads_q, n_queries), torch.float32, q.device)
         self.grads = tuple(_buffers.template(t.shape, t.dtype, t.device) for t in (q, k, v))
         self.zeros = q.numel() == 0 or k.numel() == 0
-        self.delta = self.dkdv = self.dq = None
-        self.descriptors = False
+        self.delta = self.dkdv = self.dq = self.fused = None
+        self.descriptors = dkdv_plan.use_descriptor
         if dkdv_plan.path == "torch" or self.zeros:
             return
+        self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
+                     *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_head_strides(q, k, v, do))
+        self.offset = _causal_offset(mode, n_queries, n_keys)
+        if fused_plan is not None:
+            self.fused = _fused_launcher.bind((batch * n_heads_kv,), (key, fused_plan), **_plan_meta(fused_plan, causal))
+            return
+        dq_plan = planner.attention_plan("backward_dq", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok,
+                                         batch_heads=batch_heads)
         delta_block = 64 if head_dim <= 128 else 32
         self.delta = _delta_launcher.bind(
             (triton.cdiv(n_queries, delta_block), batch * n_heads_q), key,
             BLOCK_M=delta_block, BLOCK_D=next_power_of_2(head_dim), num_warps=4)
         self.delta_ints = (n_heads_q, n_queries, head_dim, *_strides(do))
-        self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
-                     *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_head_strides(q, k, v, do))
-        self.offset = _causal_offset(mode, n_queries, n_keys)
         # Each kernel's plan in its key, as the forward's.
         self.dkdv = _dkdv_launcher.bind((triton.cdiv(n_keys, dkdv_plan.block_n), batch * n_heads_kv), (key, dkdv_plan),
                                         **_plan_meta(dkdv_plan, causal))
@@ -221,9 +228,12 @@ class _BackwardCall:
             return dq.zero_(), dk.zero_(), dv.zero_()
         if self.descriptors:
             _ensure_allocator()
+        args = (*self.ints, scale * LOG2E, scale, self.offset)
+        if self.fused is not None:
+            self.fused(q, k, v, out, do, lse, dq, dk, dv, *args)
+            return dq, dk, dv
         delta = _buffers.empty_like(self.delta_buffer)
         self.delta(out, do, delta, *self.delta_ints)
-        args = (*self.ints, scale * LOG2E, scale, self.offset)
         self.dkdv(q, k, v, do, lse, delta, dk, dv, *args)
         self.dq(q, k, v, do, lse, delta, dq, *args)
         return dq, dk, dv

@@ -88,6 +88,12 @@ ATTENTION_SHORT_CONFIGS = {
 # 64 x 32 pointer config for short causal rows). The backward pads them: a split backward
 # measured slower at D96 S2048 (228.5 against 235.8) and faulted on the GPU at D96 causal.
 ATTENTION_FORWARD_SPLIT_HEAD_DIMS = (80, 96, 192)
+# The fused backward (one kernel, one program per KV head, its keys in one block: delta, dK, dV and
+# dQ together) where the longer of queries and keys is at most the row's length; BLOCK_N is the
+# keys' power of two (at least 16). A program holds K, V, dK and dV of up to that many keys and loops over the query
+# blocks, so the length bounds both its registers and its serial work. Rows (largest head dim,
+# most keys and queries, BLOCK_M, num_warps, num_stages), the first whose head dim is >= D applying.
+ATTENTION_BACKWARD_FUSED = ((64, 128, 32, 8, 2), (128, 64, 32, 8, 2))
 # Register caps (Triton's maxnreg) that fit one more backward program an SM, by (kernel, padded head dim, causal).
 ATTENTION_MAX_REGISTERS = {("backward_dkdv", 64, True): 168, ("backward_dq", 128, False): 128,
                            ("backward_dq", 128, True): 128}
@@ -97,6 +103,7 @@ ATTENTION_INTERPRETER_CONFIGS = {
     "forward": (16, 32, 4, 1),
     "backward_dkdv": (16, 32, 4, 1),
     "backward_dq": (32, 16, 4, 1),
+    "backward_fused": (64, 16, 4, 1),  # as ATTENTION_BACKWARD_FUSED's rows, without the head dim
 }
 ATTENTION_KERNELS = tuple(ATTENTION_CONFIGS)
 
@@ -150,7 +157,7 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
         raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS}")
     interpreting = interpreter_active()
     if (kernel != "forward" and batch_heads is not None and not interpreting
-            and batch_heads * n_queries * n_keys * head_dim <= ATTENTION_BACKWARD_POINTER_MAX_WORK):
+            and _pointer_work(batch_heads, n_queries, n_keys, head_dim)):
         descriptor_ok = False
     length = n_keys if kernel == "forward" else max(n_queries, n_keys)
     return _attention_plan(kernel, head_dim, dtype, causal, torch.device(device).type, n_keys, length,
@@ -160,6 +167,7 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
 @plan_cache
 def _clear():
     _attention_plan.cache_clear()
+    _fused_backward_plan.cache_clear()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -197,6 +205,39 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
     first, second = head_dim_parts(head_dim) if split else (block_d, 0)
     return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, rows, False, block_d=first,
                          block_d2=second, max_registers=cap, **dict(zip(_CONFIG_FIELDS, config)))
+
+
+def fused_backward_plan(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, n_queries: int,
+                        n_keys: int, descriptor_ok: bool = True,
+                        batch_heads: Optional[int] = None) -> Optional[AttentionPlan]:
+    """The fused backward's plan (kernel "backward_fused") where ATTENTION_BACKWARD_FUSED covers
+    the head dim and length, else None (the split backward runs). Arguments as attention_plan's."""
+    interpreting = interpreter_active()
+    if torch.device(device).type != "cuda" and not interpreting:
+        return None
+    if batch_heads is not None and not interpreting and _pointer_work(batch_heads, n_queries, n_keys, head_dim):
+        descriptor_ok = False
+    return _fused_backward_plan(head_dim, dtype, causal, max(n_queries, n_keys), n_keys, bool(descriptor_ok),
+                                interpreting)
+
+
+@functools.lru_cache(maxsize=1024)
+def _fused_backward_plan(head_dim, dtype, causal, length, n_keys, descriptor_ok, interpreting):
+    row = next((r[1:] for r in ATTENTION_BACKWARD_FUSED if head_dim <= r[0]), None)
+    if row is None:
+        return None
+    most, block_m, num_warps, num_stages = ATTENTION_INTERPRETER_CONFIGS["backward_fused"] if interpreting else row
+    if length > most:
+        return None
+    use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR["backward_dkdv"])
+    return AttentionPlan("backward_fused", "triton", head_dim, dtype, causal, use_descriptor, block_m=block_m,
+                         block_n=max(16, next_power_of_2(n_keys)), block_d=next_power_of_2(head_dim),
+                         num_warps=num_warps, num_stages=num_stages)
+
+
+def _pointer_work(batch_heads: int, n_queries: int, n_keys: int, head_dim: int) -> bool:
+    """Whether a backward's work is small enough for pointer loads (ATTENTION_BACKWARD_POINTER_MAX_WORK)."""
+    return batch_heads * n_queries * n_keys * head_dim <= ATTENTION_BACKWARD_POINTER_MAX_WORK
 
 
 def head_dim_parts(head_dim: int) -> tuple[int, int]:

@@ -119,12 +119,16 @@ def test_matches_float64(shape, mode, dtype, use_descriptor, gen, monkeypatch, p
 
 
 def expected_backward(shape) -> str:
-    """The backward kernel the tables give a (batch, Hq, Hkv, Sq, Sk, D) shape: fused where the
-    longer of queries and keys is within its head dim's row (the interpreter's own limit under it)."""
-    n_queries, n_keys, head_dim = shape[3:]
-    row = next((r for r in plan.ATTENTION_BACKWARD_FUSED if head_dim <= r[0]), None)
-    most = plan.ATTENTION_INTERPRETER_CONFIGS["backward_fused"][0] if not ON_GPU else row and row[1]
-    return "backward_fused" if row and max(n_queries, n_keys) <= most else "backward_dkdv"
+    """The backward kernel the tables give a (batch, Hq, Hkv, Sq, Sk, D) shape: fused where a row
+    of its head dim's bound takes its length and programs (the interpreter's own limit under it)."""
+    batch, _, heads_kv, n_queries, n_keys, head_dim = shape
+    bound = min((r[0] for r in plan.ATTENTION_BACKWARD_FUSED if head_dim <= r[0]), default=None)
+    rows = [r[1:3] for r in plan.ATTENTION_BACKWARD_FUSED if r[0] == bound]
+    if not ON_GPU and bound is not None:
+        rows = [plan.ATTENTION_INTERPRETER_CONFIGS["backward_fused"][:2]]
+    fits = any(max(n_queries, n_keys) <= most and (not programs or batch * heads_kv <= programs)
+               for most, programs in rows)
+    return "backward_fused" if fits else "backward_dkdv"
 
 
 FUSED_SHAPES = [name for name, shape in SHAPES.items() if expected_backward(shape) == "backward_fused"]
@@ -408,30 +412,31 @@ def test_short_sequences_take_their_own_configs(monkeypatch):
 
 
 def test_fused_backward_plan(monkeypatch):
-    """The fused backward applies while the longer of queries and keys is within its head dim's
-    row (first row whose head dim is >= D), with BLOCK_N the keys' power of two (16 at least);
-    beyond, at head dims without a row, on CPU without the interpreter, or with the table emptied:
-    None, and the split backward runs."""
+    """Among the rows of the first head-dim bound >= D, the first whose length (the longer of
+    queries and keys) and program count (batch x KV heads; 0: any) fit gives the fused plan, with
+    BLOCK_N the keys' power of two (16 at least); none fitting, a head dim above every bound, CPU
+    without the interpreter, or the table emptied: None, and the split backward runs."""
     monkeypatch.setattr(plan, "interpreter_active", lambda: False)
     cuda = torch.device("cuda")
-    for head_dim in attention_op.SUPPORTED_HEAD_DIMS:
-        row = next((r for r in plan.ATTENTION_BACKWARD_FUSED if head_dim <= r[0]), None)
-        if row is None:
-            assert plan.fused_backward_plan(head_dim, torch.bfloat16, False, cuda, 16, 16) is None
-            continue
-        most = row[1]
-        for n_queries, n_keys in ((1, 1), (most, 3), (5, most), (most, most)):
-            chosen = plan.fused_backward_plan(head_dim, torch.bfloat16, True, cuda, n_queries, n_keys)
-            assert chosen.kernel == "backward_fused" and chosen.block_n == max(16, 1 << (n_keys - 1).bit_length())
-            assert (chosen.block_m, chosen.num_warps, chosen.num_stages) == row[2:]
-            assert chosen.block_n >= n_keys and chosen.block_d >= head_dim
-        assert plan.fused_backward_plan(head_dim, torch.bfloat16, True, cuda, most + 1, 8) is None
-        assert plan.fused_backward_plan(head_dim, torch.bfloat16, True, cuda, 8, most + 1) is None
-        assert plan.fused_backward_plan(head_dim, torch.bfloat16, True, torch.device("cpu"), 8, 8) is None
-    assert any(plan.fused_backward_plan(d, torch.bfloat16, True, cuda, 8, 8) is None
-               for d in attention_op.SUPPORTED_HEAD_DIMS)
+    table = ((64, 128, 100, 64, 8, 2), (64, 32, 0, 16, 4, 2), (128, 64, 0, 32, 4, 3))
+
+    def fused(head_dim, n_queries, n_keys, programs=1, device=cuda):
+        return plan.fused_backward_plan(head_dim, torch.bfloat16, True, device, n_queries, n_keys, programs=programs)
+
+    with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_FUSED=table):
+        for head_dim, n_queries, n_keys, programs, config in (
+                (32, 128, 3, 100, (64, 8, 2)), (64, 5, 128, 1, (64, 8, 2)), (64, 32, 32, 101, (16, 4, 2)),
+                (96, 64, 64, 10**6, (32, 4, 3)), (128, 1, 1, 1, (32, 4, 3))):
+            chosen = fused(head_dim, n_queries, n_keys, programs)
+            assert chosen.kernel == "backward_fused" and (chosen.block_m, chosen.num_warps, chosen.num_stages) == config
+            assert chosen.block_n == max(16, 1 << (n_keys - 1).bit_length()) and chosen.block_d >= head_dim
+        # Past every row of its bound (the 128 rows do not take a head dim of 64), or above every bound.
+        for head_dim, n_queries, n_keys, programs in ((64, 33, 33, 101), (64, 129, 8, 1), (80, 65, 8, 1),
+                                                      (256, 8, 8, 1)):
+            assert fused(head_dim, n_queries, n_keys, programs) is None
+        assert fused(64, 8, 8, device=torch.device("cpu")) is None
     with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_FUSED=()):
-        assert plan.fused_backward_plan(64, torch.bfloat16, True, cuda, 8, 8) is None
+        assert fused(64, 8, 8) is None
 
 
 def test_lse_merges_partial_attentions(gen):
@@ -545,13 +550,17 @@ def test_matches_sdpa_math_gpu(dtype, causal, head_dim, n_keys, gen):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("heads", [(3, 3), (4, 1)], ids=["mha", "mqa4"])
 def test_fused_backward_at_its_lengths_gpu(heads, mode, head_dim, gen):
-    """The fused backward at its configured sizes: lengths up to its head dim's limit, ending
-    mid-block and unequal (bottom-right leaves queries without keys), against float64."""
-    row = next(r for r in plan.ATTENTION_BACKWARD_FUSED if head_dim <= r[0])
-    for n_queries, n_keys in ((row[1], row[1]), (row[1] - 3, 17), (5, row[1] - 1), (1, 1)):
-        q, k, v = make_qkv(gen, 2, *heads, n_queries, n_keys, head_dim, torch.bfloat16, requires_grad=True)
-        check_all(q, k, v, mode, torch.bfloat16, f"{n_queries}x{n_keys} D{head_dim} {heads} {mode}", gen)
-        assert plan.last_attention_plan().kernel == "backward_fused"
+    """The fused backward under each of its rows: lengths up to the row's limit, ending mid-block and
+    unequal (bottom-right leaves queries without keys), against float64."""
+    bound = min(r[0] for r in plan.ATTENTION_BACKWARD_FUSED if head_dim <= r[0])
+    for _, most, _, *config in (r for r in plan.ATTENTION_BACKWARD_FUSED if r[0] == bound):
+        for n_queries, n_keys in ((most, most), (most - 3, 17), (5, most - 1), (1, 1)):
+            q, k, v = make_qkv(gen, 2, *heads, n_queries, n_keys, head_dim, torch.bfloat16, requires_grad=True)
+            check_all(q, k, v, mode, torch.bfloat16, f"{n_queries}x{n_keys} D{head_dim} {heads} {mode}", gen)
+            chosen = plan.last_attention_plan()
+            assert chosen.kernel == "backward_fused", chosen
+            if (n_queries, n_keys) == (most, most):
+                assert [chosen.block_m, chosen.num_warps, chosen.num_stages] == config, chosen
 
 
 @gpu_only

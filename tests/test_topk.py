@@ -343,6 +343,35 @@ def test_deterministic(gen):
 
 
 @needs_triton
+@pytest.mark.parametrize("path", [PATHS[i] for i in (0, 1, 5)], ids=[PATH_IDS[i] for i in (0, 1, 5)])
+def test_without_the_lse(path, gen):
+    """write_lse=False (what an eager call that drops the lse takes): the same values and indices,
+    bit for bit, and no lse; the public function takes it only where nothing needs the lse."""
+    x = make_logits((3, 300), torch.bfloat16, gen)
+    strategy, num_chunks, block, lane_keep = path
+    with_lse = topk_module.launch_forward(x, 7, 1.5, strategy, block, num_chunks, lane_keep)
+    values, indices, lse = topk_module.launch_forward(x, 7, 1.5, strategy, block, num_chunks, lane_keep,
+                                                      write_lse=False)
+    assert lse is None and torch.equal(values, with_lse[0]) and torch.equal(indices, with_lse[1])
+    calls = []
+    real = topk_module.launch_forward
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("write_lse", True))
+        return real(*args, **kwargs)
+
+    # The lse-less launch is the public function's only direct call of launch_forward; a call that
+    # returns the lse or records the graph for a backward goes through the op (_forward).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(topk_op, "launch_forward", spy)
+        public = onlinesoftmax.softmax_topk(x, 7, temperature=1.5)
+        assert calls == [False] and len(public) == 2 and torch.equal(public[0], values)
+        assert torch.equal(onlinesoftmax.softmax_topk(x, 7, temperature=1.5, return_lse=True)[2], with_lse[2])
+        onlinesoftmax.softmax_topk(x.float().requires_grad_(), 7)[0].sum().backward()
+    assert calls == [False]
+
+
+@needs_triton
 def test_auto_plan_splits_few_rows_only(gen):
     sms = _device.sm_count(DEVICE)
     few = make_logits((1, 5000), torch.float32, gen)  # 2 chunks of 2 blocks even with the GPU's blocks

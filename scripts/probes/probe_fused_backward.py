@@ -5,10 +5,13 @@ sequences: which lengths and head dims the fused kernel should take, and with wh
 Each line: a shape (batch, Hq, Hkv, S, D), the mask, then per variant milliseconds of do_bench
 (median, L2 flushed), of calls back to back (the host's time where it exceeds the GPU's: what an
 eager loop costs) and of CUDA-graph replays. Variants are the split backward (the fused table
-emptied), the fused one under candidate configs (BLOCK_M, warps, stages), and SDPA FLASH.
+emptied), the plan's choice (the tables as they are; not in --first), the fused one under
+candidate configs (BLOCK_M, warps, stages) at every shape, and SDPA FLASH.
 
-    python scripts/probes/probe_fused_backward.py      (GPU; bf16, four rotated input sets)
+    python scripts/probes/probe_fused_backward.py [--first]     (GPU; bf16, four rotated input sets)
 """
+
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -19,11 +22,16 @@ from onlinesoftmax.bench import harness
 from onlinesoftmax.ops.attention import plan
 
 # (batch, Hq, Hkv, S, D): the host bench's case, the attention sweep's S128 cells (32768 tokens),
-# smaller batches, and the lengths at the tables' limits.
-SHAPES = [(1, 2, 2, 128, 64), (256, 16, 16, 128, 64), (256, 32, 8, 128, 64), (32, 16, 16, 128, 64),
-          (8, 16, 16, 100, 64), (512, 16, 16, 64, 128), (32, 16, 16, 64, 128), (256, 16, 16, 128, 128),
-          (256, 16, 16, 128, 96)]
-CONFIGS = [(32, 8, 2), (64, 8, 2), (16, 4, 2)]
+# smaller batches, and the lengths at the tables' limits (--first: the shapes of the first run,
+# which chose ATTENTION_BACKWARD_FUSED; the default: the shapes that checked the chosen table).
+FIRST_SHAPES = [(1, 2, 2, 128, 64), (256, 16, 16, 128, 64), (256, 32, 8, 128, 64), (32, 16, 16, 128, 64),
+                (8, 16, 16, 100, 64), (512, 16, 16, 64, 128), (32, 16, 16, 64, 128), (256, 16, 16, 128, 128),
+                (256, 16, 16, 128, 96)]
+FIRST_CONFIGS = [(32, 8, 2), (64, 8, 2), (16, 4, 2)]
+CHECK_SHAPES = [(1, 2, 2, 128, 64), (64, 16, 16, 128, 64), (256, 16, 16, 128, 64), (512, 16, 16, 64, 64),
+                (256, 32, 8, 128, 128), (512, 32, 8, 64, 128), (256, 16, 16, 128, 80), (256, 32, 8, 128, 96),
+                (8, 32, 4, 37, 128)]
+CHECK_CONFIGS = [(64, 8, 2), (16, 4, 2)]
 
 
 def input_sets(gen, batch, heads_q, heads_kv, seq, head_dim, count=4):
@@ -55,16 +63,18 @@ def timings(fn, sets):
 
 
 def main():
+    first = "--first" in sys.argv
+    shapes, configs = (FIRST_SHAPES, FIRST_CONFIGS) if first else (CHECK_SHAPES, CHECK_CONFIGS)
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}; ms per forward + backward "
           "(do_bench / back to back / graph)", flush=True)
-    for shape in SHAPES:
+    for shape in shapes:
         sets = input_sets(gen, *shape)
         head_dim, seq = shape[4], shape[3]
         for causal in (False, True):
-            variants = [("split", dict(ATTENTION_BACKWARD_FUSED=()))]
-            variants += [(f"fused {m}x{w}w{s}s", dict(ATTENTION_BACKWARD_FUSED=((head_dim, seq, m, w, s),)))
-                         for m, w, s in CONFIGS]
+            variants = [("split", dict(ATTENTION_BACKWARD_FUSED=()))] + ([] if first else [("plan", {})])
+            variants += [(f"fused {m}x{w}w{s}s", dict(ATTENTION_BACKWARD_FUSED=((head_dim, seq, 0, m, w, s),)))
+                         for m, w, s in configs]
             parts = []
             for name, tables in variants:
                 with onlinesoftmax.override_plan("attention", **tables):
@@ -74,7 +84,10 @@ def main():
                     except Exception as error:  # a config that does not compile (registers, shared memory)
                         parts.append(f"{name}: {type(error).__name__}")
                         continue
-                assert kernel == ("backward_dkdv" if name == "split" else "backward_fused"), (name, kernel)
+                if name == "plan":
+                    name = f"plan ({kernel[9:]})"
+                else:
+                    assert kernel == ("backward_dkdv" if name == "split" else "backward_fused"), (name, kernel)
                 parts.append(f"{name} " + "/".join("-" if t is None else f"{t:.4f}" for t in times))
             times = timings(flash(causal), sets)
             parts.append("flash " + "/".join("-" if t is None else f"{t:.4f}" for t in times))

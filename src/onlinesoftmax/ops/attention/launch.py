@@ -187,7 +187,7 @@ class _BackwardCall:
         # A forced load path leaves the work out: the plan then keeps it as given.
         batch_heads = batch * n_heads_q if use_descriptor is None else None
         fused_plan = planner.fused_backward_plan(head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok,
-                                                 batch_heads=batch_heads)
+                                                 batch_heads=batch_heads, programs=batch * n_heads_kv)
         dkdv_plan = self.plan = fused_plan or planner.attention_plan(
             "backward_dkdv", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok, batch_heads=batch_heads)
         self.mode = mode

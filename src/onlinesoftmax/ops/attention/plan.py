@@ -89,11 +89,20 @@ ATTENTION_SHORT_CONFIGS = {
 # measured slower at D96 S2048 (228.5 against 235.8) and faulted on the GPU at D96 causal.
 ATTENTION_FORWARD_SPLIT_HEAD_DIMS = (80, 96, 192)
 # The fused backward (one kernel, one program per KV head, its keys in one block: delta, dK, dV and
-# dQ together) where the longer of queries and keys is at most the row's length; BLOCK_N is the
-# keys' power of two (at least 16). A program holds K, V, dK and dV of up to that many keys and loops over the query
-# blocks, so the length bounds both its registers and its serial work. Rows (largest head dim,
-# most keys and queries, BLOCK_M, num_warps, num_stages), the first whose head dim is >= D applying.
-ATTENTION_BACKWARD_FUSED = ((64, 128, 32, 8, 2), (128, 64, 32, 8, 2))
+# dQ together, one launch for three; BLOCK_N is the keys' power of two, at least 16). A program
+# holds K, V, dK and dV of its keys and loops over the query blocks of its query heads. Rows
+# (largest head dim, most keys and queries, most programs or 0 for any, BLOCK_M, num_warps,
+# num_stages): among the rows of the first head-dim bound >= D, the first whose length (the longer
+# of queries and keys) and program count (batch x KV heads) fit; none fitting, the split backward.
+# Measured (scripts/probes/probe_fused_backward.py, docs/notes/2026-11/probe_fused_backward-h100.log;
+# CUDA-graph ms, split -> fused, non-causal / causal): D64 S128 B1 H2 0.0174 / 0.0191 -> 0.0139 /
+# 0.0143, B32 H16 0.0815 / 0.0934 -> 0.0606 / 0.0597, B256 H32/8 1.082 / 1.126 -> 0.980 / 1.011, but
+# B256 H16 (4096 programs) 0.733 / 0.762 -> 0.796 / 0.808 (16 x 4 warps: 0.743 / 0.738), hence the
+# split beyond 2048 programs; D128 S64 B512 H16 1.155 / 1.320 -> 1.077 / 1.080 with 16-query blocks
+# on 4 warps; D128 S128 B256 H16 1.127 / 1.247 -> 1.116 / 1.110, D96 1.095 / 1.157 -> 1.101 / 1.049.
+ATTENTION_BACKWARD_FUSED = ((64, 128, 2048, 64, 8, 2),
+                            (128, 64, 0, 16, 4, 2),
+                            (128, 128, 0, 64, 8, 2))
 # Register caps (Triton's maxnreg) that fit one more backward program an SM, by (kernel, padded head dim, causal).
 ATTENTION_MAX_REGISTERS = {("backward_dkdv", 64, True): 168, ("backward_dq", 128, False): 128,
                            ("backward_dq", 128, True): 128}
@@ -103,7 +112,7 @@ ATTENTION_INTERPRETER_CONFIGS = {
     "forward": (16, 32, 4, 1),
     "backward_dkdv": (16, 32, 4, 1),
     "backward_dq": (32, 16, 4, 1),
-    "backward_fused": (64, 16, 4, 1),  # as ATTENTION_BACKWARD_FUSED's rows, without the head dim
+    "backward_fused": (64, 0, 16, 4, 1),  # as ATTENTION_BACKWARD_FUSED's rows, without the head dim
 }
 ATTENTION_KERNELS = tuple(ATTENTION_CONFIGS)
 
@@ -208,27 +217,32 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
 
 
 def fused_backward_plan(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, n_queries: int,
-                        n_keys: int, descriptor_ok: bool = True,
-                        batch_heads: Optional[int] = None) -> Optional[AttentionPlan]:
-    """The fused backward's plan (kernel "backward_fused") where ATTENTION_BACKWARD_FUSED covers
-    the head dim and length, else None (the split backward runs). Arguments as attention_plan's."""
+                        n_keys: int, descriptor_ok: bool = True, batch_heads: Optional[int] = None,
+                        programs: int = 1) -> Optional[AttentionPlan]:
+    """The fused backward's plan (kernel "backward_fused") where an ATTENTION_BACKWARD_FUSED row
+    covers the head dim, the length and ``programs`` (batch x KV heads), else None (the split
+    backward runs). Other arguments as attention_plan's."""
     interpreting = interpreter_active()
     if torch.device(device).type != "cuda" and not interpreting:
         return None
     if batch_heads is not None and not interpreting and _pointer_work(batch_heads, n_queries, n_keys, head_dim):
         descriptor_ok = False
-    return _fused_backward_plan(head_dim, dtype, causal, max(n_queries, n_keys), n_keys, bool(descriptor_ok),
-                                interpreting)
+    return _fused_backward_plan(head_dim, dtype, causal, max(n_queries, n_keys), n_keys, programs,
+                                bool(descriptor_ok), interpreting)
 
 
 @functools.lru_cache(maxsize=1024)
-def _fused_backward_plan(head_dim, dtype, causal, length, n_keys, descriptor_ok, interpreting):
-    row = next((r[1:] for r in ATTENTION_BACKWARD_FUSED if head_dim <= r[0]), None)
+def _fused_backward_plan(head_dim, dtype, causal, length, n_keys, programs, descriptor_ok, interpreting):
+    bound = min((r[0] for r in ATTENTION_BACKWARD_FUSED if head_dim <= r[0]), default=None)
+    if bound is None:
+        return None
+    rows = [r[1:] for r in ATTENTION_BACKWARD_FUSED if r[0] == bound]
+    if interpreting:
+        rows = [ATTENTION_INTERPRETER_CONFIGS["backward_fused"]]
+    row = next((r for r in rows if length <= r[0] and (not r[1] or programs <= r[1])), None)
     if row is None:
         return None
-    most, block_m, num_warps, num_stages = ATTENTION_INTERPRETER_CONFIGS["backward_fused"] if interpreting else row
-    if length > most:
-        return None
+    block_m, num_warps, num_stages = row[2:]
     use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR["backward_dkdv"])
     return AttentionPlan("backward_fused", "triton", head_dim, dtype, causal, use_descriptor, block_m=block_m,
                          block_n=max(16, next_power_of_2(n_keys)), block_d=next_power_of_2(head_dim),

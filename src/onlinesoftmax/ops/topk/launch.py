@@ -43,14 +43,14 @@ class _Prepared:
 
     __slots__ = ("plan", "stream", "merge", "outputs", "scratch")
 
-    def __init__(self, x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton):
+    def __init__(self, x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton, write_lse):
         n_rows, device = x2.shape[0], x2.device
         # values, indices, lse
         self.outputs = (_buffers.template((n_rows, k), x2.dtype, device),
                         _buffers.template((n_rows, k), torch.int64, device),
                         _buffers.template((n_rows,), torch.float32, device))
         self.plan, self.stream, self.merge = _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read,
-                                                      is_aligned, use_triton)
+                                                      is_aligned, use_triton, write_lse)
         chosen = self.plan
         self.scratch = None
         if chosen is not None and (chosen.strategy == "split" or chosen.compact):
@@ -60,7 +60,7 @@ class _Prepared:
                             _buffers.template((n_rows, chosen.num_chunks), torch.float32, device))
 
 
-def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton):
+def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton, write_lse):
     """(plan, bound stream launch, bound merge launch or None) of a forward signature; (None, None,
     None) for the torch path."""
     n_rows, n_cols = x2.shape
@@ -70,52 +70,58 @@ def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_alig
                                lane_keep=lane_keep, second_read=second_read)
     # The plan fixes every integer argument but x's strides; with x's alignment they complete the
     # compiled-kernel key (see onlinesoftmax._launch).
-    launch_key = (chosen, x2.stride(0), x2.stride(1), is_aligned, planner.TOPK_FEW_SURVIVORS)
+    launch_key = (chosen, x2.stride(0), x2.stride(1), is_aligned, planner.TOPK_FEW_SURVIVORS, write_lse)
     common = dict(BLOCK=chosen.block, K_POW2=chosen.k_pow2, FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS,
                   COMPACT=chosen.compact, LANE_KEEP=chosen.lane_keep,
                   READ_SUSPECT_LANES=chosen.second_read == "lanes",
-                  CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2, is_aligned), WRITE_LSE=True,
+                  CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2, is_aligned), WRITE_LSE=write_lse,
                   num_warps=chosen.num_warps)
     if chosen.strategy == "single":
         return chosen, _topk_stream.bind((n_rows, 1), launch_key, FINAL=True, **common), None
     stream = _topk_stream.bind((n_rows, chosen.num_chunks), launch_key, FINAL=False, **common)
-    merge = _topk_merge.bind((n_rows,), chosen, K_POW2=chosen.k_pow2, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
-                             WRITE_LSE=True, num_warps=planner.TOPK_MERGE_WARPS)
+    merge = _topk_merge.bind((n_rows,), (chosen, write_lse), K_POW2=chosen.k_pow2,
+                             CHUNKS_POW2=next_power_of_2(chosen.num_chunks), WRITE_LSE=write_lse,
+                             num_warps=planner.TOPK_MERGE_WARPS)
     return chosen, stream, merge
 
 
 def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optional[str] = None,
                    block: Optional[int] = None, num_chunks: Optional[int] = None,
-                   lane_keep: Optional[int] = None, second_read: Optional[str] = None):
+                   lane_keep: Optional[int] = None, second_read: Optional[str] = None, write_lse: bool = True):
     """(values, indices, lse) of a (rows, cols) tensor; ``strategy``/``block``/``num_chunks``/``lane_keep``/
-    ``second_read`` force the plan."""
+    ``second_read`` force the plan. ``write_lse=False``: the kernels leave the lse out and it is
+    returned as None where they run (one allocation fewer for a caller that drops it)."""
     n_rows, n_cols = x2.shape
     is_aligned = aligned(x2)
     # Everything but the tensors is decided once per signature: a decode step calls this once per
     # generated token, and the host's Python is most of a small call's time.
     signature = (x2.shape, x2.stride(), x2.dtype, x2.device, k, strategy, block, num_chunks, lane_keep, second_read,
-                 is_aligned, x2.is_cuda or interpreter_active())
+                 is_aligned, write_lse, x2.is_cuda or interpreter_active())
     prepared = _PREPARED.get(signature)
     if prepared is None:
         prepared = remember(_PREPARED, signature, _Prepared(x2, k, strategy, block, num_chunks, lane_keep,
-                                                            second_read, is_aligned, signature[-1]))
-    values, indices, lse = (_buffers.empty_like(t) for t in prepared.outputs)
+                                                            second_read, is_aligned, signature[-1], write_lse))
     chosen, stream, merge = prepared.plan, prepared.stream, prepared.merge
+    values, indices = _buffers.empty_like(prepared.outputs[0]), _buffers.empty_like(prepared.outputs[1])
     if chosen is None:
+        lse = _buffers.empty_like(prepared.outputs[2])
         if n_rows:
             cpu.softmax_topk(x2, k, 1.0 / temperature, values, indices, lse)
         return values, indices, lse
+    # Without the lse its pointer arguments are placeholders the kernels never read or write.
+    lse = _buffers.empty_like(prepared.outputs[2]) if write_lse else None
+    lse_arg = values if lse is None else lse
     planner.record_topk(chosen)
     inv_t = 1.0 / temperature
     part_keys = indices if prepared.scratch is None else _buffers.empty_like(prepared.scratch[0])
     if merge is None:
-        stream(x2, values, indices, lse, lse, lse, part_keys, n_cols, k, x2.stride(0), x2.stride(1), k, n_cols, 1,
-               inv_t)
+        stream(x2, values, indices, lse_arg, lse_arg, lse_arg, part_keys, n_cols, k, x2.stride(0), x2.stride(1), k,
+               n_cols, 1, inv_t)
         return values, indices, lse
     part_m, part_d = (_buffers.empty_like(prepared.scratch[1]) for _ in range(2))
     stream(x2, values, indices, lse, part_m, part_d, part_keys, n_cols, k, x2.stride(0), x2.stride(1), k,
            chosen.chunk_size, chosen.num_chunks, inv_t)
-    merge(part_m, part_d, part_keys, values, indices, lse, k, k, chosen.num_chunks)
+    merge(part_m, part_d, part_keys, values, indices, lse_arg, k, k, chosen.num_chunks)
     return values, indices, lse
 
 

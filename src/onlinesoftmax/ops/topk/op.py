@@ -185,15 +185,20 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, temperature: float =
     args = (x2, k, float(temperature), strategy, None, None)
     if x.requires_grad and torch.is_grad_enabled():
         values, indices, lse = _SoftmaxTopkFunction.apply(*args)
-    else:
+    elif return_lse or torch.compiler.is_compiling():
         values, indices, lse = _forward(*args)
+    else:
+        # An eager call that drops the lse: the kernels skip it (one allocation fewer a call).
+        values, indices, lse = launch_forward(*args, write_lse=False)
     if as_rows:
         return (values, indices, lse) if return_lse else (values, indices)
     moved = x.movedim(dim, -1).shape
     values = values.reshape(*moved[:-1], k).movedim(-1, dim)
     indices = indices.reshape(*moved[:-1], k).movedim(-1, dim)
-    lse = lse.reshape(moved[:-1])
     if squeeze:  # a 0-d input gives 0-d results, as torch.topk (k = 0: one-dimensional and empty)
         shape = (0,) if k == 0 else ()
-        values, indices, lse = values.reshape(shape), indices.reshape(shape), lse.reshape(())
-    return (values, indices, lse) if return_lse else (values, indices)
+        values, indices = values.reshape(shape), indices.reshape(shape)
+    if not return_lse:
+        return values, indices
+    lse = lse.reshape(() if squeeze else moved[:-1])
+    return values, indices, lse

@@ -94,13 +94,18 @@ ATTENTION_FORWARD_SPLIT_HEAD_DIMS = (80, 96, 192)
 # (largest head dim, most keys and queries, most programs or 0 for any, BLOCK_M, num_warps,
 # num_stages): among the rows of the first head-dim bound >= D, the first whose length (the longer
 # of queries and keys) and program count (batch x KV heads) fit; none fitting, the split backward.
-# Measured (scripts/probes/probe_fused_backward.py, docs/notes/2026-11/probe_fused_backward-h100.log;
-# CUDA-graph ms, split -> fused, non-causal / causal): D64 S128 B1 H2 0.0174 / 0.0191 -> 0.0139 /
-# 0.0143, B32 H16 0.0815 / 0.0934 -> 0.0606 / 0.0597, B256 H32/8 1.082 / 1.126 -> 0.980 / 1.011, but
-# B256 H16 (4096 programs) 0.733 / 0.762 -> 0.796 / 0.808 (16 x 4 warps: 0.743 / 0.738), hence the
-# split beyond 2048 programs; D128 S64 B512 H16 1.155 / 1.320 -> 1.077 / 1.080 with 16-query blocks
-# on 4 warps; D128 S128 B256 H16 1.127 / 1.247 -> 1.116 / 1.110, D96 1.095 / 1.157 -> 1.101 / 1.049.
-ATTENTION_BACKWARD_FUSED = ((64, 128, 2048, 64, 8, 2),
+# Measured (scripts/probes/probe_fused_backward.py; CUDA-graph ms, split -> fused, non-causal /
+# causal; docs/notes/2026-11/probe_fused_backward-first-h100.log chose the configs,
+# probe_fused_backward-h100.log checked the table): D64 S128 B1 H2 0.0174 / 0.0191 -> 0.0139 /
+# 0.0143 (64 x 8 warps), B32 H16 0.0815 / 0.0934 -> 0.0606 / 0.0597, B256 H32/8 1.082 / 1.126 ->
+# 0.980 / 1.011, but B256 H16 (4096 programs) 0.733 / 0.762 -> 0.796 / 0.808 (16 x 4 warps 0.743 /
+# 0.738), hence the split there; D64 S64 B512 H16 (8192 programs) 0.447 / 0.562 -> 0.324 / 0.323
+# on 16-query blocks and 4 warps; D128 S64 B512 H16 1.155 / 1.320 -> 1.077 / 1.080 (16 x 4), B512
+# H32/8 1.659 / 1.975 -> 1.456 / 1.479; D128 S128 B256 H16 1.127 / 1.247 -> 1.116 / 1.110 (64 x 8),
+# H32/8 1.654 / 1.835 -> 1.507 / 1.462; D80 S128 1.041 / 1.087 -> 1.031 / 0.984; D96 S128 H32/8
+# 1.606 / 1.696 -> 1.492 / 1.395.
+ATTENTION_BACKWARD_FUSED = ((64, 64, 0, 16, 4, 2),
+                            (64, 128, 2048, 64, 8, 2),
                             (128, 64, 0, 16, 4, 2),
                             (128, 128, 0, 64, 8, 2))
 # Register caps (Triton's maxnreg) that fit one more backward program an SM, by (kernel, padded head dim, causal).

@@ -145,11 +145,13 @@ def test_attention_load_paths(head_dim, mode, use_descriptor):
 @pytest.mark.parametrize("use_descriptor", [True, False], ids=["descriptors", "pointers"])
 @pytest.mark.parametrize("mode", ["none", "top_left", "bottom_right"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
-def test_attention_fused_backward(head_dim, mode, use_descriptor):
-    # The fused backward (keys in one block): GQA, 60 queries and 45 keys ending mid-block.
+@pytest.mark.parametrize("n_queries,n_keys", [(60, 45), (100, 90)])
+def test_attention_fused_backward(n_queries, n_keys, head_dim, mode, use_descriptor):
+    # The fused backward (keys in one block) under each row of its table (up to 64 and up to 128
+    # keys and queries): GQA, lengths ending mid-block.
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(1, 4, 60, head_dim, generator=gen).bfloat16().to(DEVICE)
-    k, v = (torch.randn(1, 2, 45, head_dim, generator=gen).bfloat16().to(DEVICE) for _ in range(2))
+    q = torch.randn(1, 4, n_queries, head_dim, generator=gen).bfloat16().to(DEVICE)
+    k, v = (torch.randn(1, 2, n_keys, head_dim, generator=gen).bfloat16().to(DEVICE) for _ in range(2))
     out, lse = attention_launch.launch_forward(q, k, v, mode, head_dim ** -0.5, use_descriptor=use_descriptor)
     grads = attention_launch.launch_backward(torch.randn_like(out), q, k, v, out, lse, mode, head_dim ** -0.5,
                                              use_descriptor=use_descriptor)

@@ -216,21 +216,26 @@ def forward_key_blocks(acc, acc2, l_i, m_i, q, q2, desc_k, desc_v, desc_k2, desc
 
 
 @triton.jit
-def forward_descriptors(q_ptr, k_ptr, v_ptr, o_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
-                        q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        USE_DESCRIPTOR: tl.constexpr):
-    """The forward's per-head descriptors of Q, K, V and O for tiles BLOCK_D wide along the head dim."""
+def qkv_descriptors(q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+                    q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    USE_DESCRIPTOR: tl.constexpr):
+    """Per-head descriptors of the caller's Q, K and V for tiles BLOCK_D wide along the head dim."""
     desc_q = head_descriptor(q_ptr, batch * n_heads_q, n_queries, head_dim, q_head_stride, stride_qs,
                              BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
     desc_k = head_descriptor(k_ptr, batch * n_heads_kv, n_keys, head_dim, k_head_stride, stride_ks,
                              BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     desc_v = head_descriptor(v_ptr, batch * n_heads_kv, n_keys, head_dim, v_head_stride, stride_vs,
                              BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    # o is ours: contiguous (batch * heads, n_queries, head_dim).
-    desc_o = head_descriptor(o_ptr, batch * n_heads_q, n_queries, head_dim, n_queries * head_dim, head_dim,
-                             BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
-    return desc_q, desc_k, desc_v, desc_o
+    return desc_q, desc_k, desc_v
+
+
+@triton.jit
+def own_descriptor(ptr, n_heads_total, n_rows, head_dim, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                   USE_DESCRIPTOR: tl.constexpr):
+    # A tensor the op allocated (O, dQ, dK, dV): contiguous (batch * heads, n_rows, head_dim).
+    return head_descriptor(ptr, n_heads_total, n_rows, head_dim, n_rows * head_dim, head_dim,
+                           BLOCK_ROWS, BLOCK_D, USE_DESCRIPTOR)
 
 
 @triton.jit(do_not_specialize=COUNT_ARGS)
@@ -261,15 +266,17 @@ def attention_forward_kernel(
     kv_bh = b * n_heads_kv + h_kv
     start_m = block_m * BLOCK_M
 
-    desc_q, desc_k, desc_v, desc_o = forward_descriptors(
-        q_ptr, k_ptr, v_ptr, o_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+    desc_q, desc_k, desc_v = qkv_descriptors(
+        q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
         q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
         BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_o = own_descriptor(o_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
     if BLOCK_D2 > 0:
-        desc_q2, desc_k2, desc_v2, desc_o2 = forward_descriptors(
-            q_ptr, k_ptr, v_ptr, o_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        desc_q2, desc_k2, desc_v2 = qkv_descriptors(
+            q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
             q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
             BLOCK_M, BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
+        desc_o2 = own_descriptor(o_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D2, USE_DESCRIPTOR)
     else:
         desc_q2 = desc_q
         desc_k2 = desc_k
@@ -455,18 +462,14 @@ def attention_backward_dkdv_kernel(
     h_kv = kv_bh % n_heads_kv
     cols = start_n + tl.arange(0, BLOCK_N)
 
-    desc_q = head_descriptor(q_ptr, batch * n_heads_q, n_queries, head_dim, q_head_stride, stride_qs,
-                             BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_q, desc_k, desc_v = qkv_descriptors(
+        q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+        BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     desc_do = head_descriptor(do_ptr, batch * n_heads_q, n_queries, head_dim, do_head_stride, stride_dos,
                               BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
-    desc_k = head_descriptor(k_ptr, batch * n_heads_kv, n_keys, head_dim, k_head_stride, stride_ks,
-                             BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_v = head_descriptor(v_ptr, batch * n_heads_kv, n_keys, head_dim, v_head_stride, stride_vs,
-                             BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_dk = head_descriptor(dk_ptr, batch * n_heads_kv, n_keys, head_dim, n_keys * head_dim, head_dim,
-                              BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_dv = head_descriptor(dv_ptr, batch * n_heads_kv, n_keys, head_dim, n_keys * head_dim, head_dim,
-                              BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_dk = own_descriptor(dk_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_dv = own_descriptor(dv_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
     k = load_tile(desc_k, k_base, kv_bh, start_n, n_keys, stride_ks, stride_kd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
@@ -552,16 +555,13 @@ def attention_backward_dq_kernel(
     kv_bh = b * n_heads_kv + h_kv
     start_m = block_m * BLOCK_M
 
-    desc_q = head_descriptor(q_ptr, batch * n_heads_q, n_queries, head_dim, q_head_stride, stride_qs,
-                             BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_q, desc_k, desc_v = qkv_descriptors(
+        q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+        BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     desc_do = head_descriptor(do_ptr, batch * n_heads_q, n_queries, head_dim, do_head_stride, stride_dos,
                               BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
-    desc_k = head_descriptor(k_ptr, batch * n_heads_kv, n_keys, head_dim, k_head_stride, stride_ks,
-                             BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_v = head_descriptor(v_ptr, batch * n_heads_kv, n_keys, head_dim, v_head_stride, stride_vs,
-                             BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_dq = head_descriptor(dq_ptr, batch * n_heads_q, n_queries, head_dim, n_queries * head_dim, head_dim,
-                              BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_dq = own_descriptor(dq_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
     q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
     k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
@@ -608,23 +608,16 @@ def attention_backward_fused_kernel(
     h_kv = kv_bh % n_heads_kv
     cols = tl.arange(0, BLOCK_N)
 
-    desc_q = head_descriptor(q_ptr, batch * n_heads_q, n_queries, head_dim, q_head_stride, stride_qs,
-                             BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_q, desc_k, desc_v = qkv_descriptors(
+        q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+        BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     desc_do = head_descriptor(do_ptr, batch * n_heads_q, n_queries, head_dim, do_head_stride, stride_dos,
                               BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
-    # O, dQ, dK and dV are the op's own contiguous tensors.
-    desc_o = head_descriptor(o_ptr, batch * n_heads_q, n_queries, head_dim, n_queries * head_dim, head_dim,
-                             BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
-    desc_dq = head_descriptor(dq_ptr, batch * n_heads_q, n_queries, head_dim, n_queries * head_dim, head_dim,
-                              BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
-    desc_k = head_descriptor(k_ptr, batch * n_heads_kv, n_keys, head_dim, k_head_stride, stride_ks,
-                             BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_v = head_descriptor(v_ptr, batch * n_heads_kv, n_keys, head_dim, v_head_stride, stride_vs,
-                             BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_dk = head_descriptor(dk_ptr, batch * n_heads_kv, n_keys, head_dim, n_keys * head_dim, head_dim,
-                              BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_dv = head_descriptor(dv_ptr, batch * n_heads_kv, n_keys, head_dim, n_keys * head_dim, head_dim,
-                              BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_o = own_descriptor(o_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_dq = own_descriptor(dq_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_dk = own_descriptor(dk_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_dv = own_descriptor(dv_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
     k = load_tile(desc_k, k_base, kv_bh, 0, n_keys, stride_ks, stride_kd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)

@@ -468,6 +468,25 @@ def test_split_row_on_chip_tiles_by_direction_and_element_size(plan_override):
         torch.float32: ("split_row_on_chip", 8192, 4), torch.bfloat16: ("split_row_on_chip", 8192, 4)}
 
 
+def test_misaligned_rows_of_a_large_tile_split(plan_override):
+    # Rows off 16-byte boundaries (misaligned_rows) whose row_on_chip tile is above
+    # ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and at least ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL full take
+    # split_row_on_chip, forward and backward; aligned rows, emptier tiles, logsumexp and fp32 stay.
+    plan_override(ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7}, ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS=16384)
+    cuda = torch.device("cuda")
+
+    def strategy(op, cols, dtype=torch.bfloat16, misaligned=True):
+        return plan._choose(op, 262, cols, dtype, cuda, "auto", None, 132, False, misaligned).strategy
+
+    for op in ("softmax", "log_softmax", "softmax_backward", "log_softmax_backward"):
+        assert strategy(op, 32076) == strategy(op, 23612) == "split_row_on_chip", op
+        assert strategy(op, 32076, misaligned=False) == "row_on_chip", op
+        assert strategy(op, 32076, torch.float32) == "row_on_chip", op
+        assert strategy(op, 22000) != "split_row_on_chip", op  # 67% of the tile
+        assert strategy(op, 16001) != "split_row_on_chip", op  # a tile of 16384
+    assert strategy("logsumexp", 32076) == "row_on_chip"
+
+
 def test_split_row_chunks_by_rows(plan_override):
     # SPLIT_PROGRAMS_PER_SM by rows: one row aims at 2 programs an SM, more rows at 8.
     plan_override(SPLIT_PROGRAMS_PER_SM=((1, 2), (1 << 62, 8)))

@@ -76,6 +76,18 @@ BACKWARD_ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
 # chip. float32 lost (2048 x 4097 forward 2000 -> 1705, backward 2454 -> 2395): 0, never.
 ROW_ON_CHIP_MIN_FILL = {4: 0.0, 2: 0.6}
 ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS = 16384
+# Rows off 16-byte boundaries whose row_on_chip tile is larger than ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS
+# and at least this full (by element size; None: never) take split_row_on_chip, forward and
+# backward (logsumexp stays on chip): a whole misaligned row read in granules by one program of
+# 16 warps, two an SM, left too little in flight. H100, scripts/tune/sweep_strategies.py --log
+# (docs/notes/2026-11/sweep_strategies-misaligned-h100.log), GB/s, row_on_chip -> split_row_on_chip,
+# forward / backward: bf16 log_softmax 262x32076 1420 -> 1626 / 1522 -> 1751 (torch 1404 / 1528),
+# 474x23612 1463 -> 1706 / 1511 -> 1834, 1000x32076 1898 -> 2266 / 1872 -> 2285, 131x32076 1030 ->
+# 1110 / 1285 -> 1467; fp16 262x32076 1289 -> 1568 / 1643 -> 1732 (torch 1420 / 1533), 474x23612
+# 1244 -> 1686 / 1682 -> 1809 (torch 1343 / 1716); softmax bf16 262x32076 1433 -> 1536 / 1399 ->
+# 1767. Aligned rows stay on chip (bf16 262x20000, 61% of its tile: 1548 on chip, 1114 split;
+# 1024x32768 on chip 2533 in the bench grid). fp32 was not measured.
+ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
 # bf16 rows at least this long wait in registers at 16 bits (widened for each use): half the registers, 2 programs an SM.
 ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 # A held row takes at most 16 warps: 64 registers a thread, 2 programs an SM, half the warps in each cross-warp reduction.
@@ -226,6 +238,14 @@ def _split_on_chip_tile(backward: bool, cols: int, elem: int, sms: int) -> int:
     return max(smallest, next_power_of_2(cdiv(cols, _split_on_chip_max_chunks(sms))))
 
 
+def _full_large_tile(cols: int, elem: int) -> bool:
+    """Rows whose row_on_chip tile is above ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and at least
+    ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL full."""
+    fill = ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL[elem]
+    tile = next_power_of_2(cols)
+    return fill is not None and tile > ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and cols >= fill * tile
+
+
 def _half_empty_tile(cols: int, elem: int) -> bool:
     """Rows longer than one stream block that fill less than ROW_ON_CHIP_MIN_FILL of row_on_chip's tile."""
     return cols > STREAM_BLOCK[elem] and cols < ROW_ON_CHIP_MIN_FILL[elem] * next_power_of_2(cols)
@@ -372,6 +392,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 strategy = "split_row_on_chip"
             else:
                 strategy = "row_on_chip"
+        elif on_chip and misaligned_rows and op != "logsumexp" and _full_large_tile(cols, elem):
+            strategy = "split_row_on_chip"
         elif on_chip:
             strategy = "row_on_chip"
         elif (algorithm == "auto" and op != "logsumexp" and not interpreting

@@ -14,14 +14,13 @@ from ... import _buffers, cpu
 from ..._device import interpreter_active, next_power_of_2, plan_cache as _device_plan_cache, remember
 from ..._launch import Launcher, aligned
 from . import plan as planner
-from .kernels import (
-    LOG2E,
+from .backward_kernels import (
     attention_backward_delta_kernel,
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
     attention_backward_fused_kernel,
-    attention_forward_kernel,
 )
+from .kernels import LOG2E, attention_forward_kernel
 
 
 

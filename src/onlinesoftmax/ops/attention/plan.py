@@ -170,9 +170,8 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     if kernel not in ATTENTION_CONFIGS:
         raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS}")
     interpreting = interpreter_active()
-    if (kernel != "forward" and batch_heads is not None and not interpreting
-            and _pointer_work(batch_heads, n_queries, n_keys, head_dim)):
-        descriptor_ok = False
+    if kernel != "forward":
+        descriptor_ok = _backward_descriptor_ok(descriptor_ok, batch_heads, n_queries, n_keys, head_dim, interpreting)
     length = n_keys if kernel == "forward" else max(n_queries, n_keys)
     return _attention_plan(kernel, head_dim, dtype, causal, torch.device(device).type, n_keys, length,
                            bool(descriptor_ok), bool(rows_ok), interpreting)
@@ -230,8 +229,7 @@ def fused_backward_plan(head_dim: int, dtype: torch.dtype, causal: bool, device:
     interpreting = interpreter_active()
     if torch.device(device).type != "cuda" and not interpreting:
         return None
-    if batch_heads is not None and not interpreting and _pointer_work(batch_heads, n_queries, n_keys, head_dim):
-        descriptor_ok = False
+    descriptor_ok = _backward_descriptor_ok(descriptor_ok, batch_heads, n_queries, n_keys, head_dim, interpreting)
     return _fused_backward_plan(head_dim, dtype, causal, max(n_queries, n_keys), n_keys, programs,
                                 bool(descriptor_ok), interpreting)
 
@@ -248,15 +246,20 @@ def _fused_backward_plan(head_dim, dtype, causal, length, n_keys, programs, desc
     if row is None:
         return None
     block_m, num_warps, num_stages = row[2:]
+    # Loads as the dK/dV kernel's, whose work (K and V held, query blocks streamed) it repeats.
     use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR["backward_dkdv"])
     return AttentionPlan("backward_fused", "triton", head_dim, dtype, causal, use_descriptor, block_m=block_m,
                          block_n=max(16, next_power_of_2(n_keys)), block_d=next_power_of_2(head_dim),
                          num_warps=num_warps, num_stages=num_stages)
 
 
-def _pointer_work(batch_heads: int, n_queries: int, n_keys: int, head_dim: int) -> bool:
-    """Whether a backward's work is small enough for pointer loads (ATTENTION_BACKWARD_POINTER_MAX_WORK)."""
-    return batch_heads * n_queries * n_keys * head_dim <= ATTENTION_BACKWARD_POINTER_MAX_WORK
+def _backward_descriptor_ok(descriptor_ok: bool, batch_heads: Optional[int], n_queries: int, n_keys: int,
+                            head_dim: int, interpreting: bool) -> bool:
+    """The layout's answer, turned off on the GPU where a backward's work is within
+    ATTENTION_BACKWARD_POINTER_MAX_WORK (``batch_heads`` None: a forced load path, kept)."""
+    small = (batch_heads is not None and not interpreting
+             and batch_heads * n_queries * n_keys * head_dim <= ATTENTION_BACKWARD_POINTER_MAX_WORK)
+    return descriptor_ok and not small
 
 
 def head_dim_parts(head_dim: int) -> tuple[int, int]:

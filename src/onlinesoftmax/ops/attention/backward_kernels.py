@@ -1,0 +1,318 @@
+"""Flash attention's backward (Dao et al., 2022): Triton kernels without atomics, so results are
+bitwise reproducible. They recompute the probabilities from the forward's saved log-sum-exp
+instead of storing them (``P = exp(scale * Q K^T - lse)``):
+
+* ``attention_backward_delta_kernel``: ``delta`` (each query row's dO . O), first.
+* ``attention_backward_dkdv_kernel``: one program per key block and KV head; it loops over the
+  query heads of its group and over the query blocks that see its keys, accumulating dK and dV in
+  registers (the GQA sum over the group happens there, in a fixed order).
+* ``attention_backward_dq_kernel``: one program per query block and query head, looping over keys.
+* ``attention_backward_fused_kernel``: where a head's keys fit one block, all three in one program
+  per KV head: one launch instead of three, which is most of a short sequence's backward.
+
+Masks, load paths and the tile helpers are the forward's (``kernels.py``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..._triton import NEG_INF, mma
+from .kernels import (COUNT_ARGS, head_descriptor, key_ranges, load_tile, own_descriptor, qkv_descriptors,
+                      store_tile, visible)
+
+
+@triton.jit
+def attention_backward_delta_kernel(
+    o_ptr, do_ptr, delta_ptr, n_heads, n_queries, head_dim,
+    stride_dob, stride_doh, stride_dos, stride_dod,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # delta_i = sum_d dO_id O_id = sum_j P_ij dP_ij: the softmax backward's row dot product.
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows < n_queries)[:, None] & (cols < head_dim)[None, :]
+    o = tl.load(o_ptr + bh.to(tl.int64) * n_queries * head_dim + rows.to(tl.int64)[:, None] * head_dim + cols[None, :],
+                mask=mask, other=0.0)
+    do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    do = tl.load(do_base + rows.to(tl.int64)[:, None] * stride_dos + cols[None, :] * stride_dod, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(delta_ptr + bh.to(tl.int64) * n_queries + rows, delta, mask=rows < n_queries)
+
+
+@triton.jit
+def load_row_stats(lse_ptr, delta_ptr, bh, rows, n_queries):
+    """Per query row: the log-sum-exp in log2 units and delta. Rows that saw no key (lse = -inf)
+    and rows past the end get lse = +inf, so their probabilities exp2(s - lse) are exactly 0."""
+    offs = bh.to(tl.int64) * n_queries + rows
+    lse = tl.load(lse_ptr + offs, mask=rows < n_queries, other=float("inf"))
+    lse2 = tl.where(lse == NEG_INF, float("inf"), lse * 1.4426950408889634)  # log2(e): lse in log2 units
+    delta = tl.load(delta_ptr + offs, mask=rows < n_queries, other=0.0)
+    return lse2, delta
+
+
+@triton.jit
+def dkdv_step(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols, block_start,
+              n_queries, n_keys, head_dim, qk_scale, causal_offset, stride_qs, stride_qd, stride_dos, stride_dod,
+              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+              MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
+    # Transposed form: the key block is the tile's row dimension, so dK and dV accumulate as [N, D].
+    rows = block_start + tl.arange(0, BLOCK_M)
+    q = load_tile(desc_q, q_base, bh, block_start, n_queries, stride_qs, stride_qd, head_dim,
+                  BLOCK_M, BLOCK_D, USE_DESCRIPTOR)  # [M, D]
+    lse2, delta = load_row_stats(lse_ptr, delta_ptr, bh, rows, n_queries)
+    p_t = tl.math.exp2(mma(k, tl.trans(q), None) * qk_scale - lse2[None, :])  # [N, M]
+    if MASKED:
+        p_t = tl.where(tl.trans(visible(rows, cols, n_keys, causal_offset, CAUSAL, False)), p_t, 0.0)
+    do = load_tile(desc_do, do_base, bh, block_start, n_queries, stride_dos, stride_dod, head_dim,
+                   BLOCK_M, BLOCK_D, USE_DESCRIPTOR)  # [M, D]
+    dv = mma(p_t.to(do.dtype), do, dv)
+    dp_t = mma(v, tl.trans(do), None)  # [N, M]
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk = mma(ds_t.to(q.dtype), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def dkdv_query_blocks(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
+                      start_m, stop_m, n_queries, n_keys, head_dim, qk_scale, causal_offset,
+                      stride_qs, stride_qd, stride_dos, stride_dod,
+                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                      MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
+    if MASKED:
+        # The diagonal's few query blocks are not software-pipelined: a second pipelined loop made
+        # ptxas spill dK and dV at head dim 128 (sm_90, 8 warps).
+        for block_start in tl.range(start_m, stop_m, BLOCK_M, num_stages=1):
+            dk, dv = dkdv_step(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
+                               block_start, n_queries, n_keys, head_dim, qk_scale, causal_offset,
+                               stride_qs, stride_qd, stride_dos, stride_dod,
+                               BLOCK_M, BLOCK_D, CAUSAL, MASKED, USE_DESCRIPTOR)
+    else:
+        for block_start in tl.range(start_m, stop_m, BLOCK_M):
+            dk, dv = dkdv_step(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
+                               block_start, n_queries, n_keys, head_dim, qk_scale, causal_offset,
+                               stride_qs, stride_qd, stride_dos, stride_dod,
+                               BLOCK_M, BLOCK_D, CAUSAL, MASKED, USE_DESCRIPTOR)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=COUNT_ARGS)
+def attention_backward_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    n_heads_q, group, batch, n_queries, n_keys, head_dim,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_dob, stride_doh, stride_dos, stride_dod,
+    q_head_stride, k_head_stride, v_head_stride, do_head_stride,
+    qk_scale, scale, causal_offset,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr,
+):
+    n_heads_kv = n_heads_q // group
+    start_n = tl.program_id(0) * BLOCK_N
+    kv_bh = tl.program_id(1)
+    b = kv_bh // n_heads_kv
+    h_kv = kv_bh % n_heads_kv
+    cols = start_n + tl.arange(0, BLOCK_N)
+
+    desc_q, desc_k, desc_v = qkv_descriptors(
+        q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+        BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_do = head_descriptor(do_ptr, batch * n_heads_q, n_queries, head_dim, do_head_stride, stride_dos,
+                              BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_dk = own_descriptor(dk_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_dv = own_descriptor(dv_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    k = load_tile(desc_k, k_base, kv_bh, start_n, n_keys, stride_ks, stride_kd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    v = load_tile(desc_v, v_base, kv_bh, start_n, n_keys, stride_vs, stride_vd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+
+    # Queries that see any of these keys: i >= start_n - offset; every key: i >= start_n + N - 1 - offset.
+    q_stop = tl.cdiv(n_queries, BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        first = tl.minimum(tl.maximum(start_n - causal_offset, 0), q_stop)
+        masked_start = (first // BLOCK_M) * BLOCK_M
+        all_seen = tl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0)
+        full_start = tl.maximum(tl.minimum(tl.cdiv(all_seen, BLOCK_M) * BLOCK_M, q_stop), masked_start)
+    else:
+        masked_start = 0
+        full_start = 0
+    # The GQA sum over the group: the group's query heads one after another, in a fixed order.
+    for g in range(0, group):
+        h = h_kv * group + g
+        bh = b * n_heads_q + h
+        q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+        if CAUSAL:
+            dk, dv = dkdv_query_blocks(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
+                                       masked_start, full_start, n_queries, n_keys, head_dim, qk_scale, causal_offset,
+                                       stride_qs, stride_qd, stride_dos, stride_dod,
+                                       BLOCK_M, BLOCK_D, CAUSAL, True, USE_DESCRIPTOR)
+        dk, dv = dkdv_query_blocks(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
+                                   full_start, q_stop, n_queries, n_keys, head_dim, qk_scale, causal_offset,
+                                   stride_qs, stride_qd, stride_dos, stride_dod,
+                                   BLOCK_M, BLOCK_D, CAUSAL, False, USE_DESCRIPTOR)
+    dk_base = dk_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
+    dv_base = dv_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
+    store_tile(desc_dk, dk_base, kv_bh, start_n, n_keys, head_dim, head_dim, (dk * scale).to(dk_ptr.dtype.element_ty),
+               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    store_tile(desc_dv, dv_base, kv_bh, start_n, n_keys, head_dim, head_dim, dv.to(dv_ptr.dtype.element_ty),
+               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+
+
+@triton.jit
+def dq_key_blocks(dq, q, do, lse2, delta, desc_k, desc_v, k_base, v_base, kv_bh, rows,
+                  start_n, stop_n, n_keys, head_dim, qk_scale, causal_offset,
+                  stride_ks, stride_kd, stride_vs, stride_vd,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                  MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
+    for block_start in tl.range(start_n, stop_n, BLOCK_N):
+        k = load_tile(desc_k, k_base, kv_bh, block_start, n_keys, stride_ks, stride_kd, head_dim,
+                      BLOCK_N, BLOCK_D, USE_DESCRIPTOR)  # [N, D]
+        v = load_tile(desc_v, v_base, kv_bh, block_start, n_keys, stride_vs, stride_vd, head_dim,
+                      BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+        p = tl.math.exp2(mma(q, tl.trans(k), None) * qk_scale - lse2[:, None])  # [M, N]
+        if MASKED:
+            cols = block_start + tl.arange(0, BLOCK_N)
+            p = tl.where(visible(rows, cols, n_keys, causal_offset, CAUSAL, False), p, 0.0)
+        dp = mma(do, tl.trans(v), None)
+        ds = p * (dp - delta[:, None])
+        dq = mma(ds.to(k.dtype), k, dq)
+    return dq
+
+
+@triton.jit(do_not_specialize=COUNT_ARGS)
+def attention_backward_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+    n_heads_q, group, batch, n_queries, n_keys, head_dim,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_dob, stride_doh, stride_dos, stride_dod,
+    q_head_stride, k_head_stride, v_head_stride, do_head_stride,
+    qk_scale, scale, causal_offset,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr,
+):
+    n_heads_kv = n_heads_q // group
+    block_m = tl.program_id(0)
+    if CAUSAL:
+        block_m = tl.num_programs(0) - 1 - block_m
+    bh = tl.program_id(1)
+    b = bh // n_heads_q
+    h = bh % n_heads_q
+    h_kv = h // group
+    kv_bh = b * n_heads_kv + h_kv
+    start_m = block_m * BLOCK_M
+
+    desc_q, desc_k, desc_v = qkv_descriptors(
+        q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+        BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_do = head_descriptor(do_ptr, batch * n_heads_q, n_queries, head_dim, do_head_stride, stride_dos,
+                              BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_dq = own_descriptor(dq_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+
+    rows = start_m + tl.arange(0, BLOCK_M)
+    q = load_tile(desc_q, q_base, bh, start_m, n_queries, stride_qs, stride_qd, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    do = load_tile(desc_do, do_base, bh, start_m, n_queries, stride_dos, stride_dod, head_dim,
+                   BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    lse2, delta = load_row_stats(lse_ptr, delta_ptr, bh, rows, n_queries)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    full_stop, stop = key_ranges(start_m, n_keys, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = dq_key_blocks(dq, q, do, lse2, delta, desc_k, desc_v, k_base, v_base, kv_bh, rows,
+                       0, full_stop, n_keys, head_dim, qk_scale, causal_offset,
+                       stride_ks, stride_kd, stride_vs, stride_vd, BLOCK_N, BLOCK_D, CAUSAL, False, USE_DESCRIPTOR)
+    dq = dq_key_blocks(dq, q, do, lse2, delta, desc_k, desc_v, k_base, v_base, kv_bh, rows,
+                       full_stop, stop, n_keys, head_dim, qk_scale, causal_offset,
+                       stride_ks, stride_kd, stride_vs, stride_vd, BLOCK_N, BLOCK_D, CAUSAL, True, USE_DESCRIPTOR)
+    dq_base = dq_ptr + bh.to(tl.int64) * n_queries * head_dim
+    store_tile(desc_dq, dq_base, bh, start_m, n_queries, head_dim, head_dim, (dq * scale).to(dq_ptr.dtype.element_ty),
+               BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+
+
+@triton.jit(do_not_specialize=COUNT_ARGS)
+def attention_backward_fused_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dk_ptr, dv_ptr,
+    n_heads_q, group, batch, n_queries, n_keys, head_dim,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_dob, stride_doh, stride_dos, stride_dod,
+    q_head_stride, k_head_stride, v_head_stride, do_head_stride,
+    qk_scale, scale, causal_offset,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr,
+):
+    # The whole backward of a KV head whose keys fit one block (BLOCK_N >= n_keys): delta, dK, dV
+    # and dQ in one program, one launch where the split backward takes three. With a single key
+    # block, dQ of a query block is complete after one product (dS K): no accumulation across
+    # programs, so no atomics, and dK and dV sum over the group's query heads in a fixed order.
+    n_heads_kv = n_heads_q // group
+    kv_bh = tl.program_id(0)
+    b = kv_bh // n_heads_kv
+    h_kv = kv_bh % n_heads_kv
+    cols = tl.arange(0, BLOCK_N)
+
+    desc_q, desc_k, desc_v = qkv_descriptors(
+        q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+        BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_do = head_descriptor(do_ptr, batch * n_heads_q, n_queries, head_dim, do_head_stride, stride_dos,
+                              BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_o = own_descriptor(o_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_dq = own_descriptor(dq_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    desc_dk = own_descriptor(dk_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_dv = own_descriptor(dv_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    k = load_tile(desc_k, k_base, kv_bh, 0, n_keys, stride_ks, stride_kd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    v = load_tile(desc_v, v_base, kv_bh, 0, n_keys, stride_vs, stride_vd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for g in range(0, group):
+        h = h_kv * group + g
+        bh = b * n_heads_q + h
+        q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+        o_base = o_ptr + bh.to(tl.int64) * n_queries * head_dim
+        dq_base = dq_ptr + bh.to(tl.int64) * n_queries * head_dim
+        # Every query block, those that see no key too: their dQ rows are written as zeros (P = 0).
+        for start_m in tl.range(0, n_queries, BLOCK_M, num_stages=1):
+            rows = start_m + tl.arange(0, BLOCK_M)
+            q = load_tile(desc_q, q_base, bh, start_m, n_queries, stride_qs, stride_qd, head_dim,
+                          BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+            do = load_tile(desc_do, do_base, bh, start_m, n_queries, stride_dos, stride_dod, head_dim,
+                           BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+            o = load_tile(desc_o, o_base, bh, start_m, n_queries, head_dim, 1, head_dim,
+                          BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # as the delta kernel's
+            lse = tl.load(lse_ptr + bh.to(tl.int64) * n_queries + rows, mask=rows < n_queries, other=float("inf"))
+            lse2 = tl.where(lse == NEG_INF, float("inf"), lse * 1.4426950408889634)  # as load_row_stats
+            p_t = tl.math.exp2(mma(k, tl.trans(q), None) * qk_scale - lse2[None, :])  # [N, M]
+            p_t = tl.where(tl.trans(visible(rows, cols, n_keys, causal_offset, CAUSAL, False)), p_t, 0.0)
+            dv = mma(p_t.to(do.dtype), do, dv)
+            dp_t = mma(v, tl.trans(do), None)
+            ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+            dk = mma(ds_t, q, dk)
+            dq = mma(tl.trans(ds_t), k, None)  # [M, D]: every key's share, the row's whole dQ
+            store_tile(desc_dq, dq_base, bh, start_m, n_queries, head_dim, head_dim,
+                       (dq * scale).to(dq_ptr.dtype.element_ty), BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    dk_base = dk_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
+    dv_base = dv_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
+    store_tile(desc_dk, dk_base, kv_bh, 0, n_keys, head_dim, head_dim, (dk * scale).to(dk_ptr.dtype.element_ty),
+               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    store_tile(desc_dv, dv_base, kv_bh, 0, n_keys, head_dim, head_dim, dv.to(dv_ptr.dtype.element_ty),
+               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)

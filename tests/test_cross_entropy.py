@@ -140,17 +140,20 @@ def test_inplace_strategies_match_torch(strategy, dtype, reduction, gen):
 @needs_triton
 @pytest.mark.parametrize("hold_l2", [False, True], ids=["plain", "hold_l2"])
 @pytest.mark.parametrize("warps", [0, 4], ids=["warps_by_tile", "warps4"])
-def test_two_pass_tables(hold_l2, warps, gen):
-    # two_pass's own tables: eviction hints on its loads and stores, its warps; the same results.
+@pytest.mark.parametrize("reversed_second_pass", [False, True], ids=["forward_second", "reversed_second"])
+def test_two_pass_tables(hold_l2, warps, reversed_second_pass, gen):
+    # two_pass's own tables: eviction hints on its loads and stores, its warps, the second pass's
+    # order over the row's tiles (203 columns are several interpreter tiles and edges); the same results.
     shape = (6, 203)
     x = make_logits(shape, torch.bfloat16, gen, outliers=False)
     target = _targets(*shape, gen, ignore_every=4)
-    with onlinesoftmax.override_plan("cross_entropy", TWO_PASS_HOLD_L2=hold_l2,
+    with onlinesoftmax.override_plan("cross_entropy", TWO_PASS_HOLD_L2=hold_l2, TWO_PASS_REVERSED=reversed_second_pass,
                                      TWO_PASS_LAUNCH={4: ((1 << 62, warps, 0),), 2: ((1 << 62, warps, 0),)}):
         _check_loss_and_grad(x, target, torch.bfloat16, strategy="two_pass", inplace=True, what="two_pass")
         cross_entropy(x.detach().clone().requires_grad_(), target, strategy="two_pass", inplace_backward=True)
         chosen = plan.last_plan()
     assert (chosen.strategy, chosen.hold_l2, chosen.grid) == ("two_pass", hold_l2, (shape[0], 1))
+    assert chosen.reversed_second_pass == reversed_second_pass and chosen.tiles_per_chunk > 1
     assert chosen.num_warps == (warps or plan._warps(chosen.block))
 
 
@@ -464,10 +467,16 @@ def test_plans_for_the_gpu():
 
 
 def test_linear_chunk_rows():
-    assert plan.linear_chunk_rows(8192, 128256, torch.bfloat16, "auto") == 2048
-    assert plan.linear_chunk_rows(8192, 32000, torch.float32, "auto") == 4096
-    assert plan.linear_chunk_rows(100, 128256, torch.bfloat16, "auto") == 100
-    assert plan.linear_chunk_rows(8192, 128256, torch.bfloat16, 300) == 300
+    # One chunk where its logits are no larger than a 512 MiB chunk plus the fp32 grad-W
+    # accumulator that chunks would need (2.1 GB against 0.54 + 2.1 GB at H 4096).
+    assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, "auto") == 8192
+    assert plan.linear_chunk_rows(16384, 128256, 4096, torch.bfloat16, True, "auto") == 2048
+    # No accumulator (no weight gradient, or an fp32 weight whose gradient accumulates in place):
+    # chunks of the budget.
+    assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, False, "auto") == 2048
+    assert plan.linear_chunk_rows(8192, 32000, 4096, torch.float32, False, "auto") == 4096
+    assert plan.linear_chunk_rows(100, 128256, 4096, torch.bfloat16, False, "auto") == 100
+    assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, 300) == 300
 
 
 # --------------------------------------------------------------------------------------------

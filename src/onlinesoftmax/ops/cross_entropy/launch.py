@@ -123,7 +123,8 @@ def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, we
                 BLOCK=chosen.block, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=split,
                 WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats,
                 FIRST_EVICTION="evict_last" if chosen.hold_l2 else "",
-                SECOND_EVICTION="evict_first" if chosen.hold_l2 else "", **common)
+                SECOND_EVICTION="evict_first" if chosen.hold_l2 else "",
+                SECOND_PASS_REVERSED=chosen.reversed_second_pass, **common)
     else:
         _on_chip(chosen.grid, key, x, target, w, denom, loss, lse, parts, counters,
                  n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, n_classes,

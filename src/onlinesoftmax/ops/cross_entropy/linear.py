@@ -18,7 +18,9 @@ x V in x's dtype (chunk="auto" keeps it within plan.LINEAR_CHUNK_BYTES, 512 MiB)
 grad_W accumulator, V x H x 4 bytes (2.1 GB at 128256 x 4096), held from the forward to the
 backward, where grad_W (V x H in the weight's dtype) is written from it; with an fp32 weight the
 accumulator is grad_W itself, and where the rows make one chunk there is no accumulation to do
-(grad_W is that chunk's one matmul, written in the weight's dtype). On CUDA the accumulation runs
+(grad_W is that chunk's one matmul, written in the weight's dtype). chunk="auto" therefore takes
+all the rows as one chunk where their logits are no larger than a budget chunk plus the
+accumulator (``plan.linear_chunk_rows``): the lower peak, and three whole matmuls. On CUDA the accumulation runs
 inside cuBLAS (``aten::mm.dtype_out`` for the first chunk, ``aten::addmm.dtype_out`` after it:
 bf16 operands, the fp32 output read and written in place with beta = 1), with no temporary and no
 zero fill; where torch lacks those overloads, slices of dlogits are multiplied in fp32.
@@ -275,7 +277,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     bias : Tensor, optional
         (V,), x's dtype.
     chunk : "auto" or int
-        Rows per chunk. "auto": the most rows whose logits take at most 512 MiB (2048 rows at
+        Rows per chunk. "auto": all rows at once where their logits take no more memory than the
+        float32 grad-weight accumulator that chunks need plus 512 MiB (8192 rows at V = 128256,
+        H = 4096 in bf16), else the most rows whose logits take at most 512 MiB (2048 rows at
         V = 128256 in bf16), in multiples of 128. An int forces it.
     class_weight : Tensor, optional
         (V,) per-class weights: ``cross_entropy``'s ``weight`` (renamed: ``weight`` is the projection).
@@ -342,8 +346,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     x2 = x.reshape(target.numel(), x.shape[-1])
     t1 = target.reshape(-1)
     options = (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature), return_lse)
-    chunk_rows = planner.linear_chunk_rows(x2.shape[0], vocab, x.dtype, chunk)
     tracked = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    chunk_rows = planner.linear_chunk_rows(x2.shape[0], vocab, x.shape[-1], x.dtype,
+                                           tracked and weight.requires_grad and weight.dtype != torch.float32, chunk)
     if tracked:
         loss, lse = _LinearCrossEntropyFunction.apply(x2, weight, bias, t1, class_weight, options, chunk_rows, strategy)
     else:

@@ -68,6 +68,9 @@ TWO_PASS_MIN_ROWS_PER_SM = {4: 4, 2: 4}
 # stores, asks it to drop the lines (eviction hints). Same sweep, bf16 8192 x 128256 2.373 ->
 # 2.236 ms, 8192 x 50257 0.960 -> 0.926; fp32 8192 x 32000 1.095 -> 1.032.
 TWO_PASS_HOLD_L2 = True
+# two_pass: the second pass walks the row's tiles last to first, so that it starts with the tiles
+# the first pass read most recently (the ones most likely still in L2).
+TWO_PASS_REVERSED = True
 # two_pass launches by element size: rows (most bytes a row, warps a program (0: by the tile), tile
 # columns (0: STREAM_BLOCK)), the first whose bytes hold the row applying. Warps and tiles decide
 # how many rows an SM has in flight and how many bytes each keeps loading. Measured in place
@@ -133,6 +136,7 @@ class Plan:
     edges: bool = False  # rows start or end inside a 16-byte vector: their partial vectors go element-wise
     contiguous: bool = True  # unit column stride
     hold_l2: bool = False  # two_pass: eviction hints keep the row in L2 between its two reads
+    reversed_second_pass: bool = False  # two_pass: the second read goes from the row's last tile to its first
 
     @property
     def reads(self) -> int:
@@ -159,7 +163,8 @@ class Plan:
             + ("; rows' partial first/last 16-byte vectors written element-wise" if self.edges else ""),
             f"reads:       {self.reads} of the logits"
             + (", gradient written over them" if self.op == "forward_grad" else "")
-            + ("; L2 asked to keep each row between its reads" if self.hold_l2 else ""),
+            + ("; L2 asked to keep each row between its reads" if self.hold_l2 else "")
+            + ("; the second read from the row's end" if self.reversed_second_pass else ""),
             f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (floor)",
         ]
         if bandwidth_gbs:
@@ -250,7 +255,8 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         _, num_warps, columns = next((r for r in TWO_PASS_LAUNCH[elem] if row_bytes <= r[0]), TWO_PASS_LAUNCH[elem][-1])
         block = stream_block if interpreting or not columns else tile(columns)
         return Plan(op, strategy, block=block, num_warps=num_warps or warps(block),
-                    tiles_per_chunk=_device.cdiv(span, block), grid=(rows, 1), hold_l2=TWO_PASS_HOLD_L2, **shape)
+                    tiles_per_chunk=_device.cdiv(span, block), grid=(rows, 1), hold_l2=TWO_PASS_HOLD_L2,
+                    reversed_second_pass=TWO_PASS_REVERSED, **shape)
     if strategy == "on_chip" or interpreting:  # the interpreter holds a row in one program
         block = tile(_device.next_power_of_2(span))
         if not interpreting and block > ON_CHIP_MAX_COLS[elem]:
@@ -283,13 +289,26 @@ def scale_launch(rows: int, cols: int, dtype: torch.dtype, device: torch.device,
     return block, _warps(block), per_row, tiles, (programs,)
 
 
-def linear_chunk_rows(rows: int, vocab: int, dtype: torch.dtype, chunk) -> int:
-    """Rows per chunk of linear_cross_entropy: ``chunk`` when it is an int, else the most rows whose
-    logits fit LINEAR_CHUNK_BYTES, in multiples of LINEAR_CHUNK_MULTIPLE."""
+def linear_chunk_rows(rows: int, vocab: int, hidden: int, dtype: torch.dtype, accumulate_weight_grad: bool,
+                      chunk) -> int:
+    """Rows per chunk of linear_cross_entropy: ``chunk`` when it is an int. "auto": all the rows in one
+    chunk when their logits take no more memory than a chunked run would, else the most rows whose
+    logits fit LINEAR_CHUNK_BYTES, in multiples of LINEAR_CHUNK_MULTIPLE.
+
+    A chunked run whose weight gradient is wanted in a 16-bit dtype also holds the float32
+    accumulator of grad W (V x H x 4 bytes, ``accumulate_weight_grad``); one chunk needs none (its
+    one matmul accumulates in float32 inside cuBLAS and rounds once). So where the rows' logits are
+    no larger than a budget chunk plus that accumulator (8192 x 128256 bf16 rows: 2.1 GB against
+    0.5 + 2.1 GB at H = 4096), one chunk is the lower peak and the faster run (three whole matmuls,
+    no accumulator traffic)."""
+    rows = max(rows, 1)
     if chunk != "auto":
-        return max(1, min(int(chunk), max(rows, 1)))
+        return max(1, min(int(chunk), rows))
+    accumulator = vocab * hidden * 4 if accumulate_weight_grad else 0
+    if rows * vocab * dtype.itemsize <= LINEAR_CHUNK_BYTES + accumulator:
+        return rows
     fit = LINEAR_CHUNK_BYTES // max(1, vocab * dtype.itemsize)
-    return max(1, min(max(rows, 1), max(LINEAR_CHUNK_MULTIPLE, fit // LINEAR_CHUNK_MULTIPLE * LINEAR_CHUNK_MULTIPLE)))
+    return max(1, min(rows, max(LINEAR_CHUNK_MULTIPLE, fit // LINEAR_CHUNK_MULTIPLE * LINEAR_CHUNK_MULTIPLE)))
 
 
 _recorded = _device.LastPlan()

@@ -98,6 +98,8 @@ def _check_loss_and_grad(x, target, dtype, upstream=None, strategy=None, inplace
     assert_matches(leaf.grad, x64.grad, dtype, f"{what} grad")
     if inplace:
         assert torch.equal(logits.detach(), leaf.grad), f"{what}: the logits do not hold the gradient"
+    else:
+        assert torch.equal(logits.detach(), x.detach()), f"{what}: the forward changed the logits"
     return chosen, plan.last_plan()
 
 
@@ -109,13 +111,16 @@ def _check_loss_and_grad(x, target, dtype, upstream=None, strategy=None, inplace
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", [(9, 37), (6, 300), (3, 1000)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_separate_backward_matches_torch(shape, dtype, reduction, gen):
+@pytest.mark.parametrize("forced", [False, True], ids=["planned", "forced"])
+def test_separate_backward_matches_torch(shape, dtype, reduction, forced, gen):
     # The one-read forward ("stream", several programs per row under the interpreter's 32-column
-    # tiles) and the gradient from the saved lse.
+    # tiles) and the gradient from the saved lse; planned, or forced by ``strategy`` (which once
+    # reached the eager launch in the place of its in-place flag and overwrote the logits).
     x = make_logits(shape, dtype, gen, outliers=False)
     target = _targets(shape[0], shape[1], gen)
     upstream = torch.randn(shape[0], generator=gen, dtype=torch.float64).to(DEVICE) if reduction == "none" else None
-    forward, backward = _check_loss_and_grad(x, target, dtype, upstream, reduction=reduction, what=reduction)
+    forward, backward = _check_loss_and_grad(x, target, dtype, upstream, reduction=reduction, what=reduction,
+                                             strategy=FORWARD_STRATEGIES[0] if forced else None)
     assert (forward.op, forward.strategy) == ("forward", FORWARD_STRATEGIES[0])
     assert (backward.op, backward.strategy) == ("backward", "backward" if TRITON_RUNS else "torch")
 
@@ -140,20 +145,17 @@ def test_inplace_strategies_match_torch(strategy, dtype, reduction, gen):
 @needs_triton
 @pytest.mark.parametrize("hold_l2", [False, True], ids=["plain", "hold_l2"])
 @pytest.mark.parametrize("warps", [0, 4], ids=["warps_by_tile", "warps4"])
-@pytest.mark.parametrize("reversed_second_pass", [False, True], ids=["forward_second", "reversed_second"])
-def test_two_pass_tables(hold_l2, warps, reversed_second_pass, gen):
-    # two_pass's own tables: eviction hints on its loads and stores, its warps, the second pass's
-    # order over the row's tiles (203 columns are several interpreter tiles and edges); the same results.
+def test_two_pass_tables(hold_l2, warps, gen):
+    # two_pass's own tables: eviction hints on its loads and stores, its warps; the same results.
     shape = (6, 203)
     x = make_logits(shape, torch.bfloat16, gen, outliers=False)
     target = _targets(*shape, gen, ignore_every=4)
-    with onlinesoftmax.override_plan("cross_entropy", TWO_PASS_HOLD_L2=hold_l2, TWO_PASS_REVERSED=reversed_second_pass,
+    with onlinesoftmax.override_plan("cross_entropy", TWO_PASS_HOLD_L2=hold_l2,
                                      TWO_PASS_LAUNCH={4: ((1 << 62, warps, 0),), 2: ((1 << 62, warps, 0),)}):
         _check_loss_and_grad(x, target, torch.bfloat16, strategy="two_pass", inplace=True, what="two_pass")
         cross_entropy(x.detach().clone().requires_grad_(), target, strategy="two_pass", inplace_backward=True)
         chosen = plan.last_plan()
     assert (chosen.strategy, chosen.hold_l2, chosen.grid) == ("two_pass", hold_l2, (shape[0], 1))
-    assert chosen.reversed_second_pass == reversed_second_pass and chosen.tiles_per_chunk > 1
     assert chosen.num_warps == (warps or plan._warps(chosen.block))
 
 
@@ -334,10 +336,10 @@ def test_out_of_range_targets_in_the_kernels_give_nan_rows(gen):
     # outside it; the other rows are untouched.
     x = make_logits((4, 40), torch.float32, gen, outliers=False)
     target = torch.tensor([1, 40, -5, 2], device=DEVICE)
-    loss, _, _ = ce_launch.launch_forward(x, target, None, -100, "none", 0.0, 0.0, 0.0, 1.0, False, False)
+    loss, _, _ = ce_launch.launch_forward(x, target, None, -100, "none", 0.0, 0.0, 0.0, 1.0, False)
     assert torch.isnan(loss[1:3]).all() and torch.isfinite(loss[[0, 3]]).all()
     grad = x.clone()
-    ce_launch.launch_forward(grad, target, None, -100, "sum", 0.0, 0.0, 0.0, 1.0, False, True)
+    ce_launch.launch_forward(grad, target, None, -100, "sum", 0.0, 0.0, 0.0, 1.0, False, inplace=True)
     assert torch.isnan(grad[1:3]).all() and torch.isfinite(grad[[0, 3]]).all()
 
 

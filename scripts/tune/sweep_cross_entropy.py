@@ -19,11 +19,10 @@ from onlinesoftmax.bench import cross_entropy_suite as suite
 from onlinesoftmax.bench.harness import copy_bandwidth_gbs, parse_dims, rotation_count, time_ms
 from onlinesoftmax.ops.cross_entropy import plan as ce_plan
 
-def _two_pass(warps: int, hold_l2: bool = True, tile_bytes: int = 0, reversed_second_pass: bool = False) -> dict:
+def _two_pass(warps: int, hold_l2: bool = True, tile_bytes: int = 0) -> dict:
     """two_pass forced at every row length, ``warps`` a program in every dtype (0: by the tile),
-    tiles of ``tile_bytes`` (0: the stream tile), the second pass from the row's end or not."""
+    tiles of ``tile_bytes`` (0: the stream tile)."""
     return dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_HOLD_L2=hold_l2,
-                TWO_PASS_REVERSED=reversed_second_pass,
                 TWO_PASS_LAUNCH={e: ((1 << 62, warps, tile_bytes // e),) for e in (4, 2)})
 
 
@@ -45,14 +44,6 @@ VARIANTS = {
     "two_pass_hold_w32_32K": _two_pass(32, tile_bytes=32768),
     "two_pass_hold_w16_32K": _two_pass(16, tile_bytes=32768),
     "two_pass_nohold_w32_64K": _two_pass(32, hold_l2=False, tile_bytes=65536),
-    # The plan's two_pass tables with the second pass over the row in the first's order, or from its end.
-    "two_pass_forward_second": dict(TWO_PASS_REVERSED=False),
-    "two_pass_reversed_second": dict(TWO_PASS_REVERSED=True),
-    # From the row's end, with other warps and tiles: rows in flight against bytes in flight per program.
-    "two_pass_reversed_w32_64K": _two_pass(32, tile_bytes=65536, reversed_second_pass=True),
-    "two_pass_reversed_w16_32K": _two_pass(16, tile_bytes=32768, reversed_second_pass=True),
-    "two_pass_reversed_w16_16K": _two_pass(16, tile_bytes=16384, reversed_second_pass=True),
-    "two_pass_reversed_w8_16K": _two_pass(8, tile_bytes=16384, reversed_second_pass=True),
     "split_on_chip": dict(TWO_PASS_MIN_ROWS_PER_SM={4: 0, 2: 0}),
     "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
     "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),

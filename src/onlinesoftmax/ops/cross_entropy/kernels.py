@@ -260,7 +260,7 @@ def cross_entropy_stream_kernel(
     EDGES: tl.constexpr, SPLIT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
     SOFTCAP: tl.constexpr, Z: tl.constexpr, Z_IN_ROW: tl.constexpr, MEAN: tl.constexpr,
     READ_IGNORED: tl.constexpr, WRITE_GRAD: tl.constexpr, STATS: tl.constexpr,
-    FIRST_EVICTION: tl.constexpr = "", SECOND_EVICTION: tl.constexpr = "", SECOND_PASS_REVERSED: tl.constexpr = False,
+    FIRST_EVICTION: tl.constexpr = "", SECOND_EVICTION: tl.constexpr = "",
 ):
     # Program (row, chunk) reads tiles [chunk * tiles_per_chunk, ...) of its row (one tile, but for
     # the longest rows): each tile's maximum, then its sum, merged as scalars. (Per-lane online
@@ -274,7 +274,6 @@ def cross_entropy_stream_kernel(
     # FIRST_EVICTION / SECOND_EVICTION: the cache eviction hints of the first read and of the
     # second read with the gradient's stores (two_pass: keep the row in L2 for the second read,
     # then drop it; nothing reads it again in this kernel). "" is the default policy.
-    # SECOND_PASS_REVERSED: the second pass starts at the row's last tile, the first pass's latest.
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     num_chunks = tl.num_programs(1)
@@ -340,9 +339,7 @@ def cross_entropy_stream_kernel(
                 scale, scale_z = gradient_scales(denom_ptr, 1.0, MEAN)
                 a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes,
                                            SMOOTH, Z)
-                n_tiles = (n_cols + head + BLOCK - 1) // BLOCK
-                for step in range(0, n_tiles):
-                    k = n_tiles - 1 - step if SECOND_PASS_REVERSED else step
+                for k in range(0, (n_cols + head + BLOCK - 1) // BLOCK):
                     start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
                     x = tl.load(x_ptr + start + offs, mask=full & read, other=0.0, eviction_policy=SECOND_EVICTION)
                     y = tl.where(full & read, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)

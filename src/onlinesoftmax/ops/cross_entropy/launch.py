@@ -123,8 +123,7 @@ def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, we
                 BLOCK=chosen.block, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=split,
                 WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats,
                 FIRST_EVICTION="evict_last" if chosen.hold_l2 else "",
-                SECOND_EVICTION="evict_first" if chosen.hold_l2 else "",
-                SECOND_PASS_REVERSED=chosen.reversed_second_pass, **common)
+                SECOND_EVICTION="evict_first" if chosen.hold_l2 else "", **common)
     else:
         _on_chip(chosen.grid, key, x, target, w, denom, loss, lse, parts, counters,
                  n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, n_classes,
@@ -162,9 +161,10 @@ def rows_backward(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, targe
 
 def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
                    reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
-                   return_lse: bool, inplace: bool, strategy: Optional[str] = None):
+                   return_lse: bool, strategy: Optional[str] = None, *, inplace: bool = False):
     """(loss, lse, denom) of (rows, classes) logits ``x``; ``inplace``: x is overwritten with the
-    gradient of the loss (for an upstream gradient of 1)."""
+    gradient of the loss (for an upstream gradient of 1). ``inplace`` is keyword-only: the custom
+    ops and the eager path pass the same positional arguments, and a strategy must never land in it."""
     n_rows, n_cols = x.shape
     device = x.device
     chosen = planner.choose("forward_grad" if inplace else "forward", n_rows, n_cols, x.dtype, device, strategy,

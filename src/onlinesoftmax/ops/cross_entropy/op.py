@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -31,7 +32,7 @@ def _forward_op(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Te
                 reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
                 return_lse: bool, strategy: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return launch_forward(x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                          return_lse, False, strategy)
+                          return_lse, strategy)
 
 
 _forward_op.register_fake(_fake_forward)
@@ -42,7 +43,7 @@ def _forward_inplace_op(x: torch.Tensor, target: torch.Tensor, weight: Optional[
                         reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
                         return_lse: bool, strategy: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return launch_forward(x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                          return_lse, True, strategy)
+                          return_lse, strategy, inplace=True)
 
 
 _forward_inplace_op.register_fake(_fake_forward)
@@ -73,13 +74,8 @@ def _(x, grad):
 
 
 _forward = op_when_compiling(_forward_op, launch_forward)
+_forward_inplace = op_when_compiling(_forward_inplace_op, functools.partial(launch_forward, inplace=True))
 _backward = op_when_compiling(_backward_op, launch_backward)
-
-
-def _forward_inplace(*args):
-    if torch.compiler.is_compiling():
-        return _forward_inplace_op(*args)
-    return launch_forward(*args[:10], True, args[10])
 
 
 def _scale_(x, grad):

@@ -68,9 +68,6 @@ TWO_PASS_MIN_ROWS_PER_SM = {4: 4, 2: 4}
 # stores, asks it to drop the lines (eviction hints). Same sweep, bf16 8192 x 128256 2.373 ->
 # 2.236 ms, 8192 x 50257 0.960 -> 0.926; fp32 8192 x 32000 1.095 -> 1.032.
 TWO_PASS_HOLD_L2 = True
-# two_pass: the second pass walks the row's tiles last to first, so that it starts with the tiles
-# the first pass read most recently (the ones most likely still in L2).
-TWO_PASS_REVERSED = True
 # two_pass launches by element size: rows (most bytes a row, warps a program (0: by the tile), tile
 # columns (0: STREAM_BLOCK)), the first whose bytes hold the row applying. Warps and tiles decide
 # how many rows an SM has in flight and how many bytes each keeps loading. Measured in place
@@ -136,7 +133,6 @@ class Plan:
     edges: bool = False  # rows start or end inside a 16-byte vector: their partial vectors go element-wise
     contiguous: bool = True  # unit column stride
     hold_l2: bool = False  # two_pass: eviction hints keep the row in L2 between its two reads
-    reversed_second_pass: bool = False  # two_pass: the second read goes from the row's last tile to its first
 
     @property
     def reads(self) -> int:
@@ -163,8 +159,7 @@ class Plan:
             + ("; rows' partial first/last 16-byte vectors written element-wise" if self.edges else ""),
             f"reads:       {self.reads} of the logits"
             + (", gradient written over them" if self.op == "forward_grad" else "")
-            + ("; L2 asked to keep each row between its reads" if self.hold_l2 else "")
-            + ("; the second read from the row's end" if self.reversed_second_pass else ""),
+            + ("; L2 asked to keep each row between its reads" if self.hold_l2 else ""),
             f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (floor)",
         ]
         if bandwidth_gbs:
@@ -255,8 +250,7 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         _, num_warps, columns = next((r for r in TWO_PASS_LAUNCH[elem] if row_bytes <= r[0]), TWO_PASS_LAUNCH[elem][-1])
         block = stream_block if interpreting or not columns else tile(columns)
         return Plan(op, strategy, block=block, num_warps=num_warps or warps(block),
-                    tiles_per_chunk=_device.cdiv(span, block), grid=(rows, 1), hold_l2=TWO_PASS_HOLD_L2,
-                    reversed_second_pass=TWO_PASS_REVERSED, **shape)
+                    tiles_per_chunk=_device.cdiv(span, block), grid=(rows, 1), hold_l2=TWO_PASS_HOLD_L2, **shape)
     if strategy == "on_chip" or interpreting:  # the interpreter holds a row in one program
         block = tile(_device.next_power_of_2(span))
         if not interpreting and block > ON_CHIP_MAX_COLS[elem]:

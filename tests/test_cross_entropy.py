@@ -469,9 +469,12 @@ def test_plans_for_the_gpu():
 
 
 def test_linear_chunk_rows():
-    # One chunk where its logits are no larger than a 512 MiB chunk plus the fp32 grad-W
-    # accumulator that chunks would need (2.1 GB against 0.54 + 2.1 GB at H 4096).
+    # One chunk where its peak (all logits + grad W) is no higher than the chunks' (the fp32 grad-W
+    # accumulator + the larger of a 512 MiB chunk and grad W): 3.15 GB each at 8192 x 128256,
+    # H 4096; 1.23 against 1.35 GB at 8192 x 50257; 3.6 against 3.15 GB at 10000 x 128256.
     assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, "auto") == 8192
+    assert plan.linear_chunk_rows(8192, 50257, 4096, torch.bfloat16, True, "auto") == 8192
+    assert plan.linear_chunk_rows(10000, 128256, 4096, torch.bfloat16, True, "auto") == 2048
     assert plan.linear_chunk_rows(16384, 128256, 4096, torch.bfloat16, True, "auto") == 2048
     # No accumulator (no weight gradient, or an fp32 weight whose gradient accumulates in place):
     # chunks of the budget.

@@ -19,8 +19,8 @@ grad_W accumulator, V x H x 4 bytes (2.1 GB at 128256 x 4096), held from the for
 backward, where grad_W (V x H in the weight's dtype) is written from it; with an fp32 weight the
 accumulator is grad_W itself, and where the rows make one chunk there is no accumulation to do
 (grad_W is that chunk's one matmul, written in the weight's dtype). chunk="auto" therefore takes
-all the rows as one chunk where their logits are no larger than a budget chunk plus the
-accumulator (``plan.linear_chunk_rows``): the lower peak, and three whole matmuls. On CUDA the accumulation runs
+all the rows as one chunk where that peak (all logits beside grad_W) is no higher than the
+chunks' (``plan.linear_chunk_rows``): three whole matmuls, no accumulator traffic. On CUDA the accumulation runs
 inside cuBLAS (``aten::mm.dtype_out`` for the first chunk, ``aten::addmm.dtype_out`` after it:
 bf16 operands, the fp32 output read and written in place with beta = 1), with no temporary and no
 zero fill; where torch lacks those overloads, slices of dlogits are multiplied in fp32.
@@ -277,10 +277,10 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     bias : Tensor, optional
         (V,), x's dtype.
     chunk : "auto" or int
-        Rows per chunk. "auto": all rows at once where their logits take no more memory than the
-        float32 grad-weight accumulator that chunks need plus 512 MiB (8192 rows at V = 128256,
-        H = 4096 in bf16), else the most rows whose logits take at most 512 MiB (2048 rows at
-        V = 128256 in bf16), in multiples of 128. An int forces it.
+        Rows per chunk. "auto": the most rows whose logits take at most 512 MiB (2048 rows at
+        V = 128256 in bf16), in multiples of 128; or all rows at once where that peaks no higher
+        than chunks with their float32 grad-weight accumulator (8192 rows at V = 128256,
+        H = 4096 in bf16). An int forces it.
     class_weight : Tensor, optional
         (V,) per-class weights: ``cross_entropy``'s ``weight`` (renamed: ``weight`` is the projection).
     ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse

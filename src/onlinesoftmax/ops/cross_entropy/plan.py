@@ -285,24 +285,28 @@ def scale_launch(rows: int, cols: int, dtype: torch.dtype, device: torch.device,
 
 def linear_chunk_rows(rows: int, vocab: int, hidden: int, dtype: torch.dtype, accumulate_weight_grad: bool,
                       chunk) -> int:
-    """Rows per chunk of linear_cross_entropy: ``chunk`` when it is an int. "auto": all the rows in one
-    chunk when their logits take no more memory than a chunked run would, else the most rows whose
-    logits fit LINEAR_CHUNK_BYTES, in multiples of LINEAR_CHUNK_MULTIPLE.
+    """Rows per chunk of linear_cross_entropy: ``chunk`` when it is an int. "auto": the most rows whose
+    logits fit LINEAR_CHUNK_BYTES, in multiples of LINEAR_CHUNK_MULTIPLE, unless all the rows as one
+    chunk make a peak no higher.
 
-    A chunked run whose weight gradient is wanted in a 16-bit dtype also holds the float32
-    accumulator of grad W (V x H x 4 bytes, ``accumulate_weight_grad``); one chunk needs none (its
-    one matmul accumulates in float32 inside cuBLAS and rounds once). So where the rows' logits are
-    no larger than a budget chunk plus that accumulator (8192 x 128256 bf16 rows: 2.1 GB against
-    0.5 + 2.1 GB at H = 4096), one chunk is the lower peak and the faster run (three whole matmuls,
-    no accumulator traffic)."""
+    With a weight gradient wanted in a 16-bit ``dtype`` (``accumulate_weight_grad``), chunks hold the
+    float32 accumulator of grad W (V x H x 4 bytes) through the step, beside a chunk's logits in the
+    forward and beside grad W itself in the backward; one chunk needs no accumulator (its one
+    matmul accumulates in float32 inside cuBLAS and writes grad W at once), only all the logits
+    beside grad W. At 8192 x 128256 bf16 rows, H = 4096, both peaks are 3.15 GB, and one chunk is
+    the faster run (three whole matmuls, no accumulator traffic)."""
     rows = max(rows, 1)
     if chunk != "auto":
         return max(1, min(int(chunk), rows))
-    accumulator = vocab * hidden * 4 if accumulate_weight_grad else 0
-    if rows * vocab * dtype.itemsize <= LINEAR_CHUNK_BYTES + accumulator:
-        return rows
-    fit = LINEAR_CHUNK_BYTES // max(1, vocab * dtype.itemsize)
-    return max(1, min(rows, max(LINEAR_CHUNK_MULTIPLE, fit // LINEAR_CHUNK_MULTIPLE * LINEAR_CHUNK_MULTIPLE)))
+    row_bytes = vocab * dtype.itemsize
+    fit = LINEAR_CHUNK_BYTES // max(1, row_bytes)
+    chunk_rows = max(1, min(rows, max(LINEAR_CHUNK_MULTIPLE, fit // LINEAR_CHUNK_MULTIPLE * LINEAR_CHUNK_MULTIPLE)))
+    if accumulate_weight_grad and chunk_rows < rows:
+        weight_grad = vocab * hidden * dtype.itemsize
+        chunked_peak = vocab * hidden * 4 + max(chunk_rows * row_bytes, weight_grad)
+        if rows * row_bytes + weight_grad <= chunked_peak:
+            return rows
+    return chunk_rows
 
 
 _recorded = _device.LastPlan()

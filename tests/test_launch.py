@@ -196,3 +196,27 @@ def test_cached_empty_matches_torch_empty():
     # A device without an index means the current one at each call: never cached.
     _cached_empty((5,), torch.float32, "cpu")
     assert ((5,), torch.float32, "cpu") not in _buffers._TEMPLATES
+
+
+def test_eager_launches_take_their_custom_ops_arguments():
+    # op_when_compiling hands the same positional arguments to the custom op (while tracing) and to
+    # the eager launch. Parameters must line up by position: cross_entropy's eager forward once took
+    # the op's ``strategy`` as its in-place flag and overwrote the logits.
+    import functools
+    import importlib
+    import inspect
+
+    pairs = []
+    for name in ("softmax", "topk", "attention", "decode", "cross_entropy"):
+        op = importlib.import_module(f"onlinesoftmax.ops.{name}.op")
+        pairs += [(f"{name}.{attr}", value) for attr, value in vars(op).items() if hasattr(value, "custom_op")]
+    assert len(pairs) >= 11, [p[0] for p in pairs]
+    for what, call in pairs:
+        schema = [a.name for a in call.custom_op._opoverload._schema.arguments]
+        launch = call.launch
+        fixed = launch.keywords if isinstance(launch, functools.partial) else {}
+        params = [p for p in inspect.signature(launch).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in fixed]
+        assert [p.name for p in params[:len(schema)]] == schema, what
+        # Whatever the launch takes beyond the op's arguments has a default.
+        assert all(p.default is not p.empty for p in params[len(schema):]), what

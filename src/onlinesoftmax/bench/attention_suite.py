@@ -257,11 +257,11 @@ def run(args) -> int:
     return harness.exit_code(rows)
 
 
-# ``bench attention --sweep``: sequence lengths from 128 to 16384 (odd ones too), the batch scaled so
+# ``bench attention --sweep``: sequence lengths from 128 to 32768 (odd ones too), the batch scaled so
 # that every cell holds about SWEEP_TOKENS query tokens, head dims 64 and 128 (and 80, 96, 256
 # without --quick), MHA and GQA, causal and not; against SDPA's FLASH and cuDNN backends (and
 # FlexAttention without --quick, compiled once per shape). Eager timings are calls back to back.
-SWEEP_LENGTHS = (128, 512, 1000, 2048, 3000, 4096, 8191, 16384)
+SWEEP_LENGTHS = (128, 512, 1000, 2048, 3000, 4096, 8191, 16384, 32768)
 QUICK_LENGTHS = (128, 512, 1000, 2048, 4096, 8191)
 SWEEP_HEAD_DIMS = (64, 128, 80, 96, 256)
 QUICK_HEAD_DIMS = (64, 128)

@@ -171,6 +171,28 @@ def test_options_match_torch(options, inplace, gen):
                              what=f"{options} {reduction}", **_options(options, shape[1], gen))
 
 
+@pytest.mark.parametrize("options", OPTIONS, ids=_ids)
+@pytest.mark.parametrize("inplace", [False, True], ids=["separate", "inplace"])
+def test_float64_runs_torchs_kernels_at_float64_precision(options, inplace, gen):
+    # torch's F.cross_entropy takes float64 logits; so does ours, through torch's own kernels (the
+    # Triton ones take the three other dtypes), in float64: loss, gradient and lse to 1e-12.
+    shape = (8, 131)
+    x = make_logits(shape, torch.float64, gen, outliers=False)
+    target = _targets(*shape, gen, ignore_every=3)
+    for reduction in ("mean", "none"):
+        upstream = torch.randn(shape[0], generator=gen, dtype=torch.float64).to(DEVICE) if reduction == "none" else None
+        forward, backward = _check_loss_and_grad(x, target, torch.float64, upstream, inplace=inplace,
+                                                 reduction=reduction, what=f"float64 {reduction}",
+                                                 **_options(options, shape[1], gen))
+        assert forward.strategy == "torch" and (inplace or backward.strategy == "torch")
+    _, lse = cross_entropy(x, target, return_lse=True)
+    assert lse.dtype == torch.float64
+    assert_matches(lse, torch.logsumexp(x, -1), torch.float64, "lse")
+    if TRITON_RUNS:
+        with pytest.raises(ValueError, match="float64"):
+            cross_entropy(x, target, strategy="stream")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_all_options_in_half_precision(dtype, gen):
     shape = (5, 96)
@@ -492,7 +514,7 @@ def test_linear_chunk_rows():
 def test_argument_errors():
     x, t = torch.randn(4, 10), torch.tensor([1, 2, 3, 4])
     cases = [
-        (TypeError, dict(logits=x.double())),
+        (TypeError, dict(logits=x.to(torch.int32))),  # float64 runs torch's kernels
         (TypeError, dict(target=t.float())),
         (ValueError, dict(target=t[:3])),
         (ValueError, dict(reduction="avg")),
@@ -573,7 +595,7 @@ def _linear_reference(x, w, b, target, upstream, **options):
 
 @pytest.mark.parametrize("chunk", [8, 1000], ids=["chunks", "one_chunk"])  # fp32 accumulator / one matmul
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 def test_linear_matches_torch(reduction, dtype, chunk, gen):
     x, w, b, target = _linear_case(29, 16, 75, dtype, gen)
     upstream = (torch.randn(29, generator=gen, dtype=torch.float64) if reduction == "none" else torch.tensor(0.7)).to(DEVICE)

@@ -34,6 +34,12 @@ _reduce = Launcher(cross_entropy_reduce_kernel)
 _scale = Launcher(scale_rows_kernel)
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the arithmetic runs in: float32, or float64 for float64 logits (torch's own kernels then,
+    at torch's precision)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def needs_denom(reduction: str, has_weight: bool, label_smoothing: float) -> bool:
     return reduction == "mean" or (has_weight and label_smoothing > 0)
 
@@ -171,7 +177,8 @@ def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch
                             x.stride(0), x.stride(1))
     planner.record(chosen)
     has_weight = weight is not None
-    denom = _buffers.empty((3 if needs_denom(reduction, has_weight, label_smoothing) else 0,), torch.float32, device)
+    denom = _buffers.empty((3 if needs_denom(reduction, has_weight, label_smoothing) else 0,),
+                           compute_dtype(x.dtype), device)
     if chosen.strategy == "torch" or n_rows == 0:
         return torch_forward(x, target, weight, denom, ignore_index, reduction, label_smoothing, z_loss, softcap,
                              temperature, inplace)
@@ -223,8 +230,9 @@ def launch_scale(x: torch.Tensor, grad: torch.Tensor, out: Optional[torch.Tensor
     rows, cols = x.shape
     if rows == 0 or cols == 0:
         return out
-    if not (x.is_cuda or interpreter_active()):
-        scaled = x.float() * (grad.float().unsqueeze(-1) if grad.dim() else grad.float())
+    if not (x.is_cuda or interpreter_active()) or x.dtype == torch.float64:
+        dtype = compute_dtype(x.dtype)
+        scaled = x.to(dtype) * (grad.to(dtype).unsqueeze(-1) if grad.dim() else grad.to(dtype))
         return out.copy_(scaled)
     align, edges, contiguous = planner.layout(rows, cols, x.dtype, x.stride(0), x.stride(1))
     block, warps, per_row, tiles, grid = planner.scale_launch(rows, cols, x.dtype, x.device, interpreter_active())
@@ -244,8 +252,9 @@ def launch_scale(x: torch.Tensor, grad: torch.Tensor, out: Optional[torch.Tensor
 
 
 def transformed(x: torch.Tensor, softcap: float, temperature: float) -> torch.Tensor:
-    """float32 softcap(x) / T; x itself when it is float32 and there is nothing to apply (no copy)."""
-    y = x.float()
+    """softcap(x) / T in float32 (float64 for float64 x); x itself when it already has that dtype and
+    there is nothing to apply (no copy)."""
+    y = x.to(compute_dtype(x.dtype))
     if softcap > 0:
         y = softcap * torch.tanh(y / softcap)
     return y * (1.0 / temperature) if temperature != 1.0 else y
@@ -255,7 +264,7 @@ def row_lse(y: torch.Tensor) -> torch.Tensor:
     """logsumexp per row with cross-entropy's conventions: a row holding +inf or NaN gives NaN
     (torch.logsumexp gives +inf for +inf), an all -inf row -inf. torch's fused kernel: one pass."""
     if y.shape[-1] == 0:
-        return torch.full(y.shape[:-1], -math.inf, device=y.device)
+        return torch.full(y.shape[:-1], -math.inf, dtype=y.dtype, device=y.device)
     lse = torch.logsumexp(y, -1)
     return lse.masked_fill_(lse == math.inf, math.nan)
 
@@ -273,11 +282,11 @@ def torch_denom(target, weight, denom, n_classes, ignore_index):
     """denom <- (valid rows, sum of their targets' weights, sum of all class weights), if it has room."""
     if denom.numel():
         valid = target != ignore_index
-        n_valid = valid.sum().float()
+        n_valid = valid.sum().to(denom.dtype)
         if weight is None:
             denom.copy_(torch.stack([n_valid, n_valid, n_valid.new_tensor(float(n_classes))]))
         else:
-            w = weight.float()
+            w = weight.to(denom.dtype)
             w_t = torch.where(valid, w[torch.where(valid, target, 0).clamp(0, n_classes - 1)], 0.0)
             denom.copy_(torch.stack([n_valid, w_t.sum(), w.sum()]))
     return denom
@@ -298,16 +307,17 @@ class RowTerms:
         self.local = torch.where(self.in_shard, local, 0)
         self.n_classes = n_classes
         if weight is None:
-            self.w_t, self.w_sum, self.w_cols = torch.ones(x.shape[0], device=x.device), float(n_classes), 1.0
+            self.w_t, self.w_sum, self.w_cols = (torch.ones(x.shape[0], dtype=self.y.dtype, device=x.device),
+                                                 float(n_classes), 1.0)
         else:
-            w = weight.float()
+            w = weight.to(self.y.dtype)
             self.w_t = w[torch.where(self.valid & ~self.bad, target, 0)]
             self.w_sum = w.sum()
             self.w_cols = w[class_offset:class_offset + x.shape[1]]
 
     def target_logit(self) -> torch.Tensor:
         if self.y.shape[1] == 0:
-            return torch.full((self.y.shape[0],), -math.inf, device=self.y.device)
+            return torch.full((self.y.shape[0],), -math.inf, dtype=self.y.dtype, device=self.y.device)
         y_t = self.y.gather(1, self.local.unsqueeze(1)).squeeze(1)
         return torch.where(self.in_shard, y_t, -math.inf)
 
@@ -324,7 +334,7 @@ class RowTerms:
         return torch.where(self.bad, math.nan, loss)
 
     def gradient(self, lse, grad, denom, reduction, label_smoothing, z_loss, softcap, temperature):
-        upstream = grad.float().to(self.y.device)
+        upstream = grad.to(device=self.y.device, dtype=self.y.dtype)
         scale = scale_z = upstream
         if reduction == "mean":
             scale, scale_z = upstream / denom[1], upstream / denom[0]

@@ -35,9 +35,9 @@ import torch
 from ... import _buffers, _validate
 from ..._device import interpreter_active
 from . import plan as planner
-from .launch import RowTerms, count, launch_scale, needs_denom, reduce, row_lse, rows_backward, rows_forward, \
-    torch_denom
-from .op import check_class_weight, check_options, check_target, check_targets_in_range
+from .launch import RowTerms, compute_dtype, count, launch_scale, needs_denom, reduce, row_lse, rows_backward, \
+    rows_forward, torch_denom
+from .op import LOGIT_DTYPES, check_class_weight, check_options, check_target, check_targets_in_range
 
 # Rows of dlogits.T (vocabulary entries) multiplied at once in float32 where cuBLAS cannot
 # accumulate bf16 products into an fp32 output itself.
@@ -78,8 +78,9 @@ def _chunk_logits(x_chunk, weight, bias, out):
     return torch.addmm(bias, x_chunk, weight.t(), out=out)
 
 
-def _triton_here(x: torch.Tensor) -> bool:
-    return x.is_cuda or interpreter_active()
+def _kernels_for(x: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether the Triton kernels run for logits of ``dtype`` on x's device (not float64 ones)."""
+    return (x.is_cuda or interpreter_active()) and dtype in _validate.KERNEL_DTYPES
 
 
 def _chunk_loss(logits, target, class_weight, denom, loss_rows, lse, options, write_grad, strategy):
@@ -121,7 +122,7 @@ def _reduce_loss(loss_rows, lse, target, class_weight, denom, dtype, vocab, opti
     ignore_index, reduction, label_smoothing, z_loss = options[:4]
     if reduction == "none":
         return loss_rows
-    if _triton_here(loss_rows):
+    if _kernels_for(loss_rows, dtype):
         out = _buffers.empty((), dtype, loss_rows.device)
         reduce(loss_rows, lse, target, class_weight, denom, out, vocab, ignore_index, reduction, z_loss, False)
         return out
@@ -149,7 +150,7 @@ class _Pass:
         if grad_w is not None:
             accumulate(grad_w, logits.t(), x_chunk, first=start == 0)
         if grad_b is not None:
-            grad_b += logits.sum(0, dtype=torch.float32)
+            grad_b += logits.sum(0, dtype=grad_b.dtype)
 
     def forward(self, loss_rows, lse, denom, grad_x, grad_w, grad_b):
         write_grad = grad_x is not None or grad_w is not None or grad_b is not None
@@ -173,18 +174,18 @@ def _gradient_buffers(x2, weight, bias, wanted, chunks):
     want_x, want_w, want_b = wanted
     empty = _buffers.empty if chunks else (lambda shape, dtype, device: torch.zeros(shape, dtype=dtype, device=device))
     grad_x = empty(x2.shape, x2.dtype, x2.device) if want_x else None
-    w_dtype = torch.float32 if chunks > 1 else weight.dtype
+    w_dtype = compute_dtype(weight.dtype) if chunks > 1 else weight.dtype
     grad_w = empty(weight.shape, w_dtype, weight.device) if want_w else None
-    grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_b else None
+    grad_b = torch.zeros(bias.shape, dtype=compute_dtype(bias.dtype), device=bias.device) if want_b else None
     return grad_x, grad_w, grad_b
 
 
-def _denominators(target, class_weight, vocab, options, device):
+def _denominators(target, class_weight, vocab, options, dtype, device):
     ignore_index, reduction, label_smoothing = options[:3]
     denom = _buffers.empty((3 if needs_denom(reduction, class_weight is not None, label_smoothing) else 0,),
-                           torch.float32, device)
+                           compute_dtype(dtype), device)
     if denom.numel():
-        if _triton_here(target):
+        if _kernels_for(target, dtype):
             count(target, class_weight, denom, vocab, ignore_index)
         else:
             torch_denom(target, class_weight, denom, vocab, ignore_index)
@@ -196,9 +197,9 @@ def _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strate
     and the reduction allows it (not "none")."""
     rows, vocab = x2.shape[0], weight.shape[0]
     reduction = options[1]
-    denom = _denominators(target, class_weight, vocab, options, x2.device)
-    loss_rows = _buffers.empty((rows,), x2.dtype if reduction == "none" else torch.float32, x2.device)
-    lse = _buffers.empty((rows,), torch.float32, x2.device)
+    denom = _denominators(target, class_weight, vocab, options, x2.dtype, x2.device)
+    loss_rows = _buffers.empty((rows,), x2.dtype if reduction == "none" else compute_dtype(x2.dtype), x2.device)
+    lse = _buffers.empty((rows,), compute_dtype(x2.dtype), x2.device)
     chunks = -(-rows // chunk_rows)
     grads = (_gradient_buffers(x2, weight, bias, wanted, chunks) if any(wanted) and reduction != "none"
              else (None,) * 3)
@@ -247,7 +248,7 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
         grad_x, grad_w, grad_b = grads
         grad_x = _scaled(grad_x, upstream, x_dtype) if grad_x is not None else None
         grad_w = _scaled(grad_w, upstream, w_dtype) if grad_w is not None else None
-        grad_b = (grad_b * upstream.float()).to(b_dtype) if grad_b is not None else None
+        grad_b = (grad_b * upstream.to(grad_b.dtype)).to(b_dtype) if grad_b is not None else None
         return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
@@ -269,7 +270,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     Parameters
     ----------
     x : Tensor
-        (..., H) hidden states, float32, float16 or bfloat16, on CUDA or CPU.
+        (..., H) hidden states, float32, float16 or bfloat16, or float64 (torch's kernels for the
+        loss, in float64), on CUDA or CPU.
     weight : Tensor
         (V, H) output projection (``torch.nn.Linear(H, V).weight``), x's dtype.
     target : Tensor
@@ -291,7 +293,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     Returns
     -------
     Tensor, or (Tensor, Tensor) with ``return_lse``
-        The loss in x's dtype (0-d, or ``target.shape`` for "none"), and the float32 lse per row.
+        The loss in x's dtype (0-d, or ``target.shape`` for "none"), and the lse per row in float32
+        (float64 for float64 x).
 
     Notes
     -----
@@ -319,7 +322,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     name = "linear_cross_entropy"
     for arg, t in (("x", x), ("weight", weight)):
         _validate.tensor(t, name, arg)
-        _validate.float_dtype(t, name)
+        _validate.float_dtype(t, name, LOGIT_DTYPES)
         _validate.device(t, name)
     if x.dim() == 0 or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         raise ValueError(f"{name}: x must be (..., H) and weight (V, H) with the same H, got x {tuple(x.shape)} "
@@ -348,7 +351,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     options = (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature), return_lse)
     tracked = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     chunk_rows = planner.linear_chunk_rows(x2.shape[0], vocab, x.shape[-1], x.dtype,
-                                           tracked and weight.requires_grad and weight.dtype != torch.float32, chunk)
+                                           tracked and weight.requires_grad and weight.dtype in (torch.float16, torch.bfloat16), chunk)
     if tracked:
         loss, lse = _LinearCrossEntropyFunction.apply(x2, weight, bias, t1, class_weight, options, chunk_rows, strategy)
     else:

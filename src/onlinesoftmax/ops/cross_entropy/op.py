@@ -13,6 +13,8 @@ from .launch import launch_backward, launch_forward, launch_scale, needs_denom
 
 REDUCTIONS = ("mean", "sum", "none")
 TARGET_DTYPES = (torch.int64, torch.int32)
+# float64 logits run torch's kernels (the Triton kernels take the other three), as the softmax family's do.
+LOGIT_DTYPES = _validate.KERNEL_DTYPES + (torch.float64,)
 
 # --------------------------------------------------------------------------------------------
 # Custom ops: torch.compile sees opaque ops with fake (shape-only) implementations
@@ -145,7 +147,7 @@ def check_call(logits, target, name, arg, ignore_index, reduction, label_smoothi
     """The checks every cross-entropy entry point makes of its logits, target and options; returns
     the softcap as a float (0 for none)."""
     _validate.tensor(logits, name, arg)
-    _validate.float_dtype(logits, name)
+    _validate.float_dtype(logits, name, LOGIT_DTYPES)
     _validate.device(logits, name)
     if logits.dim() == 0:
         raise ValueError(f"{name}: {arg} must have a class dim (the last), got a 0-d tensor")
@@ -203,12 +205,14 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     with ``eps = label_smoothing``, C classes and ``w`` the class weights (1 without). That is
     ``torch.nn.functional.cross_entropy`` (class indices, ``ignore_index``, ``label_smoothing`` and
     ``weight`` with torch's semantics) plus PaLM's z-loss and Gemma 2's logit softcap. The logits
-    are read once for the forward, accumulated in float32.
+    are read once for the forward, accumulated in float32 (float64 logits: in float64, by torch's
+    own kernels).
 
     Parameters
     ----------
     logits : Tensor
-        (C,), (N, C) or any (..., C): float32, float16 or bfloat16, any strides, on CUDA or CPU.
+        (C,), (N, C) or any (..., C): float32, float16 or bfloat16 (the Triton kernels), or float64
+        (torch's kernels, in float64), any strides, on CUDA or CPU.
         **The class dim is the last one**, as in most language-model code and Liger; torch's
         F.cross_entropy takes it as dim 1 for inputs of more than 2 dims.
     target : Tensor
@@ -232,8 +236,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     weight : Tensor, optional
         (C,) per-class weights (any float dtype), torch's semantics.
     return_lse : bool
-        Also return the float32 ``lse`` of every row (shape ``target.shape``; ignored rows
-        included), not differentiable.
+        Also return the ``lse`` of every row in float32 (float64 for float64 logits), shape
+        ``target.shape``, ignored rows included; not differentiable.
     inplace_backward : bool
         **Overwrites ``logits`` with the gradient during the forward** (when a gradient is
         computed: ``logits.requires_grad`` under grad mode). The logits are read once and the

@@ -26,6 +26,7 @@ import functools
 import torch
 
 from ... import _device
+from ..._validate import KERNEL_DTYPES
 
 OPS = ("forward", "forward_grad", "backward", "stats")
 STRATEGIES = ("stream", "on_chip", "split_on_chip", "two_pass", "backward", "torch")
@@ -210,6 +211,12 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         if strategy not in SERVES[op]:
             raise ValueError(f"cross_entropy: strategy {strategy!r} does not compute {op!r}; "
                              f"that takes one of {SERVES[op] + ('torch',)}")
+    if dtype not in KERNEL_DTYPES:  # float64: torch's kernels, at torch's precision
+        if strategy not in (None, "torch"):
+            raise ValueError(f"cross_entropy: strategy {strategy!r} runs Triton kernels, which take "
+                             f"{', '.join(str(d)[6:] for d in KERNEL_DTYPES)} logits, got {str(dtype)[6:]}; "
+                             "use strategy=None or 'torch'")
+        triton_ok = False
     elem = dtype.itemsize
     span = max(cols, 1) + head  # columns a row's aligned tiles cover at most
     shape = dict(rows=rows, cols=cols, dtype=dtype, align=align, edges=edges, contiguous=contiguous)

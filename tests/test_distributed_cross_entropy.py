@@ -152,3 +152,12 @@ def test_needs_an_initialized_process_group():
         pytest.skip("a process group is already initialized in this process")
     with pytest.raises(RuntimeError, match="not initialized"):
         cross_entropy(torch.randn(2, 5), torch.tensor([0, 1]))
+
+
+def test_refuses_float64_shards():
+    # Before the process group: the dtype check comes first. onlinesoftmax.cross_entropy takes
+    # float64 (torch's kernels); the vocabulary-parallel one, whose exchange is float32, refuses it.
+    from onlinesoftmax.distributed import cross_entropy
+
+    with pytest.raises(TypeError, match="float64"):
+        cross_entropy(torch.randn(2, 5, dtype=torch.float64), torch.tensor([0, 1]))

@@ -179,6 +179,9 @@ def cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, group=None, 
     """
     softcap = check_call(logits_shard, target, NAME, "logits_shard", ignore_index, reduction, label_smoothing, z_loss,
                          softcap, temperature)
+    # float64 shards: refused, as the distributed softmax family refuses them (its (m, d) exchange
+    # is float32); onlinesoftmax.cross_entropy takes float64.
+    _validate.float_dtype(logits_shard, NAME)
     if strategy is not None:
         _validate.choice(strategy, STRATEGIES, NAME, "strategy")
     triton = strategy != "torch" and triton_runs_on(logits_shard.device)

@@ -257,6 +257,18 @@ def test_existing_results_are_not_overwritten_unless_asked(tmp_path, capsys, mon
     assert (tmp_path / "softmax.json").read_text() == "{}"
 
 
+def test_deadline_stops_handing_out_cases_and_says_how_many_were_left(capsys):
+    from onlinesoftmax.bench import harness
+
+    ticks = iter([0.0, 1.0, 2.0, 5.0, 9.0])
+    assert list(harness.until_deadline([1, 2, 3, 4], 3.0, clock=lambda: next(ticks))) == [1, 2]
+    assert "2 of 4 cases not measured" in capsys.readouterr().out
+    assert list(harness.until_deadline([1, 2, 3], None)) == [1, 2, 3]
+    with pytest.raises(SystemExit):  # only the sweeps take it
+        cli.main(["bench", "softmax", "--deadline", "60"])
+    assert "--deadline applies to the sweeps" in capsys.readouterr().err
+
+
 def test_merge_is_refused_for_suites_that_do_not_merge(capsys):
     # The bench grids and the sweeps merge; elsewhere the flag would be ignored silently.
     for argv in (["bench", "ladder", "--merge"], ["bench", "host", "--merge"]):

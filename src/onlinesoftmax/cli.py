@@ -154,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--random", type=int, default=0, metavar="N",
                        help="sweep suites: add N seeded random shapes (--seed) to the grid")
     bench.add_argument("--quick", action="store_true", help="sweep suites: a smaller grid")
+    bench.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                       help="sweep suites: start no case after this many seconds, and write the cases measured")
     bench.add_argument("--sweep", action="store_true",
                        help="attention: the sweep over sequence lengths, head dims and layouts (writes attention_sweep.*)")
 
@@ -183,6 +185,8 @@ def main(argv=None) -> int:
     if args.command == "bench":
         if args.merge and args.suite not in MERGING_SUITES:
             parser.error(f"--merge applies to the {', '.join(MERGING_SUITES)} suites only, not {args.suite!r}")
+        if args.deadline is not None and not (args.suite == "sweep" or (args.suite == "attention" and args.sweep)):
+            parser.error("--deadline applies to the sweeps only (bench sweep, bench attention --sweep)")
         if not torch.cuda.is_available() and args.suite not in ("distributed",):
             return cpu_check(args.suite)
         existing = _existing_results(args)

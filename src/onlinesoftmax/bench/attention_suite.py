@@ -286,7 +286,7 @@ def run_sweep(args, dtypes, directions) -> int:
     print(f"seed {args.seed}; {len(shapes)} shapes x {len(dtypes)} dtypes x 2 masks x {len(directions)} directions",
           flush=True)
     rows = []
-    for case in cases(shapes, dtypes, directions):
+    for case in harness.until_deadline(list(cases(shapes, dtypes, directions)), getattr(args, "deadline", None)):
         measured = harness.run_case(case, impls[case.direction], gen, graph_timing=not args.no_graph,
                                     max_input_sets=4, back_to_back=True)
         rows += measured

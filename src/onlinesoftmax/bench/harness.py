@@ -454,6 +454,19 @@ def half_dtypes(args, what: str) -> list[torch.dtype]:
     return [names[d] for d in asked if d in names] or [torch.bfloat16]
 
 
+def until_deadline(items: list, deadline_s: Optional[float], clock: Callable[[], float] = time.monotonic):
+    """``items`` one by one until ``deadline_s`` seconds (None: no limit) have passed since the first
+    was handed out; then says how many were left. A sweep run with ``--deadline`` a little under
+    a time-limited machine's limit still writes its results for the cases it measured."""
+    start = clock()
+    for i, item in enumerate(items):
+        if deadline_s is not None and clock() - start > deadline_s:
+            print(f"past the --deadline of {deadline_s:g} s: {len(items) - i} of {len(items)} cases not measured",
+                  flush=True)
+            return
+        yield item
+
+
 def parse_dims(text: str, count: int) -> tuple[int, ...]:
     """``"16x262144"`` -> ``(16, 262144)``: a --shape value with exactly ``count`` positive dims."""
     try:

@@ -180,18 +180,18 @@ def run(args) -> int:
     copy_gbs = harness.copy_bandwidth_gbs()
     rows: list[harness.Row] = []
     impls = {(op, d): _implementations(op, d) for op in OPS for d in directions}
-    for direction in directions:
-        for dtype in dtypes:
-            for op in OPS:
-                for shape in shapes:
-                    case = _case(op, direction, shape, dtype)
-                    # autograd's backward is not captured into a CUDA graph (every implementation's
-                    # attempt failed, between one implementation's eager timing and the next's):
-                    # the backward is timed eagerly only.
-                    rows += harness.run_case(case, impls[op, direction], gen,
-                                             graph_timing=not args.no_graph and direction == "forward",
-                                             max_input_sets=MAX_INPUT_SETS, back_to_back=True, second_pass=True)
-                print(f"{direction} {dtype} {op}: {len(shapes)} shapes done", flush=True)
+    todo = [(direction, dtype, op, shape) for direction in directions for dtype in dtypes for op in OPS
+            for shape in shapes]
+    for direction, dtype, op, shape in harness.until_deadline(todo, getattr(args, "deadline", None)):
+        case = _case(op, direction, shape, dtype)
+        # autograd's backward is not captured into a CUDA graph (every implementation's attempt
+        # failed, between one implementation's eager timing and the next's): the backward is timed
+        # eagerly only.
+        rows += harness.run_case(case, impls[op, direction], gen,
+                                 graph_timing=not args.no_graph and direction == "forward",
+                                 max_input_sets=MAX_INPUT_SETS, back_to_back=True, second_pass=True)
+        if shape == shapes[-1]:
+            print(f"{direction} {dtype} {op}: {len(shapes)} shapes done", flush=True)
     harness.finish_rows(rows, copy_gbs)
     write(args, rows, copy_gbs)
     return harness.exit_code(rows)

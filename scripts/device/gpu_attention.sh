@@ -39,8 +39,11 @@ for stage in $STAGES; do
             IFS=: read -r _ dim dtype <<< "$stage"
             shapes=$(python3 -c "from onlinesoftmax.bench.attention_suite import sweep_shapes
 print(' '.join('--shape ' + 'x'.join(map(str, s)) for s in sweep_shapes(False) if s[4] == $dim))")
+            # --deadline: a part cut by the machine's time limit would write nothing; this one stops
+            # starting cases in time to write the ones it measured.
             # shellcheck disable=SC2086
-            timeout 540 python3 -m onlinesoftmax bench attention --sweep --dtype "$dtype" --merge --out "$OUT" $shapes \
+            timeout 540 python3 -m onlinesoftmax bench attention --sweep --dtype "$dtype" --merge --out "$OUT" \
+                --deadline 420 $shapes \
                 > "$OUT/attention_fullsweep_${dim}_${dtype}.log" 2>&1 || status=1
             tail -12 "$OUT/attention_fullsweep_${dim}_${dtype}.log" ;;
         *) echo "unknown stage $stage"; status=1 ;;

@@ -1,0 +1,165 @@
+"""linear_cross_entropy against torch in float64: the chunk plan, chunked and one-chunk runs in every
+reduction, options and partial gradients, the float32 accumulation of grad W, the in-place kernel
+it runs its chunks through, and its argument errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from onlinesoftmax.ops.cross_entropy import linear_cross_entropy, plan
+
+from conftest import DEVICE, TOLERANCE, assert_matches, needs_triton, relative_error
+from cross_entropy_cases import OPTIONS, make_targets, option_ids, reference, resolve_options
+
+
+def test_linear_chunk_rows():
+    # One chunk where its peak (all logits + grad W) is no higher than the chunks' (the fp32 grad-W
+    # accumulator + the larger of a 512 MiB chunk and grad W): 3.15 GB each at 8192 x 128256,
+    # H 4096; 1.23 against 1.35 GB at 8192 x 50257; 3.6 against 3.15 GB at 10000 x 128256.
+    assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, "auto") == 8192
+    assert plan.linear_chunk_rows(8192, 50257, 4096, torch.bfloat16, True, "auto") == 8192
+    assert plan.linear_chunk_rows(10000, 128256, 4096, torch.bfloat16, True, "auto") == 2048
+    assert plan.linear_chunk_rows(16384, 128256, 4096, torch.bfloat16, True, "auto") == 2048
+    # No accumulator (no weight gradient, or an fp32 weight whose gradient accumulates in place):
+    # chunks of the budget.
+    assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, False, "auto") == 2048
+    assert plan.linear_chunk_rows(8192, 32000, 4096, torch.float32, False, "auto") == 4096
+    assert plan.linear_chunk_rows(100, 128256, 4096, torch.bfloat16, False, "auto") == 100
+    assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, 300) == 300
+
+
+def _linear_case(rows, hidden, vocab, dtype, gen, bias=True):
+    x = torch.randn(rows, hidden, generator=gen).to(dtype).to(DEVICE)
+    w = (torch.randn(vocab, hidden, generator=gen) / math.sqrt(hidden) * 3).to(dtype).to(DEVICE)
+    b = (torch.randn(vocab, generator=gen)).to(dtype).to(DEVICE) if bias else None
+    return x, w, b, make_targets(rows, vocab, gen, ignore_every=5)
+
+
+def _linear_reference(x, w, b, target, upstream, **options):
+    leaves = [t.detach().double().requires_grad_() if t is not None else None for t in (x, w, b)]
+    logits = leaves[0] @ leaves[1].T + (leaves[2] if b is not None else 0)
+    class_weight = options.pop("class_weight", None)
+    loss = reference(logits, target, weight=class_weight, **options)
+    (loss * upstream).sum().backward()
+    return loss.detach(), [t.grad if t is not None else None for t in leaves]
+
+
+@pytest.mark.parametrize("chunk", [8, 1000], ids=["chunks", "one_chunk"])  # fp32 accumulator / one matmul
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_linear_matches_torch(reduction, dtype, chunk, gen):
+    x, w, b, target = _linear_case(29, 16, 75, dtype, gen)
+    upstream = (torch.randn(29, generator=gen, dtype=torch.float64) if reduction == "none" else torch.tensor(0.7)).to(DEVICE)
+    options = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3)
+    ref, ref_grads = _linear_reference(x, w, b, target, upstream, **options)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    out = linear_cross_entropy(*leaves[:2], target, leaves[2], chunk=chunk, **options)
+    (out * upstream.to(out.dtype)).sum().backward()
+    assert_matches(out.detach(), ref, dtype, "loss")
+    # bf16 gradients: the logits' gradient is rounded to bf16 before each matrix product, so the
+    # bound is flash-attention's: within twice what the same math in bf16 torch gives (or the table).
+    bound = TOLERANCE[dtype]
+    if dtype == torch.bfloat16:
+        torch_leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        logits = torch_leaves[0] @ torch_leaves[1].T + torch_leaves[2]
+        loss = reference(logits.float(), target, **options).to(dtype)
+        (loss * upstream.to(dtype)).sum().backward()
+        torch_error = max(relative_error(t.grad, g) for t, g in zip(torch_leaves, ref_grads))
+        bound = max(bound, 2 * torch_error)
+    for name, leaf, grad in zip("xwb", leaves, ref_grads):
+        assert leaf.grad.dtype == dtype
+        error = relative_error(leaf.grad, grad)
+        assert error <= bound, f"grad {name}: relative error {error:.3e} > {bound:.3e}"
+
+
+@pytest.mark.parametrize("options", [OPTIONS[3], OPTIONS[-1]], ids=option_ids)
+def test_linear_options_and_partial_grads(options, gen):
+    x, w, _, target = _linear_case(20, 8, 40, torch.float32, gen, bias=False)
+    options = resolve_options(options, 40, gen)
+    options["class_weight"] = options.pop("weight", None)
+    ref, (gx, gw, _) = _linear_reference(x, w, None, target, torch.tensor(1.0), **dict(options))
+    w_leaf = w.clone().requires_grad_()  # x needs no gradient: only grad W is computed
+    out = linear_cross_entropy(x, w_leaf, target, chunk=6, **options)
+    out.backward()
+    assert_matches(out.detach(), ref, torch.float32, "loss")
+    assert_matches(w_leaf.grad, gw, torch.float32, "grad w")
+
+
+def test_linear_leading_dims_return_lse_and_no_grad(gen):
+    x, w, b, target = _linear_case(12, 8, 30, torch.float32, gen)
+    x3, t2 = x.reshape(3, 4, 8), target.reshape(3, 4)
+    loss, lse = linear_cross_entropy(x3, w, t2, b, reduction="none", return_lse=True)
+    assert loss.shape == (3, 4) and lse.shape == (3, 4)
+    logits = x.double() @ w.double().T + b.double()
+    assert_matches(loss.reshape(-1), reference(logits, target, reduction="none"), torch.float32, "loss")
+    assert_matches(lse.reshape(-1), torch.logsumexp(logits, -1), torch.float32, "lse")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_linear_empty_batch(reduction):
+    x = torch.randn(0, 8, device=DEVICE, requires_grad=True)
+    w = torch.randn(10, 8, device=DEVICE, requires_grad=True)
+    out = linear_cross_entropy(x, w, torch.zeros(0, dtype=torch.int64, device=DEVICE), reduction=reduction)
+    ref = F.cross_entropy(torch.zeros(0, 10, dtype=torch.float64), torch.zeros(0, dtype=torch.int64),
+                          reduction=reduction)
+    assert out.shape == ref.shape and torch.equal(torch.isnan(out).cpu(), torch.isnan(ref))
+    out.sum().backward()
+    assert x.grad.shape == (0, 8) and torch.equal(w.grad, torch.zeros_like(w))
+
+
+def test_linear_grad_weight_accumulates_in_float32(gen):
+    # 512 chunks of 2 rows, every row of one class and positive hidden states: each entry of grad W
+    # sums 512 contributions of one sign, so a bfloat16 running sum loses the later ones (each
+    # addition rounds to 8 bits). Ours adds them in float32 and rounds once. The test computes the
+    # bfloat16 accumulation's error itself, so it is known to fail an implementation doing that:
+    # 3.7e-2 to 9.7e-2 over six seeds (above the table's 1e-2), against ours at 3.8e-3 to 5.5e-3
+    # under the interpreter, whose fp32 -> bf16 conversion truncates (the GPU rounds to nearest;
+    # the torch path's error is about 1.3e-3).
+    rows, hidden, vocab, chunk = 1024, 16, 32, 2
+    x = (torch.rand(rows, hidden, generator=gen) + 0.5).to(torch.bfloat16)
+    w = (torch.randn(vocab, hidden, generator=gen) / 4).to(torch.bfloat16)
+    target = torch.zeros(rows, dtype=torch.int64)
+    w64 = w.double().requires_grad_()
+    F.cross_entropy(x.double() @ w64.T, target, reduction="sum").backward()
+    w_leaf = w.to(DEVICE).requires_grad_()
+    linear_cross_entropy(x.to(DEVICE), w_leaf, target.to(DEVICE), chunk=chunk, reduction="sum").backward()
+    ours = ((w_leaf.grad.cpu().double() - w64.grad).norm() / w64.grad.norm()).item()
+    # A bfloat16 accumulator, fed each chunk's contribution from its bfloat16 logit gradients.
+    acc = torch.zeros(vocab, hidden, dtype=torch.bfloat16)
+    for start in range(0, rows, chunk):
+        x_chunk = x[start:start + chunk].float()
+        dlogits = torch.softmax((x_chunk @ w.float().T).to(torch.bfloat16).float(), -1)
+        dlogits[:, 0] -= 1
+        acc = (acc.float() + dlogits.to(torch.bfloat16).float().T @ x_chunk).to(torch.bfloat16)
+    bf16_accumulation = ((acc.double() - w64.grad).norm() / w64.grad.norm()).item()
+    assert bf16_accumulation > TOLERANCE[torch.bfloat16], f"the test cannot fail: {bf16_accumulation:.2e}"
+    assert ours < min(bf16_accumulation / 4, TOLERANCE[torch.bfloat16]), \
+        f"grad W error {ours:.2e} vs bf16 accumulation {bf16_accumulation:.2e}"
+
+
+@needs_triton
+def test_linear_chunks_use_the_in_place_kernel(gen):
+    x, w, b, target = _linear_case(10, 8, 20, torch.float32, gen)
+    linear_cross_entropy(x, w.requires_grad_(), target, b, chunk=4)
+    assert plan.last_plan().op == "forward_grad"
+    with torch.no_grad():
+        linear_cross_entropy(x, w, target, b, chunk=4)
+    assert plan.last_plan().op == "forward"
+
+
+def test_linear_argument_errors():
+    x, w, t = torch.randn(4, 8), torch.randn(10, 8), torch.tensor([1, 2, 3, 4])
+    with pytest.raises(ValueError, match="same H"):
+        linear_cross_entropy(x, torch.randn(10, 7), t)
+    with pytest.raises(TypeError, match="dtype"):
+        linear_cross_entropy(x, w.half(), t)
+    with pytest.raises(ValueError, match="chunk"):
+        linear_cross_entropy(x, w, t, chunk=0)
+    with pytest.raises(ValueError, match="bias"):
+        linear_cross_entropy(x, w, t, torch.randn(9))
+    with pytest.raises(ValueError, match="out of range"):
+        linear_cross_entropy(x, w, torch.tensor([1, 2, 3, 10]))

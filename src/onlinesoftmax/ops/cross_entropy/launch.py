@@ -15,9 +15,10 @@ from typing import Optional
 import torch
 
 from ... import _buffers
-from ..._device import interpreter_active, next_power_of_2
+from ..._device import interpreter_active, next_power_of_2, triton_runs_on
 from ..._launch import Launcher, aligned
 from ..._triton import COUNTER_STRIDE
+from ..._validate import KERNEL_DTYPES
 from . import plan as planner
 from .kernels import (
     cross_entropy_backward_kernel,
@@ -38,6 +39,12 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """What the arithmetic runs in: float32, or float64 for float64 logits (torch's own kernels then,
     at torch's precision)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def kernels_take(x: torch.Tensor, dtype: Optional[torch.dtype] = None) -> bool:
+    """Whether the Triton kernels run for logits of ``dtype`` (default x's) on x's device: CUDA, or
+    any under the interpreter, and not float64 (torch's ops run that)."""
+    return triton_runs_on(x.device) and (dtype or x.dtype) in KERNEL_DTYPES
 
 
 def needs_denom(reduction: str, has_weight: bool, label_smoothing: float) -> bool:
@@ -230,7 +237,7 @@ def launch_scale(x: torch.Tensor, grad: torch.Tensor, out: Optional[torch.Tensor
     rows, cols = x.shape
     if rows == 0 or cols == 0:
         return out
-    if not (x.is_cuda or interpreter_active()) or x.dtype == torch.float64:
+    if not kernels_take(x):
         dtype = compute_dtype(x.dtype)
         scaled = x.to(dtype) * (grad.to(dtype).unsqueeze(-1) if grad.dim() else grad.to(dtype))
         return out.copy_(scaled)

@@ -33,10 +33,9 @@ from typing import Optional
 import torch
 
 from ... import _buffers, _validate
-from ..._device import interpreter_active
 from . import plan as planner
-from .launch import RowTerms, compute_dtype, count, launch_scale, needs_denom, reduce, row_lse, rows_backward, \
-    rows_forward, torch_denom
+from .launch import RowTerms, compute_dtype, count, kernels_take, launch_scale, needs_denom, reduce, row_lse, \
+    rows_backward, rows_forward, torch_denom
 from .op import LOGIT_DTYPES, check_class_weight, check_options, check_target, check_targets_in_range
 
 # Rows of dlogits.T (vocabulary entries) multiplied at once in float32 where cuBLAS cannot
@@ -78,11 +77,6 @@ def _chunk_logits(x_chunk, weight, bias, out):
     return torch.addmm(bias, x_chunk, weight.t(), out=out)
 
 
-def _kernels_for(x: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether the Triton kernels run for logits of ``dtype`` on x's device (not float64 ones)."""
-    return (x.is_cuda or interpreter_active()) and dtype in _validate.KERNEL_DTYPES
-
-
 def _chunk_loss(logits, target, class_weight, denom, loss_rows, lse, options, write_grad, strategy):
     """The cross-entropy of one chunk's logits into its rows of loss_rows and lse; with ``write_grad``
     the gradient over the logits (for an upstream gradient of 1)."""
@@ -122,7 +116,7 @@ def _reduce_loss(loss_rows, lse, target, class_weight, denom, dtype, vocab, opti
     ignore_index, reduction, label_smoothing, z_loss = options[:4]
     if reduction == "none":
         return loss_rows
-    if _kernels_for(loss_rows, dtype):
+    if kernels_take(loss_rows, dtype):
         out = _buffers.empty((), dtype, loss_rows.device)
         reduce(loss_rows, lse, target, class_weight, denom, out, vocab, ignore_index, reduction, z_loss, False)
         return out
@@ -185,7 +179,7 @@ def _denominators(target, class_weight, vocab, options, dtype, device):
     denom = _buffers.empty((3 if needs_denom(reduction, class_weight is not None, label_smoothing) else 0,),
                            compute_dtype(dtype), device)
     if denom.numel():
-        if _kernels_for(target, dtype):
+        if kernels_take(target, dtype):
             count(target, class_weight, denom, vocab, ignore_index)
         else:
             torch_denom(target, class_weight, denom, vocab, ignore_index)
@@ -351,7 +345,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     options = (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature), return_lse)
     tracked = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     chunk_rows = planner.linear_chunk_rows(x2.shape[0], vocab, x.shape[-1], x.dtype,
-                                           tracked and weight.requires_grad and weight.dtype in (torch.float16, torch.bfloat16), chunk)
+                                           tracked and weight.requires_grad and compute_dtype(weight.dtype) != weight.dtype,
+                                           chunk)
     if tracked:
         loss, lse = _LinearCrossEntropyFunction.apply(x2, weight, bias, t1, class_weight, options, chunk_rows, strategy)
     else:

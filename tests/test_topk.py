@@ -366,7 +366,10 @@ def test_without_the_lse(path, gen):
         patch.setattr(topk_op, "launch_forward", spy)
         public = onlinesoftmax.softmax_topk(x, 7, temperature=1.5)
         assert calls == [False] and len(public) == 2 and torch.equal(public[0], values)
-        assert torch.equal(onlinesoftmax.softmax_topk(x, 7, temperature=1.5, return_lse=True)[2], with_lse[2])
+        # The public call takes the plan's path, not necessarily this test's forced one (their lse
+        # can differ in the last bit: another merge order); it is compared with that path's launch.
+        assert torch.equal(onlinesoftmax.softmax_topk(x, 7, temperature=1.5, return_lse=True)[2],
+                           real(x, 7, 1.5)[2])
         onlinesoftmax.softmax_topk(x.float().requires_grad_(), 7)[0].sum().backward()
     assert calls == [False]
 

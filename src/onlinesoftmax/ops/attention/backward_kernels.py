@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from ..._triton import NEG_INF, mma
-from .kernels import (COUNT_ARGS, head_descriptor, key_ranges, load_tile, own_descriptor, qkv_descriptors,
-                      store_tile, visible)
+from .kernels import (COUNT_ARGS, head_descriptor, key_ranges, key_value_bases, load_tile, own_descriptor,
+                      qkv_descriptors, query_program, store_tile, visible)
 
 
 @triton.jit
@@ -42,6 +42,36 @@ def attention_backward_delta_kernel(
     do = tl.load(do_base + rows.to(tl.int64)[:, None] * stride_dos + cols[None, :] * stride_dod, mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(delta_ptr + bh.to(tl.int64) * n_queries + rows, delta, mask=rows < n_queries)
+
+
+@triton.jit
+def input_descriptors(q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+                      q_head_stride, k_head_stride, v_head_stride, do_head_stride,
+                      stride_qs, stride_ks, stride_vs, stride_dos,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                      USE_DESCRIPTOR: tl.constexpr):
+    """Per-head descriptors of the caller's Q, K, V and dO."""
+    desc_q, desc_k, desc_v = qkv_descriptors(
+        q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+        BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_do = head_descriptor(do_ptr, batch * n_heads_q, n_queries, head_dim, do_head_stride, stride_dos,
+                              BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    return desc_q, desc_k, desc_v, desc_do
+
+
+@triton.jit
+def store_key_value_gradients(dk, dv, dk_ptr, dv_ptr, batch, n_heads_kv, kv_bh, start_n, n_keys, head_dim, scale,
+                              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
+    """dK (times the softmax scale) and dV of a key block into the op's (batch * KV heads, keys, D)."""
+    desc_dk = own_descriptor(dk_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_dv = own_descriptor(dv_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    dk_base = dk_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
+    dv_base = dv_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
+    store_tile(desc_dk, dk_base, kv_bh, start_n, n_keys, head_dim, head_dim, (dk * scale).to(dk_ptr.dtype.element_ty),
+               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    store_tile(desc_dv, dv_base, kv_bh, start_n, n_keys, head_dim, head_dim, dv.to(dv_ptr.dtype.element_ty),
+               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
 
 
 @triton.jit
@@ -120,16 +150,11 @@ def attention_backward_dkdv_kernel(
     h_kv = kv_bh % n_heads_kv
     cols = start_n + tl.arange(0, BLOCK_N)
 
-    desc_q, desc_k, desc_v = qkv_descriptors(
-        q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
-        q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+    desc_q, desc_k, desc_v, desc_do = input_descriptors(
+        q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
         BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_do = head_descriptor(do_ptr, batch * n_heads_q, n_queries, head_dim, do_head_stride, stride_dos,
-                              BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
-    desc_dk = own_descriptor(dk_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_dv = own_descriptor(dv_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    k_base, v_base = key_value_bases(k_ptr, v_ptr, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh)
     k = load_tile(desc_k, k_base, kv_bh, start_n, n_keys, stride_ks, stride_kd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     v = load_tile(desc_v, v_base, kv_bh, start_n, n_keys, stride_vs, stride_vd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -160,12 +185,8 @@ def attention_backward_dkdv_kernel(
                                    full_start, q_stop, n_queries, n_keys, head_dim, qk_scale, causal_offset,
                                    stride_qs, stride_qd, stride_dos, stride_dod,
                                    BLOCK_M, BLOCK_D, CAUSAL, False, USE_DESCRIPTOR)
-    dk_base = dk_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
-    dv_base = dv_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
-    store_tile(desc_dk, dk_base, kv_bh, start_n, n_keys, head_dim, head_dim, (dk * scale).to(dk_ptr.dtype.element_ty),
-               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    store_tile(desc_dv, dv_base, kv_bh, start_n, n_keys, head_dim, head_dim, dv.to(dv_ptr.dtype.element_ty),
-               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    store_key_value_gradients(dk, dv, dk_ptr, dv_ptr, batch, n_heads_kv, kv_bh, start_n, n_keys, head_dim, scale,
+                              BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
 
 
 @triton.jit
@@ -203,27 +224,16 @@ def attention_backward_dq_kernel(
     CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr,
 ):
     n_heads_kv = n_heads_q // group
-    block_m = tl.program_id(0)
-    if CAUSAL:
-        block_m = tl.num_programs(0) - 1 - block_m
-    bh = tl.program_id(1)
-    b = bh // n_heads_q
-    h = bh % n_heads_q
-    h_kv = h // group
-    kv_bh = b * n_heads_kv + h_kv
-    start_m = block_m * BLOCK_M
+    start_m, bh, b, h, h_kv, kv_bh = query_program(n_heads_q, group, BLOCK_M, CAUSAL)
 
-    desc_q, desc_k, desc_v = qkv_descriptors(
-        q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
-        q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+    desc_q, desc_k, desc_v, desc_do = input_descriptors(
+        q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
         BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_do = head_descriptor(do_ptr, batch * n_heads_q, n_queries, head_dim, do_head_stride, stride_dos,
-                              BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
     desc_dq = own_descriptor(dq_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
     q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    k_base, v_base = key_value_bases(k_ptr, v_ptr, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh)
 
     rows = start_m + tl.arange(0, BLOCK_M)
     q = load_tile(desc_q, q_base, bh, start_m, n_queries, stride_qs, stride_qd, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
@@ -266,18 +276,13 @@ def attention_backward_fused_kernel(
     h_kv = kv_bh % n_heads_kv
     cols = tl.arange(0, BLOCK_N)
 
-    desc_q, desc_k, desc_v = qkv_descriptors(
-        q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
-        q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
+    desc_q, desc_k, desc_v, desc_do = input_descriptors(
+        q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
         BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_do = head_descriptor(do_ptr, batch * n_heads_q, n_queries, head_dim, do_head_stride, stride_dos,
-                              BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
     desc_o = own_descriptor(o_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
     desc_dq = own_descriptor(dq_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
-    desc_dk = own_descriptor(dk_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_dv = own_descriptor(dv_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    k_base, v_base = key_value_bases(k_ptr, v_ptr, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh)
     k = load_tile(desc_k, k_base, kv_bh, 0, n_keys, stride_ks, stride_kd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     v = load_tile(desc_v, v_base, kv_bh, 0, n_keys, stride_vs, stride_vd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -310,9 +315,5 @@ def attention_backward_fused_kernel(
             dq = mma(tl.trans(ds_t), k, None)  # [M, D]: every key's share, the row's whole dQ
             store_tile(desc_dq, dq_base, bh, start_m, n_queries, head_dim, head_dim,
                        (dq * scale).to(dq_ptr.dtype.element_ty), BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
-    dk_base = dk_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
-    dv_base = dv_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
-    store_tile(desc_dk, dk_base, kv_bh, 0, n_keys, head_dim, head_dim, (dk * scale).to(dk_ptr.dtype.element_ty),
-               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    store_tile(desc_dv, dv_base, kv_bh, 0, n_keys, head_dim, head_dim, dv.to(dv_ptr.dtype.element_ty),
-               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    store_key_value_gradients(dk, dv, dk_ptr, dv_ptr, batch, n_heads_kv, kv_bh, 0, n_keys, head_dim, scale,
+                              BLOCK_N, BLOCK_D, USE_DESCRIPTOR)

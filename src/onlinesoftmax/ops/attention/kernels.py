@@ -228,6 +228,27 @@ def own_descriptor(ptr, n_heads_total, n_rows, head_dim, BLOCK_ROWS: tl.constexp
                            BLOCK_ROWS, BLOCK_D, USE_DESCRIPTOR)
 
 
+@triton.jit
+def query_program(n_heads_q, group, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """(start_m, bh, b, h, h_kv, kv_bh) of a program of a (query blocks, batch * query heads) grid."""
+    block_m = tl.program_id(0)
+    if CAUSAL:
+        # The last query blocks have the most keys to visit: launch them first.
+        block_m = tl.num_programs(0) - 1 - block_m
+    bh = tl.program_id(1)
+    b = bh // n_heads_q
+    h = bh % n_heads_q
+    h_kv = h // group
+    return block_m * BLOCK_M, bh, b, h, h_kv, b * (n_heads_q // group) + h_kv
+
+
+@triton.jit
+def key_value_bases(k_ptr, v_ptr, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh):
+    """The first elements of a KV head's keys and values in the caller's tensors."""
+    return (k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh,
+            v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh)
+
+
 @triton.jit(do_not_specialize=COUNT_ARGS)
 def attention_forward_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
@@ -245,16 +266,7 @@ def attention_forward_kernel(
     # 64 + 16, 96 as 64 + 32, 192 as 128 + 64) instead of padded to the next power of two, which
     # multiplies zeros: two products a key block for the scores and two accumulators.
     n_heads_kv = n_heads_q // group
-    block_m = tl.program_id(0)
-    if CAUSAL:
-        # The last query blocks have the most keys to visit: launch them first.
-        block_m = tl.num_programs(0) - 1 - block_m
-    bh = tl.program_id(1)
-    b = bh // n_heads_q
-    h = bh % n_heads_q
-    h_kv = h // group
-    kv_bh = b * n_heads_kv + h_kv
-    start_m = block_m * BLOCK_M
+    start_m, bh, b, h, h_kv, kv_bh = query_program(n_heads_q, group, BLOCK_M, CAUSAL)
 
     desc_q, desc_k, desc_v = qkv_descriptors(
         q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
@@ -273,8 +285,7 @@ def attention_forward_kernel(
         desc_v2 = desc_v
         desc_o2 = desc_o
     q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    k_base, v_base = key_value_bases(k_ptr, v_ptr, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh)
     o_base = o_ptr + bh.to(tl.int64) * n_queries * head_dim
 
     rows = start_m + tl.arange(0, BLOCK_M)

@@ -90,6 +90,20 @@ def test_inplace_strategies_match_torch(strategy, dtype, reduction, gen):
     assert plan.last_plan().edges  # 203 columns: rows start and end inside 16-byte vectors
 
 
+@pytest.mark.parametrize("offset", [3000.0, -3000.0])
+@pytest.mark.parametrize("strategy, inplace", [(FORWARD_STRATEGIES[0], False), ("torch", False)]
+                         + [(s, True) for s in INPLACE_STRATEGIES], ids=lambda v: str(v))
+def test_gradient_at_large_logits(strategy, inplace, offset, gen):
+    """fp32 logits around +-3000, where the float32 lse's ulp is 2.4e-4: a probability recomputed
+    from the rounded lse alone was up to 1.2e-4 off (1.2e-5 to 7e-5 in the gradient); with its
+    rounding error (lse_low) the gradient stays within the float32 tolerance on every path."""
+    shape = (6, 203)
+    x = make_logits(shape, torch.float32, gen, scale=2.0, outliers=False) + offset
+    target = make_targets(*shape, gen)
+    _check_loss_and_grad(x, target, torch.float32, strategy=strategy, inplace=inplace, reduction="sum",
+                         what=f"{strategy} at {offset}")
+
+
 @needs_triton
 @pytest.mark.parametrize("hold_l2", [False, True], ids=["plain", "hold_l2"])
 @pytest.mark.parametrize("warps", [0, 4], ids=["warps_by_tile", "warps4"])
@@ -300,7 +314,7 @@ def test_out_of_range_targets_in_the_kernels_give_nan_rows(gen):
     # outside it; the other rows are untouched.
     x = make_logits((4, 40), torch.float32, gen, outliers=False)
     target = torch.tensor([1, 40, -5, 2], device=DEVICE)
-    loss, _, _ = ce_launch.launch_forward(x, target, None, -100, "none", 0.0, 0.0, 0.0, 1.0, False)
+    loss, _, _, _ = ce_launch.launch_forward(x, target, None, -100, "none", 0.0, 0.0, 0.0, 1.0, False)
     assert torch.isnan(loss[1:3]).all() and torch.isfinite(loss[[0, 3]]).all()
     grad = x.clone()
     ce_launch.launch_forward(grad, target, None, -100, "sum", 0.0, 0.0, 0.0, 1.0, False, inplace=True)
@@ -492,9 +506,11 @@ def test_opcheck(gen):
     torch.library.opcheck(ce_op._forward_op, forward_args)
     torch.library.opcheck(ce_op._forward_inplace_op, (x.clone(), target, None, -100, "sum", 0.0, 0.0, 5.0, 2.0,
                                                       True, None))
-    _, lse, denom = ce_op._forward_op(*forward_args)
-    torch.library.opcheck(ce_op._backward_op, (x, target, weight, lse, denom, torch.tensor(1.5, device=DEVICE), -100,
-                                               "mean", 0.1, 1e-3, 0.0, 1.0, None))
+    _, lse, lse_low, denom = ce_op._forward_op(*forward_args)
+    torch.library.opcheck(ce_op._backward_op, (x, target, weight, lse, lse_low, denom, torch.tensor(1.5, device=DEVICE),
+                                               -100, "mean", 0.1, 1e-3, 0.0, 1.0, None))
+    # float64 logits (torch's ops): the fake outputs' dtypes follow the real ones'.
+    torch.library.opcheck(ce_op._forward_op, (x.double(), target, weight.double(), *forward_args[3:]))
     torch.library.opcheck(ce_op._scale_op, (x.clone(), torch.randn(5, generator=gen).to(DEVICE)))
 
 

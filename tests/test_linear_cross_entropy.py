@@ -32,6 +32,16 @@ def test_linear_chunk_rows():
     assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, 300) == 300
 
 
+def test_linear_vocab_parts():
+    # The matmuls take a vocabulary of no multiple of 64 as its aligned part and a tail (the tests'
+    # V = 75 runs both: 64 + 11); the logits buffer's rows are padded to the multiple.
+    assert plan.linear_vocab_parts(50257) == ((0, 50240), (50240, 50257))
+    assert plan.linear_vocab_parts(75) == ((0, 64), (64, 75))
+    assert plan.linear_vocab_parts(128256) == ((0, 128256),)
+    assert plan.linear_vocab_parts(40) == ((0, 40),)
+    assert plan.linear_logits_width(50257) == 50304 and plan.linear_logits_width(128256) == 128256
+
+
 def _linear_case(rows, hidden, vocab, dtype, gen, bias=True):
     x = torch.randn(rows, hidden, generator=gen).to(dtype).to(DEVICE)
     w = (torch.randn(vocab, hidden, generator=gen) / math.sqrt(hidden) * 3).to(dtype).to(DEVICE)
@@ -142,13 +152,25 @@ def test_linear_grad_weight_accumulates_in_float32(gen):
 
 
 @needs_triton
-def test_linear_chunks_use_the_in_place_kernel(gen):
-    x, w, b, target = _linear_case(10, 8, 20, torch.float32, gen)
+def test_linear_chunks_use_the_in_place_kernel(gen, monkeypatch):
+    # V = 203: the logits buffer's rows are padded to 256 elements (the matmuls' leading dimension),
+    # and each chunk's kernel is planned for the strides it runs on.
+    x, w, b, target = _linear_case(10, 8, 203, torch.bfloat16, gen)
+    assert plan.linear_logits_width(203) == 256 and plan.linear_logits_width(256) == 256
+    strides = []
+    choose = plan.choose
+
+    def spy(op, rows, cols, dtype, device, strategy=None, row_stride=None, col_stride=1, **kwargs):
+        strides.append((op, cols, row_stride, col_stride))
+        return choose(op, rows, cols, dtype, device, strategy, row_stride, col_stride, **kwargs)
+
+    monkeypatch.setattr(plan, "choose", spy)
     linear_cross_entropy(x, w.requires_grad_(), target, b, chunk=4)
     assert plan.last_plan().op == "forward_grad"
     with torch.no_grad():
         linear_cross_entropy(x, w, target, b, chunk=4)
     assert plan.last_plan().op == "forward"
+    assert set(strides) == {("forward_grad", 203, 256, 1), ("forward", 203, 256, 1)}, strides
 
 
 def test_linear_argument_errors():

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import onlinesoftmax
-from onlinesoftmax import _device, reference
+from onlinesoftmax import _device, cpu, reference
 from onlinesoftmax.ops.topk import launch as topk_module, op as topk_op, plan
 from onlinesoftmax._launch import aligned
 
-from conftest import DEVICE, DTYPES, assert_matches, make_logits, needs_triton
+from conftest import DEVICE, DTYPES, TRITON_RUNS, assert_matches, make_logits, needs_triton
 
 # (forced strategy, num_chunks, block, lane_keep[, second_read]): one program per row; several
 # chunks merged by the second launch; a split with a single chunk (the merge folds nothing); a block
@@ -41,8 +41,8 @@ def expected(x2: torch.Tensor, k: int, temperature: float = 1.0):
 def run(x2, k, path, temperature=1.0):
     strategy, num_chunks, block, lane_keep, *second_read = path
     second_read = second_read[0] if second_read else "chunk"
-    values, indices, lse = topk_module.launch_forward(x2, k, temperature, strategy, block, num_chunks, lane_keep,
-                                                      second_read)
+    values, indices, lse, _ = topk_module.launch_forward(x2, k, temperature, strategy, block, num_chunks,
+                                                         lane_keep, second_read)
     chosen = plan.last_topk_plan()
     assert chosen.strategy == strategy and chosen.lane_keep == lane_keep, chosen
     assert chosen.second_read == second_read, chosen
@@ -322,6 +322,34 @@ def test_gradient(path, dtype, gen):
     assert_matches(x.grad, x64.grad, dtype, "dx")
 
 
+@pytest.mark.parametrize("offset", [800.0, -3000.0])
+@pytest.mark.parametrize("path", [PATHS[0], PATHS[1], "cpu"], ids=[PATH_IDS[0], PATH_IDS[1], "cpu"])
+def test_gradient_at_large_logits(path, offset, gen):
+    """Logits far from 0 (an lse whose float32 ulp is 6e-5 or 2.4e-4): the gradient's terms cancel,
+    so a probability recomputed from a rounded lse was 8e-5 off; the lse in two floats keeps dx
+    within the float32 tolerance (the kernels, and the CPU functions the torch path runs). At T = 1:
+    x / T itself rounds to the ulp of the scaled logits, as torch's x / T does."""
+    x = (make_logits((4, 300), torch.float32, gen, outliers=False) + offset).requires_grad_()
+    dv = torch.randn((4, 6), generator=gen, dtype=torch.float64).to(DEVICE)
+    dlse = torch.randn((4,), generator=gen, dtype=torch.float64).to(DEVICE)
+    if path == "cpu":
+        x2, inv_t = x.detach().cpu(), 1.0
+        values, indices = torch.empty(4, 6), torch.empty(4, 6, dtype=torch.int64)
+        lse, lse_low = torch.empty(4), torch.empty(4)
+        cpu.softmax_topk(x2, 6, inv_t, values, indices, lse, lse_low)
+        grad = cpu.softmax_topk_backward(x2, lse, lse_low, indices, dv.float().cpu(), dlse.float().cpu(), inv_t)
+    else:
+        if not TRITON_RUNS:
+            pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")
+        values, indices, lse = topk_op._SoftmaxTopkFunction.apply(x, 6, 1.0, *path[:3])
+        ((values.double() * dv).sum() + (lse.double() * dlse).sum()).backward()
+        grad = x.grad
+    x64 = x.detach().double().requires_grad_()
+    y = torch.softmax(x64, -1)
+    ((y.gather(-1, indices.to(DEVICE)) * dv).sum() + (torch.logsumexp(x64, -1) * dlse).sum()).backward()
+    assert_matches(grad, x64.grad, torch.float32, "dx")
+
+
 @needs_triton
 def test_gradient_through_public_function_any_dim(gen):
     x = make_logits((5, 3, 70), torch.float32, gen, outliers=False).transpose(0, 2).requires_grad_()
@@ -350,9 +378,9 @@ def test_without_the_lse(path, gen):
     x = make_logits((3, 300), torch.bfloat16, gen)
     strategy, num_chunks, block, lane_keep = path
     with_lse = topk_module.launch_forward(x, 7, 1.5, strategy, block, num_chunks, lane_keep)
-    values, indices, lse = topk_module.launch_forward(x, 7, 1.5, strategy, block, num_chunks, lane_keep,
-                                                      write_lse=False)
-    assert lse is None and torch.equal(values, with_lse[0]) and torch.equal(indices, with_lse[1])
+    values, indices, lse, lse_low = topk_module.launch_forward(x, 7, 1.5, strategy, block, num_chunks, lane_keep,
+                                                               write_lse=False)
+    assert lse is None and lse_low is None and torch.equal(values, with_lse[0]) and torch.equal(indices, with_lse[1])
     calls = []
     real = topk_module.launch_forward
 
@@ -409,7 +437,7 @@ def test_rows_read_with_and_without_the_alignment_hint(dtype, gen):
     base = make_logits((2, 1032), dtype, gen)  # the second row starts where the first row's stride says
     for x2 in (base[:, :1024], base[:, 8:], base[:, 1:1025], base[:, 3:1000]):
         for strategy, lane_keep in (("single", 0), ("single", 1), ("split", 2), ("split", 0)):
-            values, indices, lse = topk_module.launch_forward(x2, 5, 1.0, strategy, None, None, lane_keep)
+            values, indices, lse, _ = topk_module.launch_forward(x2, 5, 1.0, strategy, None, None, lane_keep)
             ref_values, ref_indices, ref_lse = expected(x2, 5)
             assert torch.equal(indices.cpu(), ref_indices), (x2.shape, x2.storage_offset(), strategy, lane_keep)
             assert_matches(values, ref_values, dtype, "values")

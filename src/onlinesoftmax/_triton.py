@@ -79,6 +79,22 @@ def finish_lse(m, d):
 
 
 @triton.jit
+def split_lse(m, d):
+    """(lse, low): finish_lse(m, d) and its rounding error, (m + log d) - lse exactly (TwoSum), 0
+    where m is not finite.
+
+    A gradient exp(x - lse) from a float32 lse carries the lse's rounding, up to half its ulp
+    (3e-5 relative at lse ~ 800); exp((x - lse) - low) is as exact as exp(x - m) / d.
+    """
+    log_d = tl.log(d)
+    lse = m + log_d
+    log_d_part = lse - m
+    low = (m - (lse - log_d_part)) + (log_d - log_d_part)
+    finite = (m != NEG_INF) & (m != float("inf")) & (m == m)
+    return tl.where(finite, lse, m), tl.where(finite, low, 0.0)
+
+
+@triton.jit
 def row_offset(row, inner, stride_outer, stride_inner):
     """Element offset of row ``row`` in a (outer, cols, inner) view: row = outer_index * inner + inner_index."""
     row = row.to(tl.int64)

@@ -156,9 +156,20 @@ def attention_backward(do, q, k, v, out, lse, mode: str, scale: float):
 # --------------------------------------------------------------------------------------------
 
 
+def split_lse(m: torch.Tensor, log_d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lse, low): m + log_d rounded, and its rounding error exactly (TwoSum), 0 where m is not
+    finite (the kernels' _triton.split_lse)."""
+    lse = m + log_d
+    log_d_part = lse - m
+    low = (m - (lse - log_d_part)) + (log_d - log_d_part)
+    finite = torch.isfinite(m)
+    return torch.where(finite, lse, m), torch.where(finite, low, 0.0)
+
+
 def softmax_topk(x2: torch.Tensor, k: int, inv_temperature: float, values: torch.Tensor, indices: torch.Tensor,
-                 lse: torch.Tensor) -> None:
-    """Fill ``values``, ``indices`` (rows, k) and ``lse`` (rows,) for the rows of ``x2`` (rows, cols).
+                 lse: torch.Tensor, lse_low: torch.Tensor) -> None:
+    """Fill ``values``, ``indices`` (rows, k), and ``lse`` and ``lse_low`` (rows,: the lse in two
+    floats, see split_lse) for the rows of ``x2`` (rows, cols).
 
     The kernels' semantics: ranking by x / T in float32 with the lower index winning ties (a stable
     descending sort; -0.0 made +0.0 first), rows that softmax turns into NaN give NaN values and
@@ -166,7 +177,10 @@ def softmax_topk(x2: torch.Tensor, k: int, inv_temperature: float, values: torch
     """
     scaled = x2 if x2.dtype == torch.float32 and inv_temperature == 1.0 else x2.float() * inv_temperature
     if k == 0 or scaled.shape[-1] == 0:
-        lse.copy_(torch.logsumexp(scaled, -1))
+        row_max = scaled.amax(-1) if scaled.shape[-1] else torch.full_like(lse, float("-inf"))
+        parts = split_lse(row_max, torch.logsumexp(scaled - reference_point(row_max).unsqueeze(-1), -1))
+        lse.copy_(parts[0])
+        lse_low.copy_(parts[1])
         return
     # Few full passes over the row (each costs as much as torch's fused softmax on a CPU): one
     # topk of k + 1, which also shows whether the k-th value is tied beyond the k, and one softmax.
@@ -199,12 +213,15 @@ def softmax_topk(x2: torch.Tensor, k: int, inv_temperature: float, values: torch
     indices.copy_(torch.where(nan_row.unsqueeze(-1), slots, order))
     # lse = m + log d, and d = 1 / p(argmax).
     p_max = probs.gather(-1, order[:, :1])[:, 0]
-    lse.copy_(torch.where(torch.isinf(row_max) | torch.isnan(row_max), row_max, row_max - torch.log(p_max)))
+    parts = split_lse(row_max, -torch.log(p_max))
+    lse.copy_(parts[0])
+    lse_low.copy_(parts[1])
 
 
-def softmax_topk_backward(x2, lse, indices, dv, dlse, inv_temperature: float) -> torch.Tensor:
-    """dx = (scatter(dv * y_c) - y * (<dv, y_c> - dlse)) / T with y = exp(x / T - lse), in float32."""
-    y = torch.exp(x2.float() * inv_temperature - lse.unsqueeze(-1))
+def softmax_topk_backward(x2, lse, lse_low, indices, dv, dlse, inv_temperature: float) -> torch.Tensor:
+    """dx = (scatter(dv * y_c) - y * (<dv, y_c> - dlse)) / T with y = exp((x / T - lse) - lse_low), in
+    float32."""
+    y = torch.exp(x2.float() * inv_temperature - lse.unsqueeze(-1) - lse_low.unsqueeze(-1))
     y_chosen = y.gather(-1, indices)
     s = (dv.float() * y_chosen).sum(-1, keepdim=True) - dlse.float().unsqueeze(-1)
     dx = -y * s

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .. import _buffers, _validate
+from .. import _buffers, _validate, cpu
 from .._device import triton_runs_on
 from ..ops.cross_entropy import plan as planner
 from ..ops.cross_entropy.launch import RowTerms, launch_backward, needs_denom, row_normalizer, rows_forward, \
@@ -64,7 +64,7 @@ def _local_stats(x2, target, weight, offset, total, options, triton, read_ignore
         chosen = planner.choose("stats", rows, cols, x2.dtype, x2.device, None, x2.stride(0), x2.stride(1))
         planner.record(chosen)
         stats = _buffers.empty((4, rows), torch.float32, x2.device)
-        rows_forward(chosen, x2, target, weight, stats, stats, stats, ignore_index, "sum", label_smoothing, 0.0,
+        rows_forward(chosen, x2, target, weight, stats, stats, stats, stats, ignore_index, "sum", label_smoothing, 0.0,
                      softcap, temperature, read_ignored, class_offset=offset, n_classes=total, stats=True)
         return stats
     terms = RowTerms(x2, target, weight, ignore_index, softcap, temperature, offset, total)
@@ -74,12 +74,14 @@ def _local_stats(x2, target, weight, offset, total, options, triton, read_ignore
 
 
 def _merge(gathered: torch.Tensor):
-    """(lse, smoothing sum, target logit) per row from every rank's (4, rows), merged in rank order."""
+    """(lse, lse_low, smoothing sum, target logit) per row from every rank's (4, rows), merged in rank
+    order; lse_low is the lse's rounding error (see cpu.split_lse), for the backward."""
     m, d, s, y_t = gathered.unbind(1)  # each (world, rows)
     m_all = m.amax(0)
     ref = torch.where(m_all == -math.inf, 0.0, m_all)  # all -inf: d stays 0, no -inf - -inf
     d_all = (d * torch.exp(m - ref)).sum(0)
-    return m_all + torch.log(d_all), s.sum(0), y_t.amax(0)
+    log_d = torch.log(d_all)
+    return m_all + log_d, cpu.split_lse(m_all, log_d)[1], s.sum(0), y_t.amax(0)
 
 
 def _loss(lse, s, y_t, target, weight, denom, total, options, dtype):
@@ -107,21 +109,21 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, target, weight, group, offset, total, options, triton, read_ignored):
         stats = _local_stats(x2, target, weight, offset, total, options, triton, read_ignored)
-        lse, s, y_t = _merge(all_gather(stats, group))  # the one collective: (world, 4, rows)
+        lse, lse_low, s, y_t = _merge(all_gather(stats, group))  # the one collective: (world, 4, rows)
         denom = torch.empty(3 if needs_denom(options[1], weight is not None, options[2]) else 0,
                             dtype=torch.float32, device=x2.device)
         torch_denom(target, weight, denom, total, options[0])
         loss = _loss(lse, s, y_t, target, weight, denom, total, options, x2.dtype)
-        ctx.save_for_backward(x2, target, weight, lse, denom)
+        ctx.save_for_backward(x2, target, weight, lse, lse_low, denom)
         ctx.config = (offset, total, options, triton)
         ctx.mark_non_differentiable(lse)
         return loss, lse
 
     @staticmethod
     def backward(ctx, dloss, _dlse):
-        x2, target, weight, lse, denom = ctx.saved_tensors
+        x2, target, weight, lse, lse_low, denom = ctx.saved_tensors
         offset, total, (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature), triton = ctx.config
-        dx = launch_backward(x2, target, weight, lse, denom, dloss, ignore_index, reduction, label_smoothing, z_loss,
+        dx = launch_backward(x2, target, weight, lse, lse_low, denom, dloss, ignore_index, reduction, label_smoothing, z_loss,
                              softcap, temperature, None if triton else "torch", offset, total)
         return dx, None, None, None, None, None, None, None, None
 

@@ -4,8 +4,11 @@ Per row i with target t (y = softcap(x) / T, C classes, w the class weights, 1 w
 
     lse  = m + log(d)                                   the online normalizer (m, d) of y
     loss = (1 - eps) w_t (lse - y_t) + eps/C (W lse - sum_c w_c y_c) + z lse^2
-    dL/dy_c = a p_c - b [c = t] - e w_c,   p_c = exp(y_c - lse)
+    dL/dy_c = a p_c - b [c = t] - e w_c,   p_c = exp((y_c - lse) - lse_low)
         b = s (1 - eps) w_t,   e = s eps / C,   a = b + e W + 2 z lse s_z
+
+with lse_low the float32 lse's rounding error (_triton.split_lse): from a rounded lse alone, p_c
+would carry up to half the lse's ulp of relative error (3.7e-6 at logits around 1000).
 
 with s (s_z) the upstream gradient over the reduction's denominator: 1 for "sum" and "none" (times
 the row's upstream gradient), 1 / sum_i w_t_i (1 / valid rows for the z term) for "mean". Ignored
@@ -37,6 +40,7 @@ from ..._triton import (
     NEG_INF,
     merge_row_partials,
     nan_max,
+    split_lse,
     store_row_partial,
     take_ticket,
     wait_for_row,
@@ -153,10 +157,10 @@ def row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n
 
 
 @triton.jit
-def gradient(y, cols, target, lse, a, b, e, weight_ptr, live, valid, bad, tanh_scale, inv_temperature,
+def gradient(y, cols, target, lse, lse_low, a, b, e, weight_ptr, live, valid, bad, tanh_scale, inv_temperature,
              HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
     """dL/dx of a tile from its transformed logits ``y`` (lanes outside the row: -inf)."""
-    g = a * tl.exp(y - lse) - tl.where(cols == target, b, 0.0)
+    g = a * tl.exp(y - lse - lse_low) - tl.where(cols == target, b, 0.0)
     if SMOOTH:
         if HAS_WEIGHT:
             g -= e * tl.load(weight_ptr + cols, mask=live, other=0.0).to(tl.float32)
@@ -233,7 +237,7 @@ def target_logit(x_row, target, col_stride, in_row, softcap, inv_temperature, SO
 
 
 @triton.jit
-def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target, lse, a, b, e, valid, bad, read, weight_ptr,
+def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target, lse, lse_low, a, b, e, valid, bad, read, weight_ptr,
                         softcap, tanh_scale, inv_temperature,
                         ALIGN: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
     """The gradient of the row's partial first and last vectors, element by element (no other store
@@ -241,8 +245,8 @@ def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target, lse, a, b, e, vali
     cols, mask = edge_columns(base, n_cols, ALIGN)
     x = tl.load(x_ptr + base + cols, mask=mask & read, other=0.0)
     y = tl.where(mask & read, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
-    g = gradient(y, cols, target, lse, a, b, e, weight_ptr, mask, valid, bad, tanh_scale, inv_temperature,
-                 HAS_WEIGHT, SMOOTH, SOFTCAP)
+    g = gradient(y, cols, target, lse, lse_low, a, b, e, weight_ptr, mask, valid, bad, tanh_scale,
+                 inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
     tl.store(out_ptr + base + cols, g.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -253,7 +257,7 @@ def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target, lse, a, b, e, vali
 
 @triton.jit
 def cross_entropy_stream_kernel(
-    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, parts_ptr, sync_ptr,
+    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr,
     n_cols, x_stride, col_stride, target_stride, ignore_index, class_offset, n_classes,
     label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, tiles_per_chunk,
     BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,
@@ -331,10 +335,12 @@ def cross_entropy_stream_kernel(
             tl.store(loss_ptr + 3 * n_rows + row, y_t)
         else:
             lse = m + tl.log(d)  # +inf or NaN in the row: NaN, as torch's cross_entropy
+            lse_low = split_lse(m, d)[1]
             w_t, w_sum = class_weights(weight_ptr, target, valid, bad, denom_ptr, n_classes, HAS_WEIGHT, SMOOTH)
             loss = row_loss(lse, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes, SMOOTH, Z_IN_ROW)
             tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
             tl.store(lse_ptr + row, lse)
+            tl.store(lse_low_ptr + row, lse_low)
             if WRITE_GRAD:
                 scale, scale_z = gradient_scales(denom_ptr, 1.0, MEAN)
                 a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes,
@@ -343,14 +349,14 @@ def cross_entropy_stream_kernel(
                     start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
                     x = tl.load(x_ptr + start + offs, mask=full & read, other=0.0, eviction_policy=SECOND_EVICTION)
                     y = tl.where(full & read, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
-                    g = gradient(y, cols, local_target, lse, a, b, e, weight_ptr, full, valid, bad, tanh_scale,
-                                 inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
+                    g = gradient(y, cols, local_target, lse, lse_low, a, b, e, weight_ptr, full, valid, bad,
+                                 tanh_scale, inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
                     tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full,
                              eviction_policy=SECOND_EVICTION)
                 if EDGES:
-                    write_edge_gradient(x_ptr, x_ptr, base, n_cols, local_target, lse, a, b, e, valid, bad, read,
-                                        weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH,
-                                        SOFTCAP)
+                    write_edge_gradient(x_ptr, x_ptr, base, n_cols, local_target, lse, lse_low, a, b, e, valid, bad,
+                                        read, weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT,
+                                        SMOOTH, SOFTCAP)
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,7 +366,7 @@ def cross_entropy_stream_kernel(
 
 @triton.jit
 def cross_entropy_on_chip_kernel(
-    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, parts_ptr, sync_ptr,
+    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr,
     n_cols, x_stride, col_stride, target_stride, ignore_index, n_classes,
     label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, num_chunks,
     BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,
@@ -417,20 +423,22 @@ def cross_entropy_on_chip_kernel(
                 s = tl.sum(tl.load(parts_ptr + 2 * n_parts + row.to(tl.int64) * num_chunks + idx,
                                    mask=idx < num_chunks, other=0.0, volatile=True), 0)
     lse = m + tl.log(d)
+    lse_low = split_lse(m, d)[1]
     w_t, w_sum = class_weights(weight_ptr, target, valid, bad, denom_ptr, n_classes, HAS_WEIGHT, SMOOTH)
     scale, scale_z = gradient_scales(denom_ptr, 1.0, MEAN)
     a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes, SMOOTH, Z)
     y = tl.where(live, transform(b_in, softcap, inv_temperature, SOFTCAP), NEG_INF)
-    g = gradient(y, cols, target, lse, a, b, e, weight_ptr, live, valid, bad, tanh_scale, inv_temperature,
+    g = gradient(y, cols, target, lse, lse_low, a, b, e, weight_ptr, live, valid, bad, tanh_scale, inv_temperature,
                  HAS_WEIGHT, SMOOTH, SOFTCAP)
     tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full)
     if chunk == 0:
         loss = row_loss(lse, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes, SMOOTH, Z_IN_ROW)
         tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
         tl.store(lse_ptr + row, lse)
+        tl.store(lse_low_ptr + row, lse_low)
         if EDGES:
-            write_edge_gradient(x_ptr, x_ptr, base, n_cols, target, lse, a, b, e, valid, bad, read, weight_ptr,
-                                softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
+            write_edge_gradient(x_ptr, x_ptr, base, n_cols, target, lse, lse_low, a, b, e, valid, bad, read,
+                                weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
 
 
 # --------------------------------------------------------------------------------------------
@@ -440,7 +448,7 @@ def cross_entropy_on_chip_kernel(
 
 @triton.jit
 def cross_entropy_backward_kernel(
-    x_ptr, dx_ptr, target_ptr, weight_ptr, denom_ptr, lse_ptr, grad_ptr,
+    x_ptr, dx_ptr, target_ptr, weight_ptr, denom_ptr, lse_ptr, lse_low_ptr, grad_ptr,
     n_cols, x_stride, col_stride, target_stride, grad_stride, ignore_index, class_offset, n_classes,
     label_smoothing, z_loss, softcap, tanh_scale, inv_temperature,
     BLOCK: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr, EDGES: tl.constexpr,
@@ -453,6 +461,7 @@ def cross_entropy_backward_kernel(
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_classes)
     local_target = target - class_offset
     lse = tl.load(lse_ptr + row)
+    lse_low = tl.load(lse_low_ptr + row)
     upstream = tl.load(grad_ptr + row.to(tl.int64) * grad_stride).to(tl.float32)
     w_t, w_sum = class_weights(weight_ptr, target, valid, bad, denom_ptr, n_classes, HAS_WEIGHT, SMOOTH)
     scale, scale_z = gradient_scales(denom_ptr, upstream, MEAN)
@@ -461,12 +470,12 @@ def cross_entropy_backward_kernel(
     start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
     x = tl.load(x_ptr + start + offs, mask=full & valid, other=0.0)
     y = tl.where(full & valid, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
-    g = gradient(y, cols, local_target, lse, a, b, e, weight_ptr + class_offset, full, valid, bad, tanh_scale,
-                 inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
+    g = gradient(y, cols, local_target, lse, lse_low, a, b, e, weight_ptr + class_offset, full, valid, bad,
+                 tanh_scale, inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
     tl.store(dx_ptr + start + offs, g.to(dx_ptr.dtype.element_ty), mask=full)
     if EDGES:
         if k == 0:
-            write_edge_gradient(x_ptr, dx_ptr, base, n_cols, local_target, lse, a, b, e, valid, bad, valid,
+            write_edge_gradient(x_ptr, dx_ptr, base, n_cols, local_target, lse, lse_low, a, b, e, valid, bad, valid,
                                 weight_ptr + class_offset, softcap, tanh_scale, inv_temperature,
                                 ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
 

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from ... import _buffers
+from ... import _buffers, cpu
 from ..._device import interpreter_active, next_power_of_2, triton_runs_on
 from ..._launch import Launcher, aligned
 from ..._triton import COUNTER_STRIDE
@@ -109,11 +109,13 @@ def reduce(loss_rows: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, wei
 
 
 def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
-                 denom: torch.Tensor, loss: torch.Tensor, lse: torch.Tensor, ignore_index: int, reduction: str,
+                 denom: torch.Tensor, loss: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor, ignore_index: int,
+                 reduction: str,
                  label_smoothing: float, z_loss: float, softcap: float, temperature: float, read_ignored: bool,
                  class_offset: int = 0, n_classes: Optional[int] = None, stats: bool = False) -> None:
-    """The main forward kernel of ``chosen`` over x's rows: loss and lse per row (``stats``: the four
-    planes of distributed statistics into ``loss``), and for "forward_grad" the gradient over x."""
+    """The main forward kernel of ``chosen`` over x's rows: loss, lse and lse_low (the lse's rounding
+    error) per row (``stats``: the four planes of distributed statistics into ``loss``), and for
+    "forward_grad" the gradient over x."""
     n_rows, n_cols = x.shape
     n_classes = n_cols if n_classes is None else n_classes
     inv_t = 1.0 / temperature
@@ -122,7 +124,8 @@ def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, we
     flags = _flags(weight is not None, reduction, label_smoothing, z_loss, softcap)
     # The plan fixes the shape and layout; the rest of what Triton specializes on is here.
     key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, loss.dtype, aligned(x),
-           aligned(target), aligned(w), aligned(loss), aligned(lse), ignore_index, class_offset, n_classes,
+           aligned(target), aligned(w), aligned(loss), aligned(lse), aligned(lse_low), ignore_index, class_offset,
+           n_classes,
            reduction, tuple(flags.values()), read_ignored, stats)
     common = dict(ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
                   Z_IN_ROW=z_loss > 0 and reduction == "none", READ_IGNORED=read_ignored,
@@ -130,7 +133,7 @@ def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, we
     split = chosen.num_chunks > 1 or chosen.strategy == "split_on_chip"
     parts, counters = _exchange(chosen, x.device) if split else (lse, lse)
     if chosen.strategy in ("stream", "two_pass"):
-        _stream(chosen.grid, key, x, target, w, denom, loss, lse, parts, counters,
+        _stream(chosen.grid, key, x, target, w, denom, loss, lse, lse_low, parts, counters,
                 n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, class_offset, n_classes,
                 label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.tiles_per_chunk,
                 BLOCK=chosen.block, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=split,
@@ -138,15 +141,15 @@ def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, we
                 FIRST_EVICTION="evict_last" if chosen.hold_l2 else "",
                 SECOND_EVICTION="evict_first" if chosen.hold_l2 else "", **common)
     else:
-        _on_chip(chosen.grid, key, x, target, w, denom, loss, lse, parts, counters,
+        _on_chip(chosen.grid, key, x, target, w, denom, loss, lse, lse_low, parts, counters,
                  n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, n_classes,
                  label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.num_chunks,
                  BLOCK=chosen.block, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=split, **common)
 
 
 def rows_backward(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, target: torch.Tensor,
-                  weight: Optional[torch.Tensor], denom: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor,
-                  ignore_index: int, reduction: str, label_smoothing: float, z_loss: float, softcap: float,
+                  weight: Optional[torch.Tensor], denom: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor,
+                  grad: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float, z_loss: float, softcap: float,
                   temperature: float, class_offset: int = 0, n_classes: Optional[int] = None) -> None:
     """dx (x's strides, or x itself) <- the gradient of x's rows from their lse and the upstream ``grad``
     (a 0-d tensor, or one value a row for "none")."""
@@ -159,8 +162,8 @@ def rows_backward(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, targe
     grad_stride = grad.stride(0) if grad.dim() else 0
     key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, dx.dtype, grad.dtype,
            grad_stride, aligned(x), aligned(dx), aligned(target), aligned(w), aligned(grad), aligned(lse),
-           ignore_index, class_offset, n_classes, tuple(flags.values()))
-    _backward(chosen.grid, key, x, dx, target, w, denom, lse, grad,
+           aligned(lse_low), ignore_index, class_offset, n_classes, tuple(flags.values()))
+    _backward(chosen.grid, key, x, dx, target, w, denom, lse, lse_low, grad,
               n_cols, x.stride(0), x.stride(1), target.stride(0), grad_stride, ignore_index, class_offset, n_classes,
               label_smoothing, z_loss, softcap, tanh_scale, inv_t,
               BLOCK=chosen.block, ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
@@ -175,7 +178,8 @@ def rows_backward(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, targe
 def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
                    reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
                    return_lse: bool, strategy: Optional[str] = None, *, inplace: bool = False):
-    """(loss, lse, denom) of (rows, classes) logits ``x``; ``inplace``: x is overwritten with the
+    """(loss, lse, lse_low, denom) of (rows, classes) logits ``x``, lse_low being the float32 lse's
+    rounding error (the backward's, see _triton.split_lse); ``inplace``: x is overwritten with the
     gradient of the loss (for an upstream gradient of 1). ``inplace`` is keyword-only: the custom
     ops and the eager path pass the same positional arguments, and a strategy must never land in it."""
     n_rows, n_cols = x.shape
@@ -190,27 +194,27 @@ def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch
         return torch_forward(x, target, weight, denom, ignore_index, reduction, label_smoothing, z_loss, softcap,
                              temperature, inplace)
     loss_rows = _buffers.empty((n_rows,), x.dtype if reduction == "none" else torch.float32, device)
-    lse = _buffers.empty((n_rows,), torch.float32, device)
+    lse, lse_low = (_buffers.empty((n_rows,), torch.float32, device) for _ in range(2))
     # The gradient's scale (mean) and the loss (W, with label smoothing) need the denominators first.
     count_first = denom.numel() > 0 and (inplace or (has_weight and label_smoothing > 0))
     if count_first:
         count(target, weight, denom, n_cols, ignore_index)
-    rows_forward(chosen, x, target, weight, denom, loss_rows, lse, ignore_index, reduction, label_smoothing, z_loss,
-                 softcap, temperature, return_lse)
+    rows_forward(chosen, x, target, weight, denom, loss_rows, lse, lse_low, ignore_index, reduction, label_smoothing,
+                 z_loss, softcap, temperature, return_lse)
     if reduction == "none":
-        return loss_rows, lse, denom
+        return loss_rows, lse, lse_low, denom
     loss = _buffers.empty((), x.dtype, device)
     reduce(loss_rows, lse, target, weight, denom, loss, n_cols, ignore_index, reduction, z_loss,
            count_too=denom.numel() > 0 and not count_first)
-    return loss, lse, denom
+    return loss, lse, lse_low, denom
 
 
 def launch_backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], lse: torch.Tensor,
-                    denom: torch.Tensor, grad: torch.Tensor, ignore_index: int, reduction: str,
+                    lse_low: torch.Tensor, denom: torch.Tensor, grad: torch.Tensor, ignore_index: int, reduction: str,
                     label_smoothing: float, z_loss: float, softcap: float, temperature: float,
                     strategy: Optional[str] = None, class_offset: int = 0,
                     n_classes: Optional[int] = None) -> torch.Tensor:
-    """The gradient of (rows, classes) logits ``x`` from the forward's lse and denom, for the upstream
+    """The gradient of (rows, classes) logits ``x`` from the forward's lse, lse_low and denom, for the upstream
     gradient ``grad`` (0-d, or (rows,) for reduction "none"). ``class_offset``, ``n_classes``: x
     holds classes [class_offset, class_offset + cols) of n_classes (a vocabulary shard)."""
     if not dense(x):
@@ -221,10 +225,10 @@ def launch_backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torc
                             x.stride(0), x.stride(1))
     planner.record(chosen)
     if chosen.strategy == "torch" or n_rows == 0 or n_cols == 0:
-        return torch_backward(x, target, weight, denom, lse, grad, ignore_index, reduction, label_smoothing, z_loss,
+        return torch_backward(x, target, weight, denom, lse, lse_low, grad, ignore_index, reduction, label_smoothing, z_loss,
                               softcap, temperature, class_offset, n_classes)
     dx = _same_layout_buffer(x)  # the kernel addresses x and dx with one set of offsets
-    rows_backward(chosen, x, dx, target, weight, denom, lse, grad, ignore_index, reduction, label_smoothing, z_loss,
+    rows_backward(chosen, x, dx, target, weight, denom, lse, lse_low, grad, ignore_index, reduction, label_smoothing, z_loss,
                   softcap, temperature, class_offset, n_classes)
     return dx
 
@@ -267,19 +271,20 @@ def transformed(x: torch.Tensor, softcap: float, temperature: float) -> torch.Te
     return y * (1.0 / temperature) if temperature != 1.0 else y
 
 
-def row_lse(y: torch.Tensor) -> torch.Tensor:
-    """logsumexp per row with cross-entropy's conventions: a row holding +inf or NaN gives NaN
-    (torch.logsumexp gives +inf for +inf), an all -inf row -inf. torch's fused kernel: one pass."""
-    if y.shape[-1] == 0:
-        return torch.full(y.shape[:-1], -math.inf, dtype=y.dtype, device=y.device)
-    lse = torch.logsumexp(y, -1)
-    return lse.masked_fill_(lse == math.inf, math.nan)
+def row_lse(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lse, lse_low) per row with cross-entropy's conventions: a row holding +inf or NaN gives NaN
+    (torch.logsumexp gives +inf for +inf), an all -inf row -inf; lse_low is the lse's rounding error
+    (0 where the lse is not finite), as the kernels give."""
+    m, d = row_normalizer(y)
+    log_d = torch.log(d)
+    return m + log_d, cpu.split_lse(m, log_d)[1]
 
 
 def row_normalizer(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(m, d) per row of y, with the kernels' conventions (an all -inf or empty row is (-inf, 0))."""
     if y.shape[-1] == 0:
-        return (torch.full(y.shape[:-1], -math.inf, device=y.device), torch.zeros(y.shape[:-1], device=y.device))
+        return (torch.full(y.shape[:-1], -math.inf, dtype=y.dtype, device=y.device),
+                torch.zeros(y.shape[:-1], dtype=y.dtype, device=y.device))
     m = y.amax(-1)
     ref = torch.where(m == -math.inf, torch.zeros_like(m), m)
     return m, torch.exp(y - ref.unsqueeze(-1)).sum(-1)
@@ -340,7 +345,7 @@ class RowTerms:
         loss = torch.where(self.valid, loss, 0.0)
         return torch.where(self.bad, math.nan, loss)
 
-    def gradient(self, lse, grad, denom, reduction, label_smoothing, z_loss, softcap, temperature):
+    def gradient(self, lse, lse_low, grad, denom, reduction, label_smoothing, z_loss, softcap, temperature):
         upstream = grad.to(device=self.y.device, dtype=self.y.dtype)
         scale = scale_z = upstream
         if reduction == "mean":
@@ -351,7 +356,7 @@ class RowTerms:
         if z_loss > 0:
             a = a + 2.0 * z_loss * lse * scale_z
         # In place after the one new tensor: about as many passes as torch's own log_softmax backward.
-        g = torch.sub(self.y, lse.unsqueeze(1)).exp_().mul_(a.unsqueeze(1))
+        g = torch.sub(self.y, lse.unsqueeze(1)).sub_(lse_low.unsqueeze(1)).exp_().mul_(a.unsqueeze(1))
         if self.y.shape[1]:
             g.scatter_add_(1, self.local.unsqueeze(1), -(b * self.in_shard).unsqueeze(1))
         if label_smoothing > 0:
@@ -370,21 +375,22 @@ def torch_forward(x, target, weight, denom, ignore_index, reduction, label_smoot
                   inplace):
     torch_denom(target, weight, denom, x.shape[1], ignore_index)
     terms = RowTerms(x, target, weight, ignore_index, softcap, temperature)
-    lse = row_lse(terms.y)
+    lse, lse_low = row_lse(terms.y)
     loss = terms.loss(lse, terms.target_logit(), terms.smoothing_sum() if label_smoothing > 0 else None,
                       label_smoothing)
     z_term = torch.where(terms.valid, z_loss * lse * lse, 0.0)
     if inplace:
-        x.copy_(terms.gradient(lse, torch.ones(()), denom, reduction, label_smoothing, z_loss, softcap, temperature))
+        x.copy_(terms.gradient(lse, lse_low, torch.ones(()), denom, reduction, label_smoothing, z_loss, softcap,
+                               temperature))
     if reduction == "none":
-        return (loss + z_term).to(x.dtype), lse, denom
+        return (loss + z_term).to(x.dtype), lse, lse_low, denom
     total, total_z = loss.sum(), z_term.sum()
     if reduction == "mean":
         total, total_z = total / denom[1], total_z / denom[0]
-    return (total + total_z).to(x.dtype), lse, denom
+    return (total + total_z).to(x.dtype), lse, lse_low, denom
 
 
-def torch_backward(x, target, weight, denom, lse, grad, ignore_index, reduction, label_smoothing, z_loss, softcap,
-                   temperature, class_offset=0, n_classes=None):
+def torch_backward(x, target, weight, denom, lse, lse_low, grad, ignore_index, reduction, label_smoothing, z_loss,
+                   softcap, temperature, class_offset=0, n_classes=None):
     terms = RowTerms(x, target, weight, ignore_index, softcap, temperature, class_offset, n_classes)
-    return terms.gradient(lse, grad, denom, reduction, label_smoothing, z_loss, softcap, temperature).to(x.dtype)
+    return terms.gradient(lse, lse_low, grad, denom, reduction, label_smoothing, z_loss, softcap, temperature).to(x.dtype)

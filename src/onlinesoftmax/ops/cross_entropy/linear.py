@@ -71,45 +71,53 @@ def accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: bool)
             acc[start:stop].addmm_(a[start:stop].float(), b32)
 
 
-def _chunk_logits(x_chunk, weight, bias, out):
-    if bias is None:
-        return torch.mm(x_chunk, weight.t(), out=out)
-    return torch.addmm(bias, x_chunk, weight.t(), out=out)
+def _chunk_logits(x_chunk, weight, bias, out, vocab_parts):
+    for lo, hi in vocab_parts:
+        if bias is None:
+            torch.mm(x_chunk, weight[lo:hi].t(), out=out[:, lo:hi])
+        else:
+            torch.addmm(bias[lo:hi], x_chunk, weight[lo:hi].t(), out=out[:, lo:hi])
+    return out
 
 
-def _chunk_loss(logits, target, class_weight, denom, loss_rows, lse, options, write_grad, strategy):
-    """The cross-entropy of one chunk's logits into its rows of loss_rows and lse; with ``write_grad``
-    the gradient over the logits (for an upstream gradient of 1)."""
+def _chunk_loss(logits, target, class_weight, denom, loss_rows, lse_parts, options, write_grad, strategy):
+    """The cross-entropy of one chunk's logits into its rows of loss_rows and lse_parts (2, rows: the
+    lse and its rounding error); with ``write_grad`` the gradient over the logits (for an upstream
+    gradient of 1)."""
+    lse, lse_low = lse_parts
     ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse = options
     chosen = planner.choose("forward_grad" if write_grad else "forward", logits.shape[0], logits.shape[1],
-                            logits.dtype, logits.device, strategy)
+                            logits.dtype, logits.device, strategy, logits.stride(0), logits.stride(1))
     planner.record(chosen)
     if chosen.strategy != "torch":
-        rows_forward(chosen, logits, target, class_weight, denom, loss_rows, lse, ignore_index, reduction,
+        rows_forward(chosen, logits, target, class_weight, denom, loss_rows, lse, lse_low, ignore_index, reduction,
                      label_smoothing, z_loss, softcap, temperature, return_lse)
         return
     terms = RowTerms(logits, target, class_weight, ignore_index, softcap, temperature)
-    lse.copy_(row_lse(terms.y))
+    for part, value in zip(lse_parts, row_lse(terms.y)):
+        part.copy_(value)
     loss = terms.loss(lse, terms.target_logit(), terms.smoothing_sum() if label_smoothing > 0 else None,
                       label_smoothing)
     if reduction == "none":
         loss = loss + torch.where(terms.valid, z_loss * lse * lse, 0.0)
     loss_rows.copy_(loss)
     if write_grad:
-        logits.copy_(terms.gradient(lse, torch.ones(()), denom, reduction, label_smoothing, z_loss, softcap,
-                                    temperature))
+        logits.copy_(terms.gradient(lse, lse_low, torch.ones(()), denom, reduction, label_smoothing, z_loss,
+                                    softcap, temperature))
 
 
-def _chunk_gradient(logits, target, class_weight, denom, lse, grad, options):
-    """dlogits of one chunk over its logits, from the lse and a per-row upstream gradient."""
+def _chunk_gradient(logits, target, class_weight, denom, lse_parts, grad, options):
+    """dlogits of one chunk over its logits, from the lse parts and a per-row upstream gradient."""
+    lse, lse_low = lse_parts
     ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, _ = options
-    chosen = planner.choose("backward", logits.shape[0], logits.shape[1], logits.dtype, logits.device)
+    chosen = planner.choose("backward", logits.shape[0], logits.shape[1], logits.dtype, logits.device, None,
+                            logits.stride(0), logits.stride(1))
     if chosen.strategy != "torch":
-        rows_backward(chosen, logits, logits, target, class_weight, denom, lse, grad, ignore_index, reduction,
-                      label_smoothing, z_loss, softcap, temperature)
+        rows_backward(chosen, logits, logits, target, class_weight, denom, lse, lse_low, grad, ignore_index,
+                      reduction, label_smoothing, z_loss, softcap, temperature)
         return
     terms = RowTerms(logits, target, class_weight, ignore_index, softcap, temperature)
-    logits.copy_(terms.gradient(lse, grad, denom, reduction, label_smoothing, z_loss, softcap, temperature))
+    logits.copy_(terms.gradient(lse, lse_low, grad, denom, reduction, label_smoothing, z_loss, softcap, temperature))
 
 
 def _reduce_loss(loss_rows, lse, target, class_weight, denom, dtype, vocab, options):
@@ -135,29 +143,44 @@ class _Pass:
         self.options, self.chunk_rows, self.strategy = options, chunk_rows, strategy
         rows, vocab = x2.shape[0], weight.shape[0]
         self.chunks = [(start, min(start + chunk_rows, rows)) for start in range(0, rows, chunk_rows)]
-        self.logits = _buffers.empty((min(chunk_rows, rows), vocab), x2.dtype, x2.device)
+        # The matmuls take the vocabulary in aligned parts, the logits buffer's rows padded (see
+        # planner.LINEAR_VOCAB_MULTIPLE); the kernels and the bias gradient take the V columns.
+        self.vocab_parts = planner.linear_vocab_parts(vocab)
+        padded = _buffers.empty((min(chunk_rows, rows), planner.linear_logits_width(vocab)), x2.dtype, x2.device)
+        # The padding is zeroed: torch's CPU bf16 matmul was seen reading a narrow operand's row
+        # past its last column (NaN padding made grad x NaN with a 64 + 11 split).
+        padded[:, vocab:].zero_()
+        self.logits = padded[:, :vocab]
 
     def grads(self, grad_x, grad_w, grad_b, start, stop, logits):
         x_chunk = self.x2[start:stop]
         if grad_x is not None:
-            torch.mm(logits, self.weight, out=grad_x[start:stop])
+            # The tail first, then the aligned part added in cuBLAS's fp32 (the larger sum rounded once).
+            for i, (lo, hi) in enumerate(reversed(self.vocab_parts)):
+                if i == 0:
+                    torch.mm(logits[:, lo:hi], self.weight[lo:hi], out=grad_x[start:stop])
+                else:
+                    grad_x[start:stop].addmm_(logits[:, lo:hi], self.weight[lo:hi])
         if grad_w is not None:
-            accumulate(grad_w, logits.t(), x_chunk, first=start == 0)
+            for lo, hi in self.vocab_parts:
+                accumulate(grad_w[lo:hi], logits[:, lo:hi].t(), x_chunk, first=start == 0)
         if grad_b is not None:
             grad_b += logits.sum(0, dtype=grad_b.dtype)
 
-    def forward(self, loss_rows, lse, denom, grad_x, grad_w, grad_b):
+    def forward(self, loss_rows, lse_parts, denom, grad_x, grad_w, grad_b):
         write_grad = grad_x is not None or grad_w is not None or grad_b is not None
         for start, stop in self.chunks:
-            logits = _chunk_logits(self.x2[start:stop], self.weight, self.bias, self.logits[:stop - start])
+            logits = _chunk_logits(self.x2[start:stop], self.weight, self.bias, self.logits[:stop - start],
+                                   self.vocab_parts)
             _chunk_loss(logits, self.target[start:stop], self.class_weight, denom, loss_rows[start:stop],
-                        lse[start:stop], self.options, write_grad, self.strategy)
+                        lse_parts[:, start:stop], self.options, write_grad, self.strategy)
             self.grads(grad_x, grad_w, grad_b, start, stop, logits)
 
-    def backward(self, lse, denom, grad, grad_x, grad_w, grad_b):
+    def backward(self, lse_parts, denom, grad, grad_x, grad_w, grad_b):
         for start, stop in self.chunks:
-            logits = _chunk_logits(self.x2[start:stop], self.weight, self.bias, self.logits[:stop - start])
-            _chunk_gradient(logits, self.target[start:stop], self.class_weight, denom, lse[start:stop],
+            logits = _chunk_logits(self.x2[start:stop], self.weight, self.bias, self.logits[:stop - start],
+                                   self.vocab_parts)
+            _chunk_gradient(logits, self.target[start:stop], self.class_weight, denom, lse_parts[:, start:stop],
                             grad[start:stop], self.options)
             self.grads(grad_x, grad_w, grad_b, start, stop, logits)
 
@@ -187,21 +210,21 @@ def _denominators(target, class_weight, vocab, options, dtype, device):
 
 
 def _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy, wanted):
-    """(loss, lse, denom, grads or None): grads computed in the forward when ``wanted`` asks for any
-    and the reduction allows it (not "none")."""
+    """(loss, lse parts (2, rows: the lse and its rounding error), denom, grads or None): grads
+    computed in the forward when ``wanted`` asks for any and the reduction allows it (not "none")."""
     rows, vocab = x2.shape[0], weight.shape[0]
     reduction = options[1]
     denom = _denominators(target, class_weight, vocab, options, x2.dtype, x2.device)
     loss_rows = _buffers.empty((rows,), x2.dtype if reduction == "none" else compute_dtype(x2.dtype), x2.device)
-    lse = _buffers.empty((rows,), compute_dtype(x2.dtype), x2.device)
+    lse_parts = _buffers.empty((2, rows), compute_dtype(x2.dtype), x2.device)
     chunks = -(-rows // chunk_rows)
     grads = (_gradient_buffers(x2, weight, bias, wanted, chunks) if any(wanted) and reduction != "none"
              else (None,) * 3)
     if rows:
         _Pass(x2, weight, bias, target, class_weight, options, chunk_rows, strategy).forward(
-            loss_rows, lse, denom, *grads)
-    loss = _reduce_loss(loss_rows, lse, target, class_weight, denom, x2.dtype, vocab, options)
-    return loss, lse, denom, grads
+            loss_rows, lse_parts, denom, *grads)
+    loss = _reduce_loss(loss_rows, lse_parts[0], target, class_weight, denom, x2.dtype, vocab, options)
+    return loss, lse_parts, denom, grads
 
 
 def _scaled(grad, upstream, dtype):
@@ -216,14 +239,15 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, target, class_weight, options, chunk_rows, strategy):
         wanted = ctx.needs_input_grad[:3]
-        loss, lse, denom, grads = _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy,
-                                           wanted)
+        loss, lse_parts, denom, grads = _forward(x2, weight, bias, target, class_weight, options, chunk_rows,
+                                                 strategy, wanted)
         ctx.options, ctx.chunk_rows, ctx.strategy, ctx.wanted = options, chunk_rows, strategy, wanted
         if options[1] == "none":
-            ctx.save_for_backward(x2, weight, bias, target, class_weight, lse, denom)
+            ctx.save_for_backward(x2, weight, bias, target, class_weight, lse_parts, denom)
         else:
             ctx.save_for_backward(*grads)
         ctx.dtypes = (x2.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        lse = lse_parts[0]
         ctx.mark_non_differentiable(lse)
         return loss, lse
 
@@ -231,10 +255,10 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, dloss, _dlse):
         x_dtype, w_dtype, b_dtype = ctx.dtypes
         if ctx.options[1] == "none":
-            x2, weight, bias, target, class_weight, lse, denom = ctx.saved_tensors
+            x2, weight, bias, target, class_weight, lse_parts, denom = ctx.saved_tensors
             grads = _gradient_buffers(x2, weight, bias, ctx.wanted, -(-x2.shape[0] // ctx.chunk_rows))
             _Pass(x2, weight, bias, target, class_weight, ctx.options, ctx.chunk_rows, ctx.strategy).backward(
-                lse, denom, dloss, *grads)
+                lse_parts, denom, dloss, *grads)
             upstream = torch.ones((), device=dloss.device)
         else:
             grads = ctx.saved_tensors
@@ -350,7 +374,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     if tracked:
         loss, lse = _LinearCrossEntropyFunction.apply(x2, weight, bias, t1, class_weight, options, chunk_rows, strategy)
     else:
-        loss, lse, _, _ = _forward(x2, weight, bias, t1, class_weight, options, chunk_rows, strategy, (False,) * 3)
+        loss, lse_parts, _, _ = _forward(x2, weight, bias, t1, class_weight, options, chunk_rows, strategy,
+                                         (False,) * 3)
+        lse = lse_parts[0]
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return (loss, lse.reshape(target.shape)) if return_lse else loss

@@ -9,7 +9,7 @@ import torch
 
 from ... import _validate
 from ..._launch import op_when_compiling
-from .launch import launch_backward, launch_forward, launch_scale, needs_denom
+from .launch import compute_dtype, launch_backward, launch_forward, launch_scale, needs_denom
 
 REDUCTIONS = ("mean", "sum", "none")
 TARGET_DTYPES = (torch.int64, torch.int32)
@@ -23,16 +23,17 @@ LOGIT_DTYPES = _validate.KERNEL_DTYPES + (torch.float64,)
 
 def _fake_forward(x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
                   return_lse, strategy):
-    rows = x.shape[0]
+    rows, stats = x.shape[0], compute_dtype(x.dtype)
     loss = x.new_empty((rows,) if reduction == "none" else ())
-    denom = x.new_empty((3 if needs_denom(reduction, weight is not None, label_smoothing) else 0,), dtype=torch.float32)
-    return loss, x.new_empty((rows,), dtype=torch.float32), denom
+    denom = x.new_empty((3 if needs_denom(reduction, weight is not None, label_smoothing) else 0,), dtype=stats)
+    return loss, x.new_empty((rows,), dtype=stats), x.new_empty((rows,), dtype=stats), denom
 
 
 @torch.library.custom_op("onlinesoftmax::cross_entropy_forward", mutates_args=())
 def _forward_op(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
                 reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
-                return_lse: bool, strategy: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                return_lse: bool,
+                strategy: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return launch_forward(x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
                           return_lse, strategy)
 
@@ -43,7 +44,8 @@ _forward_op.register_fake(_fake_forward)
 @torch.library.custom_op("onlinesoftmax::cross_entropy_forward_inplace", mutates_args=("x",))
 def _forward_inplace_op(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
                         reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
-                        return_lse: bool, strategy: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        return_lse: bool,
+                        strategy: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return launch_forward(x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
                           return_lse, strategy, inplace=True)
 
@@ -53,14 +55,15 @@ _forward_inplace_op.register_fake(_fake_forward)
 
 @torch.library.custom_op("onlinesoftmax::cross_entropy_backward", mutates_args=())
 def _backward_op(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], lse: torch.Tensor,
-                 denom: torch.Tensor, grad: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float,
-                 z_loss: float, softcap: float, temperature: float, strategy: Optional[str]) -> torch.Tensor:
-    return launch_backward(x, target, weight, lse, denom, grad, ignore_index, reduction, label_smoothing, z_loss,
-                           softcap, temperature, strategy)
+                 lse_low: torch.Tensor, denom: torch.Tensor, grad: torch.Tensor, ignore_index: int, reduction: str,
+                 label_smoothing: float, z_loss: float, softcap: float, temperature: float,
+                 strategy: Optional[str]) -> torch.Tensor:
+    return launch_backward(x, target, weight, lse, lse_low, denom, grad, ignore_index, reduction, label_smoothing,
+                           z_loss, softcap, temperature, strategy)
 
 
 @_backward_op.register_fake
-def _(x, target, weight, lse, denom, grad, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+def _(x, target, weight, lse, lse_low, denom, grad, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
       strategy):
     return x.new_empty(x.shape)
 
@@ -99,15 +102,15 @@ class _CrossEntropyFunction(torch.autograd.Function):
         args = (x2, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
                 return_lse, strategy)
         if inplace:
-            loss, lse, denom = _forward_inplace(*args)
+            loss, lse, _, denom = _forward_inplace(*args)
             if not torch.compiler.is_compiling():
                 # x2 now holds the gradient: an earlier op that saved the logits for its own
                 # backward then fails autograd's version check instead of using the gradient.
                 torch.autograd.graph.increment_version(x2)
             ctx.save_for_backward(x2)
         else:
-            loss, lse, denom = _forward(*args)
-            ctx.save_for_backward(x2, target, weight, lse, denom)
+            loss, lse, lse_low, denom = _forward(*args)
+            ctx.save_for_backward(x2, target, weight, lse, lse_low, denom)
         ctx.config = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, inplace, strategy)
         ctx.mark_non_differentiable(lse)
         return loss, lse
@@ -119,8 +122,8 @@ class _CrossEntropyFunction(torch.autograd.Function):
             (dx,) = ctx.saved_tensors
             _scale_(dx, dloss)
         else:
-            x2, target, weight, lse, denom = ctx.saved_tensors
-            dx = _backward(x2, target, weight, lse, denom, dloss, ignore_index, reduction, label_smoothing, z_loss,
+            x2, target, weight, lse, lse_low, denom = ctx.saved_tensors
+            dx = _backward(x2, target, weight, lse, lse_low, denom, dloss, ignore_index, reduction, label_smoothing, z_loss,
                            softcap, temperature, strategy)
         return dx, None, None, None, None, None, None, None, None, None, None, None
 
@@ -299,7 +302,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     if logits.requires_grad and torch.is_grad_enabled():
         loss, lse = _CrossEntropyFunction.apply(x2, t1, weight, *options, inplace_backward, strategy)
     else:
-        loss, lse, _ = _forward(x2, t1, weight, *options, strategy)
+        loss, lse, _, _ = _forward(x2, t1, weight, *options, strategy)
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return (loss, lse.reshape(target.shape)) if return_lse else loss

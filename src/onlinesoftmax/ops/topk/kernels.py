@@ -38,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..._triton import NEG_INF, col_offset, finish_lse, load_scaled, merge_normalizers, online_update
+from ..._triton import NEG_INF, col_offset, load_scaled, merge_normalizers, online_update, split_lse
 
 # Below every packed key of a real element (whose low word is at least 2**31 - 1 - column > 0).
 EMPTY_KEY = tl.constexpr(-(2 ** 63))
@@ -84,7 +84,7 @@ def merge_sorted_lists(best_desc, other_asc):
 
 
 @triton.jit
-def write_topk(candidates, m, d, row, k, values_ptr, indices_ptr, lse_ptr, out_stride_row,
+def write_topk(candidates, m, d, row, k, values_ptr, indices_ptr, lse_ptr, lse_low_ptr, out_stride_row,
                K_POW2: tl.constexpr, WRITE_LSE: tl.constexpr):
     x, cols = unpack_keys(candidates)
     # torch.softmax gives an all-NaN row when the row holds NaN or +inf, or is all -inf; every
@@ -97,7 +97,9 @@ def write_topk(candidates, m, d, row, k, values_ptr, indices_ptr, lse_ptr, out_s
     tl.store(values_ptr + out, values.to(values_ptr.dtype.element_ty), mask=slot < k)
     tl.store(indices_ptr + out, indices, mask=slot < k)
     if WRITE_LSE:
-        tl.store(lse_ptr + row, finish_lse(m, d))
+        lse, lse_low = split_lse(m, d)
+        tl.store(lse_ptr + row, lse)
+        tl.store(lse_low_ptr + row, lse_low)
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,7 +243,7 @@ def read_suspect_lanes(x_row, start, stop, k, x_stride_col, inv_temperature, can
 
 @triton.jit
 def topk_stream_kernel(
-    x_ptr, values_ptr, indices_ptr, lse_ptr, part_m_ptr, part_d_ptr, part_keys_ptr,
+    x_ptr, values_ptr, indices_ptr, lse_ptr, lse_low_ptr, part_m_ptr, part_d_ptr, part_keys_ptr,
     n_cols, k, x_stride_row, x_stride_col, out_stride_row, chunk_size, num_chunks, inv_temperature,
     BLOCK: tl.constexpr, K_POW2: tl.constexpr, FEW_SURVIVORS: tl.constexpr, COMPACT: tl.constexpr,
     LANE_KEEP: tl.constexpr, READ_SUSPECT_LANES: tl.constexpr, CONTIGUOUS: tl.constexpr, ROW_ALIGN: tl.constexpr,
@@ -302,7 +304,7 @@ def topk_stream_kernel(
                                                 threshold, runner_up >= threshold, first_col, second_col, BLOCK,
                                                 K_POW2, CONTIGUOUS)
     if FINAL:
-        write_topk(candidates, m_row, d_row, row, k, values_ptr, indices_ptr, lse_ptr, out_stride_row,
+        write_topk(candidates, m_row, d_row, row, k, values_ptr, indices_ptr, lse_ptr, lse_low_ptr, out_stride_row,
                    K_POW2, WRITE_LSE)
     else:
         part = row.to(tl.int64) * num_chunks + chunk
@@ -313,7 +315,7 @@ def topk_stream_kernel(
 
 @triton.jit
 def topk_merge_kernel(
-    part_m_ptr, part_d_ptr, part_keys_ptr, values_ptr, indices_ptr, lse_ptr,
+    part_m_ptr, part_d_ptr, part_keys_ptr, values_ptr, indices_ptr, lse_ptr, lse_low_ptr,
     k, out_stride_row, num_chunks,
     K_POW2: tl.constexpr, CHUNKS_POW2: tl.constexpr, WRITE_LSE: tl.constexpr,
 ):
@@ -330,7 +332,8 @@ def topk_merge_kernel(
     keys = tl.load(part_keys_ptr + row.to(tl.int64) * num_chunks * K_POW2 + key_idx,
                    mask=key_idx < num_chunks * K_POW2, other=EMPTY_KEY)
     candidates = tl.topk(keys, K_POW2)
-    write_topk(candidates, m, d, row, k, values_ptr, indices_ptr, lse_ptr, out_stride_row, K_POW2, WRITE_LSE)
+    write_topk(candidates, m, d, row, k, values_ptr, indices_ptr, lse_ptr, lse_low_ptr, out_stride_row, K_POW2,
+               WRITE_LSE)
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,12 +343,14 @@ def topk_merge_kernel(
 
 @triton.jit
 def topk_backward_kernel(
-    x_ptr, lse_ptr, indices_ptr, dv_ptr, dlse_ptr, dx_ptr,
+    x_ptr, lse_ptr, lse_low_ptr, indices_ptr, dv_ptr, dlse_ptr, dx_ptr,
     n_cols, k, x_stride_row, x_stride_col, chunk_size, inv_temperature,
     BLOCK: tl.constexpr, K_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
     # v_i = y_{c_i}, y = softmax(x / T), lse = logsumexp(x / T):
     #   dx_j = (1/T) (scatter(dv * y_c)_j - y_j * s),  s = <dv, y_c> - dlse.
+    # y = exp((x / T - lse) - lse_low): the forward's lse in two floats (see split_lse), because the
+    # terms of s cancel and a float32 lse's rounding alone put dx 8e-5 off at logits ~800.
     # Every program recomputes s from the K chosen logits, writes -y s / T over its chunk, then
     # overwrites the chosen columns inside its chunk (after a barrier: same addresses, other threads).
     row = tl.program_id(0)
@@ -356,16 +361,17 @@ def topk_backward_kernel(
     x_row = x_ptr + tl.multiple_of(row.to(tl.int64) * x_stride_row, ROW_ALIGN)
     dx_row = dx_ptr + row.to(tl.int64) * n_cols
     lse = tl.load(lse_ptr + row)
+    lse_low = tl.load(lse_low_ptr + row)
     slot = tl.arange(0, K_POW2)
     chosen_mask = slot < k
     chosen = tl.load(indices_ptr + row.to(tl.int64) * k + slot, mask=chosen_mask, other=0)
     y_chosen = tl.exp(tl.load(x_row + chosen * x_stride_col, mask=chosen_mask, other=NEG_INF).to(tl.float32)
-                      * inv_temperature - lse)
+                      * inv_temperature - lse - lse_low)
     dv = tl.load(dv_ptr + row.to(tl.int64) * k + slot, mask=chosen_mask, other=0.0).to(tl.float32)
     s = tl.sum(tl.where(chosen_mask, dv * y_chosen, 0.0), 0) - tl.load(dlse_ptr + row)
     for block_start in range(start, stop, BLOCK):
         cols = block_start + tl.arange(0, BLOCK)
-        y = tl.exp(load_scaled(x_row, cols, x_stride_col, stop, inv_temperature, CONTIGUOUS) - lse)
+        y = tl.exp(load_scaled(x_row, cols, x_stride_col, stop, inv_temperature, CONTIGUOUS) - lse - lse_low)
         tl.store(dx_row + cols, (-y * s * inv_temperature).to(dx_ptr.dtype.element_ty), mask=cols < stop)
     tl.debug_barrier()
     in_chunk = chosen_mask & (chosen >= start) & (chosen < stop)

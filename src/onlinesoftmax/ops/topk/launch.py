@@ -45,7 +45,7 @@ class _Prepared:
 
     def __init__(self, x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton, write_lse):
         n_rows, device = x2.shape[0], x2.device
-        # values, indices, lse
+        # values, indices, lse (lse_low takes the lse's template)
         self.outputs = (_buffers.template((n_rows, k), x2.dtype, device),
                         _buffers.template((n_rows, k), torch.int64, device),
                         _buffers.template((n_rows,), torch.float32, device))
@@ -88,9 +88,10 @@ def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_alig
 def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optional[str] = None,
                    block: Optional[int] = None, num_chunks: Optional[int] = None,
                    lane_keep: Optional[int] = None, second_read: Optional[str] = None, write_lse: bool = True):
-    """(values, indices, lse) of a (rows, cols) tensor; ``strategy``/``block``/``num_chunks``/``lane_keep``/
-    ``second_read`` force the plan. ``write_lse=False``: the kernels leave the lse out and it is
-    returned as None where they run (one allocation fewer for a caller that drops it)."""
+    """(values, indices, lse, lse_low) of a (rows, cols) tensor, lse + lse_low being the lse in two
+    floats (the backward's; see _triton.split_lse); ``strategy``/``block``/``num_chunks``/``lane_keep``/
+    ``second_read`` force the plan. ``write_lse=False``: the kernels leave the lse out and both are
+    returned as None where they run (two allocations fewer for a caller that drops it)."""
     n_rows, n_cols = x2.shape
     is_aligned = aligned(x2)
     # Everything but the tensors is decided once per signature: a decode step calls this once per
@@ -104,29 +105,29 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
     chosen, stream, merge = prepared.plan, prepared.stream, prepared.merge
     values, indices = _buffers.empty_like(prepared.outputs[0]), _buffers.empty_like(prepared.outputs[1])
     if chosen is None:
-        lse = _buffers.empty_like(prepared.outputs[2])
+        lse, lse_low = (_buffers.empty_like(prepared.outputs[2]) for _ in range(2))
         if n_rows:
-            cpu.softmax_topk(x2, k, 1.0 / temperature, values, indices, lse)
-        return values, indices, lse
+            cpu.softmax_topk(x2, k, 1.0 / temperature, values, indices, lse, lse_low)
+        return values, indices, lse, lse_low
     # Without the lse its pointer arguments are placeholders the kernels never read or write.
-    lse = _buffers.empty_like(prepared.outputs[2]) if write_lse else None
-    lse_arg = values if lse is None else lse
+    lse, lse_low = (_buffers.empty_like(prepared.outputs[2]) for _ in range(2)) if write_lse else (None, None)
+    lse_arg, lse_low_arg = (values, values) if lse is None else (lse, lse_low)
     planner.record_topk(chosen)
     inv_t = 1.0 / temperature
     part_keys = indices if prepared.scratch is None else _buffers.empty_like(prepared.scratch[0])
     if merge is None:
-        stream(x2, values, indices, lse_arg, lse_arg, lse_arg, part_keys, n_cols, k, x2.stride(0), x2.stride(1), k,
-               n_cols, 1, inv_t)
-        return values, indices, lse
+        stream(x2, values, indices, lse_arg, lse_low_arg, lse_arg, lse_arg, part_keys, n_cols, k, x2.stride(0),
+               x2.stride(1), k, n_cols, 1, inv_t)
+        return values, indices, lse, lse_low
     part_m, part_d = (_buffers.empty_like(prepared.scratch[1]) for _ in range(2))
-    stream(x2, values, indices, lse, part_m, part_d, part_keys, n_cols, k, x2.stride(0), x2.stride(1), k,
-           chosen.chunk_size, chosen.num_chunks, inv_t)
-    merge(part_m, part_d, part_keys, values, indices, lse_arg, k, k, chosen.num_chunks)
-    return values, indices, lse
+    stream(x2, values, indices, lse_arg, lse_low_arg, part_m, part_d, part_keys, n_cols, k, x2.stride(0),
+           x2.stride(1), k, chosen.chunk_size, chosen.num_chunks, inv_t)
+    merge(part_m, part_d, part_keys, values, indices, lse_arg, lse_low_arg, k, k, chosen.num_chunks)
+    return values, indices, lse, lse_low
 
 
-def launch_backward(x2: torch.Tensor, lse: torch.Tensor, indices: torch.Tensor, dv: torch.Tensor,
-                    dlse: torch.Tensor, temperature: float, strategy: Optional[str] = None,
+def launch_backward(x2: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor, indices: torch.Tensor,
+                    dv: torch.Tensor, dlse: torch.Tensor, temperature: float, strategy: Optional[str] = None,
                     block: Optional[int] = None, num_chunks: Optional[int] = None) -> torch.Tensor:
     """dx (rows, cols), contiguous, in x's dtype, for upstream gradients of the values and the lse."""
     n_rows, n_cols = x2.shape
@@ -135,14 +136,14 @@ def launch_backward(x2: torch.Tensor, lse: torch.Tensor, indices: torch.Tensor, 
     if x2.numel() == 0:
         return dx
     if not (x2.is_cuda or interpreter_active()) or k > planner.TOPK_MAX_K:
-        dx.copy_(cpu.softmax_topk_backward(x2, lse, indices, dv, dlse, 1.0 / temperature))
+        dx.copy_(cpu.softmax_topk_backward(x2, lse, lse_low, indices, dv, dlse, 1.0 / temperature))
         return dx
     # The backward streams x once whatever the forward's selection was: its blocks follow the
     # running-list plans (lane_keep=0), which is what its timings were taken with.
     chosen = planner.topk_plan(n_rows, n_cols, max(k, 1), x2.dtype, x2.device, strategy, block, num_chunks,
                                lane_keep=0)
     topk_backward_kernel[(n_rows, chosen.num_chunks)](
-        x2, lse, indices.contiguous(), dv.contiguous(), dlse.float().contiguous(), dx,
+        x2, lse, lse_low, indices.contiguous(), dv.contiguous(), dlse.float().contiguous(), dx,
         n_cols, k, x2.stride(0), x2.stride(1), chosen.chunk_size, 1.0 / temperature,
         BLOCK=chosen.block, K_POW2=chosen.k_pow2, CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2, aligned(x2)),
         num_warps=chosen.num_warps)

@@ -20,7 +20,7 @@ from .launch import launch_backward, launch_forward, rows_view
 
 @torch.library.custom_op("onlinesoftmax::softmax_topk", mutates_args=())
 def _forward_op(x2: torch.Tensor, k: int, temperature: float, strategy: Optional[str], block: Optional[int],
-                num_chunks: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                num_chunks: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return launch_forward(x2, k, temperature, strategy, block, num_chunks)
 
 
@@ -28,18 +28,18 @@ def _forward_op(x2: torch.Tensor, k: int, temperature: float, strategy: Optional
 def _(x2, k, temperature, strategy, block, num_chunks):
     rows = x2.shape[0]
     return (x2.new_empty((rows, k)), x2.new_empty((rows, k), dtype=torch.int64),
-            x2.new_empty((rows,), dtype=torch.float32))
+            x2.new_empty((rows,), dtype=torch.float32), x2.new_empty((rows,), dtype=torch.float32))
 
 
 @torch.library.custom_op("onlinesoftmax::softmax_topk_backward", mutates_args=())
-def _backward_op(x2: torch.Tensor, lse: torch.Tensor, indices: torch.Tensor, dv: torch.Tensor, dlse: torch.Tensor,
-                 temperature: float, strategy: Optional[str], block: Optional[int],
+def _backward_op(x2: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor, indices: torch.Tensor, dv: torch.Tensor,
+                 dlse: torch.Tensor, temperature: float, strategy: Optional[str], block: Optional[int],
                  num_chunks: Optional[int]) -> torch.Tensor:
-    return launch_backward(x2, lse, indices, dv, dlse, temperature, strategy, block, num_chunks)
+    return launch_backward(x2, lse, lse_low, indices, dv, dlse, temperature, strategy, block, num_chunks)
 
 
 @_backward_op.register_fake
-def _(x2, lse, indices, dv, dlse, temperature, strategy, block, num_chunks):
+def _(x2, lse, lse_low, indices, dv, dlse, temperature, strategy, block, num_chunks):
     return x2.new_empty(x2.shape)
 
 
@@ -55,20 +55,20 @@ _backward = op_when_compiling(_backward_op, launch_backward)
 class _SoftmaxTopkFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, k, temperature, strategy, block, num_chunks):
-        values, indices, lse = _forward(x2, k, temperature, strategy, block, num_chunks)
-        ctx.save_for_backward(x2, lse, indices)
+        values, indices, lse, lse_low = _forward(x2, k, temperature, strategy, block, num_chunks)
+        ctx.save_for_backward(x2, lse, lse_low, indices)
         ctx.config = (temperature, strategy, block, num_chunks)
         ctx.mark_non_differentiable(indices)
         return values, indices, lse
 
     @staticmethod
     def backward(ctx, dv, _dindices, dlse):
-        x2, lse, indices = ctx.saved_tensors
+        x2, lse, lse_low, indices = ctx.saved_tensors
         if dv is None:
             dv = torch.zeros(indices.shape, dtype=torch.float32, device=x2.device)
         if dlse is None:
             dlse = torch.zeros(lse.shape, dtype=torch.float32, device=x2.device)
-        dx = _backward(x2, lse, indices, dv, dlse, *ctx.config)
+        dx = _backward(x2, lse, lse_low, indices, dv, dlse, *ctx.config)
         return dx, None, None, None, None, None
 
 
@@ -186,10 +186,10 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, temperature: float =
     if x.requires_grad and torch.is_grad_enabled():
         values, indices, lse = _SoftmaxTopkFunction.apply(*args)
     elif return_lse or torch.compiler.is_compiling():
-        values, indices, lse = _forward(*args)
+        values, indices, lse, _ = _forward(*args)
     else:
-        # An eager call that drops the lse: the kernels skip it (one allocation fewer a call).
-        values, indices, lse = launch_forward(*args, write_lse=False)
+        # An eager call that drops the lse: the kernels skip it (two allocations fewer a call).
+        values, indices, lse, _ = launch_forward(*args, write_lse=False)
     if as_rows:
         return (values, indices, lse) if return_lse else (values, indices)
     moved = x.movedim(dim, -1).shape

@@ -104,6 +104,20 @@ def test_gradient_at_large_logits(strategy, inplace, offset, gen):
                          what=f"{strategy} at {offset}")
 
 
+@pytest.mark.parametrize("strategy, inplace", [(FORWARD_STRATEGIES[0], False), ("torch", False)]
+                         + [(s, True) for s in INPLACE_STRATEGIES], ids=lambda v: str(v))
+def test_strided_class_weight(strategy, inplace, gen):
+    """A class-weight view with a stride (every other element of a longer tensor): the kernels index
+    weights by class, so they once read the wrong ones (the loss 10% off); every path gets them
+    contiguous now."""
+    shape = (6, 203)
+    x = make_logits(shape, torch.float32, gen, outliers=False)
+    target = make_targets(*shape, gen, ignore_every=4)
+    weight = torch.rand(2 * shape[1], generator=gen).to(DEVICE)[::2]
+    _check_loss_and_grad(x, target, torch.float32, strategy=strategy, inplace=inplace, weight=weight,
+                         label_smoothing=0.1, what=f"{strategy} with strided weights")
+
+
 @needs_triton
 @pytest.mark.parametrize("hold_l2", [False, True], ids=["plain", "hold_l2"])
 @pytest.mark.parametrize("warps", [0, 4], ids=["warps_by_tile", "warps4"])

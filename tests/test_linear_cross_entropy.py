@@ -173,6 +173,15 @@ def test_linear_chunks_use_the_in_place_kernel(gen, monkeypatch):
     assert set(strides) == {("forward_grad", 203, 256, 1), ("forward", 203, 256, 1)}, strides
 
 
+def test_linear_strided_class_weight(gen):
+    # class_weight as a view with a stride: taken contiguous, as cross_entropy's weight.
+    x, w, b, target = _linear_case(12, 8, 75, torch.float32, gen)
+    class_weight = torch.rand(150, generator=gen).to(DEVICE)[::2]
+    out = linear_cross_entropy(x, w, target, b, class_weight=class_weight, label_smoothing=0.1, chunk=5)
+    ref = reference((x.double() @ w.double().T + b.double()), target, weight=class_weight, label_smoothing=0.1)
+    assert_matches(out, ref, torch.float32, "loss")
+
+
 def test_linear_argument_errors():
     x, w, t = torch.randn(4, 8), torch.randn(10, 8), torch.tensor([1, 2, 3, 4])
     with pytest.raises(ValueError, match="same H"):

@@ -194,7 +194,7 @@ def cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, group=None, 
     offset, total = _offsets(logits_shard.shape[-1], group, validate, logits_shard, reduction)
     if total == 0:
         raise ValueError(f"{NAME}: the shards hold no class at all")
-    check_class_weight(weight, total, logits_shard, NAME)
+    weight = check_class_weight(weight, total, logits_shard, NAME)
     check_targets_in_range(target, total, ignore_index, NAME)
     x2 = logits_shard.reshape(target.numel(), logits_shard.shape[-1])  # (an empty shard: no -1 to infer)
     t1 = target.reshape(-1)

@@ -359,7 +359,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
             raise ValueError(f"{name}: bias must be ({vocab},) in x's dtype, got {tuple(bias.shape)} {bias.dtype}")
         _validate.same_device(name, x=x, bias=bias)
     softcap = check_options(name, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
-    check_class_weight(class_weight, vocab, x, name, "class_weight")
+    class_weight = check_class_weight(class_weight, vocab, x, name, "class_weight")
     if chunk != "auto":
         if _validate.integer(chunk, name, "chunk") < 1:
             raise ValueError(f"{name}: chunk must be 'auto' or a positive int, got {chunk}")

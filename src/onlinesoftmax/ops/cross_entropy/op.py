@@ -171,15 +171,17 @@ def check_target(logits, target, name, arg="target") -> torch.Tensor:
     return target
 
 
-def check_class_weight(weight, n_classes, logits, name, arg="weight") -> None:
+def check_class_weight(weight, n_classes, logits, name, arg="weight") -> Optional[torch.Tensor]:
+    """The checked class weights, contiguous (the kernels index them by class), or None."""
     if weight is None:
-        return
+        return None
     _validate.tensor(weight, name, arg)
     _validate.float_dtype(weight, name, (torch.float32, torch.float16, torch.bfloat16, torch.float64))
     if weight.dim() != 1 or weight.shape[0] != n_classes:
         raise ValueError(f"{name}: {arg} must be a 1-d tensor of one weight per class ({n_classes}), "
                          f"got shape {tuple(weight.shape)}")
     _validate.same_device(name, logits=logits, **{arg: weight})
+    return weight.contiguous()
 
 
 def check_targets_in_range(target, n_classes, ignore_index, name) -> None:
@@ -291,7 +293,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     n_classes = logits.shape[-1]
     if n_classes == 0:
         raise ValueError(f"{name}: logits must have at least one class (the last dim is 0)")
-    check_class_weight(weight, n_classes, logits, name)
+    weight = check_class_weight(weight, n_classes, logits, name)
     for flag, value in (("return_lse", return_lse), ("inplace_backward", inplace_backward)):
         if not isinstance(value, bool):
             raise TypeError(f"{name}: {flag} must be a bool, got {type(value).__name__}")

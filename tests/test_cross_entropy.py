@@ -95,8 +95,9 @@ def test_inplace_strategies_match_torch(strategy, dtype, reduction, gen):
                          + [(s, True) for s in INPLACE_STRATEGIES], ids=lambda v: str(v))
 def test_gradient_at_large_logits(strategy, inplace, offset, gen):
     """fp32 logits around +-3000, where the float32 lse's ulp is 2.4e-4: a probability recomputed
-    from the rounded lse alone was up to 1.2e-4 off (1.2e-5 to 7e-5 in the gradient); with its
-    rounding error (lse_low) the gradient stays within the float32 tolerance on every path."""
+    from the rounded lse alone was up to 1.2e-4 off (1.2e-5 to 7e-5 in the gradient), and so was
+    each row's lse - y_t (1e-5 in a summed loss); with its rounding error (lse_low) the loss and
+    the gradient stay within the float32 tolerance on every path."""
     shape = (6, 203)
     x = make_logits(shape, torch.float32, gen, scale=2.0, outliers=False) + offset
     target = make_targets(*shape, gen)
@@ -463,6 +464,22 @@ def test_plans_for_the_gpu():
 # --------------------------------------------------------------------------------------------
 # Arguments
 # --------------------------------------------------------------------------------------------
+
+
+def test_checks_run_once_a_signature_but_not_only_once(gen):
+    # A signature's checks are remembered; what a signature does not hold is checked every call:
+    # a flag of another type, CPU targets' values, a weight's layout.
+    x = make_logits((4, 30), torch.float32, gen, outliers=False)
+    target = make_targets(4, 30, gen)
+    weight = torch.rand(60, generator=gen).to(DEVICE)
+    cross_entropy(x, target, return_lse=True, weight=weight[:30])
+    with pytest.raises(TypeError, match="return_lse must be a bool"):
+        cross_entropy(x, target, return_lse=1, weight=weight[:30])
+    ref = reference(x.double(), target, weight=weight[::2])
+    assert_matches(cross_entropy(x, target, return_lse=True, weight=weight[::2])[0], ref, torch.float32, "loss")
+    if target.device.type == "cpu":
+        with pytest.raises(ValueError, match="out of range"):
+            cross_entropy(x, torch.full_like(target, 30), return_lse=True, weight=weight[:30])
 
 
 def test_argument_errors():

@@ -84,7 +84,7 @@ def _merge(gathered: torch.Tensor):
     return m_all + log_d, cpu.split_lse(m_all, log_d)[1], s.sum(0), y_t.amax(0)
 
 
-def _loss(lse, s, y_t, target, weight, denom, total, options, dtype):
+def _loss(lse, lse_low, s, y_t, target, weight, denom, total, options, dtype):
     ignore_index, reduction, label_smoothing, z_loss = options[:4]
     valid = target != ignore_index
     bad = valid & ((target < 0) | (target >= total))
@@ -93,9 +93,9 @@ def _loss(lse, s, y_t, target, weight, denom, total, options, dtype):
     else:
         w = weight.float()
         w_t, w_sum = w[torch.where(valid & ~bad, target, 0)], w.sum()
-    loss = (1.0 - label_smoothing) * w_t * (lse - y_t)
+    loss = (1.0 - label_smoothing) * w_t * ((lse - y_t) + lse_low)
     if label_smoothing > 0:
-        loss = loss + label_smoothing * (w_sum * lse - s) / total
+        loss = loss + label_smoothing * ((w_sum * lse - s) + w_sum * lse_low) / total
     loss = torch.where(bad, math.nan, torch.where(valid, loss, 0.0))
     z_term = torch.where(valid, z_loss * lse * lse, 0.0)
     if reduction == "none":
@@ -113,7 +113,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         denom = torch.empty(3 if needs_denom(options[1], weight is not None, options[2]) else 0,
                             dtype=torch.float32, device=x2.device)
         torch_denom(target, weight, denom, total, options[0])
-        loss = _loss(lse, s, y_t, target, weight, denom, total, options, x2.dtype)
+        loss = _loss(lse, lse_low, s, y_t, target, weight, denom, total, options, x2.dtype)
         ctx.save_for_backward(x2, target, weight, lse, lse_low, denom)
         ctx.config = (offset, total, options, triton)
         ctx.mark_non_differentiable(lse)

@@ -174,13 +174,13 @@ def gradient(y, cols, target, lse, lse_low, a, b, e, weight_ptr, live, valid, ba
 
 
 @triton.jit
-def row_loss(lse, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes,
+def row_loss(lse, lse_low, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes,
              SMOOTH: tl.constexpr, Z_IN_ROW: tl.constexpr):
     """The row's loss; the z term only where the rows are not reduced (the reduction adds it with its
-    own denominator)."""
-    loss = (1.0 - label_smoothing) * w_t * (lse - y_t)
+    own denominator). lse - y_t is exact where they are close, lse_low then adds the lse's rounding."""
+    loss = (1.0 - label_smoothing) * w_t * ((lse - y_t) + lse_low)
     if SMOOTH:
-        loss += label_smoothing * (w_sum * lse - s) / n_classes
+        loss += label_smoothing * ((w_sum * lse - s) + w_sum * lse_low) / n_classes
     if Z_IN_ROW:
         loss += z_loss * lse * lse
     loss = tl.where(valid, loss, 0.0)
@@ -337,7 +337,7 @@ def cross_entropy_stream_kernel(
             lse = m + tl.log(d)  # +inf or NaN in the row: NaN, as torch's cross_entropy
             lse_low = split_lse(m, d)[1]
             w_t, w_sum = class_weights(weight_ptr, target, valid, bad, denom_ptr, n_classes, HAS_WEIGHT, SMOOTH)
-            loss = row_loss(lse, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes, SMOOTH, Z_IN_ROW)
+            loss = row_loss(lse, lse_low, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes, SMOOTH, Z_IN_ROW)
             tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
             tl.store(lse_ptr + row, lse)
             tl.store(lse_low_ptr + row, lse_low)
@@ -432,7 +432,7 @@ def cross_entropy_on_chip_kernel(
                  HAS_WEIGHT, SMOOTH, SOFTCAP)
     tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full)
     if chunk == 0:
-        loss = row_loss(lse, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes, SMOOTH, Z_IN_ROW)
+        loss = row_loss(lse, lse_low, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes, SMOOTH, Z_IN_ROW)
         tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
         tl.store(lse_ptr + row, lse)
         tl.store(lse_low_ptr + row, lse_low)

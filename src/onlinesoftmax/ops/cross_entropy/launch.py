@@ -10,12 +10,12 @@ smoothing), and is empty otherwise.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from ... import _buffers, cpu
-from ..._device import interpreter_active, next_power_of_2, triton_runs_on
+from ..._device import interpreter_active, next_power_of_2, plan_cache, remember, triton_runs_on
 from ..._launch import Launcher, aligned
 from ..._triton import COUNTER_STRIDE
 from ..._validate import KERNEL_DTYPES
@@ -84,15 +84,52 @@ def dense(x: torch.Tensor) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
+class Recipe(NamedTuple):
+    """One launch of a kernel but its tensors: ``recipe(*tensors)`` launches it (the kernels take
+    their tensors first, then the scalars), ``recipe.bind()`` is the same launch for a prepared call."""
+
+    launcher: Launcher
+    grid: tuple
+    key: tuple
+    scalars: tuple
+    meta: dict
+
+    def __call__(self, *tensors):
+        self.launcher(self.grid, self.key, *tensors, *self.scalars, **self.meta)
+
+    def bind(self):
+        bound, scalars = self.launcher.bind(self.grid, self.key, **self.meta), self.scalars
+        return lambda *tensors: bound(*tensors, *scalars)
+
+
+def count_recipe(target: torch.Tensor, w: torch.Tensor, has_weight: bool, n_classes: int, ignore_index: int) -> Recipe:
+    """denom <- (valid rows, sum of their targets' weights, sum of all class weights); tensors
+    (denom, denom, target, w, denom, denom), ``w`` the weights or denom."""
+    key = ("count", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), n_classes, ignore_index,
+           target.shape[0], has_weight)
+    return Recipe(_reduce, (1,), key, (target.shape[0], n_classes, target.stride(0), ignore_index, 0.0),
+                  dict(BLOCK=planner.REDUCE_BLOCK, COUNT=True, SUM=False, MEAN=False, HAS_WEIGHT=has_weight, Z=False,
+                       num_warps=planner.REDUCE_WARPS))
+
+
+def reduce_recipe(loss_rows: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, w: torch.Tensor,
+                  has_weight: bool, out: torch.Tensor, n_classes: int, ignore_index: int, reduction: str,
+                  z_loss: float, count_too: bool) -> Recipe:
+    """out <- the rows' losses summed (over the denominators for "mean"), plus the z term; tensors
+    (loss_rows, lse, target, w, denom, out), ``w`` the weights or loss_rows."""
+    key = ("reduce", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), aligned(loss_rows),
+           aligned(lse), out.dtype, n_classes, ignore_index, target.shape[0], has_weight, reduction,
+           z_loss > 0, count_too)
+    return Recipe(_reduce, (1,), key, (target.shape[0], n_classes, target.stride(0), ignore_index, z_loss),
+                  dict(BLOCK=planner.REDUCE_BLOCK, COUNT=count_too, SUM=True, MEAN=reduction == "mean",
+                       HAS_WEIGHT=has_weight, Z=z_loss > 0, num_warps=planner.REDUCE_WARPS))
+
+
 def count(target: torch.Tensor, weight: Optional[torch.Tensor], denom: torch.Tensor, n_classes: int,
           ignore_index: int) -> None:
     """denom <- (valid rows, sum of their targets' weights, sum of all class weights)."""
     w = weight if weight is not None else denom
-    key = ("count", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), n_classes, ignore_index,
-           target.shape[0], weight is not None)
-    _reduce((1,), key, denom, denom, target, w, denom, denom, target.shape[0], n_classes, target.stride(0),
-            ignore_index, 0.0, BLOCK=planner.REDUCE_BLOCK, COUNT=True, SUM=False, MEAN=False,
-            HAS_WEIGHT=weight is not None, Z=False, num_warps=planner.REDUCE_WARPS)
+    count_recipe(target, w, weight is not None, n_classes, ignore_index)(denom, denom, target, w, denom, denom)
 
 
 def reduce(loss_rows: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
@@ -100,79 +137,201 @@ def reduce(loss_rows: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, wei
            z_loss: float, count_too: bool) -> None:
     """out <- the rows' losses summed (over the denominators for "mean"), plus the z term."""
     w = weight if weight is not None else loss_rows
-    key = ("reduce", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), aligned(loss_rows),
-           aligned(lse), out.dtype, n_classes, ignore_index, target.shape[0], weight is not None, reduction,
-           z_loss > 0, count_too)
-    _reduce((1,), key, loss_rows, lse, target, w, denom, out, target.shape[0], n_classes, target.stride(0),
-            ignore_index, z_loss, BLOCK=planner.REDUCE_BLOCK, COUNT=count_too, SUM=True,
-            MEAN=reduction == "mean", HAS_WEIGHT=weight is not None, Z=z_loss > 0, num_warps=planner.REDUCE_WARPS)
+    reduce_recipe(loss_rows, lse, target, w, weight is not None, out, n_classes, ignore_index, reduction, z_loss,
+                  count_too)(loss_rows, lse, target, w, denom, out)
+
+
+def splits_rows(chosen: planner.Plan) -> bool:
+    """Whether the forward of ``chosen`` has several programs a row, which meet in _exchange's scratch."""
+    return chosen.num_chunks > 1 or chosen.strategy == "split_on_chip"
+
+
+def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, w: torch.Tensor, has_weight: bool,
+                   loss: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor, ignore_index: int, reduction: str,
+                   label_smoothing: float, z_loss: float, softcap: float, temperature: float, read_ignored: bool,
+                   class_offset: int = 0, n_classes: Optional[int] = None, stats: bool = False) -> Recipe:
+    """The main forward kernel of ``chosen`` over x's rows; tensors (x, target, w, denom, loss, lse,
+    lse_low, parts, counters), ``w`` the class weights or x (a valid pointer never read)."""
+    n_rows, n_cols = x.shape
+    n_classes = n_cols if n_classes is None else n_classes
+    inv_t = 1.0 / temperature
+    tanh_scale = 1.0 / (softcap * inv_t) if softcap > 0 else 0.0
+    flags = _flags(has_weight, reduction, label_smoothing, z_loss, softcap)
+    # The plan fixes the shape and layout; the rest of what Triton specializes on is here.
+    key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, loss.dtype, aligned(x),
+           aligned(target), aligned(w), aligned(loss), aligned(lse), aligned(lse_low), ignore_index, class_offset,
+           n_classes, reduction, tuple(flags.values()), read_ignored, stats)
+    meta = dict(ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
+                Z_IN_ROW=z_loss > 0 and reduction == "none", READ_IGNORED=read_ignored, BLOCK=chosen.block,
+                CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=splits_rows(chosen),
+                num_warps=chosen.num_warps, **flags)
+    if chosen.strategy in ("stream", "two_pass"):
+        scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, class_offset, n_classes,
+                   label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.tiles_per_chunk)
+        return Recipe(_stream, chosen.grid, key, scalars, dict(
+            meta, WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats,
+            FIRST_EVICTION="evict_last" if chosen.hold_l2 else "",
+            SECOND_EVICTION="evict_first" if chosen.hold_l2 else ""))
+    scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, n_classes,
+               label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.num_chunks)
+    return Recipe(_on_chip, chosen.grid, key, scalars, meta)
 
 
 def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
                  denom: torch.Tensor, loss: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor, ignore_index: int,
-                 reduction: str,
-                 label_smoothing: float, z_loss: float, softcap: float, temperature: float, read_ignored: bool,
-                 class_offset: int = 0, n_classes: Optional[int] = None, stats: bool = False) -> None:
+                 reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
+                 read_ignored: bool, class_offset: int = 0, n_classes: Optional[int] = None,
+                 stats: bool = False) -> None:
     """The main forward kernel of ``chosen`` over x's rows: loss, lse and lse_low (the lse's rounding
     error) per row (``stats``: the four planes of distributed statistics into ``loss``), and for
     "forward_grad" the gradient over x."""
-    n_rows, n_cols = x.shape
-    n_classes = n_cols if n_classes is None else n_classes
-    inv_t = 1.0 / temperature
-    tanh_scale = 1.0 / (softcap * inv_t) if softcap > 0 else 0.0
-    w = weight if weight is not None else x  # a valid pointer that is never read
-    flags = _flags(weight is not None, reduction, label_smoothing, z_loss, softcap)
-    # The plan fixes the shape and layout; the rest of what Triton specializes on is here.
-    key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, loss.dtype, aligned(x),
-           aligned(target), aligned(w), aligned(loss), aligned(lse), aligned(lse_low), ignore_index, class_offset,
-           n_classes,
-           reduction, tuple(flags.values()), read_ignored, stats)
-    common = dict(ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
-                  Z_IN_ROW=z_loss > 0 and reduction == "none", READ_IGNORED=read_ignored,
-                  num_warps=chosen.num_warps, **flags)
-    split = chosen.num_chunks > 1 or chosen.strategy == "split_on_chip"
-    parts, counters = _exchange(chosen, x.device) if split else (lse, lse)
-    if chosen.strategy in ("stream", "two_pass"):
-        _stream(chosen.grid, key, x, target, w, denom, loss, lse, lse_low, parts, counters,
-                n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, class_offset, n_classes,
-                label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.tiles_per_chunk,
-                BLOCK=chosen.block, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=split,
-                WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats,
-                FIRST_EVICTION="evict_last" if chosen.hold_l2 else "",
-                SECOND_EVICTION="evict_first" if chosen.hold_l2 else "", **common)
-    else:
-        _on_chip(chosen.grid, key, x, target, w, denom, loss, lse, lse_low, parts, counters,
-                 n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, n_classes,
-                 label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.num_chunks,
-                 BLOCK=chosen.block, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=split, **common)
-
-
-def rows_backward(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, target: torch.Tensor,
-                  weight: Optional[torch.Tensor], denom: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor,
-                  grad: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float, z_loss: float, softcap: float,
-                  temperature: float, class_offset: int = 0, n_classes: Optional[int] = None) -> None:
-    """dx (x's strides, or x itself) <- the gradient of x's rows from their lse and the upstream ``grad``
-    (a 0-d tensor, or one value a row for "none")."""
-    n_rows, n_cols = x.shape
-    n_classes = n_cols if n_classes is None else n_classes
-    inv_t = 1.0 / temperature
-    tanh_scale = 1.0 / (softcap * inv_t) if softcap > 0 else 0.0
     w = weight if weight is not None else x
-    flags = _flags(weight is not None, reduction, label_smoothing, z_loss, softcap)
+    recipe = forward_recipe(chosen, x, target, w, weight is not None, loss, lse, lse_low, ignore_index, reduction,
+                            label_smoothing, z_loss, softcap, temperature, read_ignored, class_offset, n_classes,
+                            stats)
+    parts, counters = _exchange(chosen, x.device) if splits_rows(chosen) else (lse, lse)
+    recipe(x, target, w, denom, loss, lse, lse_low, parts, counters)
+
+
+def backward_recipe(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, target: torch.Tensor, w: torch.Tensor,
+                    has_weight: bool, lse: torch.Tensor, lse_low: torch.Tensor, grad: torch.Tensor, ignore_index: int,
+                    reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
+                    class_offset: int = 0, n_classes: Optional[int] = None) -> Recipe:
+    """The backward kernel of ``chosen``; tensors (x, dx, target, w, denom, lse, lse_low, grad), ``w``
+    the class weights or x."""
+    n_rows, n_cols = x.shape
+    n_classes = n_cols if n_classes is None else n_classes
+    inv_t = 1.0 / temperature
+    tanh_scale = 1.0 / (softcap * inv_t) if softcap > 0 else 0.0
+    flags = _flags(has_weight, reduction, label_smoothing, z_loss, softcap)
     grad_stride = grad.stride(0) if grad.dim() else 0
     key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, dx.dtype, grad.dtype,
            grad_stride, aligned(x), aligned(dx), aligned(target), aligned(w), aligned(grad), aligned(lse),
            aligned(lse_low), ignore_index, class_offset, n_classes, tuple(flags.values()))
-    _backward(chosen.grid, key, x, dx, target, w, denom, lse, lse_low, grad,
-              n_cols, x.stride(0), x.stride(1), target.stride(0), grad_stride, ignore_index, class_offset, n_classes,
-              label_smoothing, z_loss, softcap, tanh_scale, inv_t,
-              BLOCK=chosen.block, ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
-              num_warps=chosen.num_warps, **flags)
+    scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), grad_stride, ignore_index, class_offset, n_classes,
+               label_smoothing, z_loss, softcap, tanh_scale, inv_t)
+    return Recipe(_backward, chosen.grid, key, scalars, dict(
+        BLOCK=chosen.block, ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
+        num_warps=chosen.num_warps, **flags))
+
+
+def rows_backward(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, target: torch.Tensor,
+                  weight: Optional[torch.Tensor], denom: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor,
+                  grad: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
+                  softcap: float, temperature: float, class_offset: int = 0, n_classes: Optional[int] = None) -> None:
+    """dx (x's strides, or x itself) <- the gradient of x's rows from their lse and the upstream ``grad``
+    (a 0-d tensor, or one value a row for "none")."""
+    w = weight if weight is not None else x
+    backward_recipe(chosen, x, dx, target, w, weight is not None, lse, lse_low, grad, ignore_index, reduction,
+                    label_smoothing, z_loss, softcap, temperature, class_offset, n_classes)(
+        x, dx, target, w, denom, lse, lse_low, grad)
 
 
 # --------------------------------------------------------------------------------------------
 # The ops' entry points: Triton, or torch for CPU tensors without the interpreter
 # --------------------------------------------------------------------------------------------
+
+
+def _weight_signature(weight: Optional[torch.Tensor]):
+    return None if weight is None else (weight.dtype, aligned(weight))
+
+
+class ForwardCall:
+    """One forward signature (shapes, strides, dtypes, alignment, options), decided once: its plan,
+    its launches bound (_launch.BoundLaunch) and its buffers' templates (_buffers.template). An
+    eager call is then its allocations and launches: a small call is the host's time."""
+
+    def __init__(self, x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+                 return_lse, strategy, inplace):
+        n_rows, n_cols = x.shape
+        device = x.device
+        self.options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
+        self.inplace, self.n_cols = inplace, n_cols
+        self.chosen = chosen = planner.choose("forward_grad" if inplace else "forward", n_rows, n_cols, x.dtype,
+                                              device, strategy, x.stride(0), x.stride(1))
+        has_weight = weight is not None
+        self.denom = _buffers.template((3 if needs_denom(reduction, has_weight, label_smoothing) else 0,),
+                                       compute_dtype(x.dtype), device)
+        self.torch_path = chosen.strategy == "torch" or n_rows == 0
+        if self.torch_path:
+            return
+        self.loss_rows = _buffers.template((n_rows,), x.dtype if reduction == "none" else torch.float32, device)
+        self.lse = _buffers.template((n_rows,), torch.float32, device)
+        self.loss = None if reduction == "none" else _buffers.template((), x.dtype, device)
+        # The launches' keys take the alignment of buffers like those every call allocates.
+        denom, loss_rows, lse, lse_low = (_buffers.empty_like(t) for t in (self.denom, self.loss_rows, self.lse,
+                                                                             self.lse))
+        # The gradient's scale (mean) and the loss (W, with label smoothing) need the denominators first.
+        count_first = denom.numel() > 0 and (inplace or (has_weight and label_smoothing > 0))
+        self.count = (count_recipe(target, weight if has_weight else denom, has_weight, n_cols, ignore_index).bind()
+                      if count_first else None)
+        self.main = forward_recipe(chosen, x, target, weight if has_weight else x, has_weight, loss_rows, lse,
+                                   lse_low, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+                                   return_lse).bind()
+        self.split = splits_rows(chosen)
+        self.reduce = None if self.loss is None else reduce_recipe(
+            loss_rows, lse, target, weight if has_weight else loss_rows, has_weight, _buffers.empty_like(self.loss),
+            n_cols, ignore_index, reduction, z_loss, denom.numel() > 0 and not count_first).bind()
+
+    def __call__(self, x, target, weight):
+        """(loss, lse, lse_low, denom) of these logits (see launch_forward)."""
+        planner.record(self.chosen)
+        denom = _buffers.empty_like(self.denom)
+        if self.torch_path:
+            return torch_forward(x, target, weight, denom, *self.options, self.inplace)
+        loss_rows, lse, lse_low = (_buffers.empty_like(self.loss_rows), _buffers.empty_like(self.lse),
+                                   _buffers.empty_like(self.lse))
+        if self.count is not None:
+            self.count(denom, denom, target, denom if weight is None else weight, denom, denom)
+        parts, counters = _exchange(self.chosen, x.device) if self.split else (lse, lse)
+        self.main(x, target, x if weight is None else weight, denom, loss_rows, lse, lse_low, parts, counters)
+        if self.loss is None:
+            return loss_rows, lse, lse_low, denom
+        loss = _buffers.empty_like(self.loss)
+        self.reduce(loss_rows, lse, target, loss_rows if weight is None else weight, denom, loss)
+        return loss, lse, lse_low, denom
+
+
+class BackwardCall:
+    """One backward signature, decided once (as ForwardCall)."""
+
+    def __init__(self, x, target, weight, lse, lse_low, grad, ignore_index, reduction, label_smoothing, z_loss,
+                 softcap, temperature, strategy, class_offset, n_classes):
+        self.options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
+        self.shard = (class_offset, n_classes)
+        self.copy = not dense(x)  # a layout whose gradient would take more memory than x's elements
+        if self.copy:
+            x = x.contiguous()
+        n_rows, n_cols = x.shape
+        # The forward's strategy does not carry over (the backward has one kernel), its "torch" does.
+        self.chosen = planner.choose("backward", n_rows, n_cols, x.dtype, x.device,
+                                     "torch" if strategy == "torch" else None, x.stride(0), x.stride(1))
+        self.torch_path = self.chosen.strategy == "torch" or n_rows == 0 or n_cols == 0
+        if self.torch_path:
+            return
+        self.dx = _buffers.template(x.shape, x.dtype, x.device) if x.is_contiguous() else None
+        w = x if weight is None else weight
+        self.main = backward_recipe(self.chosen, x, self._gradient_buffer(x), target, w, weight is not None, lse,
+                                    lse_low, grad, ignore_index, reduction, label_smoothing, z_loss, softcap,
+                                    temperature, class_offset, n_classes).bind()
+
+    def _gradient_buffer(self, x):
+        # The kernel addresses x and dx with one set of offsets.
+        return _buffers.empty_like(self.dx) if self.dx is not None else _same_layout_buffer(x)
+
+    def __call__(self, x, target, weight, lse, lse_low, denom, grad):
+        planner.record(self.chosen)
+        if self.copy:
+            x = x.contiguous()
+        if self.torch_path:
+            return torch_backward(x, target, weight, denom, lse, lse_low, grad, *self.options, *self.shard)
+        dx = self._gradient_buffer(x)
+        self.main(x, dx, target, x if weight is None else weight, denom, lse, lse_low, grad)
+        return dx
+
+
+_CALLS: dict = {}
+plan_cache(_CALLS.clear)
 
 
 def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
@@ -182,31 +341,14 @@ def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch
     rounding error (the backward's, see _triton.split_lse); ``inplace``: x is overwritten with the
     gradient of the loss (for an upstream gradient of 1). ``inplace`` is keyword-only: the custom
     ops and the eager path pass the same positional arguments, and a strategy must never land in it."""
-    n_rows, n_cols = x.shape
-    device = x.device
-    chosen = planner.choose("forward_grad" if inplace else "forward", n_rows, n_cols, x.dtype, device, strategy,
-                            x.stride(0), x.stride(1))
-    planner.record(chosen)
-    has_weight = weight is not None
-    denom = _buffers.empty((3 if needs_denom(reduction, has_weight, label_smoothing) else 0,),
-                           compute_dtype(x.dtype), device)
-    if chosen.strategy == "torch" or n_rows == 0:
-        return torch_forward(x, target, weight, denom, ignore_index, reduction, label_smoothing, z_loss, softcap,
-                             temperature, inplace)
-    loss_rows = _buffers.empty((n_rows,), x.dtype if reduction == "none" else torch.float32, device)
-    lse, lse_low = (_buffers.empty((n_rows,), torch.float32, device) for _ in range(2))
-    # The gradient's scale (mean) and the loss (W, with label smoothing) need the denominators first.
-    count_first = denom.numel() > 0 and (inplace or (has_weight and label_smoothing > 0))
-    if count_first:
-        count(target, weight, denom, n_cols, ignore_index)
-    rows_forward(chosen, x, target, weight, denom, loss_rows, lse, lse_low, ignore_index, reduction, label_smoothing,
-                 z_loss, softcap, temperature, return_lse)
-    if reduction == "none":
-        return loss_rows, lse, lse_low, denom
-    loss = _buffers.empty((), x.dtype, device)
-    reduce(loss_rows, lse, target, weight, denom, loss, n_cols, ignore_index, reduction, z_loss,
-           count_too=denom.numel() > 0 and not count_first)
-    return loss, lse, lse_low, denom
+    key = ("forward", x.shape, x.stride(), x.dtype, x.device, target.dtype, target.stride(), aligned(x),
+           aligned(target), _weight_signature(weight), ignore_index, reduction, label_smoothing, z_loss, softcap,
+           temperature, return_lse, strategy, inplace, interpreter_active())
+    call = _CALLS.get(key)
+    if call is None:
+        call = remember(_CALLS, key, ForwardCall(x, target, weight, ignore_index, reduction, label_smoothing, z_loss,
+                                                 softcap, temperature, return_lse, strategy, inplace))
+    return call(x, target, weight)
 
 
 def launch_backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], lse: torch.Tensor,
@@ -214,23 +356,34 @@ def launch_backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torc
                     label_smoothing: float, z_loss: float, softcap: float, temperature: float,
                     strategy: Optional[str] = None, class_offset: int = 0,
                     n_classes: Optional[int] = None) -> torch.Tensor:
-    """The gradient of (rows, classes) logits ``x`` from the forward's lse, lse_low and denom, for the upstream
-    gradient ``grad`` (0-d, or (rows,) for reduction "none"). ``class_offset``, ``n_classes``: x
-    holds classes [class_offset, class_offset + cols) of n_classes (a vocabulary shard)."""
-    if not dense(x):
-        x = x.contiguous()
-    n_rows, n_cols = x.shape
-    # The forward's strategy does not carry over (the backward has one kernel), its "torch" does.
-    chosen = planner.choose("backward", n_rows, n_cols, x.dtype, x.device, "torch" if strategy == "torch" else None,
-                            x.stride(0), x.stride(1))
-    planner.record(chosen)
-    if chosen.strategy == "torch" or n_rows == 0 or n_cols == 0:
-        return torch_backward(x, target, weight, denom, lse, lse_low, grad, ignore_index, reduction, label_smoothing, z_loss,
-                              softcap, temperature, class_offset, n_classes)
-    dx = _same_layout_buffer(x)  # the kernel addresses x and dx with one set of offsets
-    rows_backward(chosen, x, dx, target, weight, denom, lse, lse_low, grad, ignore_index, reduction, label_smoothing, z_loss,
-                  softcap, temperature, class_offset, n_classes)
-    return dx
+    """The gradient of (rows, classes) logits ``x`` from the forward's lse, lse_low and denom, for the
+    upstream gradient ``grad`` (0-d, or (rows,) for reduction "none"). ``class_offset``,
+    ``n_classes``: x holds classes [class_offset, class_offset + cols) of n_classes (a vocabulary
+    shard)."""
+    key = ("backward", x.shape, x.stride(), x.dtype, x.device, target.dtype, target.stride(), aligned(x),
+           aligned(target), _weight_signature(weight), aligned(lse), aligned(lse_low), grad.shape, grad.stride(),
+           grad.dtype, aligned(grad), ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+           strategy, class_offset, n_classes, interpreter_active())
+    call = _CALLS.get(key)
+    if call is None:
+        call = remember(_CALLS, key, BackwardCall(x, target, weight, lse, lse_low, grad, ignore_index, reduction,
+                                                  label_smoothing, z_loss, softcap, temperature, strategy,
+                                                  class_offset, n_classes))
+    return call(x, target, weight, lse, lse_low, denom, grad)
+
+
+def scale_recipe(x: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, in_place: bool) -> Recipe:
+    """out <- x * grad (0-d, or one value a row); tensors (x, out, grad)."""
+    rows, cols = x.shape
+    align, edges, contiguous = planner.layout(rows, cols, x.dtype, x.stride(0), x.stride(1))
+    block, warps, per_row, tiles, grid = planner.scale_launch(rows, cols, x.dtype, x.device, interpreter_active())
+    per_row_grad = grad.dim() > 0
+    grad_stride = grad.stride(0) if per_row_grad else 0
+    key = (x.shape, x.stride(), x.dtype, out.dtype, grad.dtype, grad_stride, aligned(x), aligned(out), aligned(grad),
+           in_place, grid)
+    return Recipe(_scale, grid, key, (cols, x.stride(0), x.stride(1), grad_stride, per_row, tiles), dict(
+        BLOCK=block, ALIGN=align, CONTIGUOUS=contiguous, EDGES=edges, PER_ROW=per_row_grad, IN_PLACE=in_place,
+        num_warps=warps))
 
 
 def launch_scale(x: torch.Tensor, grad: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -245,15 +398,12 @@ def launch_scale(x: torch.Tensor, grad: torch.Tensor, out: Optional[torch.Tensor
         dtype = compute_dtype(x.dtype)
         scaled = x.to(dtype) * (grad.to(dtype).unsqueeze(-1) if grad.dim() else grad.to(dtype))
         return out.copy_(scaled)
-    align, edges, contiguous = planner.layout(rows, cols, x.dtype, x.stride(0), x.stride(1))
-    block, warps, per_row, tiles, grid = planner.scale_launch(rows, cols, x.dtype, x.device, interpreter_active())
-    per_row_grad = grad.dim() > 0
-    grad_stride = grad.stride(0) if per_row_grad else 0
-    key = (x.shape, x.stride(), x.dtype, out.dtype, grad.dtype, grad_stride, aligned(x), aligned(out), aligned(grad),
-           in_place, grid)
-    _scale(grid, key, x, out, grad, cols, x.stride(0), x.stride(1), grad_stride, per_row, tiles,
-           BLOCK=block, ALIGN=align, CONTIGUOUS=contiguous, EDGES=edges, PER_ROW=per_row_grad, IN_PLACE=in_place,
-           num_warps=warps)
+    key = ("scale", x.shape, x.stride(), x.dtype, x.device, out.dtype, aligned(x), aligned(out), grad.shape,
+           grad.stride(), grad.dtype, aligned(grad), in_place, interpreter_active())
+    call = _CALLS.get(key)
+    if call is None:
+        call = remember(_CALLS, key, scale_recipe(x, out, grad, in_place).bind())
+    call(x, out, grad)
     return out
 
 
@@ -338,10 +488,10 @@ class RowTerms:
             return self.y.sum(-1)
         return self.y @ self.w_cols
 
-    def loss(self, lse, y_t, s, label_smoothing):
-        loss = (1.0 - label_smoothing) * self.w_t * (lse - y_t)
+    def loss(self, lse, lse_low, y_t, s, label_smoothing):
+        loss = (1.0 - label_smoothing) * self.w_t * ((lse - y_t) + lse_low)
         if label_smoothing > 0:
-            loss = loss + label_smoothing * (self.w_sum * lse - s) / self.n_classes
+            loss = loss + label_smoothing * ((self.w_sum * lse - s) + self.w_sum * lse_low) / self.n_classes
         loss = torch.where(self.valid, loss, 0.0)
         return torch.where(self.bad, math.nan, loss)
 
@@ -376,7 +526,7 @@ def torch_forward(x, target, weight, denom, ignore_index, reduction, label_smoot
     torch_denom(target, weight, denom, x.shape[1], ignore_index)
     terms = RowTerms(x, target, weight, ignore_index, softcap, temperature)
     lse, lse_low = row_lse(terms.y)
-    loss = terms.loss(lse, terms.target_logit(), terms.smoothing_sum() if label_smoothing > 0 else None,
+    loss = terms.loss(lse, lse_low, terms.target_logit(), terms.smoothing_sum() if label_smoothing > 0 else None,
                       label_smoothing)
     z_term = torch.where(terms.valid, z_loss * lse * lse, 0.0)
     if inplace:

@@ -96,7 +96,7 @@ def _chunk_loss(logits, target, class_weight, denom, loss_rows, lse_parts, optio
     terms = RowTerms(logits, target, class_weight, ignore_index, softcap, temperature)
     for part, value in zip(lse_parts, row_lse(terms.y)):
         part.copy_(value)
-    loss = terms.loss(lse, terms.target_logit(), terms.smoothing_sum() if label_smoothing > 0 else None,
+    loss = terms.loss(lse, lse_low, terms.target_logit(), terms.smoothing_sum() if label_smoothing > 0 else None,
                       label_smoothing)
     if reduction == "none":
         loss = loss + torch.where(terms.valid, z_loss * lse * lse, 0.0)

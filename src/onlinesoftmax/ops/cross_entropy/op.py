@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from ... import _validate
+from ..._device import plan_cache, remember
 from ..._launch import op_when_compiling
 from .launch import compute_dtype, launch_backward, launch_forward, launch_scale, needs_denom
 
@@ -195,6 +196,28 @@ def check_targets_in_range(target, n_classes, ignore_index, name) -> None:
                              f"(and is not ignore_index={ignore_index})")
 
 
+# Signatures already checked, each with its options as the launches take them.
+_CHECKED: dict = {}
+plan_cache(_CHECKED.clear)
+
+
+def _check(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+           return_lse, inplace_backward) -> tuple:
+    """cross_entropy's checks of one signature; returns its options (ignore_index, reduction,
+    label_smoothing, z_loss, softcap (0: none), temperature, return_lse) as the launches take them."""
+    name = "cross_entropy"
+    softcap = check_call(logits, target, name, "logits", ignore_index, reduction, label_smoothing, z_loss, softcap,
+                         temperature)
+    n_classes = logits.shape[-1]
+    if n_classes == 0:
+        raise ValueError(f"{name}: logits must have at least one class (the last dim is 0)")
+    check_class_weight(weight, n_classes, logits, name)
+    for flag, value in (("return_lse", return_lse), ("inplace_backward", inplace_backward)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}: {flag} must be a bool, got {type(value).__name__}")
+    return (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature), return_lse)
+
+
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: Optional[float] = None,
                   temperature: float = 1.0, weight: Optional[torch.Tensor] = None, return_lse: bool = False,
@@ -287,20 +310,29 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     >>> onlinesoftmax.cross_entropy(logits, torch.tensor([0, 2]))
     tensor(0.1681)
     """
-    name = "cross_entropy"
-    softcap = check_call(logits, target, name, "logits", ignore_index, reduction, label_smoothing, z_loss, softcap,
-                         temperature)
+    # The checks run once a signature (small eager calls are the host's time); a signature holds
+    # everything they look at but the targets' values, which CPU targets have checked every call.
+    try:
+        signature = (logits.shape, logits.dtype, logits.device, target.shape, target.dtype, target.device,
+                     None if weight is None else (weight.shape, weight.dtype, weight.device), ignore_index,
+                     reduction, label_smoothing, z_loss, softcap, temperature, return_lse, inplace_backward, strategy,
+                     type(return_lse), type(inplace_backward))
+        options = _CHECKED.get(signature)
+    except (AttributeError, TypeError):  # not tensors, or unhashable options: the checks say what is wrong
+        signature = options = None
+    if options is None:
+        options = _check(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
+                         temperature, return_lse, inplace_backward)
+        if signature is not None:
+            remember(_CHECKED, signature, options)
     n_classes = logits.shape[-1]
-    if n_classes == 0:
-        raise ValueError(f"{name}: logits must have at least one class (the last dim is 0)")
-    weight = check_class_weight(weight, n_classes, logits, name)
-    for flag, value in (("return_lse", return_lse), ("inplace_backward", inplace_backward)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name}: {flag} must be a bool, got {type(value).__name__}")
-    check_targets_in_range(target, n_classes, ignore_index, name)
-    x2 = logits.reshape(target.numel(), n_classes)  # a view wherever the leading dims merge
-    t1 = target.reshape(-1)
-    options = (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature), return_lse)
+    if weight is not None:
+        weight = weight.contiguous()  # the kernels index it by class
+    if target.device.type == "cpu":
+        check_targets_in_range(target, n_classes, ignore_index, "cross_entropy")
+    # 2-d logits skip the views (each costs microseconds of host time).
+    x2 = logits if logits.dim() == 2 else logits.reshape(target.numel(), n_classes)  # a view where dims merge
+    t1 = target if target.dim() == 1 else target.reshape(-1)
     if logits.requires_grad and torch.is_grad_enabled():
         loss, lse = _CrossEntropyFunction.apply(x2, t1, weight, *options, inplace_backward, strategy)
     else:

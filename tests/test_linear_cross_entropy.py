@@ -18,12 +18,14 @@ from cross_entropy_cases import OPTIONS, make_targets, option_ids, reference, re
 
 def test_linear_chunk_rows():
     # One chunk where its peak (all logits + grad W) is no higher than the chunks' (the fp32 grad-W
-    # accumulator + the larger of a 512 MiB chunk and grad W): 3.15 GB each at 8192 x 128256,
-    # H 4096; 1.23 against 1.35 GB at 8192 x 50257; 3.6 against 3.15 GB at 10000 x 128256.
+    # accumulator + the larger of a chunk and grad W): 3.15 GB each at 8192 x 128256, H 4096; 1.23
+    # against 1.35 GB at 8192 x 50257; 3.6 against 3.15 GB at 10000 x 128256. Chunks with the
+    # accumulator take as many rows as grad W's bytes (1.05 GB: 4096 rows), at no higher peak.
     assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, "auto") == 8192
     assert plan.linear_chunk_rows(8192, 50257, 4096, torch.bfloat16, True, "auto") == 8192
-    assert plan.linear_chunk_rows(10000, 128256, 4096, torch.bfloat16, True, "auto") == 2048
-    assert plan.linear_chunk_rows(16384, 128256, 4096, torch.bfloat16, True, "auto") == 2048
+    assert plan.linear_chunk_rows(10000, 128256, 4096, torch.bfloat16, True, "auto") == 4096
+    assert plan.linear_chunk_rows(16384, 128256, 4096, torch.bfloat16, True, "auto") == 4096
+    assert plan.linear_chunk_rows(16384, 32000, 4096, torch.bfloat16, True, "auto") == 8320  # the 512 MiB budget
     # No accumulator (no weight gradient, or an fp32 weight whose gradient accumulates in place):
     # chunks of the budget.
     assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, False, "auto") == 2048

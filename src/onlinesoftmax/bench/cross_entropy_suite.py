@@ -277,8 +277,9 @@ def run_linear(args) -> int:
     notes = ("One training step of a 'mean' loss of h @ W.T: forward, then the gradients of h and W (TFLOP/s: the "
              "three matmuls, 6 N H V). 'peak MB': what one step allocates above its inputs, the gradients it returns "
              "included (grad W alone is V x H in the weight's dtype). onlinesoftmax (chunk='auto') takes the rows in "
-             "chunks of 512 MiB of logits with an fp32 grad-W accumulator (V x H x 4 bytes) where that is the "
-             "lower peak, else all rows as one chunk and no accumulator; see docs/perf-cross_entropy.md.")
+             "chunks with an fp32 grad-W accumulator (V x H x 4 bytes; chunks of 512 MiB of logits or grad W's "
+             "bytes, the larger) where that is the lower peak, else all rows as one chunk and no accumulator; "
+             "see docs/perf-cross_entropy.md.")
     harness.write_results(args, "linear_cross_entropy", rows, None, notes, earlier_runs=earlier_runs)
     return harness.exit_code(rows)
 

@@ -14,7 +14,8 @@ the grad_W matmul: the forward keeps only the lse, and the backward recomputes e
 logits (four matmuls in all).
 
 Extra memory (beyond x, weight, target and the gradients themselves): one chunk of logits, chunk
-x V in x's dtype (chunk="auto" keeps it within plan.LINEAR_CHUNK_BYTES, 512 MiB), and the fp32
+x V in x's dtype (chunk="auto" keeps it within plan.LINEAR_CHUNK_BYTES, 512 MiB, or grad_W's
+bytes where they are more and the chunks accumulate grad_W), and the fp32
 grad_W accumulator, V x H x 4 bytes (2.1 GB at 128256 x 4096), held from the forward to the
 backward, where grad_W (V x H in the weight's dtype) is written from it; with an fp32 weight the
 accumulator is grad_W itself, and where the rows make one chunk there is no accumulation to do
@@ -298,9 +299,10 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
         (V,), x's dtype.
     chunk : "auto" or int
         Rows per chunk. "auto": the most rows whose logits take at most 512 MiB (2048 rows at
-        V = 128256 in bf16), in multiples of 128; or all rows at once where that peaks no higher
-        than chunks with their float32 grad-weight accumulator (8192 rows at V = 128256,
-        H = 4096 in bf16). An int forces it.
+        V = 128256 in bf16), or grad weight's bytes where chunks accumulate it in float32 and
+        that is more (4096 rows at V = 128256, H = 4096), in multiples of 128; or all rows at
+        once where that peaks no higher than chunks with their float32 grad-weight accumulator
+        (8192 rows at V = 128256, H = 4096 in bf16). An int forces it.
     class_weight : Tensor, optional
         (V,) per-class weights: ``cross_entropy``'s ``weight`` (renamed: ``weight`` is the projection).
     ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse

@@ -439,10 +439,14 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         num_chunks = cdiv(span, chunk)
         programs = rows * num_chunks
         cap = _for_element_size(SPLIT_ON_CHIP_MAX_REGISTERS[op], elem)
-        if (programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms or misaligned_rows
+        if (programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms or misaligned_rows or cols % 16
                 or chunk < SPLIT_ON_CHIP_CAP_MIN_FILL * next_power_of_2(chunk)):
             # One wave without the cap: it would buy nothing. Rows read in granules hold more
-            # state (the row's edges), and under the cap ptxas spills (bf16: 168 bytes).
+            # state (the row's edges), and under the cap ptxas spills (bf16: 168 bytes). So do rows
+            # of a length that is no multiple of 16 (Triton then cannot prove the last chunk's mask
+            # constant over a vector): bf16 softmax 1742 x 95704 took 2.63 ms capped, 0.57 without,
+            # where 1742 x 95712 took 0.25 / 0.27 (scripts/probes/probe_split_on_chip_cap.py,
+            # docs/notes/2026-11/probe_split_on_chip_cap-h100.log).
             cap = 0
         return Plan(op, strategy, "one_pass", rows, cols, dtype, next_power_of_2(chunk), 1, warps,
                     (programs,), chunk_size=chunk, num_chunks=num_chunks, max_registers=cap)

@@ -30,7 +30,7 @@ from .._device import triton_runs_on
 from ..ops.cross_entropy import plan as planner
 from ..ops.cross_entropy.launch import RowTerms, launch_backward, needs_denom, row_normalizer, rows_forward, \
     torch_denom
-from ..ops.cross_entropy.op import REDUCTIONS, check_call, check_class_weight, \
+from ..ops.cross_entropy.op import REDUCTIONS, check_call, check_class_weight, class_weights, \
     check_targets_in_range
 from ._group import NoContext, all_gather, check_group, gather_shapes
 
@@ -194,7 +194,8 @@ def cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, group=None, 
     offset, total = _offsets(logits_shard.shape[-1], group, validate, logits_shard, reduction)
     if total == 0:
         raise ValueError(f"{NAME}: the shards hold no class at all")
-    weight = check_class_weight(weight, total, logits_shard, NAME)
+    check_class_weight(weight, total, logits_shard, NAME)
+    weight = class_weights(weight)
     check_targets_in_range(target, total, ignore_index, NAME)
     x2 = logits_shard.reshape(target.numel(), logits_shard.shape[-1])  # (an empty shard: no -1 to infer)
     t1 = target.reshape(-1)

@@ -246,7 +246,7 @@ class ForwardCall:
         n_rows, n_cols = x.shape
         device = x.device
         self.options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
-        self.inplace, self.n_cols = inplace, n_cols
+        self.inplace = inplace
         self.chosen = chosen = planner.choose("forward_grad" if inplace else "forward", n_rows, n_cols, x.dtype,
                                               device, strategy, x.stride(0), x.stride(1))
         has_weight = weight is not None

@@ -37,7 +37,7 @@ from ... import _buffers, _validate
 from . import plan as planner
 from .launch import RowTerms, compute_dtype, count, kernels_take, launch_scale, needs_denom, reduce, row_lse, \
     rows_backward, rows_forward, torch_denom
-from .op import LOGIT_DTYPES, check_class_weight, check_options, check_target, check_targets_in_range
+from .op import LOGIT_DTYPES, check_class_weight, check_options, check_target, check_targets_in_range, class_weights
 
 # Rows of dlogits.T (vocabulary entries) multiplied at once in float32 where cuBLAS cannot
 # accumulate bf16 products into an fp32 output itself.
@@ -361,7 +361,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
             raise ValueError(f"{name}: bias must be ({vocab},) in x's dtype, got {tuple(bias.shape)} {bias.dtype}")
         _validate.same_device(name, x=x, bias=bias)
     softcap = check_options(name, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
-    class_weight = check_class_weight(class_weight, vocab, x, name, "class_weight")
+    check_class_weight(class_weight, vocab, x, name, "class_weight")
+    class_weight = class_weights(class_weight)
     if chunk != "auto":
         if _validate.integer(chunk, name, "chunk") < 1:
             raise ValueError(f"{name}: chunk must be 'auto' or a positive int, got {chunk}")

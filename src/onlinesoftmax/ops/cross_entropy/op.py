@@ -172,17 +172,21 @@ def check_target(logits, target, name, arg="target") -> torch.Tensor:
     return target
 
 
-def check_class_weight(weight, n_classes, logits, name, arg="weight") -> Optional[torch.Tensor]:
-    """The checked class weights, contiguous (the kernels index them by class), or None."""
+def check_class_weight(weight, n_classes, logits, name, arg="weight") -> None:
     if weight is None:
-        return None
+        return
     _validate.tensor(weight, name, arg)
     _validate.float_dtype(weight, name, (torch.float32, torch.float16, torch.bfloat16, torch.float64))
     if weight.dim() != 1 or weight.shape[0] != n_classes:
         raise ValueError(f"{name}: {arg} must be a 1-d tensor of one weight per class ({n_classes}), "
                          f"got shape {tuple(weight.shape)}")
     _validate.same_device(name, logits=logits, **{arg: weight})
-    return weight.contiguous()
+
+
+def class_weights(weight: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Checked class weights as the kernels take them: contiguous (they index them by class; a
+    strided view was once read as if it were not). Every call: a signature does not hold the layout."""
+    return None if weight is None else weight.contiguous()
 
 
 def check_targets_in_range(target, n_classes, ignore_index, name) -> None:
@@ -326,8 +330,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
         if signature is not None:
             remember(_CHECKED, signature, options)
     n_classes = logits.shape[-1]
-    if weight is not None:
-        weight = weight.contiguous()  # the kernels index it by class
+    weight = class_weights(weight)
     if target.device.type == "cpu":
         check_targets_in_range(target, n_classes, ignore_index, "cross_entropy")
     # 2-d logits skip the views (each costs microseconds of host time).

@@ -431,6 +431,21 @@ def test_errors(args, error, words):
         attention_with_kvcache(*tensors, **kwargs)
 
 
+def test_checks_are_remembered_only_for_calls_that_passed():
+    # The public function checks a signature once; a call that differs from a passing one in any
+    # checked respect (a dtype, an option's value or type) is checked again, and fails every time.
+    (q, k_cache, v_cache), kwargs = _args(cache_seqlens=LENS)
+    attention_with_kvcache(q, k_cache, v_cache, **kwargs)
+    signature = decode_op._signature(q, k_cache, v_cache, LENS, None, True, None, "auto")
+    assert decode_op._CHECKED.get(signature) == (0.125, 0)
+    for bad, error in ((dict(cache_seqlens=LENS.long()), TypeError), (dict(scale=-1.0), ValueError),
+                       (dict(causal=1), TypeError), (dict(num_splits=0), ValueError),
+                       (dict(scale=torch.tensor(0.5)), TypeError)):
+        for _ in range(2):
+            with pytest.raises(error):
+                attention_with_kvcache(q, k_cache, v_cache, **{**kwargs, **bad})
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device type")
 def test_error_mixed_devices():
     (q, k_cache, v_cache), _ = _args()

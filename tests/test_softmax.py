@@ -466,6 +466,11 @@ def test_split_row_on_chip_tiles_by_direction_and_element_size(plan_override):
            for dtype in (torch.float32, torch.bfloat16)}
     assert {dtype: (c.strategy, c.block_cols, c.num_warps) for dtype, c in odd.items()} == {
         torch.float32: ("split_row_on_chip", 8192, 4), torch.bfloat16: ("split_row_on_chip", 8192, 4)}
+    # So do rows on 16-byte boundaries read in granules (a length of 8 mod 16), and only those.
+    for cols, granules, warps in ((95704, True, 4), (95712, False, 16)):
+        chosen = plan._choose("softmax_backward", 1742, cols, torch.bfloat16, cuda, "auto", None, 132, False, False,
+                              granules)
+        assert (chosen.strategy, chosen.block_cols, chosen.num_warps) == ("split_row_on_chip", 8192, warps), cols
 
 
 def test_misaligned_rows_of_a_large_tile_split(plan_override):
@@ -571,29 +576,37 @@ def test_split_row_on_chip_refuses_rows_too_long_to_hold(plan_override):
 
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
-@pytest.mark.parametrize("strategy", ["looped", "split_row", "split_row_on_chip"])
-def test_rows_off_16_byte_boundaries_are_read_in_granules(strategy, dtype, gen, monkeypatch):
-    # Rows of an odd length start at another alignment each: the kernels then read and write whole
-    # 16-byte granules (ALIGN = elements in 16 bytes) and the partial granules at the row ends one
-    # element at a time. Forward and backward, against float64; a view whose rows are not where
-    # the output's are takes element masks (ALIGN = 1).
+@pytest.mark.parametrize("strategy", ["row_on_chip", "looped", "split_row", "split_row_on_chip"])
+@pytest.mark.parametrize("rows_start", ["off_16_bytes", "on_16_bytes"])
+def test_rows_of_no_multiple_of_16_are_read_in_granules(rows_start, strategy, dtype, gen, monkeypatch):
+    # Rows of an odd length start at another alignment each ("off_16_bytes"); rows of a multiple of
+    # 16 bytes but not of 16 elements ("on_16_bytes") all start on a boundary that Triton cannot
+    # prove. The streaming kernels then read and write whole 16-byte granules (ALIGN = elements in
+    # 16 bytes) and the partial granules at the row ends one element at a time; row_on_chip tells
+    # Triton the rows' alignment (ROW_ALIGN) where there is one. Forward and backward, against
+    # float64; a view whose rows are not where the output's are takes element masks (ALIGN = 1).
     launched = []
     launch = _launch.Launcher.__call__
 
     def recording(self, grid, key, *args, **meta):
-        launched.append(meta.get("ALIGN"))
+        launched.append(meta.get("ROW_ALIGN" if strategy == "row_on_chip" else "ALIGN"))
         return launch(self, grid, key, *args, **meta)
 
     monkeypatch.setattr(_launch.Launcher, "__call__", recording)
     granule = 16 // dtype.itemsize
-    cols = 2 * plan.STREAM_BLOCK[dtype.itemsize] + 37  # several blocks and split chunks
+    if strategy == "row_on_chip":  # several rows a program
+        cols = 37 if rows_start == "off_16_bytes" else 40
+        expected = 1 if rows_start == "off_16_bytes" else granule
+    else:  # several blocks and split chunks
+        cols = 2 * plan.STREAM_BLOCK[dtype.itemsize] + (37 if rows_start == "off_16_bytes" else 16 - granule)
+        expected = granule
     x = make_logits((5, cols), dtype, gen, scale=2.0, outliers=False).requires_grad_()
     dy = make_logits(x.shape, dtype, gen, scale=1.0)
     for op, (ours, ref) in OPS.items():
         launched.clear()
         out = ours(x, -1, strategy=strategy)
         (dx,) = torch.autograd.grad(out, x, dy)
-        assert launched and set(launched) == {granule}, launched
+        assert launched and set(launched) == {expected}, launched
         assert_matches(out, ref(x.detach().double(), -1), dtype, f"{op} {strategy}")
         y64, dy64 = out.detach().double(), dy.double()
         dx64 = (dy64 - y64.exp() * dy64.sum(-1, keepdim=True)) if op == "log_softmax" else \

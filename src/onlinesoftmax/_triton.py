@@ -151,6 +151,17 @@ def merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2: tl.cons
 
 
 @triton.jit
+def known_multiple(n, MULTIPLE: tl.constexpr):
+    """``n`` (a scalar or a tensor of integers that the caller knows are multiples of MULTIPLE) in a
+    form Triton's alignment analysis knows them of: rows of whole 16-byte granules whose length or
+    stride is no multiple of 16 elements then get 16-byte accesses (see _row_granule in
+    ops/softmax/launch.py). MULTIPLE 1 leaves ``n`` alone."""
+    if MULTIPLE == 1:
+        return n
+    return (n // MULTIPLE) * MULTIPLE
+
+
+@triton.jit
 def aligned_row(base_ptr, row_off, ALIGN: tl.constexpr):
     """(pointer, head): row ``row_off`` of a 16-byte-aligned tensor addressed from the granule
     boundary at or below its start; its columns sit at [head, head + n_cols) from that pointer."""

@@ -101,9 +101,10 @@ def explain(args) -> int:
 
     rows, cols = args.shape
     # The GPU's plan, also where TRITON_INTERPRET=1 would give the interpreter's (one chunk a row).
-    # For a contiguous tensor: rows of a length not a multiple of 16 bytes start off 16-byte boundaries.
+    # For a contiguous tensor: rows of a length not a multiple of 16 bytes start off 16-byte boundaries;
+    # rows of a length not a multiple of 16 elements are read in granules (ops/softmax/launch.py).
     chosen = plan.choose(args.op, rows, cols, dtype, device, args.algorithm, args.strategy, sms=sms, interpreting=False,
-                         misaligned_rows=(cols * dtype.itemsize) % 16 != 0 and rows > 1)
+                         misaligned_rows=(cols * dtype.itemsize) % 16 != 0 and rows > 1, granule_rows=cols % 16 != 0)
     print(chosen.describe(args.bandwidth))
     if args.strategy is None:
         note = plan.eager_torch_note(chosen, sms=sms)

@@ -72,7 +72,9 @@ def _case(op: str, direction: str, shape, dtype) -> Case:
     return Case(f"{op} {rows}x{cols}", dtype, direction, moved, make, reference)
 
 
-def _implementations(op: str, direction: str) -> list[Implementation]:
+def _implementations(op: str, direction: str, graphs: dict) -> list[Implementation]:
+    """The peers of one (op, direction); ``graphs`` holds the backward's outputs and autograd graphs
+    for the case being timed (the caller empties it between cases: each graph holds its inputs)."""
     import onlinesoftmax
     from .softmax_suite import _compiled
 
@@ -83,7 +85,6 @@ def _implementations(op: str, direction: str) -> list[Implementation]:
         return [Implementation("torch", lambda x: theirs(x, -1)),
                 Implementation("torch.compile", compiled),
                 Implementation("onlinesoftmax", lambda x: ours(x, -1))]
-    graphs = {}
 
     def backward_of(fn, name):
         # The output and its graph are made once per input set, untimed; each timed call is
@@ -179,7 +180,8 @@ def run(args) -> int:
           "directions; measuring device copy bandwidth ...", flush=True)
     copy_gbs = harness.copy_bandwidth_gbs()
     rows: list[harness.Row] = []
-    impls = {(op, d): _implementations(op, d) for op in OPS for d in directions}
+    graphs: dict = {}
+    impls = {(op, d): _implementations(op, d, graphs) for op in OPS for d in directions}
     todo = [(direction, dtype, op, shape) for direction in directions for dtype in dtypes for op in OPS
             for shape in shapes]
     for direction, dtype, op, shape in harness.until_deadline(todo, getattr(args, "deadline", None)):
@@ -190,6 +192,7 @@ def run(args) -> int:
         rows += harness.run_case(case, impls[op, direction], gen,
                                  graph_timing=not args.no_graph and direction == "forward",
                                  max_input_sets=MAX_INPUT_SETS, back_to_back=True, second_pass=True)
+        graphs.clear()  # kept across cases, they held every earlier case's inputs (a full sweep ran out of memory)
         if shape == shapes[-1]:
             print(f"{direction} {dtype} {op}: {len(shapes)} shapes done", flush=True)
     harness.finish_rows(rows, copy_gbs)

@@ -290,6 +290,25 @@ def _run(name, tensors, args):
 # --------------------------------------------------------------------------------------------
 
 
+_CHECKED: dict = {}  # signature -> (scale, num_splits) of calls that passed _check
+_device.plan_cache(_CHECKED.clear)
+
+
+def _signature(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits) -> Optional[tuple]:
+    """What _check looks at, as a key; None where it cannot be one (not tensors, or options of
+    types whose equality is not their value's: those are checked every call)."""
+    if not (type(q) is type(k_cache) is type(v_cache) is torch.Tensor and type(causal) is bool
+            and type(scale) in (float, int, type(None)) and type(num_splits) in (int, str)):
+        return None
+    extras = []
+    for t in (cache_seqlens, block_table):
+        if t is not None and type(t) is not torch.Tensor:
+            return None
+        extras.append(None if t is None else (t.shape, t.dtype, t.device))
+    return (q.shape, q.dtype, q.device, k_cache.shape, k_cache.dtype, k_cache.device, v_cache.shape, v_cache.dtype,
+            v_cache.device, *extras, causal, scale, type(scale), num_splits)
+
+
 def _check(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits) -> tuple[float, int]:
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _validate.tensor(t, NAME, name)
@@ -439,7 +458,15 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     >>> onlinesoftmax.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens).shape
     torch.Size([2, 1, 8, 64])
     """
-    scale, splits = _check(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits)
+    # The checks run once a signature (a decode step calls this once a layer a token, and on the H100
+    # machine's host they were a third of the call); a signature holds everything they look at.
+    signature = _signature(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits)
+    checked = _CHECKED.get(signature) if signature is not None else None
+    if checked is None:
+        checked = _check(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits)
+        if signature is not None:
+            _device.remember(_CHECKED, signature, checked)
+    scale, splits = checked
     out, lse = _run(NAME, (q, k_cache, v_cache),
                     (q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, splits, bool(return_lse)))
     return (out, lse) if return_lse else out

@@ -33,6 +33,7 @@ from ..._triton import (
     col_offset,
     finish_lse,
     grad_from_dot,
+    known_multiple,
     max_keep_nan,
     merge_row_partials,
     nan_max,
@@ -62,16 +63,17 @@ def row_on_chip_softmax_kernel(
     inv_temperature,
     BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr,
     LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
-    HOLD_INPUT: tl.constexpr, OPAQUE_WIDEN: tl.constexpr,
+    HOLD_INPUT: tl.constexpr, OPAQUE_WIDEN: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
     # One read and one write per element: the [rows, cols] tile stays in registers between the
     # max, the sum and the write; one program per block of rows. HOLD_INPUT keeps the tile in the
-    # input dtype and widens it for each use (see split_row_on_chip_softmax_kernel).
+    # input dtype and widens it for each use (see split_row_on_chip_softmax_kernel). ROW_ALIGN > 1:
+    # every row starts and ends on a 16-byte boundary, ROW_ALIGN elements (see known_multiple).
     cols = tl.arange(0, BLOCK_COLS)
-    col_mask = cols < n_cols
+    col_mask = cols < known_multiple(n_cols, ROW_ALIGN)
     rows = tl.program_id(0) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     mask = (rows < n_rows)[:, None] & col_mask[None, :]
-    p_x = x_ptr + row_offset(rows, inner, x_stride_outer, x_stride_inner)[:, None] \
+    p_x = x_ptr + known_multiple(row_offset(rows, inner, x_stride_outer, x_stride_inner), ROW_ALIGN)[:, None] \
         + col_offset(cols, x_stride_col, CONTIGUOUS)[None, :]
     b_in = tl.load(p_x, mask=mask, other=NEG_INF)  # [R, C]
     if HOLD_INPUT:
@@ -103,7 +105,7 @@ def row_on_chip_softmax_kernel(
             b_y = (b_x - b_m[:, None]) - tl.log(b_d)[:, None]
         else:
             b_y = b_e * (1.0 / b_d)[:, None]
-        p_y = y_ptr + row_offset(rows, inner, y_stride_outer, y_stride_inner)[:, None] \
+        p_y = y_ptr + known_multiple(row_offset(rows, inner, y_stride_outer, y_stride_inner), ROW_ALIGN)[:, None] \
             + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :]
         tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -290,15 +292,16 @@ def row_on_chip_backward_kernel(
     dx_stride_outer, dx_stride_col, dx_stride_inner,
     inv_temperature,
     BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
-    OPAQUE_WIDEN: tl.constexpr,
+    OPAQUE_WIDEN: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
+    # ROW_ALIGN as in row_on_chip_softmax_kernel.
     cols = tl.arange(0, BLOCK_COLS)
-    col_mask = cols < n_cols
+    col_mask = cols < known_multiple(n_cols, ROW_ALIGN)
     rows = tl.program_id(0) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     mask = (rows < n_rows)[:, None] & col_mask[None, :]
-    p_y = y_ptr + row_offset(rows, inner, y_stride_outer, y_stride_inner)[:, None] \
+    p_y = y_ptr + known_multiple(row_offset(rows, inner, y_stride_outer, y_stride_inner), ROW_ALIGN)[:, None] \
         + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :]
-    p_dy = dy_ptr + row_offset(rows, inner, dy_stride_outer, dy_stride_inner)[:, None] \
+    p_dy = dy_ptr + known_multiple(row_offset(rows, inner, dy_stride_outer, dy_stride_inner), ROW_ALIGN)[:, None] \
         + col_offset(cols, dy_stride_col, CONTIGUOUS)[None, :]
     # In the input dtype across the row's reduction, as in split_row_on_chip_backward_kernel.
     b_y = tl.load(p_y, mask=mask, other=0.0)  # [R, C]
@@ -309,7 +312,7 @@ def row_on_chip_backward_kernel(
         b_dot = tl.sum(b_dy.to(tl.float32) * b_y.to(tl.float32), 1)
     b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), b_dot[:, None],
                          inv_temperature, LOG)
-    p_dx = dx_ptr + row_offset(rows, inner, dx_stride_outer, dx_stride_inner)[:, None] \
+    p_dx = dx_ptr + known_multiple(row_offset(rows, inner, dx_stride_outer, dx_stride_inner), ROW_ALIGN)[:, None] \
         + col_offset(cols, dx_stride_col, CONTIGUOUS)[None, :]
     tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=mask)
 

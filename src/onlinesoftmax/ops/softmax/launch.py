@@ -99,19 +99,29 @@ class _Recipe:
     contiguous: bool
     lse_shape: tuple
     opaque_widen: bool  # kernels may widen 16-bit tiles through inline PTX (not under the interpreter)
-    granule: int  # elements in 16 bytes where rows start off 16-byte boundaries and are read in granules, else 1
+    granule: int  # elements in 16 bytes where rows are read in granules (see _row_granule), else 1
+    whole_granules: bool  # rows read in granules start and end on 16-byte boundaries (every row's head is 0)
 
 
-def _row_granule(elem: int, inner: int, in_strides: tuple, out_strides: tuple, contiguous: bool) -> int:
-    """Elements in 16 bytes when the rows start off 16-byte boundaries (an odd row length) and the
-    kernels can read them in whole granules: unit column stride, and the input's rows where the
-    output's are, so that one row offset aligns both. 1 otherwise."""
+def _row_granule(elem: int, n_cols: int, inner: int, in_strides: tuple, out_strides: tuple,
+                 contiguous: bool) -> tuple[int, bool]:
+    """(granule, misaligned): elements in 16 bytes where the kernels read rows in whole 16-byte
+    granules, else 1; and whether rows start off 16-byte boundaries.
+
+    Triton issues 16-byte accesses only where it proves the address and the mask uniform over
+    each, and it learns divisibility only from integers divisible by 16. So granules are used
+    wherever the row length or a row stride is no multiple of 16 elements: rows of an odd length
+    start at another alignment each, and rows of 95704 bf16 (a multiple of 8), though every one
+    starts on a 16-byte boundary, were read 2 bytes a load (bf16 1742 x 95704: 0.69x torch's
+    log_softmax). Granules need a unit column stride, and the input's rows where the output's are,
+    so that one row offset aligns both."""
     granule = 16 // elem
     # The inner stride only counts where there is more than one inner row.
     row_strides = (in_strides[0], in_strides[2]) if inner > 1 else (in_strides[0],)
     same_rows = row_strides == ((out_strides[0], out_strides[2]) if inner > 1 else (out_strides[0],))
     misaligned = any(stride % granule for stride in row_strides)
-    return granule if contiguous and misaligned and same_rows else 1
+    unproven = n_cols % 16 or any(stride % 16 for stride in row_strides)
+    return (granule if contiguous and unproven and same_rows else 1), misaligned
 
 
 def _make_recipe(t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: Optional[str]) -> _Recipe:
@@ -119,10 +129,12 @@ def _make_recipe(t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: O
     laid_out, inner, in_strides, side = _row_layout(t, dim)
     out_strides = _contiguous_row_strides(t.shape, dim, inner, side)
     contiguous = in_strides[1] == 1 and out_strides[1] == 1
-    granule = _row_granule(t.element_size(), inner, in_strides, out_strides, contiguous)
-    chosen = planner.choose(op, n_rows, n_cols, t.dtype, t.device, algorithm, strategy, misaligned_rows=granule > 1)
+    granule, misaligned = _row_granule(t.element_size(), n_cols, inner, in_strides, out_strides, contiguous)
+    whole_granules = granule > 1 and not misaligned and n_cols % granule == 0
+    chosen = planner.choose(op, n_rows, n_cols, t.dtype, t.device, algorithm, strategy,
+                            misaligned_rows=granule > 1 and misaligned, granule_rows=granule > 1)
     return _Recipe(chosen, laid_out is not t, inner, in_strides, out_strides, contiguous,
-                   t.shape[:dim] + t.shape[dim + 1:], inline_ptx_allowed(), granule)
+                   t.shape[:dim] + t.shape[dim + 1:], inline_ptx_allowed(), granule, whole_granules)
 
 
 _row_on_chip_softmax = Launcher(row_on_chip_softmax_kernel)
@@ -144,6 +156,12 @@ def _by_alignment(launcher: Launcher, grid, recipe: _Recipe, meta_for, *tag) -> 
     aligned)."""
     return {aligned: launcher.bind(grid, (recipe, aligned, *tag), **meta_for(recipe.granule if aligned else 1))
             for aligned in (False, True)}
+
+
+def _row_align(recipe: _Recipe, align: int) -> int:
+    """row_on_chip's ROW_ALIGN: the granule where rows read in granules all start and end on 16-byte
+    boundaries (the kernel then tells Triton so), else 1."""
+    return align if recipe.whole_granules else 1
 
 
 def _one_launch(bound: dict, ints: tuple):
@@ -221,7 +239,8 @@ class ForwardCall:
         if chosen.strategy == "row_on_chip":
             bound = _by_alignment(_row_on_chip_softmax, chosen.grid, recipe, lambda align: dict(
                 BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program, HOLD_INPUT=chosen.hold_input,
-                OPAQUE_WIDEN=recipe.opaque_widen, num_warps=chosen.num_warps, **common))
+                OPAQUE_WIDEN=recipe.opaque_widen, ROW_ALIGN=_row_align(recipe, align), num_warps=chosen.num_warps,
+                **common))
             return _one_launch(bound, (chosen.rows, n_cols, inner, *strides))
         if chosen.strategy == "looped":
             bound = _by_alignment(_looped_softmax, chosen.grid, recipe, lambda align: dict(
@@ -315,7 +334,7 @@ class BackwardCall:
         if chosen.strategy == "row_on_chip":
             bound = _by_alignment(_row_on_chip_backward, chosen.grid, recipe, lambda align: dict(
                 BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
-                OPAQUE_WIDEN=recipe.opaque_widen, **base))
+                OPAQUE_WIDEN=recipe.opaque_widen, ROW_ALIGN=_row_align(recipe, align), **base))
             launch = _one_launch(bound, (chosen.rows, n_cols, inner, *strides))
         elif chosen.strategy == "looped":
             bound = _by_alignment(_looped_backward, chosen.grid, recipe, lambda align: dict(
@@ -411,9 +430,9 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, temp
 
 
 def _contiguous_rows_align(*tensors: torch.Tensor) -> int:
-    """ALIGN for contiguous (rows, n) tensors: whole granules where rows start off 16-byte boundaries."""
+    """ALIGN for contiguous (rows, n) tensors: whole granules where n is no multiple of 16 (see _row_granule)."""
     granule = 16 // tensors[0].element_size()
-    return granule if tensors[0].shape[1] % granule and all(aligned(t) for t in tensors) else 1
+    return granule if tensors[0].shape[1] % 16 and all(aligned(t) for t in tensors) else 1
 
 
 def _split_row_plan(op: str, t: torch.Tensor) -> planner.Plan:

@@ -124,7 +124,10 @@ SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
 # on the H100, GB/s of y, dy and dx (scripts/tune/tune_softmax.py --backward [--log];
 # docs/notes/2026-11/tune_softmax-split_on_chip_backward_misaligned-h100.log): log_softmax 1896 ->
 # 2568 (torch 2189), softmax 2311 -> 2753; on the aligned rows of the bench grid the same warps lost
-# (256 x 151936 2564 -> 2345, 64 x 128256 1954 -> 1968), so those keep 16.
+# (256 x 151936 2564 -> 2345, 64 x 128256 1954 -> 1968), so those keep 16. Rows read in granules
+# that start on 16-byte boundaries (a length of 8 mod 16) take it too: bf16 log_softmax backward
+# 1742 x 95704 0.491 -> 0.373 ms, 512 x 128264 0.207 -> 0.158 (torch 0.491, 0.196;
+# docs/notes/2026-11/probe_whole_granule_rows-{granules-,}h100.log).
 SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES = {4: 8192, 2: 4096}
 # Rows that need larger tiles than this cannot be held (the strategy refuses them when asked for).
 SPLIT_ON_CHIP_MAX_TILE = 16384
@@ -328,20 +331,22 @@ class Plan(RegisterCap):
 
 def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device,
            algorithm: str = "auto", strategy: str | None = None, sms: int | None = None,
-           interpreting: bool | None = None, misaligned_rows: bool = False) -> Plan:
+           interpreting: bool | None = None, misaligned_rows: bool = False, granule_rows: bool = False) -> Plan:
     """Pick the strategy and launch parameters for ``rows`` independent rows of ``cols`` elements.
 
     ``sms`` overrides the device's multiprocessor count (to plan for a GPU this machine lacks);
     ``interpreting`` whether the kernels run in Triton's interpreter (default: TRITON_INTERPRET);
     ``misaligned_rows`` whether rows start off 16-byte boundaries and are cut at 16-byte boundaries
-    of memory (split_row_on_chip then covers up to 15 more elements a row).
+    of memory (split_row_on_chip then covers up to 15 more elements a row); ``granule_rows``
+    whether the kernels read rows in 16-byte granules (misaligned rows, and rows whose length or
+    stride is no multiple of 16 elements: see ops/softmax/launch.py's _row_granule).
     Decisions are cached: planning is on every call's path, ahead of a kernel of a few microseconds.
     """
     device = torch.device(device)
     if interpreting is None:
         interpreting = interpreter_active()
     return _choose(op, rows, cols, dtype, device, algorithm, strategy, sms or sm_count(device), interpreting,
-                   misaligned_rows)
+                   misaligned_rows, granule_rows)
 
 
 @plan_cache
@@ -350,7 +355,9 @@ def _clear():
 
 
 @functools.lru_cache(maxsize=4096)
-def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpreting, misaligned_rows=False) -> Plan:
+def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpreting, misaligned_rows=False,
+            granule_rows=False) -> Plan:
+    granule_rows = granule_rows or misaligned_rows  # misaligned rows are read in granules
     if op not in FORWARD_OPS + BACKWARD_OPS:
         raise ValueError(f"unknown op {op!r}")
     if algorithm not in ALGORITHMS:
@@ -426,7 +433,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 f"strategy 'split_row_on_chip' holds a row in at most {_split_on_chip_max_chunks(sms)} programs "
                 f"side by side on this GPU, {SPLIT_ON_CHIP_MAX_TILE} elements each; a row of {cols} is longer. "
                 "Use strategy=None (split_row reads such rows twice)")
-        warp_bytes = (SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES[elem] if backward and misaligned_rows
+        warp_bytes = (SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES[elem] if backward and granule_rows
                       else _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem))
         warps = min(32, max(1, tile * elem // warp_bytes))
         # Chunks start at 16-byte boundaries of memory: a row that starts off one spans up to 15
@@ -439,14 +446,15 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         num_chunks = cdiv(span, chunk)
         programs = rows * num_chunks
         cap = _for_element_size(SPLIT_ON_CHIP_MAX_REGISTERS[op], elem)
-        if (programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms or misaligned_rows or cols % 16
+        if (programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms or granule_rows or cols % 16
                 or chunk < SPLIT_ON_CHIP_CAP_MIN_FILL * next_power_of_2(chunk)):
             # One wave without the cap: it would buy nothing. Rows read in granules hold more
-            # state (the row's edges), and under the cap ptxas spills (bf16: 168 bytes). So do rows
-            # of a length that is no multiple of 16 (Triton then cannot prove the last chunk's mask
-            # constant over a vector): bf16 softmax 1742 x 95704 took 2.63 ms capped, 0.57 without,
-            # where 1742 x 95712 took 0.25 / 0.27 (scripts/probes/probe_split_on_chip_cap.py,
-            # docs/notes/2026-11/probe_split_on_chip_cap-h100.log).
+            # state (the row's edges), and under the cap ptxas spills (bf16: 168 bytes). Rows of a
+            # length that is no multiple of 16 are read in granules (before they were, bf16
+            # softmax 1742 x 95704 took 2.63 ms capped, 0.57 without, where 1742 x 95712 took
+            # 0.25 / 0.27: scripts/probes/probe_split_on_chip_cap.py,
+            # docs/notes/2026-11/probe_split_on_chip_cap-h100.log); callers that do not say
+            # whether rows are read in granules have them judged by their length.
             cap = 0
         return Plan(op, strategy, "one_pass", rows, cols, dtype, next_power_of_2(chunk), 1, warps,
                     (programs,), chunk_size=chunk, num_chunks=num_chunks, max_registers=cap)

@@ -502,6 +502,23 @@ def test_split_row_chunks_by_rows(plan_override):
     assert (many.strategy, many.num_chunks) == ("split_row", 6)
 
 
+def test_looped_log_softmax_backward_takes_its_own_stream_config(plan_override):
+    # LOG_BACKWARD_STREAM: (block, warps) of looped's log_softmax backward alone; the softmax
+    # backward and the forwards keep STREAM_BLOCK / STREAM_WARPS; blocks never exceed the row's tile.
+    plan_override(LOG_BACKWARD_STREAM={2: (4096, 16), 4: (2048, 32)}, STREAM_WARPS=8)
+    cuda = torch.device("cuda")
+
+    def looped(op, cols, dtype):
+        chosen = plan._choose(op, 64, cols, dtype, cuda, "auto", "looped", 132, False)
+        return chosen.block_cols, chosen.num_warps
+
+    assert looped("log_softmax_backward", 8200, torch.bfloat16) == (4096, 16)
+    assert looped("log_softmax_backward", 8200, torch.float32) == (2048, 32)
+    assert looped("log_softmax_backward", 1000, torch.bfloat16) == (1024, 16)
+    assert looped("softmax_backward", 8200, torch.bfloat16) == (plan.STREAM_BLOCK[2], 8)
+    assert looped("log_softmax", 8200, torch.bfloat16) == (plan.STREAM_BLOCK[2], 8)
+
+
 def test_split_row_on_chip_register_cap_only_beyond_one_uncapped_wave():
     # The plan's constants on a 132-SM GPU: the cap where a launch has more programs than the SMs
     # hold uncapped, none for launches that fit (bf16 16x262144: 512 programs) or for the 2-byte

@@ -13,7 +13,7 @@ import torch
 
 import onlinesoftmax
 from onlinesoftmax.bench.harness import rotation_count, time_ms
-from onlinesoftmax.ops.softmax import launch, plan
+from onlinesoftmax.ops.softmax import launch
 
 SHAPES = {torch.bfloat16: [(4096, 1000), (4096, 4104), (2048, 8200), (1024, 32008), (4096, 32008), (1742, 95704),
                            (64, 50264), (512, 128264), (8, 256008)],

@@ -9,6 +9,7 @@ so nothing waits on it), REPEATS times, and the median per call is reported with
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import time
 
@@ -29,18 +30,30 @@ TARGETS = {"forward": ("plus", 5.0), "attention forward": ("plus", 10.0), "forwa
 KERNELS = " (kernels)"
 
 
+WARMUP_CALLS = 200
+
+
 def host_us(fn) -> float:
-    """Median host microseconds per call of ``fn`` over REPEATS runs of CALLS calls."""
-    for _ in range(20):
+    """Median host microseconds per call of ``fn`` over REPEATS runs of CALLS calls, after
+    WARMUP_CALLS untimed ones; Python's garbage collector is held off while it times, as in
+    harness.back_to_back_ms (a collection lands on whichever call happens to be running)."""
+    for _ in range(WARMUP_CALLS):
         fn()
     torch.cuda.synchronize()
     samples = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        samples.append((time.perf_counter() - start) / CALLS * 1e6)
-        torch.cuda.synchronize()
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            for _ in range(CALLS):
+                fn()
+            samples.append((time.perf_counter() - start) / CALLS * 1e6)
+            torch.cuda.synchronize()
+    finally:
+        if collecting:
+            gc.enable()
     return statistics.median(samples)
 
 

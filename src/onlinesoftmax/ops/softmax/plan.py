@@ -100,6 +100,13 @@ WARPS_BY_TILE_ELEMENTS = ((512, 1), (1024, 2), (2048, 4), (4096, 8), (8192, 16),
 # looped and split_row stream blocks of this many elements an iteration (16 KB in flight).
 STREAM_BLOCK = {4: 4096, 2: 8192}
 STREAM_WARPS = 8
+# ... except looped's log_softmax backward, (block, warps) by element size: its first pass reads dy
+# alone, and the second re-reads dy from L2 beside y; more warps over smaller blocks keep more of
+# both in flight. H100, scripts/probes/probe_log_backward_configs.py (docs/notes/2026-11/
+# probe_log_backward_configs-h100.log), ms, (8192, 8) -> (4096, 16): bf16 2048 x 8200 0.0480 ->
+# 0.0430 (torch 0.0415), 1024 x 17000 0.0502 -> 0.0470 (torch 0.0433), 9682 x 8604 0.2002 ->
+# 0.1793 (torch 0.2220); fp32 (4096, 8) -> (2048, 16): 4096 x 4100 0.0821 -> 0.0747.
+LOG_BACKWARD_STREAM = {2: (4096, 16), 4: (2048, 16)}
 # split_row: programs an SM to aim for, by rows (the first entry whose row count is >= the rows
 # applies). One row: 2 wide programs an SM beat 4 narrower ones (bf16 64x128256, then split_row:
 # 1771 against 1515 GB/s) and kept bf16 1x16777216 at its best (1603-1627 GB/s). More rows: 8, which
@@ -462,7 +469,11 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
     resolved = "online" if algorithm == "auto" else algorithm
     block = min(STREAM_BLOCK[elem], next_power_of_2(cols))
     if strategy == "looped":
-        return Plan(op, strategy, resolved, rows, cols, dtype, block, 1, STREAM_WARPS, (rows,))
+        warps = STREAM_WARPS
+        if op == "log_softmax_backward":
+            block, warps = LOG_BACKWARD_STREAM[elem]
+            block = min(block, next_power_of_2(cols))
+        return Plan(op, strategy, resolved, rows, cols, dtype, block, 1, warps, (rows,))
 
     # split_row: enough chunks per row to give every SM a few programs, never fewer than one block
     # of work per chunk, never more chunks than one merge tile holds.

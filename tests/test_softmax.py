@@ -519,6 +519,24 @@ def test_looped_log_softmax_backward_takes_its_own_stream_config(plan_override):
     assert looped("log_softmax", 8200, torch.bfloat16) == (plan.STREAM_BLOCK[2], 8)
 
 
+def test_half_empty_float32_log_softmax_tiles_split():
+    # ROW_ON_CHIP_LOG_MIN_FILL: float32 log_softmax rows over 8192 that fill less than 60% of their
+    # tile are held by several programs (forward only); softmax, the backward, shorter or fuller
+    # rows and 2-byte rows stay on chip.
+    cuda = torch.device("cuda")
+
+    def strategy(op, cols, dtype=torch.float32):
+        return plan._choose(op, 2048, cols, dtype, cuda, "auto", None, 132, False).strategy
+
+    assert strategy("log_softmax", 9000) == "split_row_on_chip"
+    assert strategy("log_softmax", 8604) == "split_row_on_chip"
+    assert strategy("softmax", 9000) == "row_on_chip"
+    assert strategy("log_softmax_backward", 9000) == "row_on_chip"
+    assert strategy("log_softmax", 4100) == "row_on_chip"
+    assert strategy("log_softmax", 12000) == "row_on_chip"
+    assert strategy("log_softmax", 8200, torch.bfloat16) == "row_on_chip"
+
+
 def test_split_row_on_chip_register_cap_only_beyond_one_uncapped_wave():
     # The plan's constants on a 132-SM GPU: the cap where a launch has more programs than the SMs
     # hold uncapped, none for launches that fit (bf16 16x262144: 512 programs) or for the 2-byte

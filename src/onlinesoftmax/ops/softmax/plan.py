@@ -88,6 +88,16 @@ ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS = 16384
 # 1767. Aligned rows stay on chip (bf16 262x20000, 61% of its tile: 1548 on chip, 1114 split;
 # 1024x32768 on chip 2533 in the bench grid). fp32 was not measured.
 ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
+# float32 log_softmax rows longer than ROW_ON_CHIP_LOG_SPLIT_MIN_COLS that fill less than this share
+# of row_on_chip's power-of-two tile (by element size) take split_row_on_chip, forward: the 32-warp
+# log_softmax tile lost to it where softmax's did not. H100, ms, row_on_chip -> split_row_on_chip
+# (scripts/probes/probe_backward_mid_rows.py --forward, docs/notes/2026-11/probe_mid_rows_forward-h100.log):
+# 9682 x 8604 0.3048 -> 0.2567 (torch 0.3336), 2048 x 9000 0.0709 -> 0.0634 (0.0779), 4096 x 8200
+# 0.1300 -> 0.1104 (0.1433). softmax stays on chip (9682 x 8604: 0.2271 there, 0.2591 split), and so
+# do rows of at most 8192 (log_softmax 4096 x 4100: 0.0512 on chip, 0.0669 split). 2-byte rows: not
+# measured (0: never).
+ROW_ON_CHIP_LOG_MIN_FILL = {4: 0.6, 2: 0.0}
+ROW_ON_CHIP_LOG_SPLIT_MIN_COLS = 8192
 # bf16 rows at least this long wait in registers at 16 bits (widened for each use): half the registers, 2 programs an SM.
 ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 # A held row takes at most 16 warps: 64 registers a thread, 2 programs an SM, half the warps in each cross-warp reduction.
@@ -407,6 +417,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
             else:
                 strategy = "row_on_chip"
         elif on_chip and misaligned_rows and op != "logsumexp" and _full_large_tile(cols, elem):
+            strategy = "split_row_on_chip"
+        elif (on_chip and op == "log_softmax" and cols > ROW_ON_CHIP_LOG_SPLIT_MIN_COLS
+              and cols < ROW_ON_CHIP_LOG_MIN_FILL[elem] * next_power_of_2(cols)):
             strategy = "split_row_on_chip"
         elif on_chip:
             strategy = "row_on_chip"

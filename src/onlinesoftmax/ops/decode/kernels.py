@@ -109,7 +109,7 @@ COUNT_ARGS = ["batch", "capacity", "min_chunk_blocks", "target_splits", "num_spl
 
 @triton.jit(do_not_specialize=COUNT_ARGS)
 def decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
+    q_ptr, k_ptr, v_ptr, seqlens_ptr, table_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_offset,
     batch, group, n_queries, capacity, min_chunk_blocks, target_splits, num_splits,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kp, stride_ks, stride_kh, stride_kd,
@@ -222,11 +222,12 @@ def decode_split_kernel(
         if WRITE_LSE:
             tl.store(lse_ptr + b64 * stride_lb + head * stride_lh + query * stride_ls, lse, mask=row_ok)
     else:
-        # Partials: (slot, KV head, row) rows of HEAD_DIM fp32, and one lse per row.
+        # Partials: (slot, KV head, row) rows of HEAD_DIM fp32, then (part_lse_offset elements on, in
+        # the same buffer: one allocation and no view a call) one lse per row.
         part_rows = (slot.to(tl.int64) * n_heads_kv + h_kv) * n_rows + rows
         tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + cols[None, :], out,
                  mask=row_ok[:, None] & col_ok[None, :])
-        tl.store(part_lse_ptr + part_rows, lse, mask=row_ok)
+        tl.store(part_out_ptr + part_lse_offset + part_rows, lse, mask=row_ok)
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,7 +276,7 @@ def merge_partials(out_ptr, lse_ptr, out_rows, lse_rows, row_ok, col_offs, col_o
 
 @triton.jit(do_not_specialize=COUNT_ARGS)
 def decode_merge_kernel(
-    part_out_ptr, part_lse_ptr, seqlens_ptr, out_ptr, lse_ptr,
+    part_out_ptr, part_lse_offset, seqlens_ptr, out_ptr, lse_ptr,
     batch, group, n_queries, n_heads_q, capacity, min_chunk_blocks, target_splits, num_splits,
     stride_seqlens, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
     HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -303,7 +304,8 @@ def decode_merge_kernel(
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_ok = cols < HEAD_DIM
     slot_rows = n_heads_q * n_queries
-    out, lse = merge_partials(part_out_ptr, part_lse_ptr, part_rows.to(tl.int64) * HEAD_DIM, part_rows, row_ok,
+    out, lse = merge_partials(part_out_ptr, part_out_ptr + part_lse_offset, part_rows.to(tl.int64) * HEAD_DIM,
+                              part_rows, row_ok,
                               cols, col_ok, slot_rows * HEAD_DIM, slot_rows, first_slot, first_slot + seq_splits,
                               BLOCK_R, BLOCK_P, BLOCK_D)
     b64 = b.to(tl.int64)

@@ -45,8 +45,8 @@ class _Recipe:
     (shapes and strides) and constexprs. Built once per signature; a repeated call only allocates
     and launches (a decode step calls this once per layer per token)."""
 
-    __slots__ = ("plan", "out_shape", "lse_shape", "part_rows", "split_ints", "merge_ints", "split_launch",
-                 "merge_launch", "nothing_to_read")
+    __slots__ = ("plan", "out_shape", "lse_shape", "part_rows", "part_lse_offset", "split_ints", "merge_ints",
+                 "split_launch", "merge_launch", "nothing_to_read")
 
     def __init__(self, key, q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits, return_lse):
         batch, n_queries, heads_q, head_dim = q.shape
@@ -62,6 +62,7 @@ class _Recipe:
         self.nothing_to_read = capacity == 0  # (and no cache memory to point at): every row is empty
         split = chosen.path == "split"
         self.part_rows = chosen.slots * heads_q * n_queries if split else 0
+        self.part_lse_offset = self.part_rows * head_dim
         # Unused pointers (no lengths, a contiguous cache, no lse) get the output as a placeholder.
         seqlens_stride = cache_seqlens.stride(0) if cache_seqlens is not None else 0
         table_strides = block_table.stride() if block_table is not None else (0, 0)
@@ -117,18 +118,15 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             lse.fill_(float("-inf"))
         return out, lse
     split = chosen.path == "split"
-    if split:
-        part_rows = recipe.part_rows
-        parts = _buffers.empty((part_rows * (q.shape[3] + 1),), torch.float32, device)  # outputs, then lses
-        part_out, part_lse = parts, parts[part_rows * q.shape[3]:]
-    else:
-        part_out = part_lse = out  # placeholders: never written on this path
+    # The partials: outputs, then lses (recipe.part_lse_offset elements on), in one buffer; a
+    # placeholder, never written, on the direct path.
+    parts = _buffers.empty((recipe.part_rows * (q.shape[3] + 1),), torch.float32, device) if split else out
     seqlens = cache_seqlens if cache_seqlens is not None else out
     lse_arg = lse if lse is not None else out
     recipe.split_launch(q, k_cache, v_cache, seqlens, block_table if block_table is not None else out, out, lse_arg,
-                        part_out, part_lse, *recipe.split_ints, scale * kernels.LOG2E)
+                        parts, recipe.part_lse_offset, *recipe.split_ints, scale * kernels.LOG2E)
     if split:
-        recipe.merge_launch(part_out, part_lse, seqlens, out, lse_arg, *recipe.merge_ints)
+        recipe.merge_launch(parts, recipe.part_lse_offset, seqlens, out, lse_arg, *recipe.merge_ints)
     return out, lse
 
 

@@ -32,13 +32,18 @@ CHECK_SHAPES = [(torch.bfloat16, 2048, 8200), (torch.bfloat16, 1024, 17000), (to
 REPLACED = {2: (8192, 8), 4: (4096, 8)}
 
 
+def backward_sets(gen, dtype, rows, cols):
+    """(y, dy) input sets of a log_softmax backward, rotated beyond the L2."""
+    return [(torch.log_softmax(torch.randn(rows, cols, generator=gen).to("cuda", dtype) * 3, -1),
+             torch.randn(rows, cols, generator=gen).to("cuda", dtype))
+            for _ in range(rotation_count(3 * rows * cols * dtype.itemsize))]
+
+
 def check():
     gen = torch.Generator().manual_seed(0)
     print("dtype shape | plan | ms: plan, replaced config, torch | plan vs torch, vs replaced", flush=True)
     for dtype, rows, cols in CHECK_SHAPES:
-        sets = [(torch.log_softmax(torch.randn(rows, cols, generator=gen).to("cuda", dtype) * 3, -1),
-                 torch.randn(rows, cols, generator=gen).to("cuda", dtype))
-                for _ in range(rotation_count(3 * rows * cols * dtype.itemsize))]
+        sets = backward_sets(gen, dtype, rows, cols)
         chosen = launch.backward_call(sets[0][0], sets[0][1], 1, True).plan
         ours = time_ms(lambda y, dy: launch.launch_backward(y, dy, 1, True), sets)
         with onlinesoftmax.override_plan("softmax", LOG_BACKWARD_STREAM=REPLACED):
@@ -55,9 +60,7 @@ def main():
     gen = torch.Generator().manual_seed(0)
     print("dtype shape | torch | looped (block, warps): ms ... | row_on_chip warps: ms ...", flush=True)
     for dtype, rows, cols in SHAPES:
-        sets = [(torch.log_softmax(torch.randn(rows, cols, generator=gen).to("cuda", dtype) * 3, -1),
-                 torch.randn(rows, cols, generator=gen).to("cuda", dtype))
-                for _ in range(rotation_count(3 * rows * cols * dtype.itemsize))]
+        sets = backward_sets(gen, dtype, rows, cols)
         theirs = time_ms(lambda y, dy: torch.ops.aten._log_softmax_backward_data(dy, y, 1, y.dtype), sets)
         cells = []
         for block, warps in LOOPED:

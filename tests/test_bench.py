@@ -324,3 +324,31 @@ def test_report_case_prints_each_implementation(capsys):
     harness.report_case("bf16 8192x32000", [SimpleNamespace(impl="onlinesoftmax", ms=0.4904, status="ok"),
                                             SimpleNamespace(impl="quack", ms=None, status="skipped: not installed")])
     assert capsys.readouterr().out == "bf16 8192x32000: onlinesoftmax 0.4904 ms, quack skipped: not installed\n"
+
+
+def test_sdpa_expanded_kv_follows_the_tensors_it_was_made_from():
+    # SDPA backends without enable_gqa get K and V expanded once per input set (forward only). An
+    # expansion is kept with the K and V it came from (an address alone could be a later tensor's)
+    # and dropped when the shape changes.
+    from torch.nn.attention import SDPBackend
+
+    from onlinesoftmax.bench.attention_suite import SdpaBackend
+
+    sdpa = SdpaBackend(SDPBackend.MATH)
+    sdpa.gqa = "expanded K/V"
+    gen = torch.Generator().manual_seed(7)
+
+    def check(n_keys):
+        q = torch.randn(1, 4, 5, 16, generator=gen)
+        k, v = (torch.randn(1, 2, n_keys, 16, generator=gen) for _ in range(2))
+        want = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1),
+                                                                v.repeat_interleave(2, 1))
+        torch.testing.assert_close(sdpa(q, k, v, False), want)
+        torch.testing.assert_close(sdpa(q, k, v, False), want)  # the kept expansion
+        return k, v
+
+    kept = [check(7), check(7)]
+    assert len(sdpa._expanded) == 2
+    check(9)
+    assert len(sdpa._expanded) == 1
+    del kept

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from .. import _buffers, _validate, cpu
 from .._device import triton_runs_on
 from ..ops.cross_entropy import plan as planner
-from ..ops.cross_entropy.launch import RowTerms, launch_backward, needs_denom, row_normalizer, rows_forward, \
-    torch_denom
+from ..ops.cross_entropy.launch import RowTerms, launch_backward, needs_denom, row_losses, row_normalizer, \
+    rows_forward, torch_denom
 from ..ops.cross_entropy.op import REDUCTIONS, check_call, check_class_weight, class_weights, \
     check_targets_in_range
 from ._group import NoContext, all_gather, check_group, gather_shapes
@@ -93,10 +93,7 @@ def _loss(lse, lse_low, s, y_t, target, weight, denom, total, options, dtype):
     else:
         w = weight.float()
         w_t, w_sum = w[torch.where(valid & ~bad, target, 0)], w.sum()
-    loss = (1.0 - label_smoothing) * w_t * ((lse - y_t) + lse_low)
-    if label_smoothing > 0:
-        loss = loss + label_smoothing * ((w_sum * lse - s) + w_sum * lse_low) / total
-    loss = torch.where(bad, math.nan, torch.where(valid, loss, 0.0))
+    loss = row_losses(lse, lse_low, y_t, s, w_t, w_sum, total, label_smoothing, valid, bad)
     z_term = torch.where(valid, z_loss * lse * lse, 0.0)
     if reduction == "none":
         return (loss + z_term).to(dtype)

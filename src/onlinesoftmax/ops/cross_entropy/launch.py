@@ -454,6 +454,17 @@ def torch_denom(target, weight, denom, n_classes, ignore_index):
     return denom
 
 
+def row_losses(lse, lse_low, y_t, s, w_t, w_sum, n_classes, label_smoothing, valid, bad):
+    """The rows' losses in torch ops, as the kernels' ``row_loss`` computes them: from each row's lse
+    and its rounding error lse_low, target logit y_t, the smoothing sum s of its (weighted) logits,
+    the target's weight w_t and the classes' w_sum. 0 where ``valid`` is False (ignored rows), NaN
+    where ``bad`` (a target out of range)."""
+    loss = (1.0 - label_smoothing) * w_t * ((lse - y_t) + lse_low)
+    if label_smoothing > 0:
+        loss = loss + label_smoothing * ((w_sum * lse - s) + w_sum * lse_low) / n_classes
+    return torch.where(bad, math.nan, torch.where(valid, loss, 0.0))
+
+
 class RowTerms:
     """What the loss and the gradient of a row need besides its logits: y (float32 transformed
     logits), valid (not ignored), bad (target out of range), in_shard (the target among x's
@@ -489,11 +500,8 @@ class RowTerms:
         return self.y @ self.w_cols
 
     def loss(self, lse, lse_low, y_t, s, label_smoothing):
-        loss = (1.0 - label_smoothing) * self.w_t * ((lse - y_t) + lse_low)
-        if label_smoothing > 0:
-            loss = loss + label_smoothing * ((self.w_sum * lse - s) + self.w_sum * lse_low) / self.n_classes
-        loss = torch.where(self.valid, loss, 0.0)
-        return torch.where(self.bad, math.nan, loss)
+        return row_losses(lse, lse_low, y_t, s, self.w_t, self.w_sum, self.n_classes, label_smoothing, self.valid,
+                          self.bad)
 
     def gradient(self, lse, lse_low, grad, denom, reduction, label_smoothing, z_loss, softcap, temperature):
         upstream = grad.to(device=self.y.device, dtype=self.y.dtype)

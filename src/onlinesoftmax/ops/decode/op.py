@@ -456,8 +456,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     >>> onlinesoftmax.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens).shape
     torch.Size([2, 1, 8, 64])
     """
-    # The checks run once a signature (a decode step calls this once a layer a token, and on the H100
-    # machine's host they were a third of the call); a signature holds everything they look at.
+    # The checks run once a signature (a decode step calls this once a layer a token; on the CPU
+    # machine, launches recorded, they were a quarter of the call: 25.7 -> 19.1 us); a signature
+    # holds everything they look at.
     signature = _signature(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits)
     checked = _CHECKED.get(signature) if signature is not None else None
     if checked is None:

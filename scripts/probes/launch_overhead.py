@@ -11,9 +11,7 @@ from 0.013 to 0.069 ms in a run where quack was importable, the CUDA-graph time 
 """
 
 import argparse
-import cProfile
 import importlib
-import pstats
 import time
 
 import torch
@@ -21,6 +19,7 @@ import triton
 import triton.language as tl
 
 import onlinesoftmax
+from onlinesoftmax.bench.host_suite import print_profile
 from onlinesoftmax.ops.attention import launch as attention_launch
 from onlinesoftmax.ops.softmax import launch as softmax_launch
 
@@ -47,17 +46,6 @@ def per_call_us(fn, calls=3000):
     issued = (time.perf_counter() - t0) / calls * 1e6
     torch.cuda.synchronize()
     return issued
-
-
-def print_profile(fn, lines: int, calls: int = 300):
-    """cProfile of ``calls`` back-to-back calls: the frames that cost the host the most."""
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(calls):
-        fn()
-    profile.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(lines)
 
 
 def attention_host_costs():

@@ -7,15 +7,11 @@ The case is bench host's (B1 H2 S128 D64 bf16, causal): the GPU's work is a few 
 the host's time per call is the step's. Output of the recorded run:
 docs/notes/2026-11/host_attention_descriptors-h100.log.
 """
-import cProfile
-import io
-import pstats
-
 import torch
 import torch.nn.functional as F
 
 import onlinesoftmax
-from onlinesoftmax.bench.host_suite import host_us
+from onlinesoftmax.bench.host_suite import host_us, print_profile
 from onlinesoftmax.ops.attention import plan
 
 q, k, v = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -33,12 +29,4 @@ print("ours fwd only (no grad)", round(host_us(lambda: onlinesoftmax.attention(q
 print("ours fwd with grad", round(host_us(lambda: onlinesoftmax.attention(qg, kg, vg, causal=True)), 1))
 with onlinesoftmax.override_plan("attention", ATTENTION_USE_DESCRIPTOR=dict.fromkeys(plan.ATTENTION_USE_DESCRIPTOR, False)):
     print("ours fwd+bwd, no descriptors", round(host_us(ours), 1))
-profile = cProfile.Profile()
-profile.enable()
-for _ in range(2000):
-    ours()
-profile.disable()
-torch.cuda.synchronize()
-report = io.StringIO()
-pstats.Stats(profile, stream=report).sort_stats("tottime").print_stats(25)
-print(report.getvalue()[:6000])
+print_profile(ours, 25, calls=2000)

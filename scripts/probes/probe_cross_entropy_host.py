@@ -1,36 +1,19 @@
 """Where cross_entropy's host time goes on tiny inputs, beside F.cross_entropy's (GPU).
 
-`bench host` has our forward + backward at 8 x 1024 fp32 at 1.6-1.9x F.cross_entropy's. This times
-back-to-back calls (then one synchronize) of the whole step and of its parts (the forward without
-autograd, the launchers called directly, five bare allocations, an autograd step of a trivial op),
-then cProfiles our step and torch's.
+`bench host` has our forward + backward at 8 x 1024 fp32 at 1.5-1.9x F.cross_entropy's. This times
+the whole step and its parts (the forward without autograd, the launchers called directly, five
+bare allocations, an autograd step of a trivial op) as `bench host` times a call, then cProfiles
+our step and torch's.
 
     python scripts/probes/probe_cross_entropy_host.py
 """
-
-import cProfile
-import gc
-import pstats
-import time
 
 import torch
 import torch.nn.functional as F
 
 import onlinesoftmax
+from onlinesoftmax.bench.host_suite import host_us, print_profile
 from onlinesoftmax.ops.cross_entropy import launch
-
-
-def per_call_us(fn, calls=2000):
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    gc.disable()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    gc.enable()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def main():
@@ -72,15 +55,9 @@ def main():
                      ("ours forward, no grad", ours_forward), ("torch forward, no grad", theirs_forward),
                      ("launch_forward + launch_backward", launchers), ("launch_forward", launch_forward),
                      ("5 torch.empty", allocations), ("(x * 1).sum().backward()", trivial_step)]:
-        print(f"{name:36s} {per_call_us(fn):8.1f} us", flush=True)
+        print(f"{name:36s} {host_us(fn):8.1f} us", flush=True)
     for fn in (ours, theirs):
-        profile = cProfile.Profile()
-        profile.enable()
-        for _ in range(300):
-            fn()
-        profile.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(profile).sort_stats("tottime").print_stats(22)
+        print_profile(fn, 22)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ runs every implementation on the same inputs in the same process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import itertools
@@ -103,13 +104,20 @@ def back_to_back_ms(fn: Callable, input_sets: list, min_ms: float = 20.0, repeat
     """Median milliseconds per call of ``fn`` called back to back over ``input_sets``, between two
     CUDA events: what a loop of eager calls costs, the host's time per call included wherever it
     exceeds the GPU's (do_bench flushes the L2 before each call, and that flush hides the host).
-    Python's garbage collector is held off while it times (a collection lands on whichever
-    implementation happens to be running)."""
+    Python's garbage collector is held off while it times (see garbage_collector_held_off)."""
+    with garbage_collector_held_off():
+        return _back_to_back_ms(fn, input_sets, min_ms, repeats)
+
+
+@contextlib.contextmanager
+def garbage_collector_held_off():
+    """Python's garbage collector off (after one collection) for the block: in a timed loop a
+    collection lands on whichever call happens to be running."""
     collecting = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
-        return _back_to_back_ms(fn, input_sets, min_ms, repeats)
+        yield
     finally:
         if collecting:
             gc.enable()

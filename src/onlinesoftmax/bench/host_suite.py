@@ -9,7 +9,8 @@ so nothing waits on it), REPEATS times, and the median per call is reported with
 from __future__ import annotations
 
 import contextlib
-import gc
+import cProfile
+import pstats
 import statistics
 import time
 
@@ -35,26 +36,30 @@ WARMUP_CALLS = 200
 
 def host_us(fn) -> float:
     """Median host microseconds per call of ``fn`` over REPEATS runs of CALLS calls, after
-    WARMUP_CALLS untimed ones; Python's garbage collector is held off while it times, as in
-    harness.back_to_back_ms (a collection lands on whichever call happens to be running)."""
+    WARMUP_CALLS untimed ones, with Python's garbage collector held off."""
     for _ in range(WARMUP_CALLS):
         fn()
     torch.cuda.synchronize()
     samples = []
-    collecting = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
+    with harness.garbage_collector_held_off():
         for _ in range(REPEATS):
             start = time.perf_counter()
             for _ in range(CALLS):
                 fn()
             samples.append((time.perf_counter() - start) / CALLS * 1e6)
             torch.cuda.synchronize()
-    finally:
-        if collecting:
-            gc.enable()
     return statistics.median(samples)
+
+
+def print_profile(fn, lines: int, calls: int = 300):
+    """cProfile of ``calls`` back-to-back calls: the frames that cost the host the most."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        fn()
+    profile.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(lines)
 
 
 def _with_backward(forward, x, dy):

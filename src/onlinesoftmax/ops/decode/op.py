@@ -293,18 +293,18 @@ _device.plan_cache(_CHECKED.clear)
 
 
 def _signature(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits) -> Optional[tuple]:
-    """What _check looks at, as a key; None where it cannot be one (not tensors, or options of
-    types whose equality is not their value's: those are checked every call)."""
-    if not (type(q) is type(k_cache) is type(v_cache) is torch.Tensor and type(causal) is bool
-            and type(scale) in (float, int, type(None)) and type(num_splits) in (int, str)):
+    """What _check looks at, as a key (types included, as attention's: True == 1 and 1 == 1.0, but the
+    checks take some of these and refuse others); None where it cannot be one (not tensors, an
+    unhashable option): such calls are checked every time."""
+    try:
+        key = (q.shape, k_cache.shape, v_cache.shape, q.dtype, k_cache.dtype, v_cache.dtype, q.device,
+               k_cache.device, v_cache.device, type(q), type(k_cache), type(v_cache),
+               *(None if t is None else (t.shape, t.dtype, t.device, type(t)) for t in (cache_seqlens, block_table)),
+               causal, type(causal), scale, type(scale), num_splits, type(num_splits))
+        hash(key)
+    except (AttributeError, TypeError):
         return None
-    extras = []
-    for t in (cache_seqlens, block_table):
-        if t is not None and type(t) is not torch.Tensor:
-            return None
-        extras.append(None if t is None else (t.shape, t.dtype, t.device))
-    return (q.shape, q.dtype, q.device, k_cache.shape, k_cache.dtype, k_cache.device, v_cache.shape, v_cache.dtype,
-            v_cache.device, *extras, causal, scale, type(scale), num_splits)
+    return key
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits) -> tuple[float, int]:

@@ -266,9 +266,9 @@ def _full_large_tile(cols: int, elem: int) -> bool:
     return fill is not None and tile > ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and cols >= fill * tile
 
 
-def _half_empty_tile(cols: int, elem: int) -> bool:
-    """Rows longer than one stream block that fill less than ROW_ON_CHIP_MIN_FILL of row_on_chip's tile."""
-    return cols > STREAM_BLOCK[elem] and cols < ROW_ON_CHIP_MIN_FILL[elem] * next_power_of_2(cols)
+def _half_empty_tile(cols: int, longer_than: int, min_fill: float) -> bool:
+    """Rows longer than ``longer_than`` that fill less than ``min_fill`` of row_on_chip's power-of-two tile."""
+    return cols > longer_than and cols < min_fill * next_power_of_2(cols)
 
 
 def _warps_for_tile(elements: int) -> int:
@@ -409,7 +409,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
     on_chip_max = (BACKWARD_ROW_ON_CHIP_MAX_COLS if backward else ROW_ON_CHIP_MAX_COLS)[elem]
     if strategy is None:
         on_chip = algorithm == "auto" and next_power_of_2(cols) <= on_chip_max
-        if on_chip and op != "logsumexp" and _half_empty_tile(cols, elem):
+        if on_chip and op != "logsumexp" and _half_empty_tile(cols, STREAM_BLOCK[elem], ROW_ON_CHIP_MIN_FILL[elem]):
             if backward:
                 strategy = "looped"
             elif misaligned_rows and next_power_of_2(cols) <= ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS:
@@ -418,8 +418,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 strategy = "row_on_chip"
         elif on_chip and misaligned_rows and op != "logsumexp" and _full_large_tile(cols, elem):
             strategy = "split_row_on_chip"
-        elif (on_chip and op == "log_softmax" and cols > ROW_ON_CHIP_LOG_SPLIT_MIN_COLS
-              and cols < ROW_ON_CHIP_LOG_MIN_FILL[elem] * next_power_of_2(cols)):
+        elif (on_chip and op == "log_softmax"
+              and _half_empty_tile(cols, ROW_ON_CHIP_LOG_SPLIT_MIN_COLS, ROW_ON_CHIP_LOG_MIN_FILL[elem])):
             strategy = "split_row_on_chip"
         elif on_chip:
             strategy = "row_on_chip"

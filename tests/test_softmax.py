@@ -833,6 +833,10 @@ def test_eager_torch_route_weighs_torchs_kernel_against_our_host_time(plan_overr
     # Differentiated, our two Python autograd steps cost more host time: torch's kernels up to larger sizes.
     assert route(4096, 4097, train=True) and not route(4096, 4097)
     assert plan.torch_kernel_us(16, 128257, 0, 132) == pytest.approx(plan.TORCH_ROW_US + 128257 * 0.2e-3)
+    # torch's softmax backward streams long rows slower than its log_softmax backward (1230 against
+    # 2000 GB/s): a training step of softmax that torch would finish in our host time as log_softmax is ours.
+    log = plan.choose("log_softmax", 5576, 4941, torch.bfloat16, torch.device("cuda"), sms=132, interpreting=False)
+    assert not route(5576, 4941, train=True) and plan.eager_torch(log, True, sms=132)
     # torch.logsumexp's forward is several launches: never routed there, differentiated it is.
     lse = plan.choose("logsumexp", 4, 1000, torch.bfloat16, torch.device("cuda"), sms=132, interpreting=False)
     assert not plan.eager_torch(lse, False, sms=132) and plan.eager_torch(lse, True, sms=132)

@@ -8,7 +8,9 @@ takes the shape, and torch's aten kernel, in one process. ``--forward``: the for
 public functions with a strategy named: our kernels at every size), on FORWARD_SHAPES, beside
 torch's.
 
-    python scripts/probes/probe_backward_mid_rows.py [--forward]
+    python scripts/probes/probe_backward_mid_rows.py [--forward] [--shape bf16:256x100003 ...]
+
+``--shape DTYPE:ROWSxCOLS`` (repeatable) replaces the shape lists with the shapes named.
 """
 
 import sys
@@ -28,10 +30,24 @@ FORWARD_SHAPES = {torch.float32: [(9682, 8604), (2048, 9000), (4096, 8200), (409
                   torch.bfloat16: [(9682, 8604), (2048, 8200)]}
 
 
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def named_shapes() -> dict:
+    """The shapes named by --shape DTYPE:ROWSxCOLS, by dtype ({} when none is)."""
+    named: dict = {}
+    for i, arg in enumerate(sys.argv):
+        if arg == "--shape":
+            dtype, shape = sys.argv[i + 1].split(":")
+            rows, cols = (int(n) for n in shape.split("x"))
+            named.setdefault(DTYPES[dtype], []).append((rows, cols))
+    return named
+
+
 def forward():
     gen = torch.Generator().manual_seed(0)
     print("dtype op shape | auto plan | ms: " + " ".join(STRATEGIES) + " torch", flush=True)
-    for dtype, shapes in FORWARD_SHAPES.items():
+    for dtype, shapes in (named_shapes() or FORWARD_SHAPES).items():
         for rows, cols in shapes:
             sets = [((torch.randn(rows, cols, generator=gen) * 3).to("cuda", dtype),)
                     for _ in range(rotation_count(2 * rows * cols * dtype.itemsize))]
@@ -55,7 +71,7 @@ def main():
         return forward()
     gen = torch.Generator().manual_seed(0)
     print("dtype op shape | auto plan | ms: " + " ".join(STRATEGIES) + " torch | auto vs torch", flush=True)
-    for dtype, shapes in SHAPES.items():
+    for dtype, shapes in (named_shapes() or SHAPES).items():
         for rows, cols in shapes:
             sets = [(torch.softmax(torch.randn(rows, cols, generator=gen).to("cuda", dtype) * 3, -1),
                      torch.randn(rows, cols, generator=gen).to("cuda", dtype))

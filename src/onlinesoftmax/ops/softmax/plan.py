@@ -195,14 +195,19 @@ TORCH_LONG_ROW_GBS = 2000.0
 TORCH_ROW_US = 2.0
 TORCH_ROW_NS_PER_ELEMENT = 0.2
 TORCH_ROWS_PER_SM = 4
+# ... except softmax's backward, whose long rows stream at 1224-1233 GB/s at every long-row cell of
+# the sweeps (log_softmax's at 2017-2102): docs/perf-softmax.md, "The eager route's model".
+TORCH_SOFTMAX_BACKWARD_LONG_ROW_GBS = 1230.0
 
 
-def torch_kernel_us(rows: int, cols: int, bytes_moved: int, sms: int) -> float:
-    """What torch's softmax-family kernel takes on the GPU for ``rows`` x ``cols`` moving ``bytes_moved``."""
+def torch_kernel_us(rows: int, cols: int, bytes_moved: int, sms: int,
+                    long_row_gbs: float = TORCH_LONG_ROW_GBS) -> float:
+    """What torch's softmax-family kernel takes on the GPU for ``rows`` x ``cols`` moving ``bytes_moved``
+    (rows longer than TORCH_SHORT_ROW_COLS streaming at ``long_row_gbs`` at best)."""
     if cols <= TORCH_SHORT_ROW_COLS:
         return bytes_moved / TORCH_STREAM_GBS / 1e3
     waves = cdiv(rows, sms * TORCH_ROWS_PER_SM)
-    return max(bytes_moved / TORCH_LONG_ROW_GBS / 1e3, waves * (TORCH_ROW_US + cols * TORCH_ROW_NS_PER_ELEMENT / 1e3))
+    return max(bytes_moved / long_row_gbs / 1e3, waves * (TORCH_ROW_US + cols * TORCH_ROW_NS_PER_ELEMENT / 1e3))
 
 
 def eager_torch(chosen: "Plan", train: bool = False, out_dtype: torch.dtype | None = None,
@@ -217,8 +222,9 @@ def eager_torch(chosen: "Plan", train: bool = False, out_dtype: torch.dtype | No
                 and torch_kernel_us(chosen.rows, chosen.cols, forward, sms) < EAGER_HOST_US["forward"][chosen.launches])
     out_size = 4 if chosen.op == "logsumexp" else (out_dtype or chosen.dtype).itemsize
     backward = chosen.rows * chosen.cols * (2 * out_size + chosen.dtype.itemsize)
-    step = torch_kernel_us(chosen.rows, chosen.cols, forward, sms) + torch_kernel_us(chosen.rows, chosen.cols,
-                                                                                     backward, sms)
+    backward_gbs = TORCH_SOFTMAX_BACKWARD_LONG_ROW_GBS if chosen.op == "softmax" else TORCH_LONG_ROW_GBS
+    step = (torch_kernel_us(chosen.rows, chosen.cols, forward, sms)
+            + torch_kernel_us(chosen.rows, chosen.cols, backward, sms, backward_gbs))
     return step < EAGER_HOST_US["train"]
 
 

@@ -1,6 +1,6 @@
-"""linear_cross_entropy against torch in float64: the chunk plan, chunked and one-chunk runs in every
-reduction, options and partial gradients, the float32 accumulation of grad W, the in-place kernel
-it runs its chunks through, and its argument errors."""
+"""linear_cross_entropy against torch in float64: the chunk plan, chunked, one-chunk and
+vocabulary-sliced runs in every reduction, options and partial gradients, the float32 accumulation
+of grad W, the kernels it runs its chunks and slices through, and its argument errors."""
 
 from __future__ import annotations
 
@@ -34,6 +34,16 @@ def test_linear_chunk_rows():
     assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, 300) == 300
 
 
+def test_linear_vocab_chunk():
+    # "auto": the most classes (a multiple of 64) whose logits over all the rows take 256 MiB.
+    assert plan.linear_vocab_chunk(8192, 128256, torch.bfloat16, "auto") == 16384
+    assert plan.linear_vocab_chunk(8192, 128256, torch.float32, "auto") == 8192
+    assert plan.linear_vocab_chunk(100, 128256, torch.bfloat16, "auto") == 128256  # one slice
+    assert plan.linear_vocab_chunk(10**7, 128256, torch.bfloat16, "auto") == 64  # at least one multiple
+    assert plan.linear_vocab_chunk(8192, 128256, torch.bfloat16, 1000) == 1000
+    assert plan.linear_vocab_chunk(8192, 300, torch.bfloat16, 1000) == 300
+
+
 def test_linear_vocab_parts():
     # The matmuls take a vocabulary of no multiple of 64 as its aligned part and a tail (the tests'
     # V = 75 runs both: 64 + 11); the logits buffer's rows are padded to the multiple.
@@ -60,16 +70,23 @@ def _linear_reference(x, w, b, target, upstream, **options):
     return loss.detach(), [t.grad if t is not None else None for t in leaves]
 
 
-@pytest.mark.parametrize("chunk", [8, 1000], ids=["chunks", "one_chunk"])  # fp32 accumulator / one matmul
+# Chunks of rows with the fp32 grad-W accumulator, one chunk (one matmul), and slices of the
+# vocabulary over all the rows: 75 classes as 32 + 32 + 11 (a last slice narrower than the buffer),
+# or 64 + 11 in one slice (its matmuls' aligned part and tail).
+PLANS = {"chunks": dict(chunk=8), "one_chunk": dict(chunk=1000), "vocab_slices": dict(vocab_chunk=32),
+         "one_vocab_slice": dict(vocab_chunk="auto")}
+
+
+@pytest.mark.parametrize("plan_kwargs", PLANS.values(), ids=PLANS.keys())
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
-def test_linear_matches_torch(reduction, dtype, chunk, gen):
+def test_linear_matches_torch(reduction, dtype, plan_kwargs, gen):
     x, w, b, target = _linear_case(29, 16, 75, dtype, gen)
     upstream = (torch.randn(29, generator=gen, dtype=torch.float64) if reduction == "none" else torch.tensor(0.7)).to(DEVICE)
     options = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3)
     ref, ref_grads = _linear_reference(x, w, b, target, upstream, **options)
     leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-    out = linear_cross_entropy(*leaves[:2], target, leaves[2], chunk=chunk, **options)
+    out = linear_cross_entropy(*leaves[:2], target, leaves[2], **plan_kwargs, **options)
     (out * upstream.to(out.dtype)).sum().backward()
     assert_matches(out.detach(), ref, dtype, "loss")
     # bf16 gradients: the logits' gradient is rounded to bf16 before each matrix product, so the
@@ -88,34 +105,39 @@ def test_linear_matches_torch(reduction, dtype, chunk, gen):
         assert error <= bound, f"grad {name}: relative error {error:.3e} > {bound:.3e}"
 
 
+@pytest.mark.parametrize("plan_kwargs", [dict(chunk=6), dict(vocab_chunk=16)], ids=["chunks", "vocab_slices"])
 @pytest.mark.parametrize("options", [OPTIONS[3], OPTIONS[-1]], ids=option_ids)
-def test_linear_options_and_partial_grads(options, gen):
+def test_linear_options_and_partial_grads(options, plan_kwargs, gen):
     x, w, _, target = _linear_case(20, 8, 40, torch.float32, gen, bias=False)
     options = resolve_options(options, 40, gen)
     options["class_weight"] = options.pop("weight", None)
     ref, (gx, gw, _) = _linear_reference(x, w, None, target, torch.tensor(1.0), **dict(options))
     w_leaf = w.clone().requires_grad_()  # x needs no gradient: only grad W is computed
-    out = linear_cross_entropy(x, w_leaf, target, chunk=6, **options)
+    out = linear_cross_entropy(x, w_leaf, target, **plan_kwargs, **options)
     out.backward()
     assert_matches(out.detach(), ref, torch.float32, "loss")
     assert_matches(w_leaf.grad, gw, torch.float32, "grad w")
 
 
-def test_linear_leading_dims_return_lse_and_no_grad(gen):
+@pytest.mark.parametrize("plan_kwargs", [{}, dict(vocab_chunk=16)], ids=["auto", "vocab_slices"])
+def test_linear_leading_dims_return_lse_and_no_grad(plan_kwargs, gen):
+    # The lse of every row, ignored ones included.
     x, w, b, target = _linear_case(12, 8, 30, torch.float32, gen)
     x3, t2 = x.reshape(3, 4, 8), target.reshape(3, 4)
-    loss, lse = linear_cross_entropy(x3, w, t2, b, reduction="none", return_lse=True)
+    loss, lse = linear_cross_entropy(x3, w, t2, b, reduction="none", return_lse=True, **plan_kwargs)
     assert loss.shape == (3, 4) and lse.shape == (3, 4)
     logits = x.double() @ w.double().T + b.double()
     assert_matches(loss.reshape(-1), reference(logits, target, reduction="none"), torch.float32, "loss")
     assert_matches(lse.reshape(-1), torch.logsumexp(logits, -1), torch.float32, "lse")
 
 
+@pytest.mark.parametrize("plan_kwargs", [{}, dict(vocab_chunk=4)], ids=["auto", "vocab_slices"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_linear_empty_batch(reduction):
+def test_linear_empty_batch(reduction, plan_kwargs):
     x = torch.randn(0, 8, device=DEVICE, requires_grad=True)
     w = torch.randn(10, 8, device=DEVICE, requires_grad=True)
-    out = linear_cross_entropy(x, w, torch.zeros(0, dtype=torch.int64, device=DEVICE), reduction=reduction)
+    out = linear_cross_entropy(x, w, torch.zeros(0, dtype=torch.int64, device=DEVICE), reduction=reduction,
+                               **plan_kwargs)
     ref = F.cross_entropy(torch.zeros(0, 10, dtype=torch.float64), torch.zeros(0, dtype=torch.int64),
                           reduction=reduction)
     assert out.shape == ref.shape and torch.equal(torch.isnan(out).cpu(), torch.isnan(ref))
@@ -123,14 +145,16 @@ def test_linear_empty_batch(reduction):
     assert x.grad.shape == (0, 8) and torch.equal(w.grad, torch.zeros_like(w))
 
 
-def test_linear_grad_weight_accumulates_in_float32(gen):
+@pytest.mark.parametrize("plan_kwargs", [dict(chunk=2), dict(vocab_chunk=8)], ids=["chunks", "vocab_slices"])
+def test_linear_grad_weight_accumulates_in_float32(plan_kwargs, gen):
     # 512 chunks of 2 rows, every row of one class and positive hidden states: each entry of grad W
     # sums 512 contributions of one sign, so a bfloat16 running sum loses the later ones (each
     # addition rounds to 8 bits). Ours adds them in float32 and rounds once. The test computes the
     # bfloat16 accumulation's error itself, so it is known to fail an implementation doing that:
     # 3.7e-2 to 9.7e-2 over six seeds (above the table's 1e-2), against ours at 3.8e-3 to 5.5e-3
     # under the interpreter, whose fp32 -> bf16 conversion truncates (the GPU rounds to nearest;
-    # the torch path's error is about 1.3e-3).
+    # the torch path's error is about 1.3e-3). Vocabulary slices take grad W as one matrix product
+    # over all the rows, accumulated in float32 inside it.
     rows, hidden, vocab, chunk = 1024, 16, 32, 2
     x = (torch.rand(rows, hidden, generator=gen) + 0.5).to(torch.bfloat16)
     w = (torch.randn(vocab, hidden, generator=gen) / 4).to(torch.bfloat16)
@@ -138,7 +162,7 @@ def test_linear_grad_weight_accumulates_in_float32(gen):
     w64 = w.double().requires_grad_()
     F.cross_entropy(x.double() @ w64.T, target, reduction="sum").backward()
     w_leaf = w.to(DEVICE).requires_grad_()
-    linear_cross_entropy(x.to(DEVICE), w_leaf, target.to(DEVICE), chunk=chunk, reduction="sum").backward()
+    linear_cross_entropy(x.to(DEVICE), w_leaf, target.to(DEVICE), reduction="sum", **plan_kwargs).backward()
     ours = ((w_leaf.grad.cpu().double() - w64.grad).norm() / w64.grad.norm()).item()
     # A bfloat16 accumulator, fed each chunk's contribution from its bfloat16 logit gradients.
     acc = torch.zeros(vocab, hidden, dtype=torch.bfloat16)
@@ -175,6 +199,31 @@ def test_linear_chunks_use_the_in_place_kernel(gen, monkeypatch):
     assert set(strides) == {("forward_grad", 203, 256, 1), ("forward", 203, 256, 1)}, strides
 
 
+@needs_triton
+def test_linear_vocab_slices_run_the_shard_kernels_and_are_deterministic(gen, monkeypatch):
+    # V = 203 in slices of 64: the last (11 classes) is narrower than the buffer; each slice's
+    # statistics and gradient take the kernels with the slice's class offset. Two runs agree bit
+    # for bit.
+    x, w, b, target = _linear_case(10, 8, 203, torch.bfloat16, gen)
+    ops = []
+    choose = plan.choose
+
+    def spy(op, rows, cols, dtype, device, strategy=None, row_stride=None, col_stride=1, **kwargs):
+        ops.append((op, cols, row_stride))
+        return choose(op, rows, cols, dtype, device, strategy, row_stride, col_stride, **kwargs)
+
+    monkeypatch.setattr(plan, "choose", spy)
+    runs = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        loss = linear_cross_entropy(*leaves[:2], target, leaves[2], vocab_chunk=64, label_smoothing=0.1)
+        loss.backward()
+        runs.append([loss.detach()] + [t.grad for t in leaves])
+    assert set(ops) == {("stats", 64, 64), ("stats", 11, 64), ("backward", 64, 64), ("backward", 11, 64)}, ops
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)
+
+
 def test_linear_strided_class_weight(gen):
     # class_weight as a view with a stride: taken contiguous, as cross_entropy's weight.
     x, w, b, target = _linear_case(12, 8, 75, torch.float32, gen)
@@ -192,6 +241,12 @@ def test_linear_argument_errors():
         linear_cross_entropy(x, w.half(), t)
     with pytest.raises(ValueError, match="chunk"):
         linear_cross_entropy(x, w, t, chunk=0)
+    with pytest.raises(ValueError, match="vocab_chunk"):
+        linear_cross_entropy(x, w, t, vocab_chunk=0)
+    with pytest.raises(TypeError, match="vocab_chunk"):
+        linear_cross_entropy(x, w, t, vocab_chunk="all")
+    with pytest.raises(ValueError, match="exclude each other"):
+        linear_cross_entropy(x, w, t, chunk=2, vocab_chunk=4)
     with pytest.raises(ValueError, match="bias"):
         linear_cross_entropy(x, w, t, torch.randn(9))
     with pytest.raises(ValueError, match="out of range"):

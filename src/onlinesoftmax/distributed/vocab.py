@@ -19,17 +19,15 @@ single-process backward, with the shard's class offset).
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from .. import _buffers, _validate, cpu
+from .. import _validate
 from .._device import triton_runs_on
-from ..ops.cross_entropy import plan as planner
-from ..ops.cross_entropy.launch import RowTerms, launch_backward, needs_denom, row_losses, row_normalizer, \
-    rows_forward, torch_denom
+from ..ops.cross_entropy.launch import launch_backward, merge_shard_stats, needs_denom, shard_loss, shard_stats, \
+    torch_denom
 from ..ops.cross_entropy.op import REDUCTIONS, check_call, check_class_weight, class_weights, \
     check_targets_in_range
 from ._group import NoContext, all_gather, check_group, gather_shapes
@@ -55,62 +53,15 @@ def _offsets(shard_size: int, group, validate: bool, logits: torch.Tensor, reduc
     return _OFFSETS[key]
 
 
-def _local_stats(x2, target, weight, offset, total, options, triton, read_ignored):
-    """(4, rows) float32: the shard's m, d, smoothing sum and target logit (-inf where not here).
-    Ignored rows are (-inf, 0, 0, -inf) unless ``read_ignored`` (their lse is wanted)."""
-    ignore_index, _, label_smoothing, _, softcap, temperature = options
-    rows, cols = x2.shape
-    if triton and cols:
-        chosen = planner.choose("stats", rows, cols, x2.dtype, x2.device, None, x2.stride(0), x2.stride(1))
-        planner.record(chosen)
-        stats = _buffers.empty((4, rows), torch.float32, x2.device)
-        rows_forward(chosen, x2, target, weight, stats, stats, stats, stats, ignore_index, "sum", label_smoothing, 0.0,
-                     softcap, temperature, read_ignored, class_offset=offset, n_classes=total, stats=True)
-        return stats
-    terms = RowTerms(x2, target, weight, ignore_index, softcap, temperature, offset, total)
-    m, d = row_normalizer(terms.y)
-    s = terms.smoothing_sum() if label_smoothing > 0 and cols else torch.zeros_like(m)
-    return torch.stack([m, d, s, terms.target_logit()])
-
-
-def _merge(gathered: torch.Tensor):
-    """(lse, lse_low, smoothing sum, target logit) per row from every rank's (4, rows), merged in rank
-    order; lse_low is the lse's rounding error (see cpu.split_lse), for the backward."""
-    m, d, s, y_t = gathered.unbind(1)  # each (world, rows)
-    m_all = m.amax(0)
-    ref = torch.where(m_all == -math.inf, 0.0, m_all)  # all -inf: d stays 0, no -inf - -inf
-    d_all = (d * torch.exp(m - ref)).sum(0)
-    log_d = torch.log(d_all)
-    return m_all + log_d, cpu.split_lse(m_all, log_d)[1], s.sum(0), y_t.amax(0)
-
-
-def _loss(lse, lse_low, s, y_t, target, weight, denom, total, options, dtype):
-    ignore_index, reduction, label_smoothing, z_loss = options[:4]
-    valid = target != ignore_index
-    bad = valid & ((target < 0) | (target >= total))
-    if weight is None:
-        w_t, w_sum = torch.ones_like(lse), float(total)
-    else:
-        w = weight.float()
-        w_t, w_sum = w[torch.where(valid & ~bad, target, 0)], w.sum()
-    loss = row_losses(lse, lse_low, y_t, s, w_t, w_sum, total, label_smoothing, valid, bad)
-    z_term = torch.where(valid, z_loss * lse * lse, 0.0)
-    if reduction == "none":
-        return (loss + z_term).to(dtype)
-    if reduction == "sum":
-        return (loss.sum() + z_term.sum()).to(dtype)
-    return (loss.sum() / denom[1] + z_term.sum() / denom[0]).to(dtype)
-
-
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, target, weight, group, offset, total, options, triton, read_ignored):
-        stats = _local_stats(x2, target, weight, offset, total, options, triton, read_ignored)
-        lse, lse_low, s, y_t = _merge(all_gather(stats, group))  # the one collective: (world, 4, rows)
+        stats = shard_stats(x2, target, weight, offset, total, options, triton, read_ignored)
+        lse, lse_low, s, y_t = merge_shard_stats(all_gather(stats, group))  # the one collective: (world, 4, rows)
         denom = torch.empty(3 if needs_denom(options[1], weight is not None, options[2]) else 0,
                             dtype=torch.float32, device=x2.device)
         torch_denom(target, weight, denom, total, options[0])
-        loss = _loss(lse, lse_low, s, y_t, target, weight, denom, total, options, x2.dtype)
+        loss = shard_loss(lse, lse_low, s, y_t, target, weight, denom, total, options, x2.dtype)
         ctx.save_for_backward(x2, target, weight, lse, lse_low, denom)
         ctx.config = (offset, total, options, triton)
         ctx.mark_non_differentiable(lse)

@@ -25,6 +25,9 @@ chunks' (``plan.linear_chunk_rows``): three whole matmuls, no accumulator traffi
 inside cuBLAS (``aten::mm.dtype_out`` for the first chunk, ``aten::addmm.dtype_out`` after it:
 bf16 operands, the fp32 output read and written in place with beta = 1), with no temporary and no
 zero fill; where torch lacks those overloads, slices of dlogits are multiplied in fp32.
+
+``vocab_chunk`` takes slices of the vocabulary over all the rows instead (``_VocabSlices``): no
+V x H accumulator, four matmuls, extra memory one slice of logits and a float32 grad-x accumulator.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ import torch
 
 from ... import _buffers, _validate
 from . import plan as planner
-from .launch import RowTerms, compute_dtype, count, kernels_take, launch_scale, needs_denom, reduce, row_lse, \
-    rows_backward, rows_forward, torch_denom
+from .launch import RowTerms, compute_dtype, count, kernels_take, launch_scale, merge_shard_stats, needs_denom, \
+    reduce, row_lse, rows_backward, rows_forward, shard_loss, shard_stats, torch_denom
 from .op import LOGIT_DTYPES, check_class_weight, check_options, check_target, check_targets_in_range, class_weights
 
 # Rows of dlogits.T (vocabulary entries) multiplied at once in float32 where cuBLAS cannot
@@ -107,17 +110,19 @@ def _chunk_loss(logits, target, class_weight, denom, loss_rows, lse_parts, optio
                                     softcap, temperature))
 
 
-def _chunk_gradient(logits, target, class_weight, denom, lse_parts, grad, options):
-    """dlogits of one chunk over its logits, from the lse parts and a per-row upstream gradient."""
+def _chunk_gradient(logits, target, class_weight, denom, lse_parts, grad, options, class_offset=0, n_classes=None):
+    """dlogits of one chunk over its logits, from the lse parts and the upstream gradient (0-d, or one
+    a row); ``class_offset``, ``n_classes``: the logits are classes [class_offset, class_offset + cols)
+    of n_classes (a vocabulary slice)."""
     lse, lse_low = lse_parts
     ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, _ = options
     chosen = planner.choose("backward", logits.shape[0], logits.shape[1], logits.dtype, logits.device, None,
                             logits.stride(0), logits.stride(1))
     if chosen.strategy != "torch":
         rows_backward(chosen, logits, logits, target, class_weight, denom, lse, lse_low, grad, ignore_index,
-                      reduction, label_smoothing, z_loss, softcap, temperature)
+                      reduction, label_smoothing, z_loss, softcap, temperature, class_offset, n_classes)
         return
-    terms = RowTerms(logits, target, class_weight, ignore_index, softcap, temperature)
+    terms = RowTerms(logits, target, class_weight, ignore_index, softcap, temperature, class_offset, n_classes)
     logits.copy_(terms.gradient(lse, lse_low, grad, denom, reduction, label_smoothing, z_loss, softcap, temperature))
 
 
@@ -271,9 +276,94 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
+class _VocabSlices:
+    """linear_cross_entropy by slices of the vocabulary, every row at once (``vocab_chunk``).
+
+    Forward: each slice's logits (one matmul), reduced by the kernels to four numbers a row (the
+    slice's (m, d), smoothing sum and target logit: the vocabulary-parallel loss's statistics, a
+    slice standing for a rank), merged in slice order into the lse and the loss. Nothing but the
+    lse (and its rounding error) is kept for the backward. Backward: each slice's logits again,
+    the gradient over them in place (softmax with the global lse, the upstream gradient applied
+    in the same pass: 0-d or one a row), then grad_W of the slice's classes = dlogits^T x (one
+    matmul over all the rows: float32 inside cuBLAS, rounded once, no accumulator) and grad_x +=
+    dlogits W_slice in a float32 accumulator of grad_x's shape. Four matmuls; extra memory is one
+    slice of logits (rows x vocab_chunk) and the grad_x accumulator, not V x H."""
+
+    def __init__(self, x2, weight, bias, target, class_weight, options, vocab_chunk, strategy):
+        self.x2, self.weight, self.bias, self.target, self.class_weight = x2, weight, bias, target, class_weight
+        self.options = options
+        vocab = self.vocab = weight.shape[0]
+        self.slices = [(lo, min(lo + vocab_chunk, vocab)) for lo in range(0, vocab, vocab_chunk)]
+        self.triton = strategy != "torch" and kernels_take(x2)
+        width = planner.linear_logits_width(vocab_chunk)
+        self.padded = _buffers.empty((x2.shape[0], width), x2.dtype, x2.device)
+        # Zeroed past the first slice's classes, as _Pass's (torch's CPU bf16 matmul reads a
+        # narrow operand's row past its end); a narrower last slice zeroes past its own.
+        self.padded[:, vocab_chunk:].zero_()
+
+    def logits(self, lo, hi):
+        """The logits of classes [lo, hi) over all the rows, in the padded buffer."""
+        out = self.padded[:, :hi - lo]
+        if hi - lo < self.padded.shape[1] and (lo, hi) == self.slices[-1] and len(self.slices) > 1:
+            self.padded[:, hi - lo:].zero_()
+        bias = None if self.bias is None else self.bias[lo:hi]
+        return _chunk_logits(self.x2, self.weight[lo:hi], bias, out, planner.linear_vocab_parts(hi - lo))
+
+    def forward(self, denom):
+        """(loss, lse, lse_low) of every row."""
+        read_ignored = self.options[6]  # return_lse: the lse of ignored rows too
+        stats = torch.stack([shard_stats(self.logits(lo, hi), self.target, self.class_weight, lo, self.vocab,
+                                         self.options[:6], self.triton, read_ignored) for lo, hi in self.slices])
+        lse, lse_low, s, y_t = merge_shard_stats(stats)
+        loss = shard_loss(lse, lse_low, s, y_t, self.target, self.class_weight, denom, self.vocab, self.options,
+                          self.x2.dtype)
+        return loss, lse, lse_low
+
+    def backward(self, lse, lse_low, denom, grad, wanted):
+        """(grad x, grad weight, grad bias), None where not ``wanted``, for the upstream gradient ``grad``."""
+        x2, weight, bias = self.x2, self.weight, self.bias
+        want_x, want_w, want_b = wanted
+        grad_x = _buffers.empty(x2.shape, compute_dtype(x2.dtype), x2.device) if want_x else None
+        grad_w = _buffers.empty(weight.shape, weight.dtype, weight.device) if want_w else None
+        grad_b = _buffers.empty(bias.shape, compute_dtype(bias.dtype), bias.device) if want_b else None
+        for i, (lo, hi) in enumerate(self.slices):
+            logits = self.logits(lo, hi)
+            _chunk_gradient(logits, self.target, self.class_weight, denom, (lse, lse_low), grad, self.options, lo,
+                            self.vocab)
+            for j, (a, b) in enumerate(planner.linear_vocab_parts(hi - lo)):
+                if want_w:
+                    torch.mm(logits[:, a:b].t(), x2, out=grad_w[lo + a:lo + b])
+                if want_x:
+                    accumulate(grad_x, logits[:, a:b], weight[lo + a:lo + b], first=i == 0 and j == 0)
+            if want_b:
+                torch.sum(logits, 0, dtype=grad_b.dtype, out=grad_b[lo:hi])
+        return (None if grad_x is None else grad_x.to(x2.dtype), grad_w,
+                None if grad_b is None else grad_b.to(bias.dtype))
+
+
+class _VocabSlicedFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, weight, bias, target, class_weight, options, vocab_chunk, strategy):
+        denom = _denominators(target, class_weight, weight.shape[0], options, x2.dtype, x2.device)
+        loss, lse, lse_low = _VocabSlices(x2, weight, bias, target, class_weight, options, vocab_chunk,
+                                          strategy).forward(denom)
+        ctx.save_for_backward(x2, weight, bias, target, class_weight, lse, lse_low, denom)
+        ctx.config = (options, vocab_chunk, strategy)
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
+
+    @staticmethod
+    def backward(ctx, dloss, _dlse):
+        x2, weight, bias, target, class_weight, lse, lse_low, denom = ctx.saved_tensors
+        slices = _VocabSlices(x2, weight, bias, target, class_weight, *ctx.config)
+        grads = slices.backward(lse, lse_low, denom, dloss, ctx.needs_input_grad[:3])
+        return (*grads, None, None, None, None, None)
+
+
 @torch.compiler.disable
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                         bias: Optional[torch.Tensor] = None, *, chunk="auto", ignore_index: int = -100,
+                         bias: Optional[torch.Tensor] = None, *, chunk="auto", vocab_chunk=None,
+                         ignore_index: int = -100,
                          reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
                          softcap: Optional[float] = None, temperature: float = 1.0,
                          class_weight: Optional[torch.Tensor] = None, return_lse: bool = False,
@@ -322,7 +412,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     once); grad_weight and grad_bias accumulate across chunks in float32 and are rounded to their
     dtype once, in the backward. Extra memory: one chunk of logits plus the fp32 grad_weight
     accumulator (V x H x 4 bytes; none beyond the gradient for an fp32 weight): see the module
-    docstring. "none" recomputes the logits in the backward (4 matmuls instead of 3). The backward
+    docstring; ``vocab_chunk`` trades a fourth matmul for that accumulator. "none" recomputes the logits in the backward (4 matmuls instead of 3). The backward
     may run once. Not traceable by torch.compile (a graph break: the chunk loop runs eagerly).
 
     Raises
@@ -366,20 +456,37 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     if chunk != "auto":
         if _validate.integer(chunk, name, "chunk") < 1:
             raise ValueError(f"{name}: chunk must be 'auto' or a positive int, got {chunk}")
+    if vocab_chunk is not None:
+        if vocab_chunk != "auto" and _validate.integer(vocab_chunk, name, "vocab_chunk") < 1:
+            raise ValueError(f"{name}: vocab_chunk must be None, 'auto' or a positive int, got {vocab_chunk}")
+        if chunk != "auto":
+            raise ValueError(f"{name}: chunk (rows a chunk) and vocab_chunk (classes a slice) exclude each other; "
+                             f"got chunk={chunk} and vocab_chunk={vocab_chunk}")
     check_targets_in_range(target, vocab, ignore_index, name)
     x2 = x.reshape(target.numel(), x.shape[-1])
     t1 = target.reshape(-1)
     options = (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature), return_lse)
     tracked = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    chunk_rows = planner.linear_chunk_rows(x2.shape[0], vocab, x.shape[-1], x.dtype,
-                                           tracked and weight.requires_grad and compute_dtype(weight.dtype) != weight.dtype,
-                                           chunk)
-    if tracked:
-        loss, lse = _LinearCrossEntropyFunction.apply(x2, weight, bias, t1, class_weight, options, chunk_rows, strategy)
+    if vocab_chunk is not None and x2.shape[0]:
+        slice_classes = planner.linear_vocab_chunk(x2.shape[0], vocab, x.dtype, vocab_chunk)
+        if tracked:
+            loss, lse = _VocabSlicedFunction.apply(x2, weight, bias, t1, class_weight, options, slice_classes,
+                                                   strategy)
+        else:
+            denom = _denominators(t1, class_weight, vocab, options, x2.dtype, x2.device)
+            loss, lse, _ = _VocabSlices(x2, weight, bias, t1, class_weight, options, slice_classes,
+                                        strategy).forward(denom)
     else:
-        loss, lse_parts, _, _ = _forward(x2, weight, bias, t1, class_weight, options, chunk_rows, strategy,
-                                         (False,) * 3)
-        lse = lse_parts[0]
+        chunk_rows = planner.linear_chunk_rows(
+            x2.shape[0], vocab, x.shape[-1], x.dtype,
+            tracked and weight.requires_grad and compute_dtype(weight.dtype) != weight.dtype, chunk)
+        if tracked:
+            loss, lse = _LinearCrossEntropyFunction.apply(x2, weight, bias, t1, class_weight, options, chunk_rows,
+                                                          strategy)
+        else:
+            loss, lse_parts, _, _ = _forward(x2, weight, bias, t1, class_weight, options, chunk_rows, strategy,
+                                             (False,) * 3)
+            lse = lse_parts[0]
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return (loss, lse.reshape(target.shape)) if return_lse else loss

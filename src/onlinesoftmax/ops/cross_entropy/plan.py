@@ -341,7 +341,25 @@ def linear_chunk_rows(rows: int, vocab: int, hidden: int, dtype: torch.dtype, ac
     return chunk_rows
 
 
+# linear_cross_entropy by vocabulary slices (vocab_chunk="auto"): slices of the most classes whose
+# logits over all the rows fit this many bytes, in multiples of LINEAR_VOCAB_MULTIPLE. 256 MiB is
+# 16384 classes at 8192 bf16 rows: eight slices of a 128256 vocabulary, so the float32 grad-x
+# accumulator (rows x H x 4 bytes, 128 MiB at H = 4096) is read and written eight times (2.1 GB).
+LINEAR_VOCAB_CHUNK_BYTES = 256 * 2**20
+
+
+def linear_vocab_chunk(rows: int, vocab: int, dtype: torch.dtype, vocab_chunk) -> int:
+    """Classes per vocabulary slice of linear_cross_entropy: ``vocab_chunk`` when it is an int, "auto":
+    the most whose logits over ``rows`` fit LINEAR_VOCAB_CHUNK_BYTES, a multiple of LINEAR_VOCAB_MULTIPLE
+    (at least one multiple, at most the vocabulary)."""
+    if vocab_chunk != "auto":
+        return min(vocab_chunk, vocab)
+    fit = LINEAR_VOCAB_CHUNK_BYTES // max(1, rows * dtype.itemsize)
+    return min(vocab, max(LINEAR_VOCAB_MULTIPLE, fit // LINEAR_VOCAB_MULTIPLE * LINEAR_VOCAB_MULTIPLE))
+
+
 _recorded = _device.LastPlan()
 # The plan of the most recent launch in this process (tests assert which path ran).
 record = _recorded.record
 last_plan = _recorded.last
+

@@ -13,8 +13,14 @@ A stripped-down loss (mean over all rows, no options); checked against torch on 
 before timing. The plan's in-place forward and a device copy of the same bytes (read + write) run
 in the same process.
 
-    python scripts/probes/probe_cross_entropy_split_reread.py
+    python scripts/probes/probe_cross_entropy_split_reread.py [--lanes | --deeper]
+
+``--lanes``: the variants with per-lane accumulators alone (no cross-warp reduction a tile in the
+first pass); ``--deeper``: more bytes in flight a program (64 KB tiles, or the loop software-
+pipelined over 3 stages); each on the first three shapes.
 """
+
+import sys
 
 import torch
 import triton
@@ -27,7 +33,8 @@ from onlinesoftmax.ops.cross_entropy import launch
 @triton.jit
 def split_reread_kernel(x_ptr, target_ptr, loss_ptr, parts_ptr, flags_ptr, n_rows, n_cols, x_stride, inv_rows,
                         epoch, tiles_per_part, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
-                        FIRST_EVICTION: tl.constexpr, SECOND_EVICTION: tl.constexpr):
+                        FIRST_EVICTION: tl.constexpr, SECOND_EVICTION: tl.constexpr, LANES: tl.constexpr,
+                        STAGES: tl.constexpr):
     pid = tl.program_id(0)
     part = pid % SPLIT
     groups = tl.num_programs(0) // SPLIT
@@ -38,16 +45,31 @@ def split_reread_kernel(x_ptr, target_ptr, loss_ptr, parts_ptr, flags_ptr, n_row
     for row in range(pid // SPLIT, n_rows, groups):
         base = x_ptr + row * x_stride
         target = tl.load(target_ptr + row)
-        m = tl.full((), float("-inf"), tl.float32)
-        d = tl.zeros((), tl.float32)
-        for k in range(k_start, k_stop):
-            cols = k * BLOCK + offs
-            y = tl.load(base + cols, mask=cols < n_cols, other=float("-inf"),
-                        eviction_policy=FIRST_EVICTION).to(tl.float32)
-            tile_m = tl.max(y, 0)
-            m_new = tl.maximum(m, tile_m)
-            d = d * tl.exp(m - m_new) + tl.sum(tl.exp(y - m_new), 0)
-            m = m_new
+        if LANES:
+            # Per-lane (m, d), one exp an element (exp(-|y - m|) serves both cases), reduced across
+            # the program once a row: no cross-warp reduction (barriers) in the loop.
+            m_lane = tl.full((BLOCK,), float("-inf"), tl.float32)
+            d_lane = tl.zeros((BLOCK,), tl.float32)
+            for k in tl.range(k_start, k_stop, num_stages=STAGES):
+                cols = k * BLOCK + offs
+                y = tl.load(base + cols, mask=cols < n_cols, other=float("-inf"),
+                            eviction_policy=FIRST_EVICTION).to(tl.float32)
+                t = tl.where(y == float("-inf"), 0.0, tl.exp(-tl.abs(y - m_lane)))
+                d_lane = tl.where(y > m_lane, d_lane * t + 1.0, d_lane + t)
+                m_lane = tl.maximum(m_lane, y)
+            m = tl.max(m_lane, 0)
+            d = tl.sum(tl.where(m_lane == float("-inf"), 0.0, d_lane * tl.exp(m_lane - m)), 0)
+        else:
+            m = tl.full((), float("-inf"), tl.float32)
+            d = tl.zeros((), tl.float32)
+            for k in tl.range(k_start, k_stop, num_stages=STAGES):
+                cols = k * BLOCK + offs
+                y = tl.load(base + cols, mask=cols < n_cols, other=float("-inf"),
+                            eviction_policy=FIRST_EVICTION).to(tl.float32)
+                tile_m = tl.max(y, 0)
+                m_new = tl.maximum(m, tile_m)
+                d = d * tl.exp(m - m_new) + tl.sum(tl.exp(y - m_new), 0)
+                m = m_new
         owns_target = (target >= k_start * BLOCK) & (target < k_stop * BLOCK)
         y_t = tl.load(base + target, mask=owns_target, other=0.0).to(tl.float32)
         if SPLIT > 1:
@@ -67,7 +89,7 @@ def split_reread_kernel(x_ptr, target_ptr, loss_ptr, parts_ptr, flags_ptr, n_row
             d = tl.sum(ds * tl.exp(ms - m), 0)
         lse = m + tl.log(d)
         tl.store(loss_ptr + row, lse - y_t, mask=owns_target)
-        for k in range(k_start, k_stop):
+        for k in tl.range(k_start, k_stop, num_stages=STAGES):
             cols = k * BLOCK + offs
             live = cols < n_cols
             y = tl.load(base + cols, mask=live, other=0.0, eviction_policy=SECOND_EVICTION).to(tl.float32)
@@ -77,9 +99,16 @@ def split_reread_kernel(x_ptr, target_ptr, loss_ptr, parts_ptr, flags_ptr, n_row
 
 
 class SplitReread:
-    def __init__(self, n_rows, n_cols, split, per_sm, block, warps, first="evict_last", second="evict_first"):
+    """The kernel over (n_rows, n_cols) logits: rows split between ``split`` programs, ``per_sm``
+    programs an SM in a persistent grid (0: one program a row, whole rows only), ``lanes``: per-lane
+    accumulators."""
+
+    def __init__(self, n_rows, n_cols, split, per_sm, block, warps, lanes=False, stages=1, first="evict_last",
+                 second="evict_first"):
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        self.grid = (sms * per_sm // split * split,)
+        assert per_sm or split == 1, "a row's parts must run side by side: a persistent grid"
+        self.grid = (sms * per_sm // split * split if per_sm else n_rows,)
+        self.lanes, self.stages = lanes, stages
         n_tiles = triton.cdiv(n_cols, block)
         self.tiles_per_part = triton.cdiv(n_tiles, split)
         self.split, self.block, self.warps, self.first, self.second = split, block, warps, first, second
@@ -93,18 +122,37 @@ class SplitReread:
         split_reread_kernel[self.grid](x, target, self.loss, self.parts, self.flags, x.shape[0], x.shape[1],
                                        x.stride(0), 1.0 / x.shape[0], self.epoch, self.tiles_per_part,
                                        SPLIT=self.split, BLOCK=self.block, FIRST_EVICTION=self.first,
-                                       SECOND_EVICTION=self.second, num_warps=self.warps)
+                                       SECOND_EVICTION=self.second, LANES=self.lanes, STAGES=self.stages,
+                                       num_warps=self.warps)
         return self.loss
 
 
-VARIANTS = {  # name: (split, programs an SM, block, warps)
-    "halves, 1 an SM, 32 warps, 16K": (2, 1, 16384, 32),
-    "halves, 2 an SM, 16 warps, 8K": (2, 2, 8192, 16),
-    "quarters, 1 an SM, 32 warps, 16K": (4, 1, 16384, 32),
-    "quarters, 2 an SM, 16 warps, 8K": (4, 2, 8192, 16),
-    "whole rows, 1 an SM, 32 warps, 16K": (1, 1, 16384, 32),
-    "halves, 1 an SM, 16 warps, 8K": (2, 1, 8192, 16),
+VARIANTS = {  # name: (split, programs an SM (0: one a row), block, warps, per-lane accumulators, stages)
+    "halves, 1 an SM, 32 warps, 16K": (2, 1, 16384, 32, False, 1),
+    "halves, 2 an SM, 16 warps, 8K": (2, 2, 8192, 16, False, 1),
+    "quarters, 1 an SM, 32 warps, 16K": (4, 1, 16384, 32, False, 1),
+    "quarters, 2 an SM, 16 warps, 8K": (4, 2, 8192, 16, False, 1),
+    "whole rows, 1 an SM, 32 warps, 16K": (1, 1, 16384, 32, False, 1),
+    "halves, 1 an SM, 16 warps, 8K": (2, 1, 8192, 16, False, 1),
+    "lanes, whole rows, 1 an SM, 32 warps, 8K": (1, 1, 8192, 32, True, 1),
+    "lanes, whole rows, 1 an SM, 32 warps, 16K": (1, 1, 16384, 32, True, 1),
+    "lanes, whole rows, 2 an SM, 16 warps, 4K": (1, 2, 4096, 16, True, 1),
+    "lanes, halves, 1 an SM, 32 warps, 8K": (2, 1, 8192, 32, True, 1),
+    "lanes, halves, 2 an SM, 16 warps, 4K": (2, 2, 4096, 16, True, 1),
+    "lanes, one program a row, 16 warps, 8K": (1, 0, 8192, 16, True, 1),
+    "lanes, one program a row, 32 warps, 8K": (1, 0, 8192, 32, True, 1),
+    "deeper, whole rows, 1 an SM, 32 warps, 32K": (1, 1, 32768, 32, False, 1),
+    "deeper, whole rows, 1 an SM, 32 warps, 16K, 3 stages": (1, 1, 16384, 32, False, 3),
+    "deeper, lanes, whole rows, 1 an SM, 32 warps, 16K, 3 stages": (1, 1, 16384, 32, True, 3),
+    "deeper, one program a row, 32 warps, 32K": (1, 0, 32768, 32, False, 1),
+    "deeper, one program a row, 32 warps, 16K, 3 stages": (1, 0, 16384, 32, False, 3),
 }
+# --lanes / --deeper: only the variants named so (and the plan, the copy), on the first three shapes.
+ONLY = next((flag[2:] for flag in ("--lanes", "--deeper") if flag in sys.argv), None)
+
+
+def selected(name: str) -> bool:
+    return ONLY is None or name.startswith(ONLY)
 
 
 def check():
@@ -114,9 +162,11 @@ def check():
     ref = x.float().requires_grad_()
     loss_ref = torch.nn.functional.cross_entropy(ref, target, reduction="none")
     loss_ref.mean().backward()
-    for name, (split, per_sm, block, warps) in VARIANTS.items():
+    for name, (split, per_sm, block, warps, lanes, stages) in VARIANTS.items():
+        if not selected(name):
+            continue
         y = x.clone()
-        loss = SplitReread(*x.shape, split, per_sm, block, warps)(y, target)
+        loss = SplitReread(*x.shape, split, per_sm, block, warps, lanes, stages)(y, target)
         loss_err = ((loss - loss_ref.detach()).abs().max() / loss_ref.abs().max()).item()
         grad_err = ((y.float() - ref.grad).abs().max() / ref.grad.abs().max()).item()
         print(f"check {name}: loss rel err {loss_err:.2e}, gradient rel err {grad_err:.2e}", flush=True)
@@ -127,7 +177,8 @@ def main():
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; "
           "do_bench medians, ms (one input: each is larger than L2)")
     check()
-    for n_rows, n_cols in ((8192, 128256), (4096, 256000), (8192, 151936), (8192, 50257)):
+    shapes = ((8192, 128256), (4096, 256000), (8192, 151936), (8192, 50257))
+    for n_rows, n_cols in shapes[:3] if ONLY else shapes:
         x = torch.randn(n_rows, n_cols, device="cuda").to(torch.bfloat16)
         target = torch.randint(0, n_cols, (n_rows,), device="cuda")
         copy_out = torch.empty_like(x)
@@ -137,8 +188,10 @@ def main():
                                                          None, inplace=True))
         print(f"{n_rows}x{n_cols} bf16: copy {copy_ms:.3f} ({floor / copy_ms / 1e6:.0f} GB/s), "
               f"the plan in place {plan_ms:.3f}", flush=True)
-        for name, (split, per_sm, block, warps) in VARIANTS.items():
-            run = SplitReread(n_rows, n_cols, split, per_sm, block, warps)
+        for name, (split, per_sm, block, warps, lanes, stages) in VARIANTS.items():
+            if not selected(name):
+                continue
+            run = SplitReread(n_rows, n_cols, split, per_sm, block, warps, lanes, stages)
             ms = do_bench(lambda: run(x, target))
             print(f"  {name}: {ms:.3f} ({floor / ms / 1e6:.0f} GB/s of read + write once)", flush=True)
 

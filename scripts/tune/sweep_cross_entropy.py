@@ -44,6 +44,9 @@ VARIANTS = {
     "two_pass_hold_w32_32K": _two_pass(32, tile_bytes=32768),
     "two_pass_hold_w16_32K": _two_pass(16, tile_bytes=32768),
     "two_pass_nohold_w32_64K": _two_pass(32, hold_l2=False, tile_bytes=65536),
+    # The plan's launches but 64 KB tiles for bf16 rows over 128 KB.
+    "two_pass_big_rows_64K": dict(TWO_PASS_LAUNCH={4: ((1 << 62, 32, 0),),
+                                                   2: ((65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 32768))}),
     "split_on_chip": dict(TWO_PASS_MIN_ROWS_PER_SM={4: 0, 2: 0}),
     "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
     "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),

@@ -294,17 +294,15 @@ _device.plan_cache(_CHECKED.clear)
 
 def _signature(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits) -> Optional[tuple]:
     """What _check looks at, as a key (types included, as attention's: True == 1 and 1 == 1.0, but the
-    checks take some of these and refuse others); None where it cannot be one (not tensors, an
-    unhashable option): such calls are checked every time."""
+    checks take some of these and refuse others); None where it cannot be one (not tensors): such
+    calls are checked every time, as are those whose key cannot be hashed (the lookup says so)."""
     try:
-        key = (q.shape, k_cache.shape, v_cache.shape, q.dtype, k_cache.dtype, v_cache.dtype, q.device,
-               k_cache.device, v_cache.device, type(q), type(k_cache), type(v_cache),
-               *(None if t is None else (t.shape, t.dtype, t.device, type(t)) for t in (cache_seqlens, block_table)),
-               causal, type(causal), scale, type(scale), num_splits, type(num_splits))
-        hash(key)
-    except (AttributeError, TypeError):
+        return (q.shape, k_cache.shape, v_cache.shape, q.dtype, k_cache.dtype, v_cache.dtype, q.device,
+                k_cache.device, v_cache.device, type(q), type(k_cache), type(v_cache),
+                *(None if t is None else (t.shape, t.dtype, t.device, type(t)) for t in (cache_seqlens, block_table)),
+                causal, type(causal), scale, type(scale), num_splits, type(num_splits))
+    except AttributeError:
         return None
-    return key
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits) -> tuple[float, int]:
@@ -459,8 +457,12 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     # The checks run once a signature (a decode step calls this once a layer a token; on the CPU
     # machine, launches recorded, they were a quarter of the call: 25.7 -> 19.1 us); a signature
     # holds everything they look at.
+    # No hash() of the key here: torch.compile cannot trace it (torch 2.11); the lookup raises instead.
     signature = _signature(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits)
-    checked = _CHECKED.get(signature) if signature is not None else None
+    try:
+        checked = _CHECKED.get(signature) if signature is not None else None
+    except TypeError:  # an unhashable option: _check says what is wrong with it, or accepts it
+        signature = checked = None
     if checked is None:
         checked = _check(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits)
         if signature is not None:

@@ -224,6 +224,30 @@ def test_linear_vocab_slices_run_the_shard_kernels_and_are_deterministic(gen, mo
         assert torch.equal(first, second)
 
 
+@needs_triton
+@pytest.mark.parametrize("plan_kwargs", [dict(chunk=4), dict(vocab_chunk=64)], ids=["chunks", "vocab_slices"])
+def test_linear_torch_strategy_reaches_the_backward(plan_kwargs, gen, monkeypatch):
+    # strategy="torch" runs torch's ops for the loss and, where the backward recomputes the logits
+    # ("none" with chunks, every reduction with slices), for their gradient too.
+    x, w, b, target = _linear_case(10, 8, 203, torch.float32, gen)
+    strategies = []
+    choose = plan.choose
+
+    def spy(op, rows, cols, dtype, device, strategy=None, *args, **kwargs):
+        strategies.append((op, strategy))
+        return choose(op, rows, cols, dtype, device, strategy, *args, **kwargs)
+
+    monkeypatch.setattr(plan, "choose", spy)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    loss = linear_cross_entropy(*leaves[:2], target, leaves[2], reduction="none", strategy="torch", **plan_kwargs)
+    loss.sum().backward()
+    assert ("backward", "torch") in strategies and ("backward", None) not in strategies, strategies
+    ref, ref_grads = _linear_reference(x, w, b, target, torch.ones(10, dtype=torch.float64), reduction="none")
+    assert_matches(loss.detach(), ref, torch.float32, "loss")
+    for name, leaf, grad in zip("xwb", leaves, ref_grads):
+        assert_matches(leaf.grad, grad, torch.float32, f"grad {name}")
+
+
 def test_linear_strided_class_weight(gen):
     # class_weight as a view with a stride: taken contiguous, as cross_entropy's weight.
     x, w, b, target = _linear_case(12, 8, 75, torch.float32, gen)

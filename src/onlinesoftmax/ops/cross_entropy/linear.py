@@ -110,14 +110,16 @@ def _chunk_loss(logits, target, class_weight, denom, loss_rows, lse_parts, optio
                                     softcap, temperature))
 
 
-def _chunk_gradient(logits, target, class_weight, denom, lse_parts, grad, options, class_offset=0, n_classes=None):
+def _chunk_gradient(logits, target, class_weight, denom, lse_parts, grad, options, strategy, class_offset=0,
+                    n_classes=None):
     """dlogits of one chunk over its logits, from the lse parts and the upstream gradient (0-d, or one
     a row); ``class_offset``, ``n_classes``: the logits are classes [class_offset, class_offset + cols)
-    of n_classes (a vocabulary slice)."""
+    of n_classes (a vocabulary slice). The backward has one kernel: a forward strategy does not carry
+    over, its "torch" does (as launch.BackwardCall's)."""
     lse, lse_low = lse_parts
     ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, _ = options
-    chosen = planner.choose("backward", logits.shape[0], logits.shape[1], logits.dtype, logits.device, None,
-                            logits.stride(0), logits.stride(1))
+    chosen = planner.choose("backward", logits.shape[0], logits.shape[1], logits.dtype, logits.device,
+                            "torch" if strategy == "torch" else None, logits.stride(0), logits.stride(1))
     if chosen.strategy != "torch":
         rows_backward(chosen, logits, logits, target, class_weight, denom, lse, lse_low, grad, ignore_index,
                       reduction, label_smoothing, z_loss, softcap, temperature, class_offset, n_classes)
@@ -187,7 +189,7 @@ class _Pass:
             logits = _chunk_logits(self.x2[start:stop], self.weight, self.bias, self.logits[:stop - start],
                                    self.vocab_parts)
             _chunk_gradient(logits, self.target[start:stop], self.class_weight, denom, lse_parts[:, start:stop],
-                            grad[start:stop], self.options)
+                            grad[start:stop], self.options, self.strategy)
             self.grads(grad_x, grad_w, grad_b, start, stop, logits)
 
 
@@ -291,20 +293,21 @@ class _VocabSlices:
 
     def __init__(self, x2, weight, bias, target, class_weight, options, vocab_chunk, strategy):
         self.x2, self.weight, self.bias, self.target, self.class_weight = x2, weight, bias, target, class_weight
-        self.options = options
+        self.options, self.strategy = options, strategy
         vocab = self.vocab = weight.shape[0]
         self.slices = [(lo, min(lo + vocab_chunk, vocab)) for lo in range(0, vocab, vocab_chunk)]
         self.triton = strategy != "torch" and kernels_take(x2)
         width = planner.linear_logits_width(vocab_chunk)
         self.padded = _buffers.empty((x2.shape[0], width), x2.dtype, x2.device)
-        # Zeroed past the first slice's classes, as _Pass's (torch's CPU bf16 matmul reads a
-        # narrow operand's row past its end); a narrower last slice zeroes past its own.
+        # Zeroed past a slice's classes, as _Pass's (torch's CPU bf16 matmul reads a narrow operand's
+        # row past its end): here for the full slices, in logits() for a narrower last one.
         self.padded[:, vocab_chunk:].zero_()
+        self.vocab_chunk = vocab_chunk
 
     def logits(self, lo, hi):
         """The logits of classes [lo, hi) over all the rows, in the padded buffer."""
         out = self.padded[:, :hi - lo]
-        if hi - lo < self.padded.shape[1] and (lo, hi) == self.slices[-1] and len(self.slices) > 1:
+        if hi - lo < self.vocab_chunk:  # the last slice, after full ones that wrote past its classes
             self.padded[:, hi - lo:].zero_()
         bias = None if self.bias is None else self.bias[lo:hi]
         return _chunk_logits(self.x2, self.weight[lo:hi], bias, out, planner.linear_vocab_parts(hi - lo))
@@ -328,8 +331,8 @@ class _VocabSlices:
         grad_b = _buffers.empty(bias.shape, compute_dtype(bias.dtype), bias.device) if want_b else None
         for i, (lo, hi) in enumerate(self.slices):
             logits = self.logits(lo, hi)
-            _chunk_gradient(logits, self.target, self.class_weight, denom, (lse, lse_low), grad, self.options, lo,
-                            self.vocab)
+            _chunk_gradient(logits, self.target, self.class_weight, denom, (lse, lse_low), grad, self.options,
+                            self.strategy, lo, self.vocab)
             for j, (a, b) in enumerate(planner.linear_vocab_parts(hi - lo)):
                 if want_w:
                     torch.mm(logits[:, a:b].t(), x2, out=grad_w[lo + a:lo + b])

@@ -136,6 +136,63 @@ def test_two_pass_tables(hold_l2, warps, gen):
     assert chosen.num_warps == (warps or plan._warps(chosen.block))
 
 
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("options", [{}, {"temperature": 0.7}], ids=option_ids)
+def test_two_pass_plain_rows_match_torch(dtype, reduction, options, gen):
+    # two_pass's kernel for plain rows: 200 columns are whole 16-byte vectors in every dtype, in
+    # several tiles with a partial last one (the interpreter's 32 columns; the GPU's one tile);
+    # ignored rows (written 0), a row partly -inf, an upstream gradient per row for "none".
+    shape = (9, 200)
+    x = make_logits(shape, dtype, gen, outliers=False)
+    x[2, 5:150] = float("-inf")
+    target = make_targets(*shape, gen, ignore_every=3)
+    target[2] = 160
+    upstream = torch.randn(shape[0], generator=gen, dtype=torch.float64).to(DEVICE) if reduction == "none" else None
+    forward, _ = _check_loss_and_grad(x, target, dtype, upstream, strategy="two_pass", inplace=True,
+                                      reduction=reduction, what="two_pass plain", **options)
+    assert (forward.strategy, forward.plain, forward.edges) == ("two_pass", True, False)
+
+
+@needs_triton
+def test_two_pass_plain_rows_only_where_nothing_needs_the_general_kernel(gen):
+    # Class weights, label smoothing, softcap, z-loss, the lse of ignored rows and rows inside
+    # 16-byte vectors take the general two_pass kernel. Each against the reference.
+    target = make_targets(6, 96, gen)
+    weight = (torch.rand(96, generator=gen) + 0.5).to(DEVICE)
+    for options, classes in (({"weight": weight}, 96), ({"label_smoothing": 0.1}, 96), ({"softcap": 5.0}, 96),
+                             ({"z_loss": 1e-2}, 96), ({}, 95)):
+        x = make_logits((6, classes), torch.bfloat16, gen, outliers=False)
+        forward, _ = _check_loss_and_grad(x, target % classes, torch.bfloat16, strategy="two_pass", inplace=True,
+                                          what=f"two_pass {options} {classes}", **options)
+        assert not forward.plain, (options, classes)
+    rows = make_logits((6, 96), torch.float32, gen, outliers=False)
+    _, lse = cross_entropy(rows.clone().requires_grad_() * 1, target, strategy="two_pass", inplace_backward=True,
+                           return_lse=True)
+    assert not plan.last_plan().plain
+    assert_matches(lse, torch.logsumexp(rows.double(), -1), torch.float32, "lse of every row")
+
+
+@needs_triton
+def test_two_pass_plain_rows_with_a_row_stride(gen):
+    # Rows of 96 bf16 columns 104 apart (whole vectors, each row starting on one): the plain kernel,
+    # the gradient written into the view and nowhere else.
+    base = make_logits((6, 104), torch.bfloat16, gen, outliers=False)
+    target = make_targets(6, 96, gen, ignore_every=4)
+    leaf = base.clone().requires_grad_()
+    logits = (leaf * 1)[:, :96]
+    out = cross_entropy(logits, target, strategy="two_pass", inplace_backward=True)
+    assert plan.last_plan().plain
+    out.backward()
+    x64 = base[:, :96].double().requires_grad_()
+    ref = reference(x64, target)
+    ref.backward()
+    assert_matches(out.detach(), ref.detach(), torch.bfloat16, "loss")
+    assert_matches(leaf.grad[:, :96], x64.grad, torch.bfloat16, "grad")
+    assert torch.equal(leaf.grad[:, 96:], torch.zeros_like(leaf.grad[:, 96:])), "written outside the view"
+
+
 @pytest.mark.parametrize("options", OPTIONS, ids=option_ids)
 @pytest.mark.parametrize("inplace", [False, True], ids=["separate", "inplace"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
@@ -331,9 +388,13 @@ def test_out_of_range_targets_in_the_kernels_give_nan_rows(gen):
     target = torch.tensor([1, 40, -5, 2], device=DEVICE)
     loss, _, _, _ = ce_launch.launch_forward(x, target, None, -100, "none", 0.0, 0.0, 0.0, 1.0, False)
     assert torch.isnan(loss[1:3]).all() and torch.isfinite(loss[[0, 3]]).all()
-    grad = x.clone()
-    ce_launch.launch_forward(grad, target, None, -100, "sum", 0.0, 0.0, 0.0, 1.0, False, inplace=True)
-    assert torch.isnan(grad[1:3]).all() and torch.isfinite(grad[[0, 3]]).all()
+    for strategy in INPLACE_STRATEGIES:  # two_pass: its kernel for plain rows (40 columns: whole vectors)
+        grad = x.clone()
+        loss, _, _, _ = ce_launch.launch_forward(grad, target, None, -100, "none", 0.0, 0.0, 0.0, 1.0, False, strategy,
+                                                 inplace=True)
+        assert torch.isnan(grad[1:3]).all() and torch.isfinite(grad[[0, 3]]).all(), strategy
+        assert torch.isnan(loss[1:3]).all() and torch.isfinite(loss[[0, 3]]).all(), strategy
+        assert plan.last_plan().plain == (strategy == "two_pass")
 
 
 # --------------------------------------------------------------------------------------------
@@ -433,8 +494,13 @@ def test_plans_for_the_gpu():
     # Rows enough for TWO_PASS_MIN_ROWS_PER_SM programs an SM read their row twice; fewer hold it
     # across programs.
     big = choose("forward_grad", 8192, 128256, torch.bfloat16)
-    assert (big.strategy, big.block, big.num_warps, big.reads) == ("two_pass", 16384, 32, 2)
+    assert (big.strategy, big.block, big.num_warps, big.reads, big.plain) == ("two_pass", 16384, 32, 2, False)
     assert not big.edges and big.bytes_moved() == 2 * 8192 * 128256 * 2 + 8192 * 8
+    # Plain rows (no per-class options) take their own kernel, over 64 KB tiles; not rows of partial vectors.
+    plain = choose("forward_grad", 8192, 128256, torch.bfloat16, plain=True)
+    assert (plain.strategy, plain.block, plain.num_warps, plain.plain) == ("two_pass", 32768, 32, True)
+    assert "plain rows" in plain.describe()
+    assert not choose("forward_grad", 8192, 50257, torch.bfloat16, plain=True).plain
     held = choose("forward_grad", 512, 128256, torch.bfloat16)
     assert (held.strategy, held.block, held.num_chunks, held.num_warps) == ("split_on_chip", 8192, 16, 16)
     gpt2 = choose("forward_grad", 512, 50257, torch.bfloat16)

@@ -26,6 +26,11 @@ def _two_pass(warps: int, hold_l2: bool = True, tile_bytes: int = 0) -> dict:
                 TWO_PASS_LAUNCH={e: ((1 << 62, warps, tile_bytes // e),) for e in (4, 2)})
 
 
+def _plain(warps: int, tile_bytes: int) -> dict:
+    """two_pass's kernel for plain rows at ``warps`` a program over tiles of ``tile_bytes``, every row length."""
+    return dict(TWO_PASS_PLAIN_LAUNCH={e: ((1 << 62, warps, tile_bytes // e),) for e in (4, 2)})
+
+
 VARIANTS = {
     "default": {},
     "split_tile32K": dict(SPLIT_TILE_BYTES=32768, SPLIT_MAX_TILE=32768),
@@ -48,6 +53,13 @@ VARIANTS = {
     "two_pass_big_rows_64K": dict(TWO_PASS_LAUNCH={4: ((1 << 62, 32, 0),),
                                                    2: ((65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 32768))}),
     "split_on_chip": dict(TWO_PASS_MIN_ROWS_PER_SM={4: 0, 2: 0}),
+    # The kernel for plain rows (the default options) under other launches.
+    "plain_64K_w32": _plain(32, 65536),
+    "plain_32K_w32": _plain(32, 32768),
+    "plain_32K_w16": _plain(16, 32768),
+    "plain_16K_w16": _plain(16, 16384),
+    "plain_16K_w8": _plain(8, 16384),
+    "plain_8K_w4": _plain(4, 8192),
     "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
     "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),
 }
@@ -81,10 +93,10 @@ def main():
                     try:
                         ms = time_ms(step, sets)
                         chosen = ce_plan.choose("forward_grad" if mode == "inplace" else "forward", *shape, dtype,
-                                                torch.device("cuda"))
+                                                torch.device("cuda"), plain=True)  # the default options
                         print(f"  {mode:8s} {name:14s} {ms:7.3f} ms {floor_bytes / ms / 1e6:6.0f} GB/s  forward: "
                               f"{chosen.strategy} block {chosen.block} warps {chosen.num_warps} chunks {chosen.num_chunks}"
-                              f" grid {chosen.grid[0]}",
+                              f" grid {chosen.grid[0]}{' plain' if chosen.plain else ''}",
                               flush=True)
                     except Exception as exc:  # a variant the planner refuses for this shape
                         print(f"  {mode:8s} {name:14s} {type(exc).__name__}: {str(exc).splitlines()[0][:100]}", flush=True)

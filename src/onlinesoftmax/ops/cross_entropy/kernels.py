@@ -38,6 +38,7 @@ import triton.language as tl
 from ..._triton import (
     COUNTER_STRIDE,
     NEG_INF,
+    known_multiple,
     merge_row_partials,
     nan_max,
     split_lse,
@@ -88,7 +89,9 @@ def row_tile(base, k, n_cols, col_stride, BLOCK: tl.constexpr, ALIGN: tl.constex
             vcols = first + (lanes // ALIGN) * ALIGN  # the column starting each lane's vector
             full = (vcols >= 0) & (vcols <= n_cols - ALIGN)
         else:  # rows of whole vectors, each starting one: a vector is in the row or past its end
-            full = cols < n_cols
+            # (n_cols a known multiple of ALIGN: Triton's analysis then keeps 16-byte accesses where
+            # n_cols is no multiple of 16, as 65544; else 2048 x 65544 bf16 loaded 2 bytes at a time)
+            full = cols < known_multiple(n_cols, ALIGN)
     else:
         start = base
         cols = k * BLOCK + lanes
@@ -163,7 +166,11 @@ def row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n
 def gradient(y, cols, target, lse, lse_low, a, b, e, weight_ptr, live, valid, bad, tanh_scale, inv_temperature,
              HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
     """dL/dx of a tile from its transformed logits ``y`` (lanes outside the row: -inf)."""
-    g = a * tl.exp(y - lse - lse_low) - tl.where(cols == target, b, 0.0)
+    # The target as an int32 column: against the int64 target every lane's column widens to 64 bits
+    # (ptxas for sm_90, bf16 at 32 elements a thread: 64 registers and an 88-byte stack of spills,
+    # none in int32). A target outside the row (negative, or another shard's) matches no column of it.
+    target_col = tl.minimum(tl.maximum(target, -1), 2147483647).to(tl.int32)
+    g = a * tl.exp(y - lse - lse_low) - tl.where(cols == target_col, b, 0.0)
     if SMOOTH:
         if HAS_WEIGHT:
             g -= e * tl.load(weight_ptr + cols, mask=live, other=0.0).to(tl.float32)
@@ -365,6 +372,64 @@ def cross_entropy_stream_kernel(
                     write_edge_gradient(x_ptr, x_ptr, base, n_cols, local_target, lse, lse_low, a, b, e, valid, bad,
                                         read, weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT,
                                         SMOOTH, SOFTCAP)
+
+
+@triton.jit
+def cross_entropy_two_pass_plain_kernel(
+    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr,
+    n_cols, x_stride, target_stride, ignore_index, inv_temperature,
+    BLOCK: tl.constexpr, ALIGN: tl.constexpr, MEAN: tl.constexpr, FIRST_EVICTION: tl.constexpr,
+    SECOND_EVICTION: tl.constexpr,
+):
+    # two_pass (one program a row: its (m, d), then the gradient over it from a second read) for
+    # plain rows: no class weights, label smoothing, softcap or z-loss; contiguous rows of whole
+    # 16-byte vectors, each starting on one. At 64 KB tiles (32 elements a thread at 32 warps) a
+    # thread has 64 registers, and the general kernel's per-element terms, tile masks and 64-bit
+    # columns spilled (8192 x 128256 bf16: 1.98 ms at its own 32 KB tiles, where this kernel runs
+    # 1.75; docs/perf-cross_entropy.md). Even one more row scalar in the second loop spills here
+    # (ptxas for sm_90: a 48-byte stack, one of four loads in flight instead of three): without
+    # z-loss the probability's factor and the target's term are the same number, ``a``, into
+    # which the temperature and a bad target's NaN are folded. weight_ptr, parts_ptr and sync_ptr
+    # are not used: the tensors are the general kernel's.
+    row = tl.program_id(0)
+    target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_cols)
+    in_row = valid & ~bad
+    target_col = tl.where(in_row, target, -1).to(tl.int32)  # int32: see gradient()
+    # Rows and their length in whole vectors, as Triton's alignment analysis can see (see row_tile).
+    n_cols = known_multiple(n_cols, ALIGN)
+    x_row = x_ptr + row.to(tl.int64) * known_multiple(x_stride, ALIGN)
+    lanes = tl.arange(0, BLOCK)
+    n_tiles = tl.cdiv(n_cols, BLOCK)
+    read_tiles = tl.where(valid, n_tiles, 0)  # an ignored row is not read
+    m = tl.full((), NEG_INF, tl.float32)
+    d = tl.zeros((), tl.float32)
+    for k in range(0, read_tiles):
+        cols = k * BLOCK + lanes
+        y = tl.load(x_row + cols, mask=cols < n_cols, other=NEG_INF, eviction_policy=FIRST_EVICTION)
+        y = y.to(tl.float32) * inv_temperature
+        # One exponential an element against the running maximum (a NaN makes d, and the row, NaN).
+        m_new = tl.maximum(m, tl.max(y, 0))
+        ref = tl.where(m_new == NEG_INF, 0.0, m_new)
+        d = d * tl.exp(m - ref) + tl.sum(tl.exp(y - ref), 0)
+        m = m_new
+    y_t = tl.load(x_row + target_col, mask=in_row, other=0.0).to(tl.float32) * inv_temperature
+    tl.debug_barrier()  # the target's logit is read before any warp overwrites it (see the on_chip kernel)
+    lse = m + tl.log(d)  # +inf or NaN in the row: NaN, as torch's cross_entropy
+    lse_low = split_lse(m, d)[1]
+    loss = row_loss(lse, lse_low, y_t, 0.0, 1.0, n_cols * 1.0, valid, bad, 0.0, 0.0, n_cols, False, False)
+    tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
+    tl.store(lse_ptr + row, lse)
+    tl.store(lse_low_ptr + row, lse_low)
+    a = tl.where(bad, float("nan"), gradient_scales(denom_ptr, 1.0, MEAN)[0]) * inv_temperature
+    for k in range(0, read_tiles):
+        cols = k * BLOCK + lanes
+        live = cols < n_cols
+        y = tl.load(x_row + cols, mask=live, other=0.0, eviction_policy=SECOND_EVICTION)
+        g = a * tl.exp((y.to(tl.float32) * inv_temperature - lse) - lse_low) - tl.where(cols == target_col, a, 0.0)
+        tl.store(x_row + cols, g.to(x_ptr.dtype.element_ty), mask=live, eviction_policy=SECOND_EVICTION)
+    for k in range(0, n_tiles - read_tiles):  # an ignored row's gradient: 0
+        cols = k * BLOCK + lanes
+        tl.store(x_row + cols, tl.zeros((BLOCK,), x_ptr.dtype.element_ty), mask=cols < n_cols)
 
 
 # --------------------------------------------------------------------------------------------

@@ -25,10 +25,12 @@ from .kernels import (
     cross_entropy_on_chip_kernel,
     cross_entropy_reduce_kernel,
     cross_entropy_stream_kernel,
+    cross_entropy_two_pass_plain_kernel,
     scale_rows_kernel,
 )
 
 _stream = Launcher(cross_entropy_stream_kernel)
+_two_pass_plain = Launcher(cross_entropy_two_pass_plain_kernel)
 _on_chip = Launcher(cross_entropy_on_chip_kernel)
 _backward = Launcher(cross_entropy_backward_kernel)
 _reduce = Launcher(cross_entropy_reduce_kernel)
@@ -49,6 +51,11 @@ def kernels_take(x: torch.Tensor, dtype: Optional[torch.dtype] = None) -> bool:
 
 def needs_denom(reduction: str, has_weight: bool, label_smoothing: float) -> bool:
     return reduction == "mean" or (has_weight and label_smoothing > 0)
+
+
+def plain_rows(has_weight: bool, label_smoothing: float, softcap: float, z_loss: float, read_ignored: bool) -> bool:
+    """Whether a call's options leave its rows plain (planner.choose's ``plain``)."""
+    return not has_weight and label_smoothing == 0 and softcap == 0 and z_loss == 0 and not read_ignored
 
 
 def _flags(has_weight: bool, reduction: str, label_smoothing: float, z_loss: float, softcap: float) -> dict:
@@ -165,13 +172,20 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
                 Z_IN_ROW=z_loss > 0 and reduction == "none", READ_IGNORED=read_ignored, BLOCK=chosen.block,
                 CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=splits_rows(chosen),
                 num_warps=chosen.num_warps, **flags)
+    eviction = dict(FIRST_EVICTION="evict_last" if chosen.hold_l2 else "",
+                    SECOND_EVICTION="evict_first" if chosen.hold_l2 else "")
+    if chosen.plain:
+        if not plain_rows(has_weight, label_smoothing, softcap, z_loss, read_ignored) or stats or class_offset or \
+                n_classes != n_cols:
+            raise AssertionError("cross_entropy: a plan for plain rows met a call with options they exclude")
+        return Recipe(_two_pass_plain, chosen.grid, key, (n_cols, x.stride(0), target.stride(0), ignore_index, inv_t),
+                      dict(BLOCK=chosen.block, ALIGN=chosen.align, MEAN=flags["MEAN"], num_warps=chosen.num_warps,
+                           **eviction))
     if chosen.strategy in ("stream", "two_pass"):
         scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, class_offset, n_classes,
                    label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.tiles_per_chunk)
         return Recipe(_stream, chosen.grid, key, scalars, dict(
-            meta, WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats,
-            FIRST_EVICTION="evict_last" if chosen.hold_l2 else "",
-            SECOND_EVICTION="evict_first" if chosen.hold_l2 else ""))
+            meta, WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats, **eviction))
     scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, n_classes,
                label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.num_chunks)
     return Recipe(_on_chip, chosen.grid, key, scalars, meta)
@@ -247,9 +261,10 @@ class ForwardCall:
         device = x.device
         self.options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
         self.inplace = inplace
-        self.chosen = chosen = planner.choose("forward_grad" if inplace else "forward", n_rows, n_cols, x.dtype,
-                                              device, strategy, x.stride(0), x.stride(1))
         has_weight = weight is not None
+        self.chosen = chosen = planner.choose("forward_grad" if inplace else "forward", n_rows, n_cols, x.dtype,
+                                              device, strategy, x.stride(0), x.stride(1),
+                                              plain=plain_rows(has_weight, label_smoothing, softcap, z_loss, return_lse))
         self.denom = _buffers.template((3 if needs_denom(reduction, has_weight, label_smoothing) else 0,),
                                        compute_dtype(x.dtype), device)
         self.torch_path = chosen.strategy == "torch" or n_rows == 0

@@ -39,7 +39,7 @@ import torch
 from ... import _buffers, _validate
 from . import plan as planner
 from .launch import RowTerms, compute_dtype, count, kernels_take, launch_scale, merge_shard_stats, needs_denom, \
-    reduce, row_lse, rows_backward, rows_forward, shard_loss, shard_stats, torch_denom
+    plain_rows, reduce, row_lse, rows_backward, rows_forward, shard_loss, shard_stats, torch_denom
 from .op import LOGIT_DTYPES, check_class_weight, check_options, check_target, check_targets_in_range, class_weights
 
 # Rows of dlogits.T (vocabulary entries) multiplied at once in float32 where cuBLAS cannot
@@ -91,7 +91,8 @@ def _chunk_loss(logits, target, class_weight, denom, loss_rows, lse_parts, optio
     lse, lse_low = lse_parts
     ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse = options
     chosen = planner.choose("forward_grad" if write_grad else "forward", logits.shape[0], logits.shape[1],
-                            logits.dtype, logits.device, strategy, logits.stride(0), logits.stride(1))
+                            logits.dtype, logits.device, strategy, logits.stride(0), logits.stride(1),
+                            plain=plain_rows(class_weight is not None, label_smoothing, softcap, z_loss, return_lse))
     planner.record(chosen)
     if chosen.strategy != "torch":
         rows_forward(chosen, logits, target, class_weight, denom, loss_rows, lse, lse_low, ignore_index, reduction,

@@ -80,6 +80,17 @@ TWO_PASS_HOLD_L2 = True
 # (8192 x 128256 4.312 -> 4.279, 8192 x 32000 1.032 -> 0.884).
 TWO_PASS_LAUNCH = {4: ((1 << 62, 32, 0),),
                    2: ((65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 16384))}
+# two_pass over plain rows (no class weights, label smoothing, softcap or z-loss; whole 16-byte
+# vectors starting on one; see cross_entropy_two_pass_plain_kernel), the same form of table.
+# Measured in place against the general kernel's table (scripts/tune/sweep_cross_entropy.py,
+# docs/notes/2026-11/sweep_cross_entropy-plain-h100.log), ms: bf16 rows over 192 KB at 32 warps
+# over 64 KB tiles (8192 x 128256 1.976 -> 1.846, 4096 x 256000 2.156 -> 1.989; 32 KB tiles
+# 1.907, 2.097); up to 192 KB at 32 warps over 32 KB tiles (8192 x 50304 0.833 -> 0.772, 2048 x
+# 65544 0.928 -> 0.268; 64 KB tiles 0.851, 0.319); up to 64 KB at 8 warps over 16 KB tiles (8192 x
+# 32000 0.491 -> 0.425); fp32 at 32 warps over 64 KB tiles (8192 x 128256 4.280 -> 3.790, 8192 x
+# 32000 0.884 -> 0.773; 32 KB tiles 4.251, 0.909).
+TWO_PASS_PLAIN_LAUNCH = {4: ((1 << 62, 32, 16384),),
+                         2: ((65536, 8, 8192), (196608, 32, 16384), (1 << 62, 32, 32768))}
 # split_on_chip: 16 KB tiles (bf16 8192 columns, fp32 4096: the softmax's tuned split_row_on_chip
 # forward, 2.0-2.3 TB/s on the H100), larger tiles only where a row would
 # otherwise take more than SPLIT_MAX_CHUNKS_PER_SM chunks an SM (a row's programs must be resident
@@ -156,6 +167,7 @@ class Plan:
     edges: bool = False  # rows start or end inside a 16-byte vector: their partial vectors go element-wise
     contiguous: bool = True  # unit column stride
     hold_l2: bool = False  # two_pass: eviction hints keep the row in L2 between its two reads
+    plain: bool = False  # two_pass by its kernel for plain rows (see choose's ``plain``), whole vectors
 
     @property
     def reads(self) -> int:
@@ -182,7 +194,8 @@ class Plan:
             + ("; rows' partial first/last 16-byte vectors written element-wise" if self.edges else ""),
             f"reads:       {self.reads} of the logits"
             + (", gradient written over them" if self.op == "forward_grad" else "")
-            + ("; L2 asked to keep each row between its reads" if self.hold_l2 else ""),
+            + ("; L2 asked to keep each row between its reads" if self.hold_l2 else "")
+            + ("; the kernel for plain rows" if self.plain else ""),
             f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (floor)",
         ]
         if bandwidth_gbs:
@@ -201,9 +214,11 @@ def layout(rows: int, cols: int, dtype: torch.dtype, row_stride: int, col_stride
 
 def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device, strategy: str | None = None,
            row_stride: int | None = None, col_stride: int = 1, sms: int | None = None,
-           interpreting: bool | None = None) -> Plan:
+           interpreting: bool | None = None, plain: bool = False) -> Plan:
     """The plan for ``rows`` rows of ``cols`` classes (strides in elements; default contiguous).
-    ``sms`` and ``interpreting`` plan for another machine (a GPU of that many SMs)."""
+    ``sms`` and ``interpreting`` plan for another machine (a GPU of that many SMs). ``plain``: the
+    call has no class weights, label smoothing, softcap, z-loss or lse of ignored rows, so two_pass may
+    take its kernel for plain rows where the rows are whole 16-byte vectors."""
     device = torch.device(device)
     if interpreting is None:
         interpreting = _device.interpreter_active()
@@ -211,7 +226,7 @@ def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.devi
     align, edges, contiguous = layout(rows, cols, dtype, row_stride, col_stride)
     head = align - 1 if contiguous and rows > 1 and row_stride % align else 0  # a row's start inside a vector
     return _choose(op, rows, cols, dtype, device.type, strategy, align, edges, contiguous, head,
-                   sms or _device.sm_count(device), interpreting)
+                   sms or _device.sm_count(device), interpreting, plain)
 
 
 @_device.plan_cache
@@ -220,7 +235,8 @@ def _clear():
 
 
 @functools.lru_cache(maxsize=4096)  # on every call's path; a frozen result, so sharing it is safe
-def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguous, head, sms, interpreting) -> Plan:
+def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguous, head, sms, interpreting,
+            plain=False) -> Plan:
     if op not in OPS:
         raise ValueError(f"cross_entropy plan: op must be one of {OPS}, got {op!r}")
     if strategy is not None and strategy not in STRATEGIES:
@@ -276,10 +292,13 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
             strategy = "two_pass"
     if strategy == "two_pass":
         row_bytes = cols * elem
-        _, num_warps, columns = next((r for r in TWO_PASS_LAUNCH[elem] if row_bytes <= r[0]), TWO_PASS_LAUNCH[elem][-1])
+        plain = plain and contiguous and not edges
+        table = (TWO_PASS_PLAIN_LAUNCH if plain else TWO_PASS_LAUNCH)[elem]
+        _, num_warps, columns = next((r for r in table if row_bytes <= r[0]), table[-1])
         block = stream_block if interpreting or not columns else tile(columns)
         return Plan(op, strategy, block=block, num_warps=num_warps or warps(block),
-                    tiles_per_chunk=_device.cdiv(span, block), grid=(rows, 1), hold_l2=TWO_PASS_HOLD_L2, **shape)
+                    tiles_per_chunk=_device.cdiv(span, block), grid=(rows, 1), hold_l2=TWO_PASS_HOLD_L2,
+                    plain=plain, **shape)
     if strategy == "on_chip" or interpreting:  # the interpreter holds a row in one program
         block = tile(_device.next_power_of_2(span))
         if not interpreting and block > ON_CHIP_MAX_COLS[elem]:

@@ -242,7 +242,8 @@ def test_linear_torch_strategy_reaches_the_backward(plan_kwargs, gen, monkeypatc
     loss = linear_cross_entropy(*leaves[:2], target, leaves[2], reduction="none", strategy="torch", **plan_kwargs)
     loss.sum().backward()
     assert ("backward", "torch") in strategies and ("backward", None) not in strategies, strategies
-    ref, ref_grads = _linear_reference(x, w, b, target, torch.ones(10, dtype=torch.float64), reduction="none")
+    ref, ref_grads = _linear_reference(x, w, b, target, torch.ones(10, dtype=torch.float64, device=DEVICE),
+                                       reduction="none")
     assert_matches(loss.detach(), ref, torch.float32, "loss")
     for name, leaf, grad in zip("xwb", leaves, ref_grads):
         assert_matches(leaf.grad, grad, torch.float32, f"grad {name}")

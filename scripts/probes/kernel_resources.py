@@ -47,9 +47,11 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from onlinesoftmax import _device, _launch
-from onlinesoftmax.bench import attention_suite, softmax_suite, topk_suite
+from onlinesoftmax.bench import attention_suite, cross_entropy_suite, softmax_suite, topk_suite
 from onlinesoftmax.ops.attention import launch as attention_launch
 from onlinesoftmax.ops.attention import plan as attention_planner
+from onlinesoftmax.ops.cross_entropy import launch as cross_entropy_launch
+from onlinesoftmax.ops.cross_entropy import plan as cross_entropy_planner
 from onlinesoftmax.ops.softmax import launch as softmax_launch
 from onlinesoftmax.ops.softmax import plan as softmax_planner
 from onlinesoftmax.ops.topk import launch as topk_launch
@@ -89,6 +91,12 @@ def recorded_launches(sms: int):
 
     attention_plan = attention_planner.attention_plan
 
+    cross_entropy_choose = cross_entropy_planner.choose
+
+    def cross_entropy_choose_for_gpu(op, rows, cols, dtype, device, strategy=None, *args, **kwargs):
+        return cross_entropy_choose(op, rows, cols, dtype, cuda, strategy, *args,
+                                    **dict(kwargs, sms=sms, interpreting=False))
+
     def attention_plan_for_gpu(kernel, head_dim, dtype, causal, device, *args):
         with mock.patch.object(attention_planner, "interpreter_active", lambda: False):
             return attention_plan(kernel, head_dim, dtype, causal, cuda, *args)
@@ -102,6 +110,7 @@ def recorded_launches(sms: int):
             mock.patch.object(softmax_planner, "choose", choose_for_gpu), \
             mock.patch.object(topk_planner, "topk_plan", topk_plan_for_gpu), \
             mock.patch.object(attention_planner, "attention_plan", attention_plan_for_gpu), \
+            mock.patch.object(cross_entropy_planner, "choose", cross_entropy_choose_for_gpu), \
             mock.patch.object(topk_launch, "interpreter_active", lambda: True), \
             mock.patch.object(softmax_launch, "inline_ptx_allowed", lambda: True):
         yield calls
@@ -143,6 +152,20 @@ def loop_loads_in_flight(sass: str) -> list[tuple[int, int]]:
     return loops
 
 
+def global_access_widths(sass: str) -> dict:
+    """{(op, bytes): count} of the global loads (LDG) and stores (STG) in ``sass``: a streaming
+    kernel that Triton could not prove 16-byte aligned or masked by whole vectors moves 2 bytes at
+    a time (LDG.E.U16) where it should move 16 (LDG.E.128)."""
+    widths = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
+    counts: dict = {}
+    for _, op, _ in SASS_INSTRUCTION.findall(sass):
+        parts = op.split(".")
+        if parts[0] in ("LDG", "STG"):
+            key = (parts[0], next((widths[p] for p in parts[1:] if p in widths), 4))
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 def resource_usage(fn, args, meta: dict, arch: int) -> dict:
     """ptxas's resource usage of ``fn`` launched with ``args`` and ``meta``, compiled for sm_``arch``,
     and its streaming loops' loads in flight (``loops``: see loop_loads_in_flight)."""
@@ -163,8 +186,8 @@ def resource_usage(fn, args, meta: dict, arch: int) -> dict:
     usage = {key: int(value) for key, value in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", report)}
     # A warp-specialized kernel runs more warps than num_warps asked for (its producer warpgroup).
     # Triton's shared memory is dynamic (its size in the kernel's metadata), beside ptxas's static SHARED.
-    return dict(usage, loops=loop_loads_in_flight(sass), warps=kernel.metadata.num_warps,
-                dynamic_shared=kernel.metadata.shared)
+    return dict(usage, loops=loop_loads_in_flight(sass), accesses=global_access_widths(sass),
+                warps=kernel.metadata.num_warps, dynamic_shared=kernel.metadata.shared)
 
 
 def programs_per_sm(registers: int, num_warps: int, shared: int = 0) -> int:
@@ -198,12 +221,29 @@ def attention_cases(dtype, shapes=None):
                 q, q, k, k, q, torch.empty(q.shape[:3]), mode, 0.1)
 
 
+def cross_entropy_cases(dtype, shapes=None):
+    """(case, run) per mode and shape of the cross-entropy bench grid (or of ``shapes``): the
+    separate forward and backward, and the forward with the gradient in place (a "mean" loss)."""
+    for rows, cols in shapes or cross_entropy_suite.GRID.get(dtype, cross_entropy_suite.GRID[torch.float32]):
+        x = torch.empty((rows, cols), dtype=dtype)
+        target = torch.zeros(rows, dtype=torch.int64)
+        options = (None, -100, "mean", 0.0, 0.0, 0.0, 1.0, False)
+        yield f"forward {rows}x{cols}", lambda x=x, t=target: cross_entropy_launch.launch_forward(x, t, *options)
+        yield f"in place {rows}x{cols}", lambda x=x, t=target: cross_entropy_launch.launch_forward(
+            x, t, *options, inplace=True)
+        lse = torch.empty(rows)
+        yield f"backward {rows}x{cols}", lambda x=x, t=target, lse=lse: cross_entropy_launch.launch_backward(
+            x, t, None, lse, lse, torch.empty(3), torch.ones(()), -100, "mean", 0.0, 0.0, 0.0, 1.0)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability as an integer (90: H100)")
     parser.add_argument("--sms", type=int, default=132, help="SM count the plans are made for")
-    parser.add_argument("--ops", default="softmax,topk,attention", help="comma-separated: softmax, topk, attention")
-    parser.add_argument("--shapes", default="", help="softmax: comma-separated ROWSxCOLS instead of the bench grid")
+    parser.add_argument("--ops", default="softmax,topk,attention",
+                        help="comma-separated: softmax, topk, attention, cross_entropy")
+    parser.add_argument("--shapes", default="",
+                        help="softmax, cross_entropy: comma-separated ROWSxCOLS instead of the bench grid")
     parser.add_argument("--attention-shapes", default="",
                         help="attention: comma-separated HQxHKVxSxD instead of the bench grid (batch 1)")
     parser.add_argument("--table", action="append", default=[], metavar="OP:NAME=VALUE",
@@ -223,10 +263,11 @@ def report(args):
     print(f"sm_{args.arch}, plans for {args.sms} SMs, triton {triton.__version__}")
     print(f"{'dtype':9s} {'case':26s} {'kernel':34s} {'warps':>5s} {'regs':>4s} {'stack':>5s} {'smem KB':>7s} "
           f"{'programs/SM':>11s}  loads in flight")
-    cases = {"softmax": softmax_cases, "topk": topk_cases, "attention": attention_cases}
+    cases = {"softmax": softmax_cases, "topk": topk_cases, "attention": attention_cases,
+             "cross_entropy": cross_entropy_cases}
     for op in args.ops.split(","):
         for dtype in (torch.bfloat16,) if op == "attention" else (torch.float32, torch.bfloat16):
-            chosen = {"softmax": shapes, "attention": attention_shapes}
+            chosen = {"softmax": shapes, "attention": attention_shapes, "cross_entropy": shapes}
             for case, run in (cases[op](dtype, chosen[op]) if op in chosen else cases[op](dtype)):
                 with recorded_launches(args.sms) as calls:
                     run()

@@ -23,7 +23,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 from onlinesoftmax._triton import split_lse
-from onlinesoftmax.ops.cross_entropy import launch
+from probe_cross_entropy_split_reread import baseline  # this folder: run as python scripts/probes/...
 
 NEG_INF = tl.constexpr(float("-inf"))
 
@@ -147,15 +147,7 @@ def main():
     check()
     for n_rows, n_cols, dtype in ((8192, 128256, torch.bfloat16), (4096, 256000, torch.bfloat16),
                                   (8192, 32000, torch.bfloat16), (8192, 128256, torch.float32)):
-        x = torch.randn(n_rows, n_cols, device="cuda").to(dtype)
-        target = torch.randint(0, n_cols, (n_rows,), device="cuda")
-        copy_out = torch.empty_like(x)
-        floor = 2 * x.numel() * x.element_size()
-        copy_ms = do_bench(lambda: copy_out.copy_(x))
-        plan_ms = do_bench(lambda: launch.launch_forward(x, target, None, -100, "mean", 0.0, 0.0, 0.0, 1.0, False,
-                                                         None, inplace=True))
-        print(f"{n_rows}x{n_cols} {str(dtype)[6:]}: copy {copy_ms:.3f} ({floor / copy_ms / 1e6:.0f} GB/s), "
-              f"the plan in place {plan_ms:.3f}", flush=True)
+        x, target, floor = baseline(n_rows, n_cols, dtype)
         out = buffers(x)
         block = 65536 // x.element_size()
         for switches in VARIANTS:

@@ -173,21 +173,28 @@ def check():
         assert loss_err < 1e-5 and grad_err < 1e-2, name
 
 
+def baseline(n_rows, n_cols, dtype):
+    """Random logits and targets, with a device copy of the same bytes and the plan's in-place
+    forward timed on them and printed; returns (logits, targets, the floor's bytes)."""
+    x = torch.randn(n_rows, n_cols, device="cuda").to(dtype)
+    target = torch.randint(0, n_cols, (n_rows,), device="cuda")
+    copy_out = torch.empty_like(x)
+    floor = 2 * x.numel() * x.element_size()
+    copy_ms = do_bench(lambda: copy_out.copy_(x))
+    plan_ms = do_bench(lambda: launch.launch_forward(x, target, None, -100, "mean", 0.0, 0.0, 0.0, 1.0, False,
+                                                     None, inplace=True))
+    print(f"{n_rows}x{n_cols} {str(dtype)[6:]}: copy {copy_ms:.3f} ({floor / copy_ms / 1e6:.0f} GB/s), "
+          f"the plan in place {plan_ms:.3f}", flush=True)
+    return x, target, floor
+
+
 def main():
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; "
           "do_bench medians, ms (one input: each is larger than L2)")
     check()
     shapes = ((8192, 128256), (4096, 256000), (8192, 151936), (8192, 50257))
     for n_rows, n_cols in shapes[:3] if ONLY else shapes:
-        x = torch.randn(n_rows, n_cols, device="cuda").to(torch.bfloat16)
-        target = torch.randint(0, n_cols, (n_rows,), device="cuda")
-        copy_out = torch.empty_like(x)
-        floor = 2 * x.numel() * x.element_size()
-        copy_ms = do_bench(lambda: copy_out.copy_(x))
-        plan_ms = do_bench(lambda: launch.launch_forward(x, target, None, -100, "mean", 0.0, 0.0, 0.0, 1.0, False,
-                                                         None, inplace=True))
-        print(f"{n_rows}x{n_cols} bf16: copy {copy_ms:.3f} ({floor / copy_ms / 1e6:.0f} GB/s), "
-              f"the plan in place {plan_ms:.3f}", flush=True)
+        x, target, floor = baseline(n_rows, n_cols, torch.bfloat16)
         for name, (split, per_sm, block, warps, lanes, stages) in VARIANTS.items():
             if not selected(name):
                 continue

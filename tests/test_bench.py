@@ -210,6 +210,19 @@ def test_explain_prints_the_plan_without_a_gpu(capsys):
     assert "registers:" not in out  # split_row streams; nothing waits in registers
 
 
+def test_explain_prints_the_cross_entropy_plans(capsys):
+    # A training step's plans: keeping the logits (forward, backward) and in place, whose plain rows
+    # take their own kernel; a small step is said to be the host's time.
+    assert cli.main(["explain", "8192x128256", "--op", "cross_entropy", "--dtype", "bf16", "--sms", "132"]) == 0
+    out = capsys.readouterr().out
+    assert "cross_entropy forward " in out and "cross_entropy backward " in out and "cross_entropy forward_grad" in out
+    assert "the kernel for plain rows" in out and "in place with any of those options" in out
+    assert "host's time" not in out
+    assert cli.main(["explain", "256x32000", "--op", "cross_entropy", "--dtype", "bf16", "--sms", "132"]) == 0
+    out = capsys.readouterr().out
+    assert "split_on_chip" in out and "host's time" in out and "any of those options" not in out
+
+
 @pytest.mark.parametrize("shape, dtype, op, narrow", [("1024x32768", "bf16", "softmax", True),
                                                       ("1024x32768", "fp32", "softmax", False),
                                                       ("64x128256", "bf16", "softmax", True),

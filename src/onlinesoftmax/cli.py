@@ -91,6 +91,8 @@ def explain(args) -> int:
     if len(args.shape) != 2:
         print(f"explain --op {args.op}: give ROWSxCOLS", file=sys.stderr)
         return 2
+    if args.op == "cross_entropy":
+        return _explain_cross_entropy(args, dtype, device, sms)
     if args.op == "softmax_topk":
         from .ops.topk import plan
 
@@ -110,6 +112,34 @@ def explain(args) -> int:
         note = plan.eager_torch_note(chosen, sms=sms)
         if note:
             print(note)
+    return 0
+
+
+def _explain_cross_entropy(args, dtype, device, sms) -> int:
+    """cross_entropy's plans for a training step of (ROWS, COLS) contiguous logits: keeping them (a
+    forward, then a backward), and in place, with the options that keep its rows plain and without."""
+    from .ops.cross_entropy import plan
+
+    rows, cols = args.shape
+
+    def describe(op, **kwargs):
+        chosen = plan.choose(op, rows, cols, dtype, device, sms=sms, interpreting=False, **kwargs)
+        return chosen, chosen.describe(args.bandwidth)
+
+    print("keeping the logits (inplace_backward=False): the forward, then the backward")
+    for op in ("forward", "backward"):
+        print(describe(op)[1])
+    plain, text = describe("forward_grad", plain=True)
+    print("\nin place (inplace_backward=True), no class weights, label smoothing, softcap, z-loss or return_lse:")
+    print(text)
+    general, text = describe("forward_grad")
+    if general != plain:
+        print("\nin place with any of those options:")
+        print(text)
+    if rows * cols * dtype.itemsize < plan.EAGER_BEHIND_TORCH_BYTES:
+        print(f"\neager steps of logits under {plan.EAGER_BEHIND_TORCH_BYTES / 1e6:.0f} MB are our host's time, "
+              "longer than torch's (docs/perf-cross_entropy.md, host time); CUDA graphs and torch.compile "
+              "take the host out")
     return 0
 
 
@@ -166,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="default fp32 (decode: bf16)")
     exp.add_argument("--op", default="softmax", choices=["softmax", "log_softmax", "logsumexp",
                                                           "softmax_backward", "log_softmax_backward",
-                                                          "softmax_topk", "decode"])
+                                                          "softmax_topk", "decode", "cross_entropy"])
     exp.add_argument("--k", type=int, default=50, help="softmax_topk: k")
     exp.add_argument("--algorithm", default="auto", choices=["auto", "online", "safe"])
     exp.add_argument("--strategy", default=None, choices=["row_on_chip", "looped", "split_row", "split_row_on_chip"])

@@ -99,6 +99,12 @@ SPLIT_TILE_BYTES = 16384
 SPLIT_MAX_CHUNKS_PER_SM = 0.5
 SPLIT_MAX_TILE = 16384
 
+# Eager training steps of logits under this many bytes took longer than F.cross_entropy's on the
+# H100 machine, their time our host's (bf16 512 x 65537, 67 MB: 0.71-0.76x torch; 8192 x 4097, 67
+# MB: 0.75-1.03x; 512 x 128257, 131 MB: 1.41-1.45x; scripts/probes/probe_cross_entropy_off_grid.py,
+# docs/notes/2026-11/probe_cross_entropy_off_grid-h100.log). `explain` says so; no call is routed.
+EAGER_BEHIND_TORCH_BYTES = 100_000_000
+
 # backward: elementwise tiles of 16 KB, one program a tile (bandwidth-bound; the per-program row
 # values, lse, target and upstream gradient, are 3 loads from L2).
 BACKWARD_BLOCK = {4: 4096, 2: 8192}

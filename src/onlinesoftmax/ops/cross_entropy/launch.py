@@ -262,9 +262,9 @@ class ForwardCall:
         self.options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
         self.inplace = inplace
         has_weight = weight is not None
+        plain = plain_rows(has_weight, label_smoothing, softcap, z_loss, return_lse)
         self.chosen = chosen = planner.choose("forward_grad" if inplace else "forward", n_rows, n_cols, x.dtype,
-                                              device, strategy, x.stride(0), x.stride(1),
-                                              plain=plain_rows(has_weight, label_smoothing, softcap, z_loss, return_lse))
+                                              device, strategy, x.stride(0), x.stride(1), plain=plain)
         self.denom = _buffers.template((3 if needs_denom(reduction, has_weight, label_smoothing) else 0,),
                                        compute_dtype(x.dtype), device)
         self.torch_path = chosen.strategy == "torch" or n_rows == 0

@@ -408,6 +408,23 @@ def test_out_of_range_targets_in_the_kernels_give_nan_rows(gen):
 # --------------------------------------------------------------------------------------------
 
 
+def test_separate_backward_for_each_upstream_layout(gen):
+    # An eager forward's prepared call finds its backward by the upstream gradient alone (the rest of
+    # the backward's signature is the forward's): per-row upstream gradients of other strides,
+    # one after another on one forward signature, each get theirs.
+    x = make_logits((6, 70), torch.float32, gen)
+    target = make_targets(6, 70, gen, ignore_every=3)
+    upstreams = [torch.randn(6, generator=gen), torch.randn(12, generator=gen)[::2],
+                 torch.randn(1, generator=gen).expand(6), torch.randn(6, generator=gen)]
+    for i, upstream in enumerate(upstreams):
+        upstream = upstream.to(DEVICE)
+        x64 = x.detach().double().requires_grad_()
+        reference(x64, target, reduction="none").backward(upstream.double())
+        leaf = x.clone().requires_grad_()
+        cross_entropy(leaf, target, reduction="none").backward(upstream)
+        assert_matches(leaf.grad, x64.grad, torch.float32, f"upstream {i}, strides {upstream.stride()}")
+
+
 @pytest.mark.parametrize("upstream", [1.0, 0.25, -3.0])
 def test_inplace_gradient_overwrites_the_logits_and_scales_by_the_upstream_gradient(upstream, gen):
     x = make_logits((8, 90), torch.float32, gen, outliers=False)

@@ -120,6 +120,7 @@ class _ContextParallelAttentionFunction(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.config = (mode, scale, group, offset, total_keys)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # else autograd allocates and fills zeros for lse's gradient every backward
         return out, lse
 
     @staticmethod

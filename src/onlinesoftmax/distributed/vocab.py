@@ -65,6 +65,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         ctx.save_for_backward(x2, target, weight, lse, lse_low, denom)
         ctx.config = (offset, total, options, triton)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # else autograd allocates and fills zeros for lse's gradient every backward
         return loss, lse
 
     @staticmethod

@@ -56,6 +56,7 @@ class _AttentionFunction(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.config = (mode, scale)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # else autograd allocates and fills zeros for lse's gradient every backward
         return out, lse
 
     @staticmethod

@@ -260,7 +260,8 @@ class ForwardCall:
         n_rows, n_cols = x.shape
         device = x.device
         self.options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
-        self.inplace = inplace
+        self.inplace, self.strategy = inplace, strategy
+        self.backward_calls: dict = {}  # upstream gradient's signature -> BackwardCall
         has_weight = weight is not None
         plain = plain_rows(has_weight, label_smoothing, softcap, z_loss, return_lse)
         self.chosen = chosen = planner.choose("forward_grad" if inplace else "forward", n_rows, n_cols, x.dtype,
@@ -306,6 +307,17 @@ class ForwardCall:
         self.reduce(loss_rows, lse, target, loss_rows if weight is None else weight, denom, loss)
         return loss, lse, lse_low, denom
 
+    def backward(self, x, target, weight, lse, lse_low, denom, grad):
+        """launch_backward for the tensors of a call of this forward (x, target and weight as given
+        to it, the lse, lse_low and denom it returned): everything its key holds but the upstream
+        gradient is this forward's, so that alone is looked up (an autograd step's host time)."""
+        key = (grad.shape, grad.stride(), grad.dtype, aligned(grad))
+        call = self.backward_calls.get(key)
+        if call is None:
+            call = remember(self.backward_calls, key, BackwardCall(x, target, weight, lse, lse_low, grad, *self.options,
+                                                                   self.strategy, 0, None))
+        return call(x, target, weight, lse, lse_low, denom, grad)
+
 
 class BackwardCall:
     """One backward signature, decided once (as ForwardCall)."""
@@ -349,13 +361,10 @@ _CALLS: dict = {}
 plan_cache(_CALLS.clear)
 
 
-def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
-                   reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
-                   return_lse: bool, strategy: Optional[str] = None, *, inplace: bool = False):
-    """(loss, lse, lse_low, denom) of (rows, classes) logits ``x``, lse_low being the float32 lse's
-    rounding error (the backward's, see _triton.split_lse); ``inplace``: x is overwritten with the
-    gradient of the loss (for an upstream gradient of 1). ``inplace`` is keyword-only: the custom
-    ops and the eager path pass the same positional arguments, and a strategy must never land in it."""
+def forward_call(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
+                 reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
+                 return_lse: bool, strategy: Optional[str] = None, *, inplace: bool = False) -> ForwardCall:
+    """The ForwardCall of this signature (launch_forward's arguments), made once."""
     key = ("forward", x.shape, x.stride(), x.dtype, x.device, target.dtype, target.stride(), aligned(x),
            aligned(target), _weight_signature(weight), ignore_index, reduction, label_smoothing, z_loss, softcap,
            temperature, return_lse, strategy, inplace, interpreter_active())
@@ -363,7 +372,18 @@ def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch
     if call is None:
         call = remember(_CALLS, key, ForwardCall(x, target, weight, ignore_index, reduction, label_smoothing, z_loss,
                                                  softcap, temperature, return_lse, strategy, inplace))
-    return call(x, target, weight)
+    return call
+
+
+def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
+                   reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
+                   return_lse: bool, strategy: Optional[str] = None, *, inplace: bool = False):
+    """(loss, lse, lse_low, denom) of (rows, classes) logits ``x``, lse_low being the float32 lse's
+    rounding error (the backward's, see _triton.split_lse); ``inplace``: x is overwritten with the
+    gradient of the loss (for an upstream gradient of 1). ``inplace`` is keyword-only: the custom
+    ops and the eager path pass the same positional arguments, and a strategy must never land in it."""
+    return forward_call(x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+                        return_lse, strategy, inplace=inplace)(x, target, weight)
 
 
 def launch_backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], lse: torch.Tensor,

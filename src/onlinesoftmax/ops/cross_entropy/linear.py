@@ -258,6 +258,7 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
         ctx.dtypes = (x2.dtype, weight.dtype, bias.dtype if bias is not None else None)
         lse = lse_parts[0]
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # else autograd allocates and fills zeros for lse's gradient every backward
         return loss, lse
 
     @staticmethod
@@ -354,6 +355,7 @@ class _VocabSlicedFunction(torch.autograd.Function):
         ctx.save_for_backward(x2, weight, bias, target, class_weight, lse, lse_low, denom)
         ctx.config = (options, vocab_chunk, strategy)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # else autograd allocates and fills zeros for lse's gradient every backward
         return loss, lse
 
     @staticmethod

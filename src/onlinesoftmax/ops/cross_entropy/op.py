@@ -10,7 +10,7 @@ import torch
 from ... import _validate
 from ..._device import plan_cache, remember
 from ..._launch import op_when_compiling
-from .launch import compute_dtype, launch_backward, launch_forward, launch_scale, needs_denom
+from .launch import compute_dtype, forward_call, launch_backward, launch_forward, launch_scale, needs_denom
 
 REDUCTIONS = ("mean", "sum", "none")
 TARGET_DTYPES = (torch.int64, torch.int32)
@@ -98,35 +98,42 @@ def _scale_(x, grad):
 
 class _CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                return_lse, inplace, strategy):
-        args = (x2, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                return_lse, strategy)
+    def forward(ctx, x2, target, weight, options, inplace, strategy):
+        # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse),
+        # one argument (apply's own work grows with the number of arguments).
+        args = (x2, target, weight, *options, strategy)
+        call = None
+        if torch.compiler.is_compiling():
+            loss, lse, lse_low, denom = (_forward_inplace if inplace else _forward)(*args)
+        else:
+            # The eager forward's prepared call also finds its backward (by the upstream gradient alone).
+            call = forward_call(*args, inplace=inplace)
+            loss, lse, lse_low, denom = call(x2, target, weight)
         if inplace:
-            loss, lse, _, denom = _forward_inplace(*args)
             if not torch.compiler.is_compiling():
                 # x2 now holds the gradient: an earlier op that saved the logits for its own
                 # backward then fails autograd's version check instead of using the gradient.
                 torch.autograd.graph.increment_version(x2)
             ctx.save_for_backward(x2)
         else:
-            loss, lse, lse_low, denom = _forward(*args)
             ctx.save_for_backward(x2, target, weight, lse, lse_low, denom)
-        ctx.config = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, inplace, strategy)
+        ctx.config = (options[:6], inplace, strategy, call)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # else autograd allocates and fills zeros for lse's gradient every backward
         return loss, lse
 
     @staticmethod
     def backward(ctx, dloss, _dlse):
-        ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, inplace, strategy = ctx.config
+        options, inplace, strategy, call = ctx.config
         if inplace:
             (dx,) = ctx.saved_tensors
             _scale_(dx, dloss)
+        elif call is not None and not torch.compiler.is_compiling():
+            dx = call.backward(*ctx.saved_tensors, dloss)
         else:
             x2, target, weight, lse, lse_low, denom = ctx.saved_tensors
-            dx = _backward(x2, target, weight, lse, lse_low, denom, dloss, ignore_index, reduction, label_smoothing, z_loss,
-                           softcap, temperature, strategy)
-        return dx, None, None, None, None, None, None, None, None, None, None, None
+            dx = _backward(x2, target, weight, lse, lse_low, denom, dloss, *options, strategy)
+        return dx, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -337,7 +344,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     x2 = logits if logits.dim() == 2 else logits.reshape(target.numel(), n_classes)  # a view where dims merge
     t1 = target if target.dim() == 1 else target.reshape(-1)
     if logits.requires_grad and torch.is_grad_enabled():
-        loss, lse = _CrossEntropyFunction.apply(x2, t1, weight, *options, inplace_backward, strategy)
+        loss, lse = _CrossEntropyFunction.apply(x2, t1, weight, options, inplace_backward, strategy)
     else:
         loss, lse, _, _ = _forward(x2, t1, weight, *options, strategy)
     if reduction == "none":

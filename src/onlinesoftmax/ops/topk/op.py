@@ -59,6 +59,7 @@ class _SoftmaxTopkFunction(torch.autograd.Function):
         ctx.save_for_backward(x2, lse, lse_low, indices)
         ctx.config = (temperature, strategy, block, num_chunks)
         ctx.mark_non_differentiable(indices)
+        ctx.set_materialize_grads(False)  # else autograd allocates and fills zeros for every unused gradient
         return values, indices, lse
 
     @staticmethod

@@ -534,6 +534,10 @@ def test_plans_for_the_gpu():
     assert big.hold_l2 and "L2" in big.describe()
     fp32 = choose("forward_grad", 8192, 128256, torch.float32)
     assert (fp32.strategy, fp32.num_warps, fp32.hold_l2) == ("two_pass", 32, True)
+    # The general kernel's fp32 tiles by row length: 16 KB up to 96 KB rows, 32 KB up to 128 KB, 64 KB above.
+    for cols, block in [(24001, 4096), (32001, 8192), (50257, 16384), (128257, 16384)]:
+        general = choose("forward_grad", 8192, cols, torch.float32)
+        assert (general.strategy, general.plain, general.block, general.num_warps) == ("two_pass", False, block, 32)
     short = choose("forward_grad", 8192, 32000, torch.bfloat16)
     assert (short.strategy, short.block, short.num_warps) == ("two_pass", 8192, 8)
     middle = choose("forward_grad", 8192, 50257, torch.bfloat16)

@@ -4,7 +4,8 @@ values, one training step (forward + gradient, "mean") as the bench times it.
     python scripts/tune/sweep_cross_entropy.py [--shapes 8192x128256 ...] [--variants default ...] [--modes inplace separate]
 
 Each line: one shape, one mode (inplace_backward=True: the gradient written over the logits by the
-forward; separate: the forward reads, the backward reads again and writes), one variant; do_bench
+forward; separate: the forward reads, the backward reads again and writes; inplace_smooth: in place
+with label smoothing 0.1, which leaves rows to the general kernel), one variant; do_bench
 medians over rotated inputs, GB/s against that mode's floor bytes (fused: logits read + gradient
 written; separate: 2 reads + 1 write), the plans the step ran. Variants change tables only through
 ``onlinesoftmax.override_plan("cross_entropy", ...)``.
@@ -52,6 +53,9 @@ VARIANTS = {
     # The plan's launches but 64 KB tiles for bf16 rows over 128 KB.
     "two_pass_big_rows_64K": dict(TWO_PASS_LAUNCH={4: ((1 << 62, 32, 0),),
                                                    2: ((65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 32768))}),
+    # The general kernel's launches before its rows over 128 KB took larger tiles.
+    "two_pass_before_big_tiles": dict(TWO_PASS_LAUNCH={4: ((1 << 62, 32, 0),),
+                                                       2: ((65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 16384))}),
     "split_on_chip": dict(TWO_PASS_MIN_ROWS_PER_SM={4: 0, 2: 0}),
     # The kernel for plain rows (the default options) under other launches.
     "plain_64K_w32": _plain(32, 65536),
@@ -63,7 +67,9 @@ VARIANTS = {
     "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
     "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),
 }
-MODES = {"inplace": dict(inplace_backward=True), "separate": {}}
+# inplace_smooth: label smoothing keeps every row from the kernel for plain rows (the general one's rows).
+MODES = {"inplace": dict(inplace_backward=True), "separate": {},
+         "inplace_smooth": dict(inplace_backward=True, label_smoothing=0.1)}
 
 
 def main():
@@ -87,13 +93,13 @@ def main():
         for mode in args.modes:
             options = MODES[mode]
             step = suite._step(lambda x, t: onlinesoftmax.cross_entropy(x, t, **options))
-            floor_bytes = (2 if mode == "inplace" else 3) * logits_bytes
+            floor_bytes = (3 if mode == "separate" else 2) * logits_bytes
             for name in args.variants:
                 with onlinesoftmax.override_plan("cross_entropy", **VARIANTS[name]):
                     try:
                         ms = time_ms(step, sets)
-                        chosen = ce_plan.choose("forward_grad" if mode == "inplace" else "forward", *shape, dtype,
-                                                torch.device("cuda"), plain=True)  # the default options
+                        chosen = ce_plan.choose("forward" if mode == "separate" else "forward_grad", *shape, dtype,
+                                                torch.device("cuda"), plain=mode != "inplace_smooth")
                         print(f"  {mode:8s} {name:14s} {ms:7.3f} ms {floor_bytes / ms / 1e6:6.0f} GB/s  forward: "
                               f"{chosen.strategy} block {chosen.block} warps {chosen.num_warps} chunks {chosen.num_chunks}"
                               f" grid {chosen.grid[0]}{' plain' if chosen.plain else ''}",

@@ -140,6 +140,15 @@ def load_row_target(target_ptr, row, target_stride, ignore_index, n_classes):
 
 
 @triton.jit
+def target_column(target, n_cols):
+    """The row's target as a column of the n_cols it has here, in int32; -1 (no column) where it is
+    not among them (ignored, out of range, another shard's). Compared with every lane's column, the
+    int64 target widened them all to 64 bits (ptxas for sm_90, bf16 at 32 elements a thread: 64
+    registers and an 88-byte stack of spills, none in int32)."""
+    return tl.where((target >= 0) & (target < n_cols), target, -1).to(tl.int32)
+
+
+@triton.jit
 def gradient_scales(denom_ptr, upstream, MEAN: tl.constexpr):
     """(s, s_z): the upstream gradient over the denominators of "mean" (sum of w_t, valid rows)."""
     if MEAN:
@@ -163,13 +172,10 @@ def row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n
 
 
 @triton.jit
-def gradient(y, cols, target, lse, lse_low, a, b, e, weight_ptr, live, valid, bad, tanh_scale, inv_temperature,
-             HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
-    """dL/dx of a tile from its transformed logits ``y`` (lanes outside the row: -inf)."""
-    # The target as an int32 column: against the int64 target every lane's column widens to 64 bits
-    # (ptxas for sm_90, bf16 at 32 elements a thread: 64 registers and an 88-byte stack of spills,
-    # none in int32). A target outside the row (negative, or another shard's) matches no column of it.
-    target_col = tl.minimum(tl.maximum(target, -1), 2147483647).to(tl.int32)
+def gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr, live, valid, bad, tanh_scale,
+             inv_temperature, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
+    """dL/dx of a tile from its transformed logits ``y`` (lanes outside the row: -inf); ``target_col``
+    from target_column."""
     g = a * tl.exp(y - lse - lse_low) - tl.where(cols == target_col, b, 0.0)
     if SMOOTH:
         if HAS_WEIGHT:
@@ -247,7 +253,7 @@ def target_logit(x_row, target, col_stride, in_row, softcap, inv_temperature, SO
 
 
 @triton.jit
-def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target, lse, lse_low, a, b, e, valid, bad, read, weight_ptr,
+def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target_col, lse, lse_low, a, b, e, valid, bad, read, weight_ptr,
                         softcap, tanh_scale, inv_temperature,
                         ALIGN: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
     """The gradient of the row's partial first and last vectors, element by element (no other store
@@ -255,7 +261,7 @@ def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target, lse, lse_low, a, b
     cols, mask = edge_columns(base, n_cols, ALIGN)
     x = tl.load(x_ptr + base + cols, mask=mask & read, other=0.0)
     y = tl.where(mask & read, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
-    g = gradient(y, cols, target, lse, lse_low, a, b, e, weight_ptr, mask, valid, bad, tanh_scale,
+    g = gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr, mask, valid, bad, tanh_scale,
                  inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
     tl.store(out_ptr + base + cols, g.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -293,6 +299,7 @@ def cross_entropy_stream_kernel(
     num_chunks = tl.num_programs(1)
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_classes)
     local_target = target - class_offset
+    target_col = target_column(local_target, n_cols)
     read = valid | READ_IGNORED
     base = row.to(tl.int64) * x_stride
     head = 0
@@ -364,12 +371,12 @@ def cross_entropy_stream_kernel(
                     # valid, whose gradient is 0 (with row_tile's mask of plain rows, in place
                     # 8192 x 50257 bf16 0.941 -> 0.860 ms: docs/perf-cross_entropy.md).
                     y = transform(x, softcap, inv_temperature, SOFTCAP)
-                    g = gradient(y, cols, local_target, lse, lse_low, a, b, e, weight_ptr, full, valid, bad,
+                    g = gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr, full, valid, bad,
                                  tanh_scale, inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
                     tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full,
                              eviction_policy=SECOND_EVICTION)
                 if EDGES:
-                    write_edge_gradient(x_ptr, x_ptr, base, n_cols, local_target, lse, lse_low, a, b, e, valid, bad,
+                    write_edge_gradient(x_ptr, x_ptr, base, n_cols, target_col, lse, lse_low, a, b, e, valid, bad,
                                         read, weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT,
                                         SMOOTH, SOFTCAP)
 
@@ -394,7 +401,7 @@ def cross_entropy_two_pass_plain_kernel(
     row = tl.program_id(0)
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_cols)
     in_row = valid & ~bad
-    target_col = tl.where(in_row, target, -1).to(tl.int32)  # int32: see gradient()
+    target_col = target_column(target, n_cols)
     # Rows and their length in whole vectors, as Triton's alignment analysis can see (see row_tile).
     n_cols = known_multiple(n_cols, ALIGN)
     x_row = x_ptr + row.to(tl.int64) * known_multiple(x_stride, ALIGN)
@@ -505,8 +512,8 @@ def cross_entropy_on_chip_kernel(
     scale, scale_z = gradient_scales(denom_ptr, 1.0, MEAN)
     a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes, SMOOTH, Z)
     y = tl.where(live, transform(b_in, softcap, inv_temperature, SOFTCAP), NEG_INF)
-    g = gradient(y, cols, target, lse, lse_low, a, b, e, weight_ptr, live, valid, bad, tanh_scale, inv_temperature,
-                 HAS_WEIGHT, SMOOTH, SOFTCAP)
+    g = gradient(y, cols, target_column(target, n_cols), lse, lse_low, a, b, e, weight_ptr, live, valid, bad,
+                 tanh_scale, inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
     tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full)
     if chunk == 0:
         loss = row_loss(lse, lse_low, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes, SMOOTH, Z_IN_ROW)
@@ -514,8 +521,9 @@ def cross_entropy_on_chip_kernel(
         tl.store(lse_ptr + row, lse)
         tl.store(lse_low_ptr + row, lse_low)
         if EDGES:
-            write_edge_gradient(x_ptr, x_ptr, base, n_cols, target, lse, lse_low, a, b, e, valid, bad, read,
-                                weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
+            write_edge_gradient(x_ptr, x_ptr, base, n_cols, target_column(target, n_cols), lse, lse_low, a, b, e,
+                                valid, bad, read, weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT,
+                                SMOOTH, SOFTCAP)
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,7 +544,7 @@ def cross_entropy_backward_kernel(
     row = tl.program_id(0)
     k = tl.program_id(1)
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_classes)
-    local_target = target - class_offset
+    target_col = target_column(target - class_offset, n_cols)
     lse = tl.load(lse_ptr + row)
     lse_low = tl.load(lse_low_ptr + row)
     upstream = tl.load(grad_ptr + row.to(tl.int64) * grad_stride).to(tl.float32)
@@ -547,12 +555,12 @@ def cross_entropy_backward_kernel(
     start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
     x = tl.load(x_ptr + start + offs, mask=full & valid, other=0.0)
     y = tl.where(full & valid, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
-    g = gradient(y, cols, local_target, lse, lse_low, a, b, e, weight_ptr + class_offset, full, valid, bad,
+    g = gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr + class_offset, full, valid, bad,
                  tanh_scale, inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
     tl.store(dx_ptr + start + offs, g.to(dx_ptr.dtype.element_ty), mask=full)
     if EDGES:
         if k == 0:
-            write_edge_gradient(x_ptr, dx_ptr, base, n_cols, local_target, lse, lse_low, a, b, e, valid, bad, valid,
+            write_edge_gradient(x_ptr, dx_ptr, base, n_cols, target_col, lse, lse_low, a, b, e, valid, bad, valid,
                                 weight_ptr + class_offset, softcap, tanh_scale, inv_temperature,
                                 ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
 

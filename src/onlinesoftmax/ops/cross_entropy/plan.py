@@ -77,8 +77,16 @@ TWO_PASS_HOLD_L2 = True
 # (8192 x 32000 0.563 -> 0.491 ms against 16); up to 128 KB at 16 (8192 x 50257 0.926 against 1.010
 # at 32 and 0.985 at 8); longer at 32 warps over 32 KB tiles (8192 x 128256 2.231 -> 1.995, 16384 x
 # 128256 4.426 -> 3.944; 64 KB tiles 2.750, 16 warps over 32 KB 2.260); fp32 at 32 warps
-# (8192 x 128256 4.312 -> 4.279, 8192 x 32000 1.032 -> 0.884).
-TWO_PASS_LAUNCH = {4: ((1 << 62, 32, 0),),
+# (8192 x 128256 4.312 -> 4.279, 8192 x 32000 1.032 -> 0.884). Since the int32 target column
+# (gradient(): no spills), fp32 rows over 96 KB take larger tiles, as the kernel for plain rows does
+# (docs/notes/2026-11/sweep_cross_entropy-general_tiles-h100.log; this kernel's rows are those not
+# of whole vectors, or with per-class options), in place, ms, plain options / label smoothing:
+# 32 KB tiles up to 128 KB (8192 x 32001 0.939 -> 0.803 / 1.010 -> 0.829), 64 KB above (8192 x 50257
+# 1.777 -> 1.472 / 1.820 -> 1.454, 8192 x 128257 5.214 -> 4.409 / 5.365 -> 4.400, 8192 x 128256 with
+# smoothing 4.441 -> 3.924); at 4096 x 24001 (96 KB) 32 KB tiles went both ways (0.375 -> 0.399 /
+# 0.408 -> 0.329): unchanged there. bf16 unchanged: 64 KB tiles took 8192 x 128257 from 2.286 to
+# 2.058 ms but 4096 x 100003 from 0.878 to 1.017 and 8192 x 128256 with smoothing from 2.449 to 2.519.
+TWO_PASS_LAUNCH = {4: ((98304, 32, 0), (131072, 32, 8192), (1 << 62, 32, 16384)),
                    2: ((65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 16384))}
 # two_pass over plain rows (no class weights, label smoothing, softcap or z-loss; whole 16-byte
 # vectors starting on one; see cross_entropy_two_pass_plain_kernel), the same form of table.

@@ -7,11 +7,12 @@ timed two ways on the same inputs:
 
     eager: calls back to back between two CUDA events (harness.back_to_back_ms): what a loop of
            eager calls costs, the host's time included wherever it exceeds the GPU's;
-    GPU:   do_bench medians with the L2 flushed before each call (harness.time_ms).
+    GPU:   do_bench medians with the L2 flushed before each call (harness.time_ms);
+    graph: (--graph) the same calls replayed from a CUDA graph (harness.graph_time_ms): no host.
 
 Ratios are torch's time over ours (above 1: ours faster). Logits above --max-gb are left out.
 
-    python scripts/probes/probe_cross_entropy_off_grid.py [--dtype bf16] [--random 16] [--seed 0] [--max-gb 1.1]
+    python scripts/probes/probe_cross_entropy_off_grid.py [--dtype bf16] [--random 16] [--seed 0] [--max-gb 1.1] [--graph]
 """
 
 import argparse
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 import onlinesoftmax
 from onlinesoftmax.bench import cross_entropy_suite as suite
-from onlinesoftmax.bench.harness import back_to_back_ms, rotation_count, time_ms
+from onlinesoftmax.bench.harness import back_to_back_ms, graph_time_ms, rotation_count, time_ms
 
 ROWS = (1, 64, 512, 2048, 8192)
 VOCABS = (4097, 32001, 32008, 50257, 65537, 128257, 256000)
@@ -38,19 +39,29 @@ def shapes(dtype, n_random, seed, max_bytes):
     return [s for s in grid + drawn if s[0] * s[1] * dtype.itemsize <= max_bytes], drawn
 
 
+def _graph_columns(graph) -> str:
+    if None in graph.values():  # a step that could not be captured
+        return " | " + " ".join(f"{name}: {'-' if ms is None else f'{ms:.3f}'}" for name, ms in graph.items())
+    return (f" | {graph['torch']:15.3f} {graph['ours']:7.3f} {graph['inplace']:7.3f} "
+            f"{graph['torch'] / graph['ours']:5.2f} {graph['torch'] / graph['inplace']:5.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bf16", choices=list(suite.DTYPES))
     parser.add_argument("--random", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-gb", type=float, default=1.1)
+    parser.add_argument("--graph", action="store_true", help="also time CUDA-graph replays")
     args = parser.parse_args()
     dtype = suite.DTYPES[args.dtype]
     cases, drawn = shapes(dtype, args.random, args.seed, args.max_gb * 1e9)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; {args.dtype}; random shapes (seed "
           f"{args.seed}): {' '.join(f'{r}x{v}' for r, v in drawn)}")
     print(f"{'shape':>14s} | {'eager ms: torch':>15s} {'ours':>7s} {'inplace':>7s} {'ratios':>11s} | "
-          f"{'GPU ms: torch':>13s} {'ours':>7s} {'inplace':>7s} {'ratios':>11s}", flush=True)
+          f"{'GPU ms: torch':>13s} {'ours':>7s} {'inplace':>7s} {'ratios':>11s}"
+          + (f" | {'graph ms: torch':>15s} {'ours':>7s} {'inplace':>7s} {'ratios':>11s}" if args.graph else ""),
+          flush=True)
     steps = {"torch": suite._step(F.cross_entropy),
              "ours": suite._step(lambda x, t: onlinesoftmax.cross_entropy(x, t)),
              "inplace": suite._step(lambda x, t: onlinesoftmax.cross_entropy(x, t, inplace_backward=True))}
@@ -63,17 +74,19 @@ def main():
         count = min(rotation_count(case.bytes_moved), 4)
         shared = [case.make_inputs(gen) for _ in range(count)]
         own = [case.make_inputs(gen) for _ in range(count)]  # overwritten by the in-place step
-        eager, gpu = {}, {}
+        eager, gpu, graph = {}, {}, {}
         for name, step in steps.items():
             sets = own if name == "inplace" else shared
             eager[name] = back_to_back_ms(step, sets)
             gpu[name] = time_ms(step, sets)
+            if args.graph:
+                graph[name] = graph_time_ms(step, sets)
         ratios = [eager["torch"] / eager["ours"], eager["torch"] / eager["inplace"]]
         gpu_ratios = [gpu["torch"] / gpu["ours"], gpu["torch"] / gpu["inplace"]]
         worst.append((min(ratios), f"{rows}x{vocab}"))
         print(f"{rows:>6d}x{vocab:<7d} | {eager['torch']:15.3f} {eager['ours']:7.3f} {eager['inplace']:7.3f} "
               f"{ratios[0]:5.2f} {ratios[1]:5.2f} | {gpu['torch']:13.3f} {gpu['ours']:7.3f} {gpu['inplace']:7.3f} "
-              f"{gpu_ratios[0]:5.2f} {gpu_ratios[1]:5.2f}", flush=True)
+              f"{gpu_ratios[0]:5.2f} {gpu_ratios[1]:5.2f}" + (_graph_columns(graph) if args.graph else ""), flush=True)
         del shared, own
         torch.cuda.empty_cache()
     worst.sort()

@@ -172,10 +172,21 @@ def row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n
 
 
 @triton.jit
-def gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr, live, valid, bad, tanh_scale,
-             inv_temperature, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
-    """dL/dx of a tile from its transformed logits ``y`` (lanes outside the row: -inf); ``target_col``
-    from target_column."""
+def gradient_terms(a, b, e, lse, lse_low, valid, bad, inv_temperature):
+    """The row's (a, b, e, lse, lse_low) as gradient() takes them, so that its per-element work is the
+    formula alone: the temperature folded into the coefficients, an ignored row's all 0 (its logits
+    then read as 0: a gradient of exactly 0), a bad target's ``a`` NaN (a NaN gradient)."""
+    a = tl.where(bad, float("nan"), tl.where(valid, a * inv_temperature, 0.0))
+    b = tl.where(valid, b * inv_temperature, 0.0)
+    e = tl.where(valid, e * inv_temperature, 0.0)
+    return a, b, e, tl.where(valid, lse, 0.0), tl.where(valid, lse_low, 0.0)
+
+
+@triton.jit
+def gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr, live, tanh_scale,
+             HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
+    """dL/dx of a tile from its transformed logits ``y`` (finite outside the row: logits read as 0),
+    the row's terms from gradient_terms and ``target_col`` from target_column."""
     g = a * tl.exp(y - lse - lse_low) - tl.where(cols == target_col, b, 0.0)
     if SMOOTH:
         if HAS_WEIGHT:
@@ -185,8 +196,7 @@ def gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr, live, valid
     if SOFTCAP:
         th = y * tanh_scale  # tanh(x / softcap): y = softcap * tanh(x / softcap) / T
         g = g * (1.0 - th * th)
-    g = tl.where(valid, g * inv_temperature, 0.0)
-    return tl.where(bad, float("nan"), g)
+    return g
 
 
 @triton.jit
@@ -253,16 +263,15 @@ def target_logit(x_row, target, col_stride, in_row, softcap, inv_temperature, SO
 
 
 @triton.jit
-def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target_col, lse, lse_low, a, b, e, valid, bad, read, weight_ptr,
+def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target_col, lse, lse_low, a, b, e, valid, weight_ptr,
                         softcap, tanh_scale, inv_temperature,
                         ALIGN: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
     """The gradient of the row's partial first and last vectors, element by element (no other store
-    touches them, so in place they still hold the logits)."""
+    touches them, so in place they still hold the logits); the row's terms from gradient_terms."""
     cols, mask = edge_columns(base, n_cols, ALIGN)
-    x = tl.load(x_ptr + base + cols, mask=mask & read, other=0.0)
-    y = tl.where(mask & read, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
-    g = gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr, mask, valid, bad, tanh_scale,
-                 inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
+    x = tl.load(x_ptr + base + cols, mask=mask & valid, other=0.0)
+    g = gradient(transform(x, softcap, inv_temperature, SOFTCAP), cols, target_col, lse, lse_low, a, b, e,
+                 weight_ptr, mask, tanh_scale, HAS_WEIGHT, SMOOTH, SOFTCAP)
     tl.store(out_ptr + base + cols, g.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -364,21 +373,22 @@ def cross_entropy_stream_kernel(
                 scale, scale_z = gradient_scales(denom_ptr, 1.0, MEAN)
                 a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes,
                                            SMOOTH, Z)
+                a, b, e, lse_g, lse_low_g = gradient_terms(a, b, e, lse, lse_low, valid, bad, inv_temperature)
                 for k in range(0, (n_cols + head + BLOCK - 1) // BLOCK):
                     start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
-                    x = tl.load(x_ptr + start + offs, mask=full & read, other=0.0, eviction_policy=SECOND_EVICTION)
-                    # No mask on y: lanes outside the row are not stored, and a row not read is not
-                    # valid, whose gradient is 0 (with row_tile's mask of plain rows, in place
-                    # 8192 x 50257 bf16 0.941 -> 0.860 ms: docs/perf-cross_entropy.md).
+                    # An ignored row is not read (its logits 0, its gradient 0), even where its lse was.
+                    x = tl.load(x_ptr + start + offs, mask=full & valid, other=0.0, eviction_policy=SECOND_EVICTION)
+                    # No mask on y: lanes outside the row are not stored (with row_tile's mask of
+                    # plain rows, in place 8192 x 50257 bf16 0.941 -> 0.860 ms: docs/perf-cross_entropy.md).
                     y = transform(x, softcap, inv_temperature, SOFTCAP)
-                    g = gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr, full, valid, bad,
-                                 tanh_scale, inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
+                    g = gradient(y, cols, target_col, lse_g, lse_low_g, a, b, e, weight_ptr, full, tanh_scale,
+                                 HAS_WEIGHT, SMOOTH, SOFTCAP)
                     tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full,
                              eviction_policy=SECOND_EVICTION)
                 if EDGES:
-                    write_edge_gradient(x_ptr, x_ptr, base, n_cols, target_col, lse, lse_low, a, b, e, valid, bad,
-                                        read, weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT,
-                                        SMOOTH, SOFTCAP)
+                    write_edge_gradient(x_ptr, x_ptr, base, n_cols, target_col, lse_g, lse_low_g, a, b, e, valid,
+                                        weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH,
+                                        SOFTCAP)
 
 
 @triton.jit
@@ -511,9 +521,11 @@ def cross_entropy_on_chip_kernel(
     w_t, w_sum = class_weights(weight_ptr, target, valid, bad, denom_ptr, n_classes, HAS_WEIGHT, SMOOTH)
     scale, scale_z = gradient_scales(denom_ptr, 1.0, MEAN)
     a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes, SMOOTH, Z)
-    y = tl.where(live, transform(b_in, softcap, inv_temperature, SOFTCAP), NEG_INF)
-    g = gradient(y, cols, target_column(target, n_cols), lse, lse_low, a, b, e, weight_ptr, live, valid, bad,
-                 tanh_scale, inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
+    a, b, e, lse_g, lse_low_g = gradient_terms(a, b, e, lse, lse_low, valid, bad, inv_temperature)
+    # An ignored row's logits as 0 (its gradient 0), even where they were read for its lse.
+    y = tl.where(valid, transform(b_in, softcap, inv_temperature, SOFTCAP), 0.0)
+    g = gradient(y, cols, target_column(target, n_cols), lse_g, lse_low_g, a, b, e, weight_ptr, live, tanh_scale,
+                 HAS_WEIGHT, SMOOTH, SOFTCAP)
     tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full)
     if chunk == 0:
         loss = row_loss(lse, lse_low, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes, SMOOTH, Z_IN_ROW)
@@ -521,9 +533,9 @@ def cross_entropy_on_chip_kernel(
         tl.store(lse_ptr + row, lse)
         tl.store(lse_low_ptr + row, lse_low)
         if EDGES:
-            write_edge_gradient(x_ptr, x_ptr, base, n_cols, target_column(target, n_cols), lse, lse_low, a, b, e,
-                                valid, bad, read, weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT,
-                                SMOOTH, SOFTCAP)
+            write_edge_gradient(x_ptr, x_ptr, base, n_cols, target_column(target, n_cols), lse_g, lse_low_g, a, b, e,
+                                valid, weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH,
+                                SOFTCAP)
 
 
 # --------------------------------------------------------------------------------------------
@@ -551,16 +563,17 @@ def cross_entropy_backward_kernel(
     w_t, w_sum = class_weights(weight_ptr, target, valid, bad, denom_ptr, n_classes, HAS_WEIGHT, SMOOTH)
     scale, scale_z = gradient_scales(denom_ptr, upstream, MEAN)
     a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes, SMOOTH, Z)
+    a, b, e, lse, lse_low = gradient_terms(a, b, e, lse, lse_low, valid, bad, inv_temperature)
     base = row.to(tl.int64) * x_stride
     start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
     x = tl.load(x_ptr + start + offs, mask=full & valid, other=0.0)
-    y = tl.where(full & valid, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
-    g = gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr + class_offset, full, valid, bad,
-                 tanh_scale, inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
+    y = tl.where(full & valid, transform(x, softcap, inv_temperature, SOFTCAP), 0.0)
+    g = gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr + class_offset, full, tanh_scale,
+                 HAS_WEIGHT, SMOOTH, SOFTCAP)
     tl.store(dx_ptr + start + offs, g.to(dx_ptr.dtype.element_ty), mask=full)
     if EDGES:
         if k == 0:
-            write_edge_gradient(x_ptr, dx_ptr, base, n_cols, target_col, lse, lse_low, a, b, e, valid, bad, valid,
+            write_edge_gradient(x_ptr, dx_ptr, base, n_cols, target_col, lse, lse_low, a, b, e, valid,
                                 weight_ptr + class_offset, softcap, tanh_scale, inv_temperature,
                                 ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
 

@@ -469,6 +469,24 @@ def test_return_lse_covers_every_row(gen):
         assert_matches(lse, torch.logsumexp(x.double() / 2.0, -1), torch.float32, f"lse {strategy}")
 
 
+def test_ignored_rows_read_for_their_lse_get_a_zero_gradient(gen):
+    # return_lse reads ignored rows for their lse; their gradient is still exactly 0, even where
+    # their logits are large or +inf (the gradient's pass must not take those logits: exp(200) and
+    # an +inf row's NaN lse times a zero coefficient are NaN).
+    x = make_logits((5, 37), torch.float32, gen, outliers=False)
+    x[1, 3], x[3, 5] = 200.0, float("inf")
+    target = make_targets(5, 37, gen)
+    target[1] = target[3] = -100
+    for inplace, strategy in [(False, None)] + [(True, s) for s in INPLACE_STRATEGIES]:
+        leaf = x.clone().requires_grad_()
+        loss, lse = cross_entropy(leaf * 1, target, return_lse=True, inplace_backward=inplace, strategy=strategy,
+                                  label_smoothing=0.1)
+        loss.backward()
+        assert torch.equal(leaf.grad[[1, 3]], torch.zeros_like(leaf.grad[[1, 3]])), strategy
+        assert torch.isfinite(leaf.grad).all() and torch.isfinite(loss), strategy
+        assert lse[1] == 200.0 and torch.isnan(lse[3]), strategy
+
+
 @pytest.mark.parametrize("inplace", [False, True], ids=["separate", "inplace"])
 def test_deterministic(inplace, gen):
     x = make_logits((16, 517), torch.bfloat16, gen)

@@ -23,11 +23,10 @@ from . import plan as planner
 from .kernels import (
     cross_entropy_backward_kernel,
     cross_entropy_on_chip_kernel,
-    cross_entropy_reduce_kernel,
     cross_entropy_stream_kernel,
     cross_entropy_two_pass_plain_kernel,
-    scale_rows_kernel,
 )
+from .small_kernels import cross_entropy_reduce_kernel, scale_rows_kernel
 
 _stream = Launcher(cross_entropy_stream_kernel)
 _two_pass_plain = Launcher(cross_entropy_two_pass_plain_kernel)

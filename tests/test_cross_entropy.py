@@ -133,8 +133,9 @@ def test_two_pass_tables(hold_l2, warps, gen):
     shape = (6, 203)
     x = make_logits(shape, torch.bfloat16, gen, outliers=False)
     target = make_targets(*shape, gen, ignore_every=4)
-    with onlinesoftmax.override_plan("cross_entropy", TWO_PASS_HOLD_L2=hold_l2,
-                                     TWO_PASS_LAUNCH={4: ((1 << 62, warps, 0),), 2: ((1 << 62, warps, 0),)}):
+    table = {4: ((1 << 62, warps, 0),), 2: ((1 << 62, warps, 0),)}
+    with onlinesoftmax.override_plan("cross_entropy", TWO_PASS_HOLD_L2=hold_l2, TWO_PASS_LAUNCH=table,
+                                     TWO_PASS_PLAIN_LAUNCH=table):
         _check_loss_and_grad(x, target, torch.bfloat16, strategy="two_pass", inplace=True, what="two_pass")
         cross_entropy(x.detach().clone().requires_grad_(), target, strategy="two_pass", inplace_backward=True)
         chosen = plan.last_plan()
@@ -142,33 +143,62 @@ def test_two_pass_tables(hold_l2, warps, gen):
     assert chosen.num_warps == (warps or plan._warps(chosen.block))
 
 
-@needs_triton
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("options", [{}, {"temperature": 0.7}], ids=option_ids)
-def test_two_pass_plain_rows_match_torch(dtype, reduction, options, gen):
-    # two_pass's kernel for plain rows: 200 columns are whole 16-byte vectors in every dtype, in
-    # several tiles with a partial last one (the interpreter's 32 columns; the GPU's one tile);
-    # ignored rows (written 0), a row partly -inf, an upstream gradient per row for "none".
-    shape = (9, 200)
+def plain_edges(grain=16):
+    """Rows of partial vectors to the kernel for plain rows at every length, tiles over runs of ``grain`` bytes."""
+    return onlinesoftmax.override_plan("cross_entropy", PLAIN_EDGES={4: (0, grain), 2: (0, grain)})
+
+
+def _check_plain_rows(dtype, reduction, options, cols, grain, gen):
+    shape = (9, cols)
     x = make_logits(shape, dtype, gen, outliers=False)
     x[2, 5:150] = float("-inf")
     target = make_targets(*shape, gen, ignore_every=3)
     target[2] = 160
+    target[4], target[5] = 1, cols - 1
     upstream = torch.randn(shape[0], generator=gen, dtype=torch.float64).to(DEVICE) if reduction == "none" else None
     forward, _ = _check_loss_and_grad(x, target, dtype, upstream, strategy="two_pass", inplace=True,
                                       reduction=reduction, what="two_pass plain", **options)
-    assert (forward.strategy, forward.plain, forward.edges) == ("two_pass", True, False)
+    assert (forward.strategy, forward.plain, forward.edges) == ("two_pass", True, cols == 203)
+    assert forward.grain == (grain // dtype.itemsize if forward.edges else 0)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("options", [{}, {"temperature": 0.7}], ids=option_ids)
+@pytest.mark.parametrize("cols,grain", [(200, 16), (203, 16), (203, 128)], ids=["whole_vectors", "edges", "edges128"])
+def test_two_pass_plain_rows_match_torch(dtype, reduction, options, cols, grain, gen):
+    # two_pass's kernel for plain rows: 200 columns are whole 16-byte vectors in every dtype, 203
+    # are not (each row but the first starts inside a vector: partial first and last vectors, or
+    # runs of 128 bytes), in several tiles with a partial last one (the interpreter's 32 columns;
+    # the GPU's one tile); ignored rows (written 0), a row partly -inf, a target in a row's partial
+    # first run and one in its partial last, an upstream gradient per row for "none".
+    with plain_edges(grain):
+        _check_plain_rows(dtype, reduction, options, cols, grain, gen)
+
+
+@needs_triton
+@pytest.mark.parametrize("cols", [3, 9, 17])
+def test_two_pass_plain_rows_shorter_than_a_few_vectors(cols, gen):
+    # bf16 rows of 3, 9 and 17 columns (8 a vector): rows inside one vector, rows of no whole
+    # vector, rows of one; an ignored row among them.
+    x = make_logits((7, cols), torch.bfloat16, gen, outliers=False)
+    target = make_targets(7, cols, gen)
+    target[3] = -100
+    with plain_edges():
+        forward, _ = _check_loss_and_grad(x, target, torch.bfloat16, strategy="two_pass", inplace=True,
+                                          what=f"two_pass plain {cols}", reduction="none")
+    assert (forward.plain, forward.edges) == (True, True)
 
 
 @needs_triton
 def test_two_pass_plain_rows_only_where_nothing_needs_the_general_kernel(gen):
-    # Class weights, label smoothing, softcap, z-loss, the lse of ignored rows and rows inside
-    # 16-byte vectors take the general two_pass kernel. Each against the reference.
+    # Class weights, label smoothing, softcap, z-loss and the lse of ignored rows take the general
+    # two_pass kernel. Each against the reference.
     target = make_targets(6, 96, gen)
     weight = (torch.rand(96, generator=gen) + 0.5).to(DEVICE)
     for options, classes in (({"weight": weight}, 96), ({"label_smoothing": 0.1}, 96), ({"softcap": 5.0}, 96),
-                             ({"z_loss": 1e-2}, 96), ({}, 95)):
+                             ({"z_loss": 1e-2}, 95)):
         x = make_logits((6, classes), torch.bfloat16, gen, outliers=False)
         forward, _ = _check_loss_and_grad(x, target % classes, torch.bfloat16, strategy="two_pass", inplace=True,
                                           what=f"two_pass {options} {classes}", **options)
@@ -387,17 +417,19 @@ def test_out_of_range_targets_raise_on_cpu(gen):
 
 
 @needs_triton
-def test_out_of_range_targets_in_the_kernels_give_nan_rows(gen):
+@pytest.mark.parametrize("cols", [40, 43], ids=["whole_vectors", "edges"])
+def test_out_of_range_targets_in_the_kernels_give_nan_rows(cols, gen):
     # What CUDA tensors get (no host check there): a NaN loss and gradient for the row, no read
-    # outside it; the other rows are untouched.
-    x = make_logits((4, 40), torch.float32, gen, outliers=False)
-    target = torch.tensor([1, 40, -5, 2], device=DEVICE)
+    # outside it; the other rows are untouched. Rows of 43 fp32 columns start inside a vector.
+    x = make_logits((4, cols), torch.float32, gen, outliers=False)
+    target = torch.tensor([1, cols, -5, 2], device=DEVICE)
     loss, _, _, _ = ce_launch.launch_forward(x, target, None, -100, "none", 0.0, 0.0, 0.0, 1.0, False)
     assert torch.isnan(loss[1:3]).all() and torch.isfinite(loss[[0, 3]]).all()
-    for strategy in INPLACE_STRATEGIES:  # two_pass: its kernel for plain rows (40 columns: whole vectors)
+    for strategy in INPLACE_STRATEGIES:  # two_pass: its kernel for plain rows
         grad = x.clone()
-        loss, _, _, _ = ce_launch.launch_forward(grad, target, None, -100, "none", 0.0, 0.0, 0.0, 1.0, False, strategy,
-                                                 inplace=True)
+        with plain_edges():
+            loss, _, _, _ = ce_launch.launch_forward(grad, target, None, -100, "none", 0.0, 0.0, 0.0, 1.0, False,
+                                                     strategy, inplace=True)
         assert torch.isnan(grad[1:3]).all() and torch.isfinite(grad[[0, 3]]).all(), strategy
         assert torch.isnan(loss[1:3]).all() and torch.isfinite(loss[[0, 3]]).all(), strategy
         assert plan.last_plan().plain == (strategy == "two_pass")
@@ -537,11 +569,15 @@ def test_plans_for_the_gpu():
     big = choose("forward_grad", 8192, 128256, torch.bfloat16)
     assert (big.strategy, big.block, big.num_warps, big.reads, big.plain) == ("two_pass", 16384, 32, 2, False)
     assert not big.edges and big.bytes_moved() == 2 * 8192 * 128256 * 2 + 8192 * 8
-    # Plain rows (no per-class options) take their own kernel, over 64 KB tiles; not rows of partial vectors.
+    # Plain rows (no per-class options) take their own kernel, over 64 KB tiles; rows of partial vectors too.
     plain = choose("forward_grad", 8192, 128256, torch.bfloat16, plain=True)
     assert (plain.strategy, plain.block, plain.num_warps, plain.plain) == ("two_pass", 32768, 32, True)
     assert "plain rows" in plain.describe()
-    assert not choose("forward_grad", 8192, 50257, torch.bfloat16, plain=True).plain
+    odd = choose("forward_grad", 8192, 128257, torch.bfloat16, plain=True)
+    assert (odd.block, odd.num_warps, odd.plain, odd.edges, odd.grain) == (32768, 32, True, True, 8)
+    assert not choose("forward_grad", 8192, 50257, torch.bfloat16, plain=True).plain  # its rows: the general kernel
+    assert choose("forward_grad", 8192, 128257, torch.float32, plain=True).grain == 32  # runs of 128 bytes
+    assert not choose("forward_grad", 8192, 50257, torch.float32, plain=True).plain
     held = choose("forward_grad", 512, 128256, torch.bfloat16)
     assert (held.strategy, held.block, held.num_chunks, held.num_warps) == ("split_on_chip", 8192, 16, 16)
     gpt2 = choose("forward_grad", 512, 50257, torch.bfloat16)

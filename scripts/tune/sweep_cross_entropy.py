@@ -64,6 +64,13 @@ VARIANTS = {
     "plain_16K_w16": _plain(16, 16384),
     "plain_16K_w8": _plain(8, 16384),
     "plain_8K_w4": _plain(4, 8192),
+    # Rows that are not whole 16-byte vectors: the general kernel, or the kernel for plain rows
+    # over runs of 16 or 128 bytes (partial first and last runs element-wise).
+    "general_edges": dict(PLAIN_EDGES={4: (1 << 62, 16), 2: (1 << 62, 16)}),
+    "plain_edges16": dict(PLAIN_EDGES={4: (0, 16), 2: (0, 16)}),
+    "plain_edges128": dict(PLAIN_EDGES={4: (0, 128), 2: (0, 128)}),
+    "plain_edges16_16K_w16": dict(PLAIN_EDGES={4: (0, 16), 2: (0, 16)}, **_plain(16, 16384)),
+    "plain_edges128_16K_w16": dict(PLAIN_EDGES={4: (0, 128), 2: (0, 128)}, **_plain(16, 16384)),
     "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
     "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),
 }

@@ -395,41 +395,57 @@ def cross_entropy_stream_kernel(
 def cross_entropy_two_pass_plain_kernel(
     x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr,
     n_cols, x_stride, target_stride, ignore_index, inv_temperature,
-    BLOCK: tl.constexpr, ALIGN: tl.constexpr, MEAN: tl.constexpr, FIRST_EVICTION: tl.constexpr,
-    SECOND_EVICTION: tl.constexpr,
+    BLOCK: tl.constexpr, ALIGN: tl.constexpr, EDGES: tl.constexpr, GRAIN: tl.constexpr, MEAN: tl.constexpr,
+    FIRST_EVICTION: tl.constexpr, SECOND_EVICTION: tl.constexpr,
 ):
     # two_pass (one program a row: its (m, d), then the gradient over it from a second read) for
-    # plain rows: no class weights, label smoothing, softcap or z-loss; contiguous rows of whole
-    # 16-byte vectors, each starting on one. At 64 KB tiles (32 elements a thread at 32 warps) a
-    # thread has 64 registers, and the general kernel's per-element terms, tile masks and 64-bit
-    # columns spilled (8192 x 128256 bf16: 1.98 ms at its own 32 KB tiles, where this kernel runs
-    # 1.75; docs/perf-cross_entropy.md). Even one more row scalar in the second loop spills here
-    # (ptxas for sm_90: a 48-byte stack, one of four loads in flight instead of three): without
-    # z-loss the probability's factor and the target's term are the same number, ``a``, into
-    # which the temperature and a bad target's NaN are folded. weight_ptr, parts_ptr and sync_ptr
+    # plain rows: no class weights, label smoothing, softcap or z-loss; contiguous rows. At 64 KB
+    # tiles (32 elements a thread at 32 warps) a thread has 64 registers, and the general kernel's
+    # per-element terms, tile masks and 64-bit columns spilled (8192 x 128256 bf16: 1.98 ms at its
+    # own 32 KB tiles, where this kernel runs 1.75; docs/perf-cross_entropy.md). Even one more row
+    # scalar in the second loop spills here (ptxas for sm_90: a 48-byte stack, one of four loads in
+    # flight instead of three): without z-loss the probability's factor and the target's term are
+    # the same number, ``a``, into which the temperature and a bad target's NaN are folded.
+    # The tiles cover the row's whole 16-byte vectors: ``n_whole`` columns from the row's column
+    # ``first``, a known multiple of ALIGN, so that the one mask is constant over each vector and
+    # every access is 16 bytes wide. Without EDGES the rows are whole vectors, each starting one
+    # (first 0, n_whole n_cols). With EDGES the tiles cover the row's whole runs of GRAIN elements
+    # (a multiple of ALIGN) from absolute multiples of GRAIN, and its partial first and last runs
+    # go through edge_partial and write_edge_gradient, element by element. weight_ptr, parts_ptr and sync_ptr
     # are not used: the tensors are the general kernel's.
     row = tl.program_id(0)
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_cols)
     in_row = valid & ~bad
     target_col = target_column(target, n_cols)
-    # Rows and their length in whole vectors, as Triton's alignment analysis can see (see row_tile).
-    n_cols = known_multiple(n_cols, ALIGN)
-    x_row = x_ptr + row.to(tl.int64) * known_multiple(x_stride, ALIGN)
+    base = row.to(tl.int64) * x_stride
+    if EDGES:
+        first = ((GRAIN - base % GRAIN) % GRAIN).to(tl.int32)  # the row's elements before its first whole run
+        x_row = x_ptr + known_multiple(base + first, GRAIN)
+        n_whole = known_multiple(tl.maximum(n_cols - first, 0), GRAIN)
+    else:
+        # Rows and their length in whole vectors, as Triton's alignment analysis can see (see row_tile).
+        first = 0
+        x_row = x_ptr + row.to(tl.int64) * known_multiple(x_stride, ALIGN)
+        n_whole = known_multiple(n_cols, ALIGN)
     lanes = tl.arange(0, BLOCK)
-    n_tiles = tl.cdiv(n_cols, BLOCK)
+    n_tiles = tl.cdiv(n_whole, BLOCK)
     read_tiles = tl.where(valid, n_tiles, 0)  # an ignored row is not read
     m = tl.full((), NEG_INF, tl.float32)
     d = tl.zeros((), tl.float32)
     for k in range(0, read_tiles):
         cols = k * BLOCK + lanes
-        y = tl.load(x_row + cols, mask=cols < n_cols, other=NEG_INF, eviction_policy=FIRST_EVICTION)
+        y = tl.load(x_row + cols, mask=cols < n_whole, other=NEG_INF, eviction_policy=FIRST_EVICTION)
         y = y.to(tl.float32) * inv_temperature
         # One exponential an element against the running maximum (a NaN makes d, and the row, NaN).
         m_new = tl.maximum(m, tl.max(y, 0))
         ref = tl.where(m_new == NEG_INF, 0.0, m_new)
         d = d * tl.exp(m - ref) + tl.sum(tl.exp(y - ref), 0)
         m = m_new
-    y_t = tl.load(x_row + target_col, mask=in_row, other=0.0).to(tl.float32) * inv_temperature
+    if EDGES:
+        edge_m, edge_d, _ = edge_partial(x_ptr, weight_ptr, base, n_cols, valid, 1.0, inv_temperature, GRAIN,
+                                         False, False, False)
+        m, d = merge_pair(m, d, edge_m, edge_d)
+    y_t = tl.load(x_ptr + base + target_col, mask=in_row, other=0.0).to(tl.float32) * inv_temperature
     tl.debug_barrier()  # the target's logit is read before any warp overwrites it (see the on_chip kernel)
     lse = m + tl.log(d)  # +inf or NaN in the row: NaN, as torch's cross_entropy
     lse_low = split_lse(m, d)[1]
@@ -437,16 +453,22 @@ def cross_entropy_two_pass_plain_kernel(
     tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
     tl.store(lse_ptr + row, lse)
     tl.store(lse_low_ptr + row, lse_low)
-    a = tl.where(bad, float("nan"), gradient_scales(denom_ptr, 1.0, MEAN)[0]) * inv_temperature
+    scale = gradient_scales(denom_ptr, 1.0, MEAN)[0]
+    if EDGES:  # before the tiles' loop: what it needs would stay live across the loop (a 56-byte stack in bf16)
+        a, b, e, lse_g, lse_low_g = gradient_terms(scale, scale, 0.0, lse, lse_low, valid, bad, inv_temperature)
+        write_edge_gradient(x_ptr, x_ptr, base, n_cols, target_col, lse_g, lse_low_g, a, b, e, valid, weight_ptr,
+                            1.0, 0.0, inv_temperature, GRAIN, False, False, False)
+    a = tl.where(bad, float("nan"), scale) * inv_temperature
+    target_whole = target_col - first  # the target's column among the whole vectors' (outside them: no lane's)
     for k in range(0, read_tiles):
         cols = k * BLOCK + lanes
-        live = cols < n_cols
+        live = cols < n_whole
         y = tl.load(x_row + cols, mask=live, other=0.0, eviction_policy=SECOND_EVICTION)
-        g = a * tl.exp((y.to(tl.float32) * inv_temperature - lse) - lse_low) - tl.where(cols == target_col, a, 0.0)
+        g = a * tl.exp((y.to(tl.float32) * inv_temperature - lse) - lse_low) - tl.where(cols == target_whole, a, 0.0)
         tl.store(x_row + cols, g.to(x_ptr.dtype.element_ty), mask=live, eviction_policy=SECOND_EVICTION)
     for k in range(0, n_tiles - read_tiles):  # an ignored row's gradient: 0
         cols = k * BLOCK + lanes
-        tl.store(x_row + cols, tl.zeros((BLOCK,), x_ptr.dtype.element_ty), mask=cols < n_cols)
+        tl.store(x_row + cols, tl.zeros((BLOCK,), x_ptr.dtype.element_ty), mask=cols < n_whole)
 
 
 # --------------------------------------------------------------------------------------------

@@ -99,6 +99,18 @@ TWO_PASS_LAUNCH = {4: ((98304, 32, 0), (131072, 32, 8192), (1 << 62, 32, 16384))
 # 32000 0.884 -> 0.773; 32 KB tiles 4.251, 0.909).
 TWO_PASS_PLAIN_LAUNCH = {4: ((1 << 62, 32, 16384),),
                          2: ((65536, 8, 8192), (196608, 32, 16384), (1 << 62, 32, 32768))}
+# Plain rows that are not whole 16-byte vectors (50257, 128257 columns), by element size: (bytes a
+# row from which they take that kernel, the general kernel's below; bytes of the runs its tiles
+# cover, each from an absolute multiple of them, the row's partial first and last runs going
+# element-wise). Measured in place against the general kernel, runs of 16 / 128 bytes
+# (scripts/tune/sweep_cross_entropy.py, docs/notes/2026-11/sweep_cross_entropy-plain_edges-h100.log),
+# ms: bf16 8192 x 128257 2.268 -> 1.844 / 1.881 (its aligned neighbour 128256: 1.796), 4096 x
+# 100003 0.860 -> 0.840 / 0.877, but 8192 x 50257 0.766 -> 1.057 / 1.097 (60 registers a thread
+# at 32 warps: one program an SM where 50304's kernel has two) and 0.788 at 16 warps over 16 KB
+# tiles; fp32 8192 x 128257 4.414 -> 4.590 / 3.903 (128256: 3.792), 4096 x 100003 1.637 -> 1.704 /
+# 1.512, but 8192 x 50257 1.344 -> 1.336 / 1.405 and 8192 x 32001 0.787 -> 0.805 / 0.853. fp32's
+# boundary between 201 KB (50257, the general kernel) and 400 KB (100003) rows was not measured.
+PLAIN_EDGES = {4: (262144, 128), 2: (196608 + 1, 16)}
 # split_on_chip: 16 KB tiles (bf16 8192 columns, fp32 4096: the softmax's tuned split_row_on_chip
 # forward, 2.0-2.3 TB/s on the H100), larger tiles only where a row would
 # otherwise take more than SPLIT_MAX_CHUNKS_PER_SM chunks an SM (a row's programs must be resident
@@ -181,7 +193,8 @@ class Plan:
     edges: bool = False  # rows start or end inside a 16-byte vector: their partial vectors go element-wise
     contiguous: bool = True  # unit column stride
     hold_l2: bool = False  # two_pass: eviction hints keep the row in L2 between its two reads
-    plain: bool = False  # two_pass by its kernel for plain rows (see choose's ``plain``), whole vectors
+    plain: bool = False  # two_pass by its kernel for plain rows (see choose's ``plain``)
+    grain: int = 0  # plain with edges: tiles cover whole runs of this many elements from an absolute multiple
 
     @property
     def reads(self) -> int:
@@ -204,8 +217,10 @@ class Plan:
             f"tiles:       {self.block} columns"
             + (f"; {self.num_chunks} chunks a row" if self.num_chunks > 1 else "")
             + (f", {self.tiles_per_chunk} tiles a chunk" if self.strategy == "stream" else ""),
-            f"alignment:   tiles at multiples of {self.align} elements"
-            + ("; rows' partial first/last 16-byte vectors written element-wise" if self.edges else ""),
+            (f"alignment:   tiles over each row's whole runs of {self.grain} elements from multiples of them; "
+             "the partial first/last runs element-wise" if self.grain else
+             f"alignment:   tiles at multiples of {self.align} elements"
+             + ("; rows' partial first/last 16-byte vectors written element-wise" if self.edges else "")),
             f"reads:       {self.reads} of the logits"
             + (", gradient written over them" if self.op == "forward_grad" else "")
             + ("; L2 asked to keep each row between its reads" if self.hold_l2 else "")
@@ -306,13 +321,15 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
             strategy = "two_pass"
     if strategy == "two_pass":
         row_bytes = cols * elem
-        plain = plain and contiguous and not edges
+        edges_from, grain_bytes = PLAIN_EDGES[elem]
+        plain = plain and contiguous and (not edges or row_bytes >= edges_from)
+        grain = grain_bytes // elem if plain and edges else 0
         table = (TWO_PASS_PLAIN_LAUNCH if plain else TWO_PASS_LAUNCH)[elem]
         _, num_warps, columns = next((r for r in table if row_bytes <= r[0]), table[-1])
         block = stream_block if interpreting or not columns else tile(columns)
         return Plan(op, strategy, block=block, num_warps=num_warps or warps(block),
                     tiles_per_chunk=_device.cdiv(span, block), grid=(rows, 1), hold_l2=TWO_PASS_HOLD_L2,
-                    plain=plain, **shape)
+                    plain=plain, grain=grain, **shape)
     if strategy == "on_chip" or interpreting:  # the interpreter holds a row in one program
         block = tile(_device.next_power_of_2(span))
         if not interpreting and block > ON_CHIP_MAX_COLS[elem]:

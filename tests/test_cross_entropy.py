@@ -79,6 +79,28 @@ def test_separate_backward_matches_torch(shape, dtype, reduction, forced, gen):
     assert (backward.op, backward.strategy) == ("backward", "backward" if TRITON_RUNS else "torch")
 
 
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("run_bytes", [64, 128])
+@pytest.mark.parametrize("options", [OPTIONS[0], OPTIONS[-1]], ids=option_ids)
+def test_separate_kernels_over_runs_wider_than_a_vector(dtype, run_bytes, options, gen):
+    # The stream forward and the backward with their tiles over runs of 64 or 128 bytes (bf16 at
+    # 128: wider than the interpreter's 32-column tile, so 16-byte vectors); rows of 203 columns,
+    # each but the first starting inside a run: partial first and last runs, targets in them.
+    shape = (7, 203)
+    x = make_logits(shape, dtype, gen, outliers=False)
+    target = make_targets(*shape, gen, ignore_every=3)
+    target[1], target[2] = 0, shape[1] - 1
+    upstream = torch.randn(shape[0], generator=gen, dtype=torch.float64).to(DEVICE)
+    with onlinesoftmax.override_plan("cross_entropy", STREAM_RUN_BYTES={4: run_bytes, 2: run_bytes}):
+        forward, backward = _check_loss_and_grad(x, target, dtype, upstream, reduction="none", what=f"runs {run_bytes}",
+                                                 **resolve_options(options, shape[1], gen))
+    widest = plan.INTERPRETER_BLOCK if not ON_GPU else 1 << 30  # the tile bounds the run
+    run = run_bytes // dtype.itemsize if run_bytes // dtype.itemsize <= widest else 16 // dtype.itemsize
+    assert (forward.strategy, backward.strategy) == ("stream", "backward")
+    assert (forward.align, backward.align, forward.edges) == (run, run, True)
+
+
 @pytest.mark.parametrize("strategy", INPLACE_STRATEGIES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -158,21 +180,24 @@ def _check_plain_rows(dtype, reduction, options, cols, grain, gen):
     upstream = torch.randn(shape[0], generator=gen, dtype=torch.float64).to(DEVICE) if reduction == "none" else None
     forward, _ = _check_loss_and_grad(x, target, dtype, upstream, strategy="two_pass", inplace=True,
                                       reduction=reduction, what="two_pass plain", **options)
-    assert (forward.strategy, forward.plain, forward.edges) == ("two_pass", True, cols == 203)
-    assert forward.grain == (grain // dtype.itemsize if forward.edges else 0)
+    runs = grain // dtype.itemsize
+    assert (forward.strategy, forward.plain, forward.edges) == ("two_pass", True, cols % runs != 0)
+    assert forward.grain == (runs if forward.edges else 0)
 
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("options", [{}, {"temperature": 0.7}], ids=option_ids)
-@pytest.mark.parametrize("cols,grain", [(200, 16), (203, 16), (203, 128)], ids=["whole_vectors", "edges", "edges128"])
+@pytest.mark.parametrize("cols,grain", [(200, 16), (203, 16), (203, 128), (208, 128)],
+                         ids=["whole_vectors", "edges", "edges128", "vectors_not_runs128"])
 def test_two_pass_plain_rows_match_torch(dtype, reduction, options, cols, grain, gen):
     # two_pass's kernel for plain rows: 200 columns are whole 16-byte vectors in every dtype, 203
     # are not (each row but the first starts inside a vector: partial first and last vectors, or
-    # runs of 128 bytes), in several tiles with a partial last one (the interpreter's 32 columns;
-    # the GPU's one tile); ignored rows (written 0), a row partly -inf, a target in a row's partial
-    # first run and one in its partial last, an upstream gradient per row for "none".
+    # runs of 128 bytes), 208 are whole vectors but not whole runs of 128 bytes; in several tiles
+    # with a partial last one (the interpreter's 32 columns; the GPU's one tile); ignored rows
+    # (written 0), a row partly -inf, a target in a row's partial first run and one in its partial
+    # last, an upstream gradient per row for "none".
     with plain_edges(grain):
         _check_plain_rows(dtype, reduction, options, cols, grain, gen)
 
@@ -402,7 +427,9 @@ def test_misaligned_rows_take_the_edge_path(gen):
     for strategy in INPLACE_STRATEGIES:
         _check_loss_and_grad(x, target, torch.bfloat16, strategy=strategy, inplace=True, what=strategy)
     cross_entropy(x, target)
-    assert plan.last_plan().edges and plan.last_plan().align == 8
+    # The forward's tiles cover 16-byte vectors, or runs of STREAM_RUN_BYTES where its tile is as wide.
+    runs = plan.STREAM_RUN_BYTES[2] // 2 if ON_GPU else 8
+    assert plan.last_plan().edges and plan.last_plan().align == runs
     aligned = make_logits((5, 64), torch.bfloat16, gen, outliers=False)
     cross_entropy(aligned, target % 64)
     assert not plan.last_plan().edges
@@ -578,6 +605,10 @@ def test_plans_for_the_gpu():
     assert not choose("forward_grad", 8192, 50257, torch.bfloat16, plain=True).plain  # its rows: the general kernel
     assert choose("forward_grad", 8192, 128257, torch.float32, plain=True).grain == 32  # runs of 128 bytes
     assert not choose("forward_grad", 8192, 50257, torch.float32, plain=True).plain
+    # fp32 rows of whole vectors but not of whole 128-byte runs: the edges path too, from 256 KB.
+    assert choose("forward_grad", 8192, 128260, torch.float32, plain=True).grain == 32
+    assert not choose("forward_grad", 8192, 50260, torch.float32, plain=True).edges
+    assert not choose("forward_grad", 8192, 128264, torch.bfloat16, plain=True).edges
     held = choose("forward_grad", 512, 128256, torch.bfloat16)
     assert (held.strategy, held.block, held.num_chunks, held.num_warps) == ("split_on_chip", 8192, 16, 16)
     gpt2 = choose("forward_grad", 512, 50257, torch.bfloat16)

@@ -71,6 +71,8 @@ VARIANTS = {
     "plain_edges128": dict(PLAIN_EDGES={4: (0, 128), 2: (0, 128)}),
     "plain_edges16_16K_w16": dict(PLAIN_EDGES={4: (0, 16), 2: (0, 16)}, **_plain(16, 16384)),
     "plain_edges128_16K_w16": dict(PLAIN_EDGES={4: (0, 128), 2: (0, 128)}, **_plain(16, 16384)),
+    "stream_runs128": dict(STREAM_RUN_BYTES={4: 128, 2: 128}),
+    "stream_runs64": dict(STREAM_RUN_BYTES={4: 64, 2: 64}),
     "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
     "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),
 }

@@ -27,7 +27,9 @@ columns) still load and store 16 bytes at a time; an element-granular mask makes
 a tile 2 bytes at a time (ptxas for sm_90: LDG.E.U16 instead of LDG.E.128). The row's partial first
 and last vectors (fewer than ALIGN elements each; EDGES) go through a tile of 2 ALIGN lanes of
 their own, element by element, in one program of the row: their (m, d) joins that program's
-partial, their gradient is stored by it.
+partial, their gradient is stored by it. ALIGN is the plan's unit of that split: 16 bytes, or for
+rows of partial vectors a run of up to 128 bytes (plan.STREAM_RUN_BYTES, PLAIN_EDGES: tiles that
+start on 128-byte lines), whose partial first and last runs then go element-wise the same way.
 """
 
 from __future__ import annotations

@@ -125,6 +125,14 @@ SPLIT_MAX_TILE = 16384
 # docs/notes/2026-11/probe_cross_entropy_off_grid-h100.log). `explain` says so; no call is routed.
 EAGER_BEHIND_TORCH_BYTES = 100_000_000
 
+# The forward that keeps the logits (stream) and the backward over rows that are not whole 16-byte
+# vectors: their tiles cover the row's whole runs of this many bytes from absolute multiples of
+# them (at least a vector; the partial first and last runs element-wise). Measured against runs of
+# 16 bytes (docs/notes/2026-11/sweep_cross_entropy-plain_edges-h100.log), a training step keeping
+# the logits, ms: bf16 8192 x 128257 2.531 -> 2.497 (128256: 2.341), 8192 x 50257 1.080 -> 1.071;
+# fp32 8192 x 128257 4.697 -> 4.615 (64-byte runs: 2.507, 1.075, 4.635).
+STREAM_RUN_BYTES = {4: 128, 2: 128}
+
 # backward: elementwise tiles of 16 KB, one program a tile (bandwidth-bound; the per-program row
 # values, lse, target and upstream gradient, are 3 loads from L2).
 BACKWARD_BLOCK = {4: 4096, 2: 8192}
@@ -253,8 +261,9 @@ def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.devi
         interpreting = _device.interpreter_active()
     row_stride = cols if row_stride is None else row_stride
     align, edges, contiguous = layout(rows, cols, dtype, row_stride, col_stride)
-    head = align - 1 if contiguous and rows > 1 and row_stride % align else 0  # a row's start inside a vector
-    return _choose(op, rows, cols, dtype, device.type, strategy, align, edges, contiguous, head,
+    # A row's start within 128 elements (every run a kernel aligns its tiles to divides 128).
+    stride_mod = row_stride % 128 if contiguous and rows > 1 else 0
+    return _choose(op, rows, cols, dtype, device.type, strategy, align, edges, contiguous, stride_mod,
                    sms or _device.sm_count(device), interpreting, plain)
 
 
@@ -264,7 +273,7 @@ def _clear():
 
 
 @functools.lru_cache(maxsize=4096)  # on every call's path; a frozen result, so sharing it is safe
-def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguous, head, sms, interpreting,
+def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguous, stride_mod, sms, interpreting,
             plain=False) -> Plan:
     if op not in OPS:
         raise ValueError(f"cross_entropy plan: op must be one of {OPS}, got {op!r}")
@@ -285,6 +294,7 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
                              "use strategy=None or 'torch'")
         triton_ok = False
     elem = dtype.itemsize
+    head = align - 1 if stride_mod % align else 0  # most elements a row starts after a vector's start
     span = max(cols, 1) + head  # columns a row's aligned tiles cover at most
     shape = dict(rows=rows, cols=cols, dtype=dtype, align=align, edges=edges, contiguous=contiguous)
     if strategy == "torch" or not triton_ok:
@@ -295,6 +305,14 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
 
     warps = _warps
 
+    if edges and op in ("forward", "backward") and STREAM_RUN_BYTES[elem] // elem > align:
+        # Tiles over runs of STREAM_RUN_BYTES (no wider than the tile: row_tile's masks hold one run a lane).
+        run = STREAM_RUN_BYTES[elem] // elem
+        run_head = run - 1 if stride_mod % run else 0
+        limit = INTERPRETER_BLOCK if interpreting else (BACKWARD_BLOCK if op == "backward" else STREAM_BLOCK)[elem]
+        if max(MIN_BLOCK, min(limit, _device.next_power_of_2(max(cols, 1) + run_head))) >= run:
+            head, span = run_head, max(cols, 1) + run_head
+            shape["align"] = run
     stream_block = tile(INTERPRETER_BLOCK if interpreting else STREAM_BLOCK[elem])
     if op == "backward":
         block = tile(INTERPRETER_BLOCK if interpreting else BACKWARD_BLOCK[elem])
@@ -322,8 +340,15 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
     if strategy == "two_pass":
         row_bytes = cols * elem
         edges_from, grain_bytes = PLAIN_EDGES[elem]
+        grain = max(grain_bytes // elem, align)
+        # Rows that are not whole runs of the grain: its edges path, from edges_from bytes a row.
+        runs = bool(stride_mod % grain or cols % grain)
         plain = plain and contiguous and (not edges or row_bytes >= edges_from)
-        grain = grain_bytes // elem if plain and edges else 0
+        if plain and runs and row_bytes >= edges_from:
+            shape["edges"] = True
+            span = cols + (grain - 1 if stride_mod % grain else 0)
+        else:
+            grain = 0
         table = (TWO_PASS_PLAIN_LAUNCH if plain else TWO_PASS_LAUNCH)[elem]
         _, num_warps, columns = next((r for r in table if row_bytes <= r[0]), table[-1])
         block = stream_block if interpreting or not columns else tile(columns)

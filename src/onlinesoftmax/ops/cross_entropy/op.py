@@ -117,7 +117,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             ctx.save_for_backward(x2)
         else:
             ctx.save_for_backward(x2, target, weight, lse, lse_low, denom)
-        ctx.config = (options[:6], inplace, strategy, call)
+        ctx.config = (options[:6], inplace, strategy, None if inplace else call)  # in place: _scale_ alone
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # else autograd allocates and fills zeros for lse's gradient every backward
         return loss, lse

@@ -88,8 +88,9 @@ TWO_PASS_HOLD_L2 = True
 # 2.058 ms but 4096 x 100003 from 0.878 to 1.017 and 8192 x 128256 with smoothing from 2.449 to 2.519.
 TWO_PASS_LAUNCH = {4: ((98304, 32, 0), (131072, 32, 8192), (1 << 62, 32, 16384)),
                    2: ((65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 16384))}
-# two_pass over plain rows (no class weights, label smoothing, softcap or z-loss; whole 16-byte
-# vectors starting on one; see cross_entropy_two_pass_plain_kernel), the same form of table.
+# two_pass over plain rows (no class weights, label smoothing, softcap or z-loss; see
+# cross_entropy_two_pass_plain_kernel and, for rows of partial vectors, PLAIN_EDGES), the same form
+# of table, measured on rows of whole vectors.
 # Measured in place against the general kernel's table (scripts/tune/sweep_cross_entropy.py,
 # docs/notes/2026-11/sweep_cross_entropy-plain-h100.log), ms: bf16 rows over 192 KB at 32 warps
 # over 64 KB tiles (8192 x 128256 1.976 -> 1.846, 4096 x 256000 2.156 -> 1.989; 32 KB tiles
@@ -255,7 +256,7 @@ def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.devi
     """The plan for ``rows`` rows of ``cols`` classes (strides in elements; default contiguous).
     ``sms`` and ``interpreting`` plan for another machine (a GPU of that many SMs). ``plain``: the
     call has no class weights, label smoothing, softcap, z-loss or lse of ignored rows, so two_pass may
-    take its kernel for plain rows where the rows are whole 16-byte vectors."""
+    take its kernel for plain rows (rows of partial vectors: see PLAIN_EDGES)."""
     device = torch.device(device)
     if interpreting is None:
         interpreting = _device.interpreter_active()

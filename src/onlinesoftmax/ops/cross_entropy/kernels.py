@@ -397,7 +397,7 @@ def cross_entropy_stream_kernel(
 def cross_entropy_two_pass_plain_kernel(
     x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr,
     n_cols, x_stride, target_stride, ignore_index, inv_temperature,
-    BLOCK: tl.constexpr, ALIGN: tl.constexpr, EDGES: tl.constexpr, GRAIN: tl.constexpr, MEAN: tl.constexpr,
+    BLOCK: tl.constexpr, ALIGN: tl.constexpr, EDGES: tl.constexpr, MEAN: tl.constexpr,
     FIRST_EVICTION: tl.constexpr, SECOND_EVICTION: tl.constexpr,
 ):
     # two_pass (one program a row: its (m, d), then the gradient over it from a second read) for
@@ -408,22 +408,22 @@ def cross_entropy_two_pass_plain_kernel(
     # scalar in the second loop spills here (ptxas for sm_90: a 48-byte stack, one of four loads in
     # flight instead of three): without z-loss the probability's factor and the target's term are
     # the same number, ``a``, into which the temperature and a bad target's NaN are folded.
-    # The tiles cover the row's whole 16-byte vectors: ``n_whole`` columns from the row's column
-    # ``first``, a known multiple of ALIGN, so that the one mask is constant over each vector and
-    # every access is 16 bytes wide. Without EDGES the rows are whole vectors, each starting one
-    # (first 0, n_whole n_cols). With EDGES the tiles cover the row's whole runs of GRAIN elements
-    # (a multiple of ALIGN) from absolute multiples of GRAIN, and its partial first and last runs
-    # go through edge_partial and write_edge_gradient, element by element. weight_ptr, parts_ptr and sync_ptr
-    # are not used: the tensors are the general kernel's.
+    # The tiles cover the row's whole runs of ALIGN elements (16 bytes or more, from absolute
+    # multiples of it): ``n_whole`` columns from the row's column ``first``, both known multiples of
+    # ALIGN, so that the one mask is constant over each vector and every access is 16 bytes wide.
+    # Without EDGES the rows are whole vectors, each starting one (first 0, n_whole n_cols); with
+    # EDGES the row's partial first and last runs go through edge_partial and write_edge_gradient,
+    # element by element. weight_ptr, parts_ptr and sync_ptr are not used: the tensors are the
+    # general kernel's.
     row = tl.program_id(0)
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_cols)
     in_row = valid & ~bad
     target_col = target_column(target, n_cols)
     base = row.to(tl.int64) * x_stride
     if EDGES:
-        first = ((GRAIN - base % GRAIN) % GRAIN).to(tl.int32)  # the row's elements before its first whole run
-        x_row = x_ptr + known_multiple(base + first, GRAIN)
-        n_whole = known_multiple(tl.maximum(n_cols - first, 0), GRAIN)
+        first = ((ALIGN - base % ALIGN) % ALIGN).to(tl.int32)  # the row's elements before its first whole run
+        x_row = x_ptr + known_multiple(base + first, ALIGN)
+        n_whole = known_multiple(tl.maximum(n_cols - first, 0), ALIGN)
     else:
         # Rows and their length in whole vectors, as Triton's alignment analysis can see (see row_tile).
         first = 0
@@ -444,7 +444,7 @@ def cross_entropy_two_pass_plain_kernel(
         d = d * tl.exp(m - ref) + tl.sum(tl.exp(y - ref), 0)
         m = m_new
     if EDGES:
-        edge_m, edge_d, _ = edge_partial(x_ptr, weight_ptr, base, n_cols, valid, 1.0, inv_temperature, GRAIN,
+        edge_m, edge_d, _ = edge_partial(x_ptr, weight_ptr, base, n_cols, valid, 1.0, inv_temperature, ALIGN,
                                          False, False, False)
         m, d = merge_pair(m, d, edge_m, edge_d)
     y_t = tl.load(x_ptr + base + target_col, mask=in_row, other=0.0).to(tl.float32) * inv_temperature
@@ -459,7 +459,7 @@ def cross_entropy_two_pass_plain_kernel(
     if EDGES:  # before the tiles' loop: what it needs would stay live across the loop (a 56-byte stack in bf16)
         a, b, e, lse_g, lse_low_g = gradient_terms(scale, scale, 0.0, lse, lse_low, valid, bad, inv_temperature)
         write_edge_gradient(x_ptr, x_ptr, base, n_cols, target_col, lse_g, lse_low_g, a, b, e, valid, weight_ptr,
-                            1.0, 0.0, inv_temperature, GRAIN, False, False, False)
+                            1.0, 0.0, inv_temperature, ALIGN, False, False, False)
     a = tl.where(bad, float("nan"), scale) * inv_temperature
     target_whole = target_col - first  # the target's column among the whole vectors' (outside them: no lane's)
     for k in range(0, read_tiles):

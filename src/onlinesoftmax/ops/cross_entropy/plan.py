@@ -198,12 +198,11 @@ class Plan:
     num_chunks: int = 1  # programs a row is cut across
     tiles_per_chunk: int = 1  # stream: steps of ``block`` per chunk
     grid: tuple = ()
-    align: int = 1  # elements in 16 bytes: tiles start at absolute multiples of it
-    edges: bool = False  # rows start or end inside a 16-byte vector: their partial vectors go element-wise
+    align: int = 1  # the run (16 bytes, or wider for edges: STREAM_RUN_BYTES, PLAIN_EDGES) tiles align to
+    edges: bool = False  # rows start or end inside a run: their partial first and last runs go element-wise
     contiguous: bool = True  # unit column stride
     hold_l2: bool = False  # two_pass: eviction hints keep the row in L2 between its two reads
     plain: bool = False  # two_pass by its kernel for plain rows (see choose's ``plain``)
-    grain: int = 0  # plain with edges: tiles cover whole runs of this many elements from an absolute multiple
 
     @property
     def reads(self) -> int:
@@ -226,10 +225,8 @@ class Plan:
             f"tiles:       {self.block} columns"
             + (f"; {self.num_chunks} chunks a row" if self.num_chunks > 1 else "")
             + (f", {self.tiles_per_chunk} tiles a chunk" if self.strategy == "stream" else ""),
-            (f"alignment:   tiles over each row's whole runs of {self.grain} elements from multiples of them; "
-             "the partial first/last runs element-wise" if self.grain else
-             f"alignment:   tiles at multiples of {self.align} elements"
-             + ("; rows' partial first/last 16-byte vectors written element-wise" if self.edges else "")),
+            f"alignment:   tiles over runs of {self.align} elements from multiples of them"
+            + ("; rows' partial first/last runs element-wise" if self.edges else ""),
             f"reads:       {self.reads} of the logits"
             + (", gradient written over them" if self.op == "forward_grad" else "")
             + ("; L2 asked to keep each row between its reads" if self.hold_l2 else "")
@@ -295,25 +292,26 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
                              "use strategy=None or 'torch'")
         triton_ok = False
     elem = dtype.itemsize
-    head = align - 1 if stride_mod % align else 0  # most elements a row starts after a vector's start
-    span = max(cols, 1) + head  # columns a row's aligned tiles cover at most
+
+    def cover(run):  # columns a row's tiles cover at most when aligned to absolute multiples of ``run``
+        return max(cols, 1) + (run - 1 if stride_mod % run else 0)
+
+    span = cover(align)
     shape = dict(rows=rows, cols=cols, dtype=dtype, align=align, edges=edges, contiguous=contiguous)
     if strategy == "torch" or not triton_ok:
         return Plan(op, "torch", **shape)
 
-    def tile(limit):  # a power of two, at least MIN_BLOCK, no wider than the row needs
-        return max(MIN_BLOCK, min(limit, _device.next_power_of_2(span)))
+    def tile(limit, columns=None):  # a power of two, at least MIN_BLOCK, no wider than the row needs
+        return max(MIN_BLOCK, min(limit, _device.next_power_of_2(span if columns is None else columns)))
 
     warps = _warps
 
-    if edges and op in ("forward", "backward") and STREAM_RUN_BYTES[elem] // elem > align:
+    run = STREAM_RUN_BYTES[elem] // elem
+    if edges and op in ("forward", "backward") and run > align:
         # Tiles over runs of STREAM_RUN_BYTES (no wider than the tile: row_tile's masks hold one run a lane).
-        run = STREAM_RUN_BYTES[elem] // elem
-        run_head = run - 1 if stride_mod % run else 0
         limit = INTERPRETER_BLOCK if interpreting else (BACKWARD_BLOCK if op == "backward" else STREAM_BLOCK)[elem]
-        if max(MIN_BLOCK, min(limit, _device.next_power_of_2(max(cols, 1) + run_head))) >= run:
-            head, span = run_head, max(cols, 1) + run_head
-            shape["align"] = run
+        if tile(limit, cover(run)) >= run:
+            span, shape["align"] = cover(run), run
     stream_block = tile(INTERPRETER_BLOCK if interpreting else STREAM_BLOCK[elem])
     if op == "backward":
         block = tile(INTERPRETER_BLOCK if interpreting else BACKWARD_BLOCK[elem])
@@ -340,22 +338,19 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
             strategy = "two_pass"
     if strategy == "two_pass":
         row_bytes = cols * elem
-        edges_from, grain_bytes = PLAIN_EDGES[elem]
-        grain = max(grain_bytes // elem, align)
-        # Rows that are not whole runs of the grain: its edges path, from edges_from bytes a row.
-        runs = bool(stride_mod % grain or cols % grain)
+        edges_from, run_bytes = PLAIN_EDGES[elem]
+        run = max(run_bytes // elem, align)
         plain = plain and contiguous and (not edges or row_bytes >= edges_from)
-        if plain and runs and row_bytes >= edges_from:
-            shape["edges"] = True
-            span = cols + (grain - 1 if stride_mod % grain else 0)
-        else:
-            grain = 0
+        if plain and (stride_mod % run or cols % run) and row_bytes >= edges_from:
+            # Rows that are not whole runs: the kernel's edges path, tiles from each row's first whole run.
+            shape.update(edges=True, align=run)
+            span = cover(run)
         table = (TWO_PASS_PLAIN_LAUNCH if plain else TWO_PASS_LAUNCH)[elem]
         _, num_warps, columns = next((r for r in table if row_bytes <= r[0]), table[-1])
         block = stream_block if interpreting or not columns else tile(columns)
         return Plan(op, strategy, block=block, num_warps=num_warps or warps(block),
                     tiles_per_chunk=_device.cdiv(span, block), grid=(rows, 1), hold_l2=TWO_PASS_HOLD_L2,
-                    plain=plain, grain=grain, **shape)
+                    plain=plain, **shape)
     if strategy == "on_chip" or interpreting:  # the interpreter holds a row in one program
         block = tile(_device.next_power_of_2(span))
         if not interpreting and block > ON_CHIP_MAX_COLS[elem]:

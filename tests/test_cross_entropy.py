@@ -60,9 +60,10 @@ def _check_loss_and_grad(x, target, dtype, upstream=None, strategy=None, inplace
 def inplace_upstream(rows, gen):
     """A per-row upstream gradient for in-place tests: random signs and powers of two. In place the
     gradient is stored for an upstream of 1 and then scaled by the row's: two roundings to the
-    logits' dtype, each a truncation under Triton 3.6's interpreter, which took a bf16 gradient
-    to 1.02e-2 (the table's bound 1e-2) in about one run in twenty. Scaling by a power of two is
-    exact, so the test sees the kernels' one rounding, whatever the row's upstream."""
+    logits' dtype, which took a bf16 gradient to 1.02e-2 (the table's bound 1e-2) in about one
+    interpreter run in twenty while its casts truncated (conftest now rounds them to nearest, as
+    the GPU does). Scaling by a power of two is exact, so the test sees the kernels' one rounding,
+    whatever the row's upstream."""
     sign = torch.randint(0, 2, (rows,), generator=gen, dtype=torch.float64) * 2 - 1
     return (sign * 2.0 ** torch.randint(-2, 3, (rows,), generator=gen).double()).to(DEVICE)
 

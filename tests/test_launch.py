@@ -13,6 +13,8 @@ import collections
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from torch.utils._python_dispatch import TorchDispatchMode
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
@@ -96,6 +98,32 @@ def test_the_check_catches_a_key_that_leaves_out_the_alignment(gen, monkeypatch)
 def test_interpreted_kernels_take_tritons_own_path():
     # Under the interpreter the kernels are not JITFunctions and must not reach the compiled path.
     assert not _launch.Launcher(softmax_kernels.row_on_chip_softmax_kernel).fast
+
+
+@triton.jit
+def _store_as_bf16_kernel(src, dst, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(dst + offsets, tl.load(src + offsets, mask=mask).to(tl.bfloat16), mask=mask)
+
+
+@needs_triton
+def test_bf16_stores_round_to_nearest_even():
+    # The GPU rounds fp32 -> bf16 to nearest even; conftest makes the interpreter do the same (it
+    # truncates otherwise), so the bf16 tolerances hold for one rounding as on the GPU. Halfway
+    # cases both ways, just past halfway, a carry into the exponent, overflow, subnormals, inf, NaN.
+    one, ulp = 1.0, 2.0 ** -7
+    values = [one + ulp / 2, one + 3 * ulp / 2, one + ulp / 2 + 2.0 ** -20, -(one + ulp / 2 + 2.0 ** -20),
+              2.0 - 2.0 ** -20, 3.3895e38, -3.4e38, 1.5e-39, -2.5e-40, 1e-45, 0.0, -0.0,
+              float("inf"), float("-inf"), float("nan"), 0.1, -7.77, 1234.5678]
+    src = torch.tensor(values, dtype=torch.float32, device=DEVICE)
+    dst = torch.full_like(src, float("nan"), dtype=torch.bfloat16)
+    _store_as_bf16_kernel[(1,)](src, dst, len(values), BLOCK=32)
+    want = src.to(torch.bfloat16)
+    assert torch.equal(dst.view(torch.int16).cpu(), want.view(torch.int16).cpu()), \
+        f"{dst.float().tolist()} vs {want.float().tolist()}"
+    # The cases are not vacuous: truncation gives other bits on the second and third.
+    assert want[1].item() == one + 2 * ulp and want[2].item() == one + ulp
 
 
 class _FakeCompiled:

@@ -152,8 +152,8 @@ def test_linear_grad_weight_accumulates_in_float32(plan_kwargs, gen):
     # addition rounds to 8 bits). Ours adds them in float32 and rounds once. The test computes the
     # bfloat16 accumulation's error itself, so it is known to fail an implementation doing that:
     # 3.7e-2 to 9.7e-2 over six seeds (above the table's 1e-2), against ours at 3.8e-3 to 5.5e-3
-    # under the interpreter, whose fp32 -> bf16 conversion truncates (the GPU rounds to nearest;
-    # the torch path's error is about 1.3e-3). Vocabulary slices take grad W as one matrix product
+    # under the interpreter while its fp32 -> bf16 conversion truncated (conftest now rounds to
+    # nearest, as the GPU does; the torch path's error is about 1.3e-3). Vocabulary slices take grad W as one matrix product
     # over all the rows, accumulated in float32 inside it.
     rows, hidden, vocab, chunk = 1024, 16, 32, 2
     x = (torch.rand(rows, hidden, generator=gen) + 0.5).to(torch.bfloat16)

@@ -144,6 +144,14 @@ def _reduce_loss(loss_rows, lse, target, class_weight, denom, dtype, vocab, opti
     return (total + total_z).to(dtype)
 
 
+def zero_for_cpu_matmul(padding):
+    """Zero a logits buffer's columns past its classes where torch's CPU bf16 matmul runs: it was
+    seen reading a narrow operand's row past its last column (NaN padding made grad x NaN with a
+    64 + 11 split). cuBLAS reads only a view's own columns, so CUDA buffers skip the fill."""
+    if padding.device.type == "cpu":
+        padding.zero_()
+
+
 class _Pass:
     """One pass over the chunks; what it computes is set by its flags."""
 
@@ -156,9 +164,7 @@ class _Pass:
         # planner.LINEAR_VOCAB_MULTIPLE); the kernels and the bias gradient take the V columns.
         self.vocab_parts = planner.linear_vocab_parts(vocab)
         padded = _buffers.empty((min(chunk_rows, rows), planner.linear_logits_width(vocab)), x2.dtype, x2.device)
-        # The padding is zeroed: torch's CPU bf16 matmul was seen reading a narrow operand's row
-        # past its last column (NaN padding made grad x NaN with a 64 + 11 split).
-        padded[:, vocab:].zero_()
+        zero_for_cpu_matmul(padded[:, vocab:])
         self.logits = padded[:, :vocab]
 
     def grads(self, grad_x, grad_w, grad_b, start, stop, logits):
@@ -301,16 +307,15 @@ class _VocabSlices:
         self.triton = strategy != "torch" and kernels_take(x2)
         width = planner.linear_logits_width(vocab_chunk)
         self.padded = _buffers.empty((x2.shape[0], width), x2.dtype, x2.device)
-        # Zeroed past a slice's classes, as _Pass's (torch's CPU bf16 matmul reads a narrow operand's
-        # row past its end): here for the full slices, in logits() for a narrower last one.
-        self.padded[:, vocab_chunk:].zero_()
+        # Past a slice's classes: here for the full slices, in logits() for a narrower last one.
+        zero_for_cpu_matmul(self.padded[:, vocab_chunk:])
         self.vocab_chunk = vocab_chunk
 
     def logits(self, lo, hi):
         """The logits of classes [lo, hi) over all the rows, in the padded buffer."""
         out = self.padded[:, :hi - lo]
         if hi - lo < self.vocab_chunk:  # the last slice, after full ones that wrote past its classes
-            self.padded[:, hi - lo:].zero_()
+            zero_for_cpu_matmul(self.padded[:, hi - lo:])
         bias = None if self.bias is None else self.bias[lo:hi]
         return _chunk_logits(self.x2, self.weight[lo:hi], bias, out, planner.linear_vocab_parts(hi - lo))
 

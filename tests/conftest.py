@@ -16,35 +16,14 @@ import torch
 import contextlib
 
 import onlinesoftmax
+from onlinesoftmax._interpreter import round_bf16_casts_to_nearest
 from onlinesoftmax.ops.softmax import plan
 
 
-def _round_interpreted_bf16_to_nearest():
-    """Make Triton's interpreter round fp32 -> bf16 to nearest even, as the GPU does.
-
-    Triton 3.6's interpreter truncates that cast (`cast_impl` passes no rounding mode), so every
-    bf16 store under TRITON_INTERPRET=1 errs by up to one ulp, always towards zero, where the GPU
-    errs by half an ulp either way. Gradients that cancel (y * (dy - dot)) turned that bias into
-    flaky 1e-2 failures. torch's own cast rounds to nearest even and keeps NaN and inf.
-    """
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    truncating_cast = interpreter.InterpreterBuilder.cast_impl
-
-    def cast_impl(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            values = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
-            bits = values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-            return interpreter.TensorHandle(bits.reshape(np.shape(src.data)), tl.bfloat16)
-        return truncating_cast(self, src, dst_type)
-
-    interpreter.InterpreterBuilder.cast_impl = cast_impl
-
-
+# The interpreter's bf16 casts round to nearest even, as the GPU's (they truncate otherwise, and
+# cancelling bf16 gradients such as y * (dy - dot) turned that bias into flaky 1e-2 failures).
 if os.environ.get("TRITON_INTERPRET") == "1":
-    _round_interpreted_bf16_to_nearest()
+    round_bf16_casts_to_nearest()
 
 # The one tolerance table: bound on ||out - ref|| / ||ref|| against a float64 reference, by the
 # dtype the result is stored in. float32 accumulates and stores in fp32 (a few ulps per element);

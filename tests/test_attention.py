@@ -629,15 +629,10 @@ def release_cached_memory():
         torch.cuda.empty_cache()
 
 
-@gpu_only
-@pytest.mark.parametrize("heads", [(2, 2), (4, 1)], ids=["mha", "gqa4"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", attention_suite.SWEEP_HEAD_DIMS)
-@pytest.mark.parametrize("seq", FLASH_CRITERION_LENGTHS)
-def test_flash_criterion_over_sweep_shapes_gpu(seq, head_dim, causal, heads, gen, release_cached_memory):
-    """flash-attention's criterion at the sweep's lengths, head dims, masks and head layouts: the
-    max |error| of the output and of each gradient against float32 math is at most twice that of
-    the same math in bf16, plus twice the bf16 rounding of the reference itself (its tests' atol)."""
+def assert_flash_criterion(seq, head_dim, causal, heads, gen):
+    """flash-attention's criterion: the max |error| of the output and of each gradient against
+    float32 math is at most twice that of the same math in bf16, plus twice the bf16 rounding of
+    the reference itself (its tests' atol)."""
     q, k, v = make_qkv(gen, 1, heads[0], heads[1], seq, seq, head_dim, torch.bfloat16, requires_grad=True)
     d_out = torch.randn((1, heads[0], seq, head_dim), generator=gen).to(DEVICE, torch.bfloat16)
     ours = attention(q, k, v, causal=causal)
@@ -652,3 +647,23 @@ def test_flash_criterion_over_sweep_shapes_gpu(seq, head_dim, causal, heads, gen
         atol = 2 * (c.to(torch.bfloat16).float() - c).abs().max().item()
         assert error <= 2 * bf16_error + atol, (f"S{seq} D{head_dim} {heads} causal={causal} {name}: "
                                                 f"{error:.3e} > 2 x {bf16_error:.3e} + {atol:.1e}")
+
+
+@gpu_only
+@pytest.mark.parametrize("heads", [(2, 2), (4, 1)], ids=["mha", "gqa4"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", attention_suite.SWEEP_HEAD_DIMS)
+@pytest.mark.parametrize("seq", FLASH_CRITERION_LENGTHS)
+def test_flash_criterion_over_sweep_shapes_gpu(seq, head_dim, causal, heads, gen, release_cached_memory):
+    """The criterion at the sweep's lengths, head dims, masks and head layouts."""
+    assert_flash_criterion(seq, head_dim, causal, heads, gen)
+
+
+@pytest.mark.skipif(ON_GPU or not TRITON_RUNS, reason="the interpreter's short lengths; the GPU runs the sweep's")
+@pytest.mark.parametrize("heads", [(2, 2), (4, 1)], ids=["mha", "gqa4"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seq", [37, 130])
+def test_flash_criterion_interpreted(seq, causal, heads, gen):
+    """The criterion under the interpreter (its bf16 casts rounding to nearest, as the GPU's:
+    conftest), so that the CPU run holds the backward to it too, at short lengths."""
+    assert_flash_criterion(seq, 64, causal, heads, gen)

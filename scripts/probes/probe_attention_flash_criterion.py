@@ -4,9 +4,11 @@ require at most 2). Runs on the GPU, or on CPU tensors under TRITON_INTERPRET=1 
 
 With --emulate, also the max |error| of ours and of a torch emulation of the algorithm (P and dS
 rounded to bf16 before their products, fp32 accumulation), rounding to nearest and by truncation
-(as Triton 3.6's interpreter converts float32 to bfloat16).
+(as Triton 3.6's interpreter converts float32 to bfloat16). Under the interpreter, --round-to-nearest
+makes its bf16 casts round as the GPU's (onlinesoftmax._interpreter), as the CPU test run does.
 
     python scripts/probes/probe_attention_flash_criterion.py [--lengths 37,130] [--head-dims 64,128] [--emulate]
+        [--round-to-nearest]
 """
 
 import argparse
@@ -14,6 +16,8 @@ import argparse
 import torch
 
 import onlinesoftmax
+from onlinesoftmax._device import interpreter_active
+from onlinesoftmax._interpreter import round_bf16_casts_to_nearest
 from onlinesoftmax.bench.attention_suite import math_attention
 
 
@@ -70,7 +74,11 @@ def main():
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--emulate", action="store_true", help="also the max errors of ours and of the emulations")
+    parser.add_argument("--round-to-nearest", action="store_true",
+                        help="under TRITON_INTERPRET=1: bf16 casts round to nearest even, as on the GPU")
     args = parser.parse_args()
+    if args.round_to_nearest and interpreter_active():
+        round_bf16_casts_to_nearest()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"device {device}; ratio = ours' max |error| / bf16 math's, against float64 (flash-attention allows 2)")
     print("S D heads causal seed | out dq dk dv" + (" | max |error| (out dq dk dv): ours; emulation rounding "

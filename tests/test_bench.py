@@ -365,3 +365,26 @@ def test_sdpa_expanded_kv_follows_the_tensors_it_was_made_from():
     check(9)
     assert len(sdpa._expanded) == 1
     del kept
+
+
+def test_linear_cross_entropy_peers_compute_the_reference():
+    # Every runnable peer of bench linear_cross_entropy (ours, torch's chunked F.linear_cross_entropy
+    # where torch has it, Liger where installed) against the case's float64 reference, on the CPU
+    # at a tiny size: the bench's check would flag them on the GPU, this flags a wiring mistake here.
+    from onlinesoftmax.bench import cross_entropy_suite
+
+    case = cross_entropy_suite.linear_case((64, 32, 200), torch.float32, device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    ran = []
+    for impl in cross_entropy_suite.linear_implementations():
+        if impl.skipped or impl.name == "torch.compile":  # compiling is minutes on this machine
+            continue
+        inputs = case.make_inputs(gen)
+        got = impl.check(impl.fn(*inputs), inputs)
+        error = harness.relative_error(got, case.reference(inputs))
+        assert error < 1e-4, f"{impl.name}: relative error {error:.2e}"
+        ran.append(impl.name)
+    assert {"torch", "onlinesoftmax", "onlinesoftmax vocab_chunk"} <= set(ran), ran
+    if hasattr(torch.nn.functional, "linear_cross_entropy"):
+        assert "torch chunked" in ran
+

@@ -4,7 +4,7 @@
 # Stages: tests (whole suite, then the slow ones), sanitize (memcheck + racecheck over every softmax
 # kernel), sweep / tune (strategy and constant sweeps for ops/softmax/plan.py), bench (the softmax bench with
 # peers), overhead (host cost per call); OP[:STAGE,...] runs scripts/device/gpu_OP.sh for topk, attention
-# or ladder. Peers' wheels, if carried in .whl/, are installed into /tmp/site first. Logs and
+# ladder or cross_entropy. Peers' wheels, if carried in .whl/, are installed into /tmp/site first. Logs and
 # results go to $OUT, bundled into one results.tgz at the end. SANITIZE_TIMEOUT (s, default 600) caps
 # each compute-sanitizer tool in the sanitize stage; TUNE_ARGS go to scripts/tune/tune_softmax.py (say
 # "--strategy split_row_on_chip --backward"); BENCH_ARGS go to the softmax bench; TEST_PATHS (default tests) limit the tests stage; OVERHEAD_IMPORTS (modules, space-separated) has the
@@ -69,7 +69,7 @@ for stage in "$@"; do
         overhead)
             python3 scripts/probes/launch_overhead.py ${OVERHEAD_IMPORTS:+--import $OVERHEAD_IMPORTS} > "$OUT/launch_overhead.log" 2>&1
             grep -E "us issued|imported|hooks" "$OUT/launch_overhead.log" ;;
-        topk*|attention*|ladder*)  # op[:stage,stage...], e.g. topk:bench,paper
+        topk*|attention*|ladder*|cross_entropy*)  # op[:stage,stage...], e.g. topk:bench,paper
             op=${stage%%:*}; sub=""; [ "$op" != "$stage" ] && sub=${stage#*:}
             timeout 560 bash "scripts/device/gpu_$op.sh" "$OUT" ${sub//,/ } > "$OUT/gpu_$op.log" 2>&1; echo "gpu_$op exit $?"
             tail -40 "$OUT/gpu_$op.log" ;;

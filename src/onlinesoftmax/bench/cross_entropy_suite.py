@@ -1,5 +1,6 @@
 """``onlinesoftmax bench cross_entropy`` and ``bench linear_cross_entropy``: forward + backward time
-and peak memory against torch eager, torch.compile, Liger and Quack.
+and peak memory against torch eager, torch.compile, Liger and Quack (and for the linear loss torch's
+own chunked ``F.linear_cross_entropy``, from torch 2.13).
 
 Every implementation runs one training step's worth of the loss: the forward and the gradient
 (``torch.autograd.grad``), on inputs that require grad, with "mean" reduction. Implementations
@@ -245,6 +246,14 @@ def linear_implementations() -> list[Implementation]:
 
     impls = [Implementation("torch", _linear_step(torch_loss), check=_linear_check),
              Implementation("torch.compile", _linear_step(_compiled(torch_loss)), check=_linear_check)]
+    # torch's own fused loss (2.13 and later): chunks of rows, its gradients computed in the forward.
+    if hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions"):
+        chunked = torch.nn.LinearCrossEntropyOptions()
+        impls.append(Implementation("torch chunked", _linear_step(
+            lambda h, w, t: F.linear_cross_entropy(h, w, t, options=chunked)), check=_linear_check))
+    else:
+        impls.append(Implementation("torch chunked", skipped=f"torch {torch.__version__} has no "
+                                                             "F.linear_cross_entropy (2.13 and later)"))
     liger, why = _optional("liger_kernel.transformers")
     if liger:
         module = liger.LigerFusedLinearCrossEntropyLoss()

@@ -858,3 +858,26 @@ def test_inplace_loss_reads_the_target_logit_before_it_is_overwritten(strategy, 
         leaf = x.clone().requires_grad_()
         losses.add(float(cross_entropy(leaf, target, strategy=strategy, inplace_backward=True).detach()))
     assert losses == {want}, f"{strategy}: {sorted(losses)} against {want}"
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["separate", "inplace"])
+def test_torch_path_in_row_chunks_equals_one_chunk(inplace, gen, monkeypatch):
+    # The torch path takes a CPU tensor's rows a few at a time (cpu.row_chunks, against page faults
+    # on large temporaries): the same numbers, bit for bit, as all the rows at once.
+    x = make_logits((11, 37), torch.float32, gen).cpu()
+    target = torch.randint(0, 37, (11,), generator=gen)
+    target[4] = -100
+    weight = torch.rand(37, generator=gen) + 0.5
+    upstream = torch.randn(11, generator=gen)
+    results = []
+    for rows_at_once in (None, 3):
+        if rows_at_once:
+            monkeypatch.setattr(onlinesoftmax.cpu, "ROW_CHUNK_ELEMENTS", rows_at_once * 37)
+            assert len(onlinesoftmax.cpu.row_chunks(x)) == 4
+        leaf = x.clone().requires_grad_()
+        loss, lse = cross_entropy(leaf * 1, target, reduction="none", label_smoothing=0.1, z_loss=1e-3, weight=weight,
+                                  return_lse=True, inplace_backward=inplace, strategy="torch")
+        (loss * upstream).sum().backward()
+        results.append((loss.detach(), lse, leaf.grad))
+    for name, one, chunked in zip(("loss", "lse", "grad"), *results):
+        assert torch.equal(one, chunked), name

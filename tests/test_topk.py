@@ -337,7 +337,8 @@ def test_gradient_at_large_logits(path, offset, gen):
         values, indices = torch.empty(4, 6), torch.empty(4, 6, dtype=torch.int64)
         lse, lse_low = torch.empty(4), torch.empty(4)
         cpu.softmax_topk(x2, 6, inv_t, values, indices, lse, lse_low)
-        grad = cpu.softmax_topk_backward(x2, lse, lse_low, indices, dv.float().cpu(), dlse.float().cpu(), inv_t)
+        grad = torch.empty(4, 300)
+        cpu.softmax_topk_backward(x2, lse, lse_low, indices, dv.float().cpu(), dlse.float().cpu(), inv_t, grad)
     else:
         if not TRITON_RUNS:
             pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")
@@ -505,3 +506,22 @@ def test_compile_fullgraph(gen):
     assert_matches(x.grad, x64.grad, torch.float32, "dx under compile")
 
 
+
+
+def test_cpu_path_in_row_chunks_equals_one_chunk(gen, monkeypatch):
+    # cpu.softmax_topk and its backward take the rows a few at a time (cpu.row_chunks): the same
+    # numbers, bit for bit, as all the rows at once. bf16 logits: ties at the k-th value.
+    x2 = make_logits((11, 300), torch.bfloat16, gen).cpu()
+    dv, dlse = torch.randn((11, 6), generator=gen), torch.randn((11,), generator=gen)
+    results = []
+    for rows_at_once in (None, 3):
+        if rows_at_once:
+            monkeypatch.setattr(cpu, "ROW_CHUNK_ELEMENTS", rows_at_once * 300)
+            assert len(cpu.row_chunks(x2)) == 4
+        values, indices = torch.full((11, 6), float("nan")), torch.zeros((11, 6), dtype=torch.int64)
+        lse, lse_low, dx = torch.full((11,), float("nan")), torch.full((11,), float("nan")), torch.empty(11, 300)
+        cpu.softmax_topk(x2, 6, 1 / 0.7, values, indices, lse, lse_low)
+        cpu.softmax_topk_backward(x2, lse, lse_low, indices, dv, dlse, 1 / 0.7, dx)
+        results.append((values, indices, lse, lse_low, dx))
+    for name, one, chunked in zip(("values", "indices", "lse", "lse_low", "dx"), *results):
+        assert torch.equal(one, chunked), name

@@ -13,6 +13,21 @@ import torch
 
 # Chunk length of the split: any value gives the same result up to rounding.
 CHUNK = 4096
+# Rows that the row-wise CPU paths (softmax_topk, cross_entropy's torch path) take together: float32
+# temporaries of about 4 MB, which the allocator keeps and the caches hold. Temporaries of a whole
+# large tensor were fresh memory, page-faulted in at every call (bf16 512 x 50257: its float32 copy
+# alone took 27 ms on the CPU machine, torch's whole log_softmax 17).
+ROW_CHUNK_ELEMENTS = 1 << 20
+
+
+def row_chunks(x: torch.Tensor) -> list:
+    """Slices of the rows of a 2-d x that a row-wise CPU path computes one after another (one
+    slice for CUDA tensors, and for small ones)."""
+    rows, cols = x.shape
+    if x.device.type != "cpu" or rows * cols <= ROW_CHUNK_ELEMENTS:
+        return [slice(0, rows)]
+    step = max(1, ROW_CHUNK_ELEMENTS // max(cols, 1))
+    return [slice(start, start + step) for start in range(0, rows, step)]
 
 
 def reference_point(m: torch.Tensor) -> torch.Tensor:
@@ -169,13 +184,20 @@ def split_lse(m: torch.Tensor, log_d: torch.Tensor) -> tuple[torch.Tensor, torch
 def softmax_topk(x2: torch.Tensor, k: int, inv_temperature: float, values: torch.Tensor, indices: torch.Tensor,
                  lse: torch.Tensor, lse_low: torch.Tensor) -> None:
     """Fill ``values``, ``indices`` (rows, k), and ``lse`` and ``lse_low`` (rows,: the lse in two
-    floats, see split_lse) for the rows of ``x2`` (rows, cols).
+    floats, see split_lse) for the rows of ``x2`` (rows, cols), row_chunks at a time.
 
     The kernels' semantics: ranking by x / T in float32 with the lower index winning ties (a stable
     descending sort; -0.0 made +0.0 first), rows that softmax turns into NaN give NaN values and
     indices 0..k-1. Also the path for CUDA tensors when k exceeds the kernels' list size.
     """
-    scaled = x2 if x2.dtype == torch.float32 and inv_temperature == 1.0 else x2.float() * inv_temperature
+    for rows in row_chunks(x2):
+        _softmax_topk_rows(x2[rows], k, inv_temperature, values[rows], indices[rows], lse[rows], lse_low[rows])
+
+
+def _softmax_topk_rows(x2, k, inv_temperature, values, indices, lse, lse_low) -> None:
+    scaled = x2.float()
+    if inv_temperature != 1.0:
+        scaled = scaled * inv_temperature
     if k == 0 or scaled.shape[-1] == 0:
         row_max = scaled.amax(-1) if scaled.shape[-1] else torch.full_like(lse, float("-inf"))
         parts = split_lse(row_max, torch.logsumexp(scaled - reference_point(row_max).unsqueeze(-1), -1))
@@ -218,9 +240,15 @@ def softmax_topk(x2: torch.Tensor, k: int, inv_temperature: float, values: torch
     lse_low.copy_(parts[1])
 
 
-def softmax_topk_backward(x2, lse, lse_low, indices, dv, dlse, inv_temperature: float) -> torch.Tensor:
-    """dx = (scatter(dv * y_c) - y * (<dv, y_c> - dlse)) / T with y = exp((x / T - lse) - lse_low), in
-    float32."""
+def softmax_topk_backward(x2, lse, lse_low, indices, dv, dlse, inv_temperature: float, dx: torch.Tensor) -> None:
+    """dx <- (scatter(dv * y_c) - y * (<dv, y_c> - dlse)) / T with y = exp((x / T - lse) - lse_low),
+    computed in float32 row_chunks at a time."""
+    for rows in row_chunks(x2):
+        dx[rows] = _softmax_topk_backward_rows(x2[rows], lse[rows], lse_low[rows], indices[rows], dv[rows],
+                                               dlse[rows], inv_temperature)
+
+
+def _softmax_topk_backward_rows(x2, lse, lse_low, indices, dv, dlse, inv_temperature):
     y = torch.exp(x2.float() * inv_temperature - lse.unsqueeze(-1) - lse_low.unsqueeze(-1))
     y_chosen = y.gather(-1, indices)
     s = (dv.float() * y_chosen).sum(-1, keepdim=True) - dlse.float().unsqueeze(-1)

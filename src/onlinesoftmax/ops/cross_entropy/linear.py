@@ -39,7 +39,7 @@ import torch
 from ... import _buffers, _validate
 from . import plan as planner
 from .launch import RowTerms, compute_dtype, count, kernels_take, launch_scale, merge_shard_stats, needs_denom, \
-    plain_rows, reduce, row_lse, rows_backward, rows_forward, shard_loss, shard_stats, torch_denom
+    plain_rows, reduce, rows_backward, rows_forward, shard_loss, shard_stats, torch_denom
 from .op import LOGIT_DTYPES, check_class_weight, check_options, check_target, check_targets_in_range, class_weights
 
 # Rows of dlogits.T (vocabulary entries) multiplied at once in float32 where cuBLAS cannot
@@ -99,7 +99,7 @@ def _chunk_loss(logits, target, class_weight, denom, loss_rows, lse_parts, optio
                      label_smoothing, z_loss, softcap, temperature, return_lse)
         return
     terms = RowTerms(logits, target, class_weight, ignore_index, softcap, temperature)
-    for part, value in zip(lse_parts, row_lse(terms.y)):
+    for part, value in zip(lse_parts, terms.lse()):
         part.copy_(value)
     loss = terms.loss(lse, lse_low, terms.target_logit(), terms.smoothing_sum() if label_smoothing > 0 else None,
                       label_smoothing)

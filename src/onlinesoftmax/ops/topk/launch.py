@@ -136,7 +136,7 @@ def launch_backward(x2: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor, 
     if x2.numel() == 0:
         return dx
     if not (x2.is_cuda or interpreter_active()) or k > planner.TOPK_MAX_K:
-        dx.copy_(cpu.softmax_topk_backward(x2, lse, lse_low, indices, dv, dlse, 1.0 / temperature))
+        cpu.softmax_topk_backward(x2, lse, lse_low, indices, dv, dlse, 1.0 / temperature, dx)
         return dx
     # The backward streams x once whatever the forward's selection was: its blocks follow the
     # running-list plans (lane_keep=0), which is what its timings were taken with.

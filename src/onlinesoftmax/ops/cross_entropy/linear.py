@@ -38,8 +38,9 @@ import torch
 
 from ... import _buffers, _validate
 from . import plan as planner
-from .launch import RowTerms, compute_dtype, count, kernels_take, launch_scale, merge_shard_stats, needs_denom, \
-    plain_rows, reduce, rows_backward, rows_forward, shard_loss, shard_stats, torch_denom
+from .launch import count, kernels_take, launch_scale, merge_shard_stats, needs_denom, plain_rows, reduce, \
+    rows_backward, rows_forward, shard_loss, shard_stats
+from .torch_path import RowTerms, compute_dtype, torch_denom
 from .op import LOGIT_DTYPES, check_class_weight, check_options, check_target, check_targets_in_range, class_weights
 
 # Rows of dlogits.T (vocabulary entries) multiplied at once in float32 where cuBLAS cannot

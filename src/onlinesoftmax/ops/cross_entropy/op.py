@@ -10,7 +10,8 @@ import torch
 from ... import _validate
 from ..._device import plan_cache, remember
 from ..._launch import op_when_compiling
-from .launch import compute_dtype, forward_call, launch_backward, launch_forward, launch_scale, needs_denom
+from .launch import forward_call, launch_backward, launch_forward, launch_scale, needs_denom
+from .torch_path import compute_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
 TARGET_DTYPES = (torch.int64, torch.int32)

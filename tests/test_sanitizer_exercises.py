@@ -87,6 +87,35 @@ def test_softmax_strategies(dtype, strategy, algorithm):
     assert not bad, bad
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_softmax_row_on_chip_head_and_tail(dtype):
+    # Rows held as a power-of-two head and a tail tile, forced on every row (off 16-byte boundaries
+    # too): the tail's masked loads and stores end at the tensor's last element.
+    gen = torch.Generator().manual_seed(0)
+    always = {direction: {4: 1.0, 2: 1.0} for direction in ("forward", "backward")}
+    anywhere = {direction: {4: 1 << 20, 2: 1 << 20} for direction in ("forward", "backward")}
+    bad = []
+    with onlinesoftmax.override_plan("softmax", ROW_ON_CHIP_TAIL_BELOW_FILL=always, ROW_ON_CHIP_TAIL_MIN_COLS=16,
+                                     ROW_ON_CHIP_TAIL_MAX_HEAD=anywhere, ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD=anywhere):
+        for cols in (37, 4097, 8200, 17000):
+            for dim, shape in ((-1, (3, cols)), (0, (cols, 3))):
+                x = (torch.randn(shape, generator=gen) * 3).to(dtype).to(DEVICE).requires_grad_()
+                for ours, ref in ((onlinesoftmax.softmax, torch.softmax), (onlinesoftmax.log_softmax, torch.log_softmax)):
+                    y = ours(x, dim, strategy="row_on_chip")
+                    assert softmax_plan.last_plan().tail_cols > 0
+                    dy = torch.randn_like(y)
+                    (dx,) = torch.autograd.grad(y, x, dy)
+                    assert softmax_plan.last_plan().tail_cols > 0
+                    x64 = x.detach().double().requires_grad_()
+                    y64 = ref(x64, dim)
+                    (dx64,) = torch.autograd.grad(y64, x64, dy.double())
+                    err, grad_err = _rel(y, y64), _rel(dx, dx64)
+                    if not (err < 2e-2 and grad_err < 2e-2):
+                        bad.append(f"{ours.__name__} {shape} dim={dim}: err {err:.1e}, grad err {grad_err:.1e}")
+    torch.cuda.synchronize()
+    assert not bad, bad
+
+
 # --------------------------------------------------------------------------------------------
 # softmax_topk: single and split launches, every selection and second read, the backward
 # --------------------------------------------------------------------------------------------

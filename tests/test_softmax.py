@@ -520,21 +520,24 @@ def test_looped_log_softmax_backward_takes_its_own_stream_config(plan_override):
 
 
 def test_half_empty_float32_log_softmax_tiles_split():
-    # ROW_ON_CHIP_LOG_MIN_FILL: float32 log_softmax rows over 8192 that fill less than 60% of their
-    # tile are held by several programs (forward only); softmax, the backward, shorter or fuller
-    # rows and 2-byte rows stay on chip.
+    # ROW_ON_CHIP_LOG_MIN_FILL: float32 log_softmax rows over 8192 that fill 55-60% of their tile
+    # are held by several programs (forward only; under 55% the row is a head and a tail on chip,
+    # ROW_ON_CHIP_TAIL_BELOW_FILL); softmax, the backward, shorter or fuller rows and 2-byte rows
+    # stay on chip.
     cuda = torch.device("cuda")
 
     def strategy(op, cols, dtype=torch.float32):
-        return plan._choose(op, 2048, cols, dtype, cuda, "auto", None, 132, False).strategy
+        chosen = plan._choose(op, 2048, cols, dtype, cuda, "auto", None, 132, False)
+        return chosen.strategy + (" tail" if chosen.tail_cols else "")
 
-    assert strategy("log_softmax", 9000) == "split_row_on_chip"
-    assert strategy("log_softmax", 8604) == "split_row_on_chip"
-    assert strategy("softmax", 9000) == "row_on_chip"
-    assert strategy("log_softmax_backward", 9000) == "row_on_chip"
-    assert strategy("log_softmax", 4100) == "row_on_chip"
+    assert strategy("log_softmax", 9500) == "split_row_on_chip"
+    assert strategy("log_softmax", 9000) == "row_on_chip tail"
+    assert strategy("log_softmax", 8604) == "row_on_chip tail"
+    assert strategy("softmax", 9500) == "row_on_chip"
+    assert strategy("log_softmax_backward", 9500) == "row_on_chip tail"
+    assert strategy("log_softmax", 4100) == "row_on_chip tail"
     assert strategy("log_softmax", 12000) == "row_on_chip"
-    assert strategy("log_softmax", 8200, torch.bfloat16) == "row_on_chip"
+    assert strategy("log_softmax", 9500, torch.bfloat16) == "row_on_chip"
 
 
 def test_split_row_on_chip_register_cap_only_beyond_one_uncapped_wave():
@@ -898,25 +901,67 @@ def test_eager_torch_route_gives_torchs_result_and_kernels_under_graphs_and_comp
 
 
 def test_padded_two_byte_rows_leave_row_on_chip():
-    # bf16 rows a little over a power of two fill half of row_on_chip's tile: the backward streams
-    # them (looped); the forward holds rows that start off 16-byte boundaries across programs while
-    # that tile is at most 16384 (the measured case); the rule is 2-byte only and leaves logsumexp,
-    # short rows and well-filled tiles as they were.
+    # bf16 rows a little over a power of two fill half of row_on_chip's tile. Up to a head of 8192
+    # (forward) or 16384 (backward) the row is held as that head and a tail tile; rows that start
+    # off 16-byte boundaries are streamed in the backward (looped) and held across programs in the
+    # forward where the tile is at most 16384; logsumexp, short rows and well-filled tiles stay.
     cuda = torch.device("cuda")
     def chosen(op, rows, cols, dtype=torch.bfloat16, strategy=None):
         misaligned = (cols * dtype.itemsize) % 16 != 0
         return plan._choose(op, rows, cols, dtype, cuda, "auto", strategy, 132, False, misaligned)
-    strategy = lambda *args: chosen(*args).strategy  # noqa: E731
-    assert strategy("log_softmax", 9682, 8604) == "split_row_on_chip"
-    assert strategy("softmax", 4096, 9000) == "row_on_chip"  # aligned rows: that kernel was not timed
-    assert strategy("softmax_backward", 9682, 8604) == "looped"
-    assert strategy("log_softmax_backward", 1024, 17000) == "looped"
-    assert strategy("softmax", 1024, 17000) == "row_on_chip"  # split_row_on_chip ran at 179-870 GB/s there
+    def strategy(*args):
+        c = chosen(*args)
+        return c.strategy + (f" {c.block_cols}+{c.tail_cols}" if c.tail_cols else "")
+    assert strategy("log_softmax", 9682, 8604) == "row_on_chip 8192+512"
+    assert strategy("softmax", 4096, 9000) == "row_on_chip 8192+1024"
+    assert strategy("softmax_backward", 9682, 8604) == "looped"  # off 16-byte boundaries, a head of 8192
+    assert strategy("log_softmax_backward", 16384, 4097) == "row_on_chip 4096+16"  # off them, a head of 4096
+    assert strategy("log_softmax_backward", 9682, 8600) == "row_on_chip 8192+512"
+    assert strategy("log_softmax_backward", 1024, 17000) == "row_on_chip 16384+1024"
+    assert strategy("softmax", 1024, 17000) == "row_on_chip"  # a head of 16384 lost; split ran at 179-870 GB/s
     assert strategy("softmax", 4096, 10001) == "row_on_chip"  # 61% of the tile
+    assert strategy("softmax", 1024, 9500) == "split_row_on_chip"  # 58%, off 16-byte boundaries
     assert strategy("logsumexp", 9682, 8604) == "row_on_chip"
-    assert strategy("softmax_backward", 5576, 4941) == "row_on_chip"  # shorter than one stream block
-    assert strategy("softmax", 2048, 4097, torch.float32) == "row_on_chip"
-    assert strategy("softmax_backward", 2048, 4097, torch.float32) == "row_on_chip"
+    assert strategy("softmax_backward", 5576, 4941) == "row_on_chip"  # 60% of the tile
+    assert strategy("softmax", 2048, 4097, torch.float32) == "row_on_chip 4096+16"
+    assert strategy("softmax_backward", 2048, 4097, torch.float32) == "row_on_chip 4096+16"
+    assert strategy("softmax_backward", 474, 23612, torch.float32) == "row_on_chip 16384+8192"  # 72%
+    assert strategy("softmax", 474, 23612, torch.float32) == "row_on_chip"
+    assert strategy("softmax", 2048, 4096) == "row_on_chip"  # a power of two
+    assert chosen("softmax", 2048, 8200).num_warps == plan.ROW_ON_CHIP_TAIL_WARPS
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("cols", [33, 40, 47])
+def test_row_on_chip_head_and_tail(op, cols, dtype, plan_override, gen):
+    # Rows held as a power-of-two head (32) and a tail tile (16), forced at a small size: forward
+    # and backward on a strided view against float64, with -inf, an all -inf row and NaN in the
+    # tail, and a temperature.
+    always = {direction: {4: 1.0, 2: 1.0} for direction in ("forward", "backward")}
+    plan_override(ROW_ON_CHIP_TAIL_BELOW_FILL=always, ROW_ON_CHIP_TAIL_MIN_COLS=16)
+    ours, ref = OPS[op]
+    x = layout(make_logits((6, 3, cols), dtype, gen, scale=2.0, outliers=False), "sliced", -1)
+    x[0, 0, cols - 2] = float("-inf")
+    x[1, 1] = float("-inf")
+    x[2, 2, cols - 1] = float("nan")
+    x[3, 0, 1] = 60.0  # the maximum in the head, the tail far below it
+    x[4, 1, cols - 1] = 60.0  # the maximum in the tail
+    x = x.requires_grad_()
+    out = ours(x, -1, strategy="row_on_chip", temperature=0.7)
+    assert (plan.last_plan().block_cols, plan.last_plan().tail_cols) == (32, 16)
+    assert_matches(out, ref(x.detach().double() / 0.7, -1), dtype, f"{op} head + tail")
+    dy = make_logits((6, 3, cols), dtype, gen, scale=1.0)
+    (dx,) = torch.autograd.grad(out, x, dy)
+    assert (plan.last_plan().block_cols, plan.last_plan().tail_cols) == (32, 16)
+    # The kernel's own arithmetic from the stored y, as in test_gradients_match_float64_autograd.
+    y64, dy64 = out.detach().double(), dy.double()
+    if op == "softmax":
+        dx64 = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True)) / 0.7
+    else:
+        dx64 = (dy64 - y64.exp() * dy64.sum(-1, keepdim=True)) / 0.7
+    assert_matches(dx, dx64, dtype, f"d{op} head + tail")
 
 
 def test_split_row_on_chip_cap_only_on_well_filled_chunks():

@@ -80,9 +80,8 @@ def recorded_launches(sms: int):
     choose = softmax_planner.choose
 
     def choose_for_gpu(op, rows, cols, dtype, device, algorithm="auto", strategy=None, sms_=None,
-                       interpreting=None, misaligned_rows=False):
-        return choose(op, rows, cols, dtype, cuda, algorithm, strategy, sms=sms, interpreting=False,
-                      misaligned_rows=misaligned_rows)
+                       interpreting=None, **layout):
+        return choose(op, rows, cols, dtype, cuda, algorithm, strategy, sms=sms, interpreting=False, **layout)
 
     topk_plan = topk_planner.topk_plan
 
@@ -200,8 +199,10 @@ def softmax_cases(dtype, shapes=None):
     """(case, run) per direction and shape of the softmax bench grid (or of ``shapes``)."""
     for rows, cols in shapes or softmax_suite.GRID:
         x = torch.empty((rows, cols), dtype=dtype)
-        yield f"forward {rows}x{cols}", lambda x=x: softmax_launch.launch_forward(x, 1, "softmax")
-        yield f"backward {rows}x{cols}", lambda x=x: softmax_launch.launch_backward(x, x, 1, False)
+        for op in ("softmax", "log_softmax"):
+            log = op == "log_softmax"
+            yield f"{op[:3]} forward {rows}x{cols}", lambda x=x, op=op: softmax_launch.launch_forward(x, 1, op)
+            yield f"{op[:3]} backward {rows}x{cols}", lambda x=x, log=log: softmax_launch.launch_backward(x, x, 1, log)
 
 
 def topk_cases(dtype):

@@ -55,6 +55,15 @@ from ..._triton import (
 
 
 @triton.jit
+def _tile_ptrs(ptr, rows, cols, inner, stride_outer, stride_col, stride_inner, CONTIGUOUS: tl.constexpr,
+               ROW_ALIGN: tl.constexpr):
+    """Pointers of a [rows, cols] tile of row_on_chip's layout (rows starting at ROW_ALIGN multiples)."""
+    return ptr + known_multiple(row_offset(rows, inner, stride_outer, stride_inner), ROW_ALIGN)[:, None] \
+        + col_offset(cols, stride_col, CONTIGUOUS)[None, :]
+
+
+
+@triton.jit
 def row_on_chip_softmax_kernel(
     x_ptr, y_ptr, lse_ptr,
     n_rows, n_cols, inner,
@@ -63,18 +72,20 @@ def row_on_chip_softmax_kernel(
     inv_temperature,
     BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr,
     LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
-    HOLD_INPUT: tl.constexpr, OPAQUE_WIDEN: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    HOLD_INPUT: tl.constexpr, OPAQUE_WIDEN: tl.constexpr, ROW_ALIGN: tl.constexpr, TAIL_COLS: tl.constexpr = 0,
 ):
     # One read and one write per element: the [rows, cols] tile stays in registers between the
     # max, the sum and the write; one program per block of rows. HOLD_INPUT keeps the tile in the
     # input dtype and widens it for each use (see split_row_on_chip_softmax_kernel). ROW_ALIGN > 1:
     # every row starts and ends on a 16-byte boundary, ROW_ALIGN elements (see known_multiple).
+    # TAIL_COLS > 0: the row is a full power-of-two head of BLOCK_COLS and a second, smaller tile of
+    # TAIL_COLS after it, so that a row just past a power of two does not idle half of a tile twice
+    # its size (not with HOLD_INPUT).
     cols = tl.arange(0, BLOCK_COLS)
-    col_mask = cols < known_multiple(n_cols, ROW_ALIGN)
+    n_cols = known_multiple(n_cols, ROW_ALIGN)
     rows = tl.program_id(0) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
-    mask = (rows < n_rows)[:, None] & col_mask[None, :]
-    p_x = x_ptr + known_multiple(row_offset(rows, inner, x_stride_outer, x_stride_inner), ROW_ALIGN)[:, None] \
-        + col_offset(cols, x_stride_col, CONTIGUOUS)[None, :]
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    p_x = _tile_ptrs(x_ptr, rows, cols, inner, x_stride_outer, x_stride_col, x_stride_inner, CONTIGUOUS, ROW_ALIGN)
     b_in = tl.load(p_x, mask=mask, other=NEG_INF)  # [R, C]
     if HOLD_INPUT:
         # Unscaled maximum, then scaled: the same number (see split_row_on_chip_softmax_kernel).
@@ -93,10 +104,27 @@ def row_on_chip_softmax_kernel(
         else:
             # A NaN already turns the sum, and so the whole row, into NaN: the plain max will do.
             b_m = tl.max(b_x, 1)
+    if TAIL_COLS > 0:
+        t_cols = BLOCK_COLS + tl.arange(0, TAIL_COLS)
+        t_mask = (rows < n_rows)[:, None] & (t_cols < n_cols)[None, :]
+        p_xt = _tile_ptrs(x_ptr, rows, t_cols, inner, x_stride_outer, x_stride_col, x_stride_inner, CONTIGUOUS,
+                          ROW_ALIGN)
+        t_x = tl.load(p_xt, mask=t_mask, other=NEG_INF).to(tl.float32) * inv_temperature
+        if WRITE_LSE:
+            t_m = max_keep_nan(t_x, 1)
+            b_m = tl.where((b_m != b_m) | (t_m != t_m), float("nan"), tl.maximum(b_m, t_m))
+        else:
+            b_m = tl.maximum(b_m, tl.max(t_x, 1))
+        t_e = tl.exp(t_x - b_m[:, None])
     b_e = tl.exp(b_x - b_m[:, None])
     b_d = tl.sum(b_e, 1)  # an all -inf row gives NaN here, as torch.softmax does
+    if TAIL_COLS > 0:
+        b_d += tl.sum(t_e, 1)
     if WRITE_LSE:
-        tl.store(lse_ptr + rows, finish_lse(b_m, tl.sum(tl.where(mask, b_e, 0.0), 1)), mask=rows < n_rows)
+        b_s = tl.sum(tl.where(mask, b_e, 0.0), 1)
+        if TAIL_COLS > 0:
+            b_s += tl.sum(tl.where(t_mask, t_e, 0.0), 1)
+        tl.store(lse_ptr + rows, finish_lse(b_m, b_s), mask=rows < n_rows)
     if WRITE_Y:
         if HOLD_INPUT:
             b_x = widen_opaque(b_in, OPAQUE_WIDEN, 0) * inv_temperature
@@ -105,9 +133,16 @@ def row_on_chip_softmax_kernel(
             b_y = (b_x - b_m[:, None]) - tl.log(b_d)[:, None]
         else:
             b_y = b_e * (1.0 / b_d)[:, None]
-        p_y = y_ptr + known_multiple(row_offset(rows, inner, y_stride_outer, y_stride_inner), ROW_ALIGN)[:, None] \
-            + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :]
+        p_y = _tile_ptrs(y_ptr, rows, cols, inner, y_stride_outer, y_stride_col, y_stride_inner, CONTIGUOUS, ROW_ALIGN)
         tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=mask)
+        if TAIL_COLS > 0:
+            if LOG:
+                t_y = (t_x - b_m[:, None]) - tl.log(b_d)[:, None]
+            else:
+                t_y = t_e * (1.0 / b_d)[:, None]
+            p_yt = _tile_ptrs(y_ptr, rows, t_cols, inner, y_stride_outer, y_stride_col, y_stride_inner, CONTIGUOUS,
+                              ROW_ALIGN)
+            tl.store(p_yt, t_y.to(y_ptr.dtype.element_ty), mask=t_mask)
 
 
 @triton.jit
@@ -292,17 +327,16 @@ def row_on_chip_backward_kernel(
     dx_stride_outer, dx_stride_col, dx_stride_inner,
     inv_temperature,
     BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
-    OPAQUE_WIDEN: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    OPAQUE_WIDEN: tl.constexpr, ROW_ALIGN: tl.constexpr, TAIL_COLS: tl.constexpr = 0,
 ):
-    # ROW_ALIGN as in row_on_chip_softmax_kernel.
+    # ROW_ALIGN and TAIL_COLS as in row_on_chip_softmax_kernel.
     cols = tl.arange(0, BLOCK_COLS)
-    col_mask = cols < known_multiple(n_cols, ROW_ALIGN)
+    n_cols = known_multiple(n_cols, ROW_ALIGN)
     rows = tl.program_id(0) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
-    mask = (rows < n_rows)[:, None] & col_mask[None, :]
-    p_y = y_ptr + known_multiple(row_offset(rows, inner, y_stride_outer, y_stride_inner), ROW_ALIGN)[:, None] \
-        + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :]
-    p_dy = dy_ptr + known_multiple(row_offset(rows, inner, dy_stride_outer, dy_stride_inner), ROW_ALIGN)[:, None] \
-        + col_offset(cols, dy_stride_col, CONTIGUOUS)[None, :]
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    p_y = _tile_ptrs(y_ptr, rows, cols, inner, y_stride_outer, y_stride_col, y_stride_inner, CONTIGUOUS, ROW_ALIGN)
+    p_dy = _tile_ptrs(dy_ptr, rows, cols, inner, dy_stride_outer, dy_stride_col, dy_stride_inner, CONTIGUOUS,
+                      ROW_ALIGN)
     # In the input dtype across the row's reduction, as in split_row_on_chip_backward_kernel.
     b_y = tl.load(p_y, mask=mask, other=0.0)  # [R, C]
     b_dy = tl.load(p_dy, mask=mask, other=0.0)
@@ -310,11 +344,26 @@ def row_on_chip_backward_kernel(
         b_dot = tl.sum(b_dy.to(tl.float32), 1)
     else:
         b_dot = tl.sum(b_dy.to(tl.float32) * b_y.to(tl.float32), 1)
+    if TAIL_COLS > 0:
+        t_cols = BLOCK_COLS + tl.arange(0, TAIL_COLS)
+        t_mask = (rows < n_rows)[:, None] & (t_cols < n_cols)[None, :]
+        t_y = tl.load(_tile_ptrs(y_ptr, rows, t_cols, inner, y_stride_outer, y_stride_col, y_stride_inner,
+                                 CONTIGUOUS, ROW_ALIGN), mask=t_mask, other=0.0)
+        t_dy = tl.load(_tile_ptrs(dy_ptr, rows, t_cols, inner, dy_stride_outer, dy_stride_col, dy_stride_inner,
+                                  CONTIGUOUS, ROW_ALIGN), mask=t_mask, other=0.0)
+        if LOG:
+            b_dot += tl.sum(t_dy.to(tl.float32), 1)
+        else:
+            b_dot += tl.sum(t_dy.to(tl.float32) * t_y.to(tl.float32), 1)
     b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), b_dot[:, None],
                          inv_temperature, LOG)
-    p_dx = dx_ptr + known_multiple(row_offset(rows, inner, dx_stride_outer, dx_stride_inner), ROW_ALIGN)[:, None] \
-        + col_offset(cols, dx_stride_col, CONTIGUOUS)[None, :]
+    p_dx = _tile_ptrs(dx_ptr, rows, cols, inner, dx_stride_outer, dx_stride_col, dx_stride_inner, CONTIGUOUS,
+                      ROW_ALIGN)
     tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    if TAIL_COLS > 0:
+        t_dx = grad_from_dot(t_y.to(tl.float32), t_dy.to(tl.float32), b_dot[:, None], inv_temperature, LOG)
+        tl.store(_tile_ptrs(dx_ptr, rows, t_cols, inner, dx_stride_outer, dx_stride_col, dx_stride_inner,
+                            CONTIGUOUS, ROW_ALIGN), t_dx.to(dx_ptr.dtype.element_ty), mask=t_mask)
 
 
 @triton.jit

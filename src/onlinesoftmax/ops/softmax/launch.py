@@ -239,8 +239,8 @@ class ForwardCall:
         if chosen.strategy == "row_on_chip":
             bound = _by_alignment(_row_on_chip_softmax, chosen.grid, recipe, lambda align: dict(
                 BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program, HOLD_INPUT=chosen.hold_input,
-                OPAQUE_WIDEN=recipe.opaque_widen, ROW_ALIGN=_row_align(recipe, align), num_warps=chosen.num_warps,
-                **common))
+                OPAQUE_WIDEN=recipe.opaque_widen, ROW_ALIGN=_row_align(recipe, align), TAIL_COLS=chosen.tail_cols,
+                num_warps=chosen.num_warps, **common))
             return _one_launch(bound, (chosen.rows, n_cols, inner, *strides))
         if chosen.strategy == "looped":
             bound = _by_alignment(_looped_softmax, chosen.grid, recipe, lambda align: dict(
@@ -334,7 +334,8 @@ class BackwardCall:
         if chosen.strategy == "row_on_chip":
             bound = _by_alignment(_row_on_chip_backward, chosen.grid, recipe, lambda align: dict(
                 BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
-                OPAQUE_WIDEN=recipe.opaque_widen, ROW_ALIGN=_row_align(recipe, align), **base))
+                OPAQUE_WIDEN=recipe.opaque_widen, ROW_ALIGN=_row_align(recipe, align), TAIL_COLS=chosen.tail_cols,
+                **base))
             launch = _one_launch(bound, (chosen.rows, n_cols, inner, *strides))
         elif chosen.strategy == "looped":
             bound = _by_alignment(_looped_backward, chosen.grid, recipe, lambda align: dict(

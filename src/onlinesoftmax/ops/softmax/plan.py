@@ -98,6 +98,28 @@ ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
 # measured (0: never).
 ROW_ON_CHIP_LOG_MIN_FILL = {4: 0.6, 2: 0.0}
 ROW_ON_CHIP_LOG_SPLIT_MIN_COLS = 8192
+# Rows longer than ROW_ON_CHIP_TAIL_MIN_COLS that fill less than this share of row_on_chip's
+# power-of-two tile are held as the power of two below (the head, full, at most
+# ROW_ON_CHIP_TAIL_MAX_HEAD) and a tail tile after it (the next power of two of the rest, at least
+# ROW_ON_CHIP_MIN_TAIL), on ROW_ON_CHIP_TAIL_WARPS warps; by direction and element size (0: never).
+# Rows that start off 16-byte boundaries only up to a head of ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD
+# (2-byte backward at a head of 8192 lost to looped, bf16 9682 x 8604 0.1978 -> 0.2205 ms; at 4096
+# it won, bf16 16384 x 4097 log_softmax 0.2116 -> 0.1511, 8192 x 4100 0.1100 -> 0.0804, torch's
+# 0.1926 and 0.0944: docs/notes/2026-11/probe_tailed_rows-misaligned-h100.log). H100, scripts/probes/probe_tailed_rows.py
+# (docs/notes/2026-11/probe_tailed_rows-h100.log), ms, plan before -> tail at 8 warps, softmax /
+# log_softmax: bf16 forward 2048 x 8200 0.0379 -> 0.0296 / 0.0382 -> 0.0295, 9682 x 8604 (split)
+# 0.1942 -> 0.1512 / 0.1729 -> 0.1548, 4096 x 4104 0.0341 -> 0.0285 / 0.0337 -> 0.0296, but 8192 x
+# 5000 (61% full) 0.0643 -> 0.0702 and heads of 16384 (1024 x 17000: 0.0375 -> 0.0403 / 0.0324 ->
+# 0.0394) slower; bf16 backward 2048 x 8200 (looped) 0.0504 -> 0.0409 / 0.0430 -> 0.0401, 1024 x
+# 17000 0.0527 -> 0.0424 / 0.0471 -> 0.0462; fp32 log_softmax forward 9682 x 8604 (split) 0.2581 ->
+# 0.2301 (softmax 0.2262 -> 0.2291), fp32 backward 1024 x 17000 0.0964 -> 0.0774 / 0.0855 -> 0.0780,
+# 512 x 24001 (73% full) 0.0735 -> 0.0589 / 0.0683 -> 0.0614, 2048 x 12000 (73%) 0.1046 -> 0.1042.
+ROW_ON_CHIP_TAIL_BELOW_FILL = {"forward": {4: 0.55, 2: 0.55}, "backward": {4: 0.8, 2: 0.6}}
+ROW_ON_CHIP_TAIL_MAX_HEAD = {"forward": {4: 16384, 2: 8192}, "backward": {4: 16384, 2: 16384}}
+ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD = {"forward": {4: 16384, 2: 8192}, "backward": {4: 16384, 2: 4096}}
+ROW_ON_CHIP_TAIL_MIN_COLS = 4096
+ROW_ON_CHIP_MIN_TAIL = 16
+ROW_ON_CHIP_TAIL_WARPS = 8
 # bf16 rows at least this long wait in registers at 16 bits (widened for each use): half the registers, 2 programs an SM.
 ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 # A held row takes at most 16 warps: 64 registers a thread, 2 programs an SM, half the warps in each cross-warp reduction.
@@ -277,6 +299,19 @@ def _half_empty_tile(cols: int, longer_than: int, min_fill: float) -> bool:
     return cols > longer_than and cols < min_fill * next_power_of_2(cols)
 
 
+def _tailed_tile(op: str, cols: int, elem: int, misaligned_rows: bool) -> tuple[int, int]:
+    """(head, tail) of a row row_on_chip holds as a power-of-two head and a tail tile, else (0, 0).
+    Not logsumexp's (not measured)."""
+    backward = op in BACKWARD_OPS
+    direction = "backward" if backward else "forward"
+    head = next_power_of_2(cols) // 2
+    if (op == "logsumexp" or not _half_empty_tile(cols, ROW_ON_CHIP_TAIL_MIN_COLS, ROW_ON_CHIP_TAIL_BELOW_FILL[direction][elem])
+            or head > ROW_ON_CHIP_TAIL_MAX_HEAD[direction][elem]
+            or (misaligned_rows and head > ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD[direction][elem])):
+        return 0, 0
+    return head, max(ROW_ON_CHIP_MIN_TAIL, next_power_of_2(cols - head))
+
+
 def _warps_for_tile(elements: int) -> int:
     for limit, warps in WARPS_BY_TILE_ELEMENTS:
         if elements <= limit:
@@ -302,6 +337,7 @@ class Plan(RegisterCap):
     num_chunks: int = 1
     launches: int = 1
     hold_input: bool = False  # row_on_chip forward: the tile waits in the input dtype
+    tail_cols: int = 0  # row_on_chip: a second tile after the block_cols head (ROW_ON_CHIP_TAIL_BELOW_FILL)
     max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
     reason: str = ""  # why a non-kernel strategy was taken
 
@@ -338,6 +374,7 @@ class Plan(RegisterCap):
                 f"launches:    {self.launches}, first grid {self.grid}, {self.num_warps} warps/program"
                 + (f", at most {self.max_registers} registers a thread" if self.max_registers else ""),
                 f"blocks:      {self.block_cols} cols x {self.rows_per_program} rows per tile"
+                + (f", then a tail tile of {self.tail_cols} cols" if self.tail_cols else "")
                 + (f"; {self.num_chunks} chunks of {self.chunk_size} per row"
                    if self.strategy.startswith("split_row") else ""),
                 f"passes:      {self.passes} read(s) of the input from device memory",
@@ -415,7 +452,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
     on_chip_max = (BACKWARD_ROW_ON_CHIP_MAX_COLS if backward else ROW_ON_CHIP_MAX_COLS)[elem]
     if strategy is None:
         on_chip = algorithm == "auto" and next_power_of_2(cols) <= on_chip_max
-        if on_chip and op != "logsumexp" and _half_empty_tile(cols, STREAM_BLOCK[elem], ROW_ON_CHIP_MIN_FILL[elem]):
+        if on_chip and _tailed_tile(op, cols, elem, misaligned_rows)[0]:
+            strategy = "row_on_chip"
+        elif on_chip and op != "logsumexp" and _half_empty_tile(cols, STREAM_BLOCK[elem], ROW_ON_CHIP_MIN_FILL[elem]):
             if backward:
                 strategy = "looped"
             elif misaligned_rows and next_power_of_2(cols) <= ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS:
@@ -443,14 +482,15 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                          f"{strategy!r} reads the row once; use algorithm='auto'")
     if strategy == "row_on_chip":
         # At least 2: 16-bit tiles are widened two values a register (_triton.widen_opaque).
-        block = max(2, next_power_of_2(cols))
+        block, tail = _tailed_tile(op, cols, elem, misaligned_rows)
+        block = block or max(2, next_power_of_2(cols))
         rows_per_program = min(max(1, ROW_TILE_ELEMENTS // block), next_power_of_2(rows))
-        warps = _warps_for_tile(block * rows_per_program)
-        hold_input = not backward and block >= ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, block + 1)
+        warps = ROW_ON_CHIP_TAIL_WARPS if tail else _warps_for_tile(block * rows_per_program)
+        hold_input = not tail and not backward and block >= ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, block + 1)
         if hold_input:
             warps = min(warps, ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS)
         return Plan(op, strategy, "one_pass", rows, cols, dtype, block, rows_per_program, warps,
-                    (cdiv(rows, rows_per_program),), hold_input=hold_input)
+                    (cdiv(rows, rows_per_program),), hold_input=hold_input, tail_cols=tail)
 
     if strategy == "split_row_on_chip":
         tile = _split_on_chip_tile(backward, cols, elem, sms)

@@ -46,6 +46,23 @@ def _all_finite(*tensors: torch.Tensor) -> bool:
 # softmax, log_softmax, logsumexp: every strategy and algorithm, forward and backward
 # --------------------------------------------------------------------------------------------
 
+def _softmax_step(ours, ref, x: torch.Tensor, dim: int, **options):
+    """One forward and backward of ``ours`` on x against float64 ``ref``: (forward plan, backward
+    plan, a message where either result is off, else None)."""
+    y = ours(x, dim, **options)
+    forward_plan = softmax_plan.last_plan()
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    x64 = x.detach().double().requires_grad_()
+    y64 = ref(x64, dim)
+    (dx64,) = torch.autograd.grad(y64, x64, dy.double())
+    err, grad_err = _rel(y, y64), _rel(dx, dx64)
+    bad = None if err < 2e-2 and grad_err < 2e-2 else (
+        f"{ours.__name__} {tuple(x.shape)} dim={dim}: err {err:.1e}, grad err {grad_err:.1e}")
+    return forward_plan, softmax_plan.last_plan(), bad
+
+
+
 SOFTMAX_CASES = [("row_on_chip", "auto"), ("split_row_on_chip", "auto"), ("looped", "online"), ("looped", "safe"),
                  ("split_row", "online"), ("split_row", "safe")]
 
@@ -69,16 +86,9 @@ def test_softmax_strategies(dtype, strategy, algorithm):
             for dim, shape in ((-1, (3, cols)), (0, (cols, 3))):
                 x = (torch.randn(shape, generator=gen) * 3).to(dtype).to(DEVICE).requires_grad_()
                 for ours, ref in ((onlinesoftmax.softmax, torch.softmax), (onlinesoftmax.log_softmax, torch.log_softmax)):
-                    y = ours(x, dim, algorithm=algorithm, strategy=strategy)
-                    assert softmax_plan.last_plan().strategy == strategy
-                    dy = torch.randn_like(y)
-                    (dx,) = torch.autograd.grad(y, x, dy)
-                    x64 = x.detach().double().requires_grad_()
-                    y64 = ref(x64, dim)
-                    (dx64,) = torch.autograd.grad(y64, x64, dy.double())
-                    err, grad_err = _rel(y, y64), _rel(dx, dx64)
-                    if not (err < 2e-2 and grad_err < 2e-2):
-                        bad.append(f"{ours.__name__} {shape} dim={dim}: err {err:.1e}, grad err {grad_err:.1e}")
+                    forward_plan, _, off = _softmax_step(ours, ref, x, dim, algorithm=algorithm, strategy=strategy)
+                    assert forward_plan.strategy == strategy
+                    bad += [off] if off else []
                 lse = onlinesoftmax.logsumexp(x.detach(), dim, strategy=strategy)
                 lse_err = (lse.double() - torch.logsumexp(x.detach().double(), dim)).norm().item()
                 if not lse_err < 1e-1:
@@ -101,17 +111,9 @@ def test_softmax_row_on_chip_head_and_tail(dtype):
             for dim, shape in ((-1, (3, cols)), (0, (cols, 3))):
                 x = (torch.randn(shape, generator=gen) * 3).to(dtype).to(DEVICE).requires_grad_()
                 for ours, ref in ((onlinesoftmax.softmax, torch.softmax), (onlinesoftmax.log_softmax, torch.log_softmax)):
-                    y = ours(x, dim, strategy="row_on_chip")
-                    assert softmax_plan.last_plan().tail_cols > 0
-                    dy = torch.randn_like(y)
-                    (dx,) = torch.autograd.grad(y, x, dy)
-                    assert softmax_plan.last_plan().tail_cols > 0
-                    x64 = x.detach().double().requires_grad_()
-                    y64 = ref(x64, dim)
-                    (dx64,) = torch.autograd.grad(y64, x64, dy.double())
-                    err, grad_err = _rel(y, y64), _rel(dx, dx64)
-                    if not (err < 2e-2 and grad_err < 2e-2):
-                        bad.append(f"{ours.__name__} {shape} dim={dim}: err {err:.1e}, grad err {grad_err:.1e}")
+                    forward_plan, backward_plan, off = _softmax_step(ours, ref, x, dim, strategy="row_on_chip")
+                    assert forward_plan.tail_cols > 0 and backward_plan.tail_cols > 0
+                    bad += [off] if off else []
     torch.cuda.synchronize()
     assert not bad, bad
 

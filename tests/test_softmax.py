@@ -775,6 +775,7 @@ def test_split_row_on_chip_under_cuda_graphs(small_split_tiles, gen):
 @gpu_only
 @pytest.mark.slow
 @pytest.mark.parametrize("shape, strategy", [((2**16 + 1, 2**15), "looped"), ((2**24 + 5, 128), "row_on_chip"),
+                                             ((2**18 + 1, 8200), "row_on_chip"),  # a head and a tail tile
                                              ((2, 2**30 + 3), "split_row"),
                                              ((2**14 + 1, 2**17 + 3), "split_row_on_chip")])
 def test_more_than_2_31_elements(shape, strategy):

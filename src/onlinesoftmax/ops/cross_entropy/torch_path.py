@@ -138,7 +138,9 @@ class RowTerms:
     def smoothing_sum(self) -> torch.Tensor:
         if isinstance(self.w_cols, float):
             return self._logits().sum(-1, dtype=self.dtype)
-        return self.y @ self.w_cols
+        # Not y @ w: BLAS blocks a matrix-vector product by the rows it is given, so a row's sum
+        # would change with the row chunk it came in (cpu.row_chunks); a row's own reduction does not.
+        return (self.y * self.w_cols).sum(-1)
 
     def loss(self, lse, lse_low, y_t, s, label_smoothing):
         return row_losses(lse, lse_low, y_t, s, self.w_t, self.w_sum, self.n_classes, label_smoothing, self.valid,

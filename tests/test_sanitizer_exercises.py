@@ -63,6 +63,7 @@ def _softmax_step(ours, ref, x: torch.Tensor, dim: int, **options):
 
 
 
+SOFTMAX_OPS = ((onlinesoftmax.softmax, torch.softmax), (onlinesoftmax.log_softmax, torch.log_softmax))
 SOFTMAX_CASES = [("row_on_chip", "auto"), ("split_row_on_chip", "auto"), ("looped", "online"), ("looped", "safe"),
                  ("split_row", "online"), ("split_row", "safe")]
 
@@ -85,7 +86,7 @@ def test_softmax_strategies(dtype, strategy, algorithm):
                 continue
             for dim, shape in ((-1, (3, cols)), (0, (cols, 3))):
                 x = (torch.randn(shape, generator=gen) * 3).to(dtype).to(DEVICE).requires_grad_()
-                for ours, ref in ((onlinesoftmax.softmax, torch.softmax), (onlinesoftmax.log_softmax, torch.log_softmax)):
+                for ours, ref in SOFTMAX_OPS:
                     forward_plan, _, off = _softmax_step(ours, ref, x, dim, algorithm=algorithm, strategy=strategy)
                     assert forward_plan.strategy == strategy
                     bad += [off] if off else []
@@ -110,7 +111,7 @@ def test_softmax_row_on_chip_head_and_tail(dtype):
         for cols in (37, 4097, 8200, 17000):
             for dim, shape in ((-1, (3, cols)), (0, (cols, 3))):
                 x = (torch.randn(shape, generator=gen) * 3).to(dtype).to(DEVICE).requires_grad_()
-                for ours, ref in ((onlinesoftmax.softmax, torch.softmax), (onlinesoftmax.log_softmax, torch.log_softmax)):
+                for ours, ref in SOFTMAX_OPS:
                     forward_plan, backward_plan, off = _softmax_step(ours, ref, x, dim, strategy="row_on_chip")
                     assert forward_plan.tail_cols > 0 and backward_plan.tail_cols > 0
                     bad += [off] if off else []

@@ -5,8 +5,8 @@ plan sends such rows elsewhere (2-byte backward: looped, which reads dy twice; f
 forward: split_row_on_chip). With plan.ROW_ON_CHIP_TAIL_BELOW_FILL the row is held as a full
 power-of-two head (8192) and a tail tile (16). This times, per shape and op, forward and backward
 kernels (no autograd): torch, the plan without tails (ROW_ON_CHIP_TAIL_BELOW_FILL all 0), the
-plan as it is, and the tail forced at each of --warps (rows off 16-byte boundaries too), in one process, after checking each against
-torch.
+plan as it is, and the tail forced at each of --warps (rows off 16-byte boundaries too), in one
+process, after checking each against torch.
 
     python scripts/probes/probe_tailed_rows.py [--shape DTYPE:ROWSxCOLS ...] [--warps 8 16]
 """

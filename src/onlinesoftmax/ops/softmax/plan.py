@@ -105,8 +105,9 @@ ROW_ON_CHIP_LOG_SPLIT_MIN_COLS = 8192
 # Rows that start off 16-byte boundaries only up to a head of ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD
 # (2-byte backward at a head of 8192 lost to looped, bf16 9682 x 8604 0.1978 -> 0.2205 ms; at 4096
 # it won, bf16 16384 x 4097 log_softmax 0.2116 -> 0.1511, 8192 x 4100 0.1100 -> 0.0804, torch's
-# 0.1926 and 0.0944: docs/notes/2026-11/probe_tailed_rows-misaligned-h100.log). H100, scripts/probes/probe_tailed_rows.py
-# (docs/notes/2026-11/probe_tailed_rows-h100.log), ms, plan before -> tail at 8 warps, softmax /
+# 0.1926 and 0.0944: docs/notes/2026-11/probe_tailed_rows-misaligned-h100.log). H100,
+# scripts/probes/probe_tailed_rows.py (docs/notes/2026-11/probe_tailed_rows-h100.log), ms, plan
+# before -> tail at 8 warps, softmax /
 # log_softmax: bf16 forward 2048 x 8200 0.0379 -> 0.0296 / 0.0382 -> 0.0295, 9682 x 8604 (split)
 # 0.1942 -> 0.1512 / 0.1729 -> 0.1548, 4096 x 4104 0.0341 -> 0.0285 / 0.0337 -> 0.0296, but 8192 x
 # 5000 (61% full) 0.0643 -> 0.0702 and heads of 16384 (1024 x 17000: 0.0375 -> 0.0403 / 0.0324 ->
@@ -305,7 +306,8 @@ def _tailed_tile(op: str, cols: int, elem: int, misaligned_rows: bool) -> tuple[
     backward = op in BACKWARD_OPS
     direction = "backward" if backward else "forward"
     head = next_power_of_2(cols) // 2
-    if (op == "logsumexp" or not _half_empty_tile(cols, ROW_ON_CHIP_TAIL_MIN_COLS, ROW_ON_CHIP_TAIL_BELOW_FILL[direction][elem])
+    fill = ROW_ON_CHIP_TAIL_BELOW_FILL[direction][elem]
+    if (op == "logsumexp" or not _half_empty_tile(cols, ROW_ON_CHIP_TAIL_MIN_COLS, fill)
             or head > ROW_ON_CHIP_TAIL_MAX_HEAD[direction][elem]
             or (misaligned_rows and head > ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD[direction][elem])):
         return 0, 0

@@ -963,6 +963,10 @@ def test_row_on_chip_head_and_tail(op, cols, dtype, plan_override, gen):
     else:
         dx64 = (dy64 - y64.exp() * dy64.sum(-1, keepdim=True)) / 0.7
     assert_matches(dx, dx64, dtype, f"d{op} head + tail")
+    plan_override(ROW_ON_CHIP_TAIL_LOGSUMEXP=True)
+    lse = onlinesoftmax.logsumexp(x.detach(), -1, strategy="row_on_chip")
+    assert plan.last_plan().tail_cols == 16
+    assert_matches(lse, torch.logsumexp(x.detach().double(), -1), dtype, "logsumexp head + tail")
 
 
 def test_split_row_on_chip_cap_only_on_well_filled_chunks():

@@ -8,7 +8,10 @@ kernels (no autograd): torch, the plan without tails (ROW_ON_CHIP_TAIL_BELOW_FIL
 plan as it is, and the tail forced at each of --warps (rows off 16-byte boundaries too), in one
 process, after checking each against torch.
 
-    python scripts/probes/probe_tailed_rows.py [--shape DTYPE:ROWSxCOLS ...] [--warps 8 16]
+    python scripts/probes/probe_tailed_rows.py [--shape DTYPE:ROWSxCOLS ...] [--warps 8 16] [--logsumexp]
+
+--logsumexp adds logsumexp's forward (the plan keeps its rows off tails: ROW_ON_CHIP_TAIL_LOGSUMEXP),
+timed as it is and with the tail forced.
 """
 
 import argparse
@@ -42,6 +45,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", action="append")
     parser.add_argument("--warps", type=int, nargs="*", default=[8, 16])
+    parser.add_argument("--logsumexp", action="store_true")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
     print("dtype shape op direction | torch | no tails | plan (strategy) | tail forced: warps ms ... | "
@@ -78,6 +82,22 @@ def main():
                       f"({chosen.strategy} {chosen.block_cols}+{chosen.tail_cols} {chosen.num_warps}w) | "
                       + " ".join(f"{w}w {ms:.4f}" + ("" if e < 2e-2 else f" ERR {e:.1e}") for ms, w, e in cells)
                       + f" | {theirs / mine:.2f}x {before / mine:.2f}x", flush=True)
+        if args.logsumexp:
+            sets = [(x,) for x in xs]
+            ref = torch.logsumexp(xs[0].double(), -1)
+            fn = lambda x: launch.launch_forward(x, 1, "logsumexp")  # noqa: E731
+            theirs, mine = time_ms(lambda x: torch.logsumexp(x, -1), sets), time_ms(fn, sets)
+            cells = []
+            for warps in args.warps:
+                with onlinesoftmax.override_plan("softmax", ROW_ON_CHIP_TAIL_BELOW_FILL=ALWAYS,
+                                                 ROW_ON_CHIP_TAIL_LOGSUMEXP=True,
+                                                 ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD=ANYWHERE,
+                                                 WARPS_BY_TILE_ELEMENTS=((1 << 20, warps),),
+                                                 ROW_ON_CHIP_TAIL_WARPS=warps):
+                    error = relative_error(fn(*sets[0]), ref)
+                    cells.append(f"{warps}w " + (f"{time_ms(fn, sets):.4f}" if error < 2e-2 else f"ERR {error:.1e}"))
+            print(f"{name} {rows}x{cols} logsumexp forward | {theirs:.4f} | {mine:.4f} (plan) | "
+                  + " ".join(cells), flush=True)
         del xs, dys, ys
         torch.cuda.empty_cache()
 

@@ -121,6 +121,8 @@ ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD = {"forward": {4: 16384, 2: 8192}, "backwar
 ROW_ON_CHIP_TAIL_MIN_COLS = 4096
 ROW_ON_CHIP_MIN_TAIL = 16
 ROW_ON_CHIP_TAIL_WARPS = 8
+# logsumexp's rows too (its kernel is the forward's without the write; not measured: False).
+ROW_ON_CHIP_TAIL_LOGSUMEXP = False
 # bf16 rows at least this long wait in registers at 16 bits (widened for each use): half the registers, 2 programs an SM.
 ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 # A held row takes at most 16 warps: 64 registers a thread, 2 programs an SM, half the warps in each cross-warp reduction.
@@ -301,13 +303,12 @@ def _half_empty_tile(cols: int, longer_than: int, min_fill: float) -> bool:
 
 
 def _tailed_tile(op: str, cols: int, elem: int, misaligned_rows: bool) -> tuple[int, int]:
-    """(head, tail) of a row row_on_chip holds as a power-of-two head and a tail tile, else (0, 0).
-    Not logsumexp's (not measured)."""
+    """(head, tail) of a row row_on_chip holds as a power-of-two head and a tail tile, else (0, 0)."""
     backward = op in BACKWARD_OPS
     direction = "backward" if backward else "forward"
     head = next_power_of_2(cols) // 2
     fill = ROW_ON_CHIP_TAIL_BELOW_FILL[direction][elem]
-    if (op == "logsumexp" or not _half_empty_tile(cols, ROW_ON_CHIP_TAIL_MIN_COLS, fill)
+    if ((op == "logsumexp" and not ROW_ON_CHIP_TAIL_LOGSUMEXP) or not _half_empty_tile(cols, ROW_ON_CHIP_TAIL_MIN_COLS, fill)
             or head > ROW_ON_CHIP_TAIL_MAX_HEAD[direction][elem]
             or (misaligned_rows and head > ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD[direction][elem])):
         return 0, 0

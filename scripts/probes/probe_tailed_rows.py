@@ -1,12 +1,12 @@
 """row_on_chip with a tail tile on rows just past a power of two (GPU).
 
 A row of 8200 elements held whole by row_on_chip takes a 16384-element tile, half of it idle; the
-plan sends such rows elsewhere (2-byte backward: looped, which reads dy twice; fp32 log_softmax
-forward: split_row_on_chip). With plan.ROW_ON_CHIP_TAIL_BELOW_FILL the row is held as a full
-power-of-two head (8192) and a tail tile (16). This times, per shape and op, forward and backward
+plan used to send such rows elsewhere (2-byte backward: looped, which reads dy twice; fp32
+log_softmax forward: split_row_on_chip). With plan.ROW_ON_CHIP_TAIL_BELOW_FILL the row is held as a
+full power-of-two head (8192) and a tail tile (16). This times, per shape and op, forward and backward
 kernels (no autograd): torch, the plan without tails (ROW_ON_CHIP_TAIL_BELOW_FILL all 0), the
-plan as it is, and the tail forced at each of --warps (rows off 16-byte boundaries too), in one
-process, after checking each against torch.
+plan as it is, and the tail forced at each of --warps (any head, rows off 16-byte boundaries too),
+in one process, after checking each against torch.
 
     python scripts/probes/probe_tailed_rows.py [--shape DTYPE:ROWSxCOLS ...] [--warps 8 16] [--logsumexp]
 
@@ -41,6 +41,20 @@ def ours(op, direction):
     return lambda y, dy: launch.launch_backward(y, dy, 1, op == "log_softmax")
 
 
+def forced_tail_cells(fn, sets, ref, warps_list) -> list[str]:
+    """fn timed with the tail forced on every row (any head, rows off 16-byte boundaries, logsumexp
+    too) at each warp count, after checking it against ref: "8w 0.0123" (or the error)."""
+    cells = []
+    for warps in warps_list:
+        with onlinesoftmax.override_plan("softmax", ROW_ON_CHIP_TAIL_BELOW_FILL=ALWAYS, ROW_ON_CHIP_TAIL_LOGSUMEXP=True,
+                                         ROW_ON_CHIP_TAIL_MAX_HEAD=ANYWHERE,
+                                         ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD=ANYWHERE,
+                                         WARPS_BY_TILE_ELEMENTS=((1 << 20, warps),), ROW_ON_CHIP_TAIL_WARPS=warps):
+            error = relative_error(fn(*sets[0]), ref)
+            cells.append(f"{warps}w " + (f"{time_ms(fn, sets):.4f}" if error < 2e-2 else f"ERR {error:.1e}"))
+    return cells
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", action="append")
@@ -69,35 +83,17 @@ def main():
                 assert relative_error(fn(*sets[0]), ref) < 2e-2
                 with onlinesoftmax.override_plan("softmax", ROW_ON_CHIP_TAIL_BELOW_FILL=NEVER):
                     before = time_ms(fn, sets)
-                cells = []
-                for warps in args.warps:
-                    with onlinesoftmax.override_plan("softmax", ROW_ON_CHIP_TAIL_BELOW_FILL=ALWAYS,
-                                                     ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD=ANYWHERE,
-                                                     WARPS_BY_TILE_ELEMENTS=((1 << 20, warps),),
-                                                     ROW_ON_CHIP_TAIL_WARPS=warps):
-                        error = relative_error(fn(*sets[0]), ref)
-                        ms = time_ms(fn, sets) if error < 2e-2 else float("nan")
-                    cells.append((ms, warps, error))
                 print(f"{name} {rows}x{cols} {op} {direction} | {theirs:.4f} | {before:.4f} | {mine:.4f} "
                       f"({chosen.strategy} {chosen.block_cols}+{chosen.tail_cols} {chosen.num_warps}w) | "
-                      + " ".join(f"{w}w {ms:.4f}" + ("" if e < 2e-2 else f" ERR {e:.1e}") for ms, w, e in cells)
+                      + " ".join(forced_tail_cells(fn, sets, ref, args.warps))
                       + f" | {theirs / mine:.2f}x {before / mine:.2f}x", flush=True)
         if args.logsumexp:
             sets = [(x,) for x in xs]
             ref = torch.logsumexp(xs[0].double(), -1)
             fn = lambda x: launch.launch_forward(x, 1, "logsumexp")  # noqa: E731
             theirs, mine = time_ms(lambda x: torch.logsumexp(x, -1), sets), time_ms(fn, sets)
-            cells = []
-            for warps in args.warps:
-                with onlinesoftmax.override_plan("softmax", ROW_ON_CHIP_TAIL_BELOW_FILL=ALWAYS,
-                                                 ROW_ON_CHIP_TAIL_LOGSUMEXP=True,
-                                                 ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD=ANYWHERE,
-                                                 WARPS_BY_TILE_ELEMENTS=((1 << 20, warps),),
-                                                 ROW_ON_CHIP_TAIL_WARPS=warps):
-                    error = relative_error(fn(*sets[0]), ref)
-                    cells.append(f"{warps}w " + (f"{time_ms(fn, sets):.4f}" if error < 2e-2 else f"ERR {error:.1e}"))
             print(f"{name} {rows}x{cols} logsumexp forward | {theirs:.4f} | {mine:.4f} (plan) | "
-                  + " ".join(cells), flush=True)
+                  + " ".join(forced_tail_cells(fn, sets, ref, args.warps)), flush=True)
         del xs, dys, ys
         torch.cuda.empty_cache()
 

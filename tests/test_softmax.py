@@ -502,10 +502,13 @@ def test_split_row_chunks_by_rows(plan_override):
     assert (many.strategy, many.num_chunks) == ("split_row", 6)
 
 
-def test_looped_log_softmax_backward_takes_its_own_stream_config(plan_override):
-    # LOG_BACKWARD_STREAM: (block, warps) of looped's log_softmax backward alone; the softmax
-    # backward and the forwards keep STREAM_BLOCK / STREAM_WARPS; blocks never exceed the row's tile.
-    plan_override(LOG_BACKWARD_STREAM={2: (4096, 16), 4: (2048, 32)}, STREAM_WARPS=8)
+def test_looped_backwards_take_their_own_stream_configs(plan_override):
+    # LOG_BACKWARD_STREAM: (block, warps) of looped's log_softmax backward; SOFTMAX_BACKWARD_STREAM
+    # its softmax backward's, for the element sizes it names and rows up to
+    # SOFTMAX_BACKWARD_STREAM_MAX_COLS; the rest and the forwards keep STREAM_BLOCK / STREAM_WARPS;
+    # blocks never exceed the row's tile.
+    plan_override(LOG_BACKWARD_STREAM={2: (4096, 16), 4: (2048, 32)}, STREAM_WARPS=8,
+                  SOFTMAX_BACKWARD_STREAM={2: (2048, 4)}, SOFTMAX_BACKWARD_STREAM_MAX_COLS=16384)
     cuda = torch.device("cuda")
 
     def looped(op, cols, dtype):
@@ -515,7 +518,10 @@ def test_looped_log_softmax_backward_takes_its_own_stream_config(plan_override):
     assert looped("log_softmax_backward", 8200, torch.bfloat16) == (4096, 16)
     assert looped("log_softmax_backward", 8200, torch.float32) == (2048, 32)
     assert looped("log_softmax_backward", 1000, torch.bfloat16) == (1024, 16)
-    assert looped("softmax_backward", 8200, torch.bfloat16) == (plan.STREAM_BLOCK[2], 8)
+    assert looped("softmax_backward", 8200, torch.bfloat16) == (2048, 4)
+    assert looped("softmax_backward", 1000, torch.bfloat16) == (1024, 4)
+    assert looped("softmax_backward", 16385, torch.bfloat16) == (plan.STREAM_BLOCK[2], 8)
+    assert looped("softmax_backward", 8200, torch.float32) == (plan.STREAM_BLOCK[4], 8)
     assert looped("log_softmax", 8200, torch.bfloat16) == (plan.STREAM_BLOCK[2], 8)
 
 
@@ -615,14 +621,16 @@ def test_split_row_on_chip_refuses_rows_too_long_to_hold(plan_override):
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("strategy", ["row_on_chip", "looped", "split_row", "split_row_on_chip"])
-@pytest.mark.parametrize("rows_start", ["off_16_bytes", "on_16_bytes"])
+@pytest.mark.parametrize("rows_start", ["off_16_bytes", "on_8_bytes", "on_16_bytes"])
 def test_rows_of_no_multiple_of_16_are_read_in_granules(rows_start, strategy, dtype, gen, monkeypatch):
-    # Rows of an odd length start at another alignment each ("off_16_bytes"); rows of a multiple of
-    # 16 bytes but not of 16 elements ("on_16_bytes") all start on a boundary that Triton cannot
+    # Rows of an odd length start at another alignment each ("off_16_bytes"); rows of 8 bytes more
+    # than a multiple of 16 ("on_8_bytes") start on 8-byte boundaries; rows of a multiple of 16
+    # bytes but not of 16 elements ("on_16_bytes") all start on a boundary that Triton cannot
     # prove. The streaming kernels then read and write whole 16-byte granules (ALIGN = elements in
     # 16 bytes) and the partial granules at the row ends one element at a time; row_on_chip tells
-    # Triton the rows' alignment (ROW_ALIGN) where there is one. Forward and backward, against
-    # float64; a view whose rows are not where the output's are takes element masks (ALIGN = 1).
+    # Triton the rows' alignment (ROW_ALIGN: the granule, or the elements in 8 bytes) where there is
+    # one. Forward and backward, against float64 (under the interpreter a false ROW_ALIGN truncates
+    # the row); a view whose rows are not where the output's are takes element masks (ALIGN = 1).
     launched = []
     launch = _launch.Launcher.__call__
 
@@ -632,11 +640,12 @@ def test_rows_of_no_multiple_of_16_are_read_in_granules(rows_start, strategy, dt
 
     monkeypatch.setattr(_launch.Launcher, "__call__", recording)
     granule = 16 // dtype.itemsize
+    extra = {"off_16_bytes": 37, "on_8_bytes": 16 + granule // 2, "on_16_bytes": 16 + granule}[rows_start]
     if strategy == "row_on_chip":  # several rows a program
-        cols = 37 if rows_start == "off_16_bytes" else 40
-        expected = 1 if rows_start == "off_16_bytes" else granule
+        cols = 16 + extra
+        expected = {"off_16_bytes": 1, "on_8_bytes": granule // 2, "on_16_bytes": granule}[rows_start]
     else:  # several blocks and split chunks
-        cols = 2 * plan.STREAM_BLOCK[dtype.itemsize] + (37 if rows_start == "off_16_bytes" else 16 - granule)
+        cols = 2 * plan.STREAM_BLOCK[dtype.itemsize] + extra
         expected = granule
     x = make_logits((5, cols), dtype, gen, scale=2.0, outliers=False).requires_grad_()
     dy = make_logits(x.shape, dtype, gen, scale=1.0)
@@ -922,7 +931,8 @@ def test_padded_two_byte_rows_leave_row_on_chip():
     assert strategy("softmax", 1024, 17000) == "row_on_chip"  # a head of 16384 lost; split ran at 179-870 GB/s
     assert strategy("softmax", 4096, 10001) == "row_on_chip"  # 61% of the tile
     assert strategy("softmax", 1024, 9500) == "split_row_on_chip"  # 58%, off 16-byte boundaries
-    assert strategy("logsumexp", 9682, 8604) == "row_on_chip"
+    assert strategy("logsumexp", 9682, 8604) == "row_on_chip 8192+512"  # as the forwards (ROW_ON_CHIP_TAIL_LOGSUMEXP)
+    assert strategy("logsumexp", 4096, 10001) == "row_on_chip"
     assert strategy("softmax_backward", 5576, 4941) == "row_on_chip"  # 60% of the tile
     assert strategy("softmax", 2048, 4097, torch.float32) == "row_on_chip 4096+16"
     assert strategy("softmax_backward", 2048, 4097, torch.float32) == "row_on_chip 4096+16"
@@ -963,7 +973,6 @@ def test_row_on_chip_head_and_tail(op, cols, dtype, plan_override, gen):
     else:
         dx64 = (dy64 - y64.exp() * dy64.sum(-1, keepdim=True)) / 0.7
     assert_matches(dx, dx64, dtype, f"d{op} head + tail")
-    plan_override(ROW_ON_CHIP_TAIL_LOGSUMEXP=True)
     lse = onlinesoftmax.logsumexp(x.detach(), -1, strategy="row_on_chip")
     assert plan.last_plan().tail_cols == 16
     assert_matches(lse, torch.logsumexp(x.detach().double(), -1), dtype, "logsumexp head + tail")

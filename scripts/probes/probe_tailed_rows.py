@@ -9,9 +9,10 @@ plan as it is, and the tail forced at each of --warps (any head, rows off 16-byt
 in one process, after checking each against torch.
 
     python scripts/probes/probe_tailed_rows.py [--shape DTYPE:ROWSxCOLS ...] [--warps 8 16] [--logsumexp]
+        [--ops softmax,log_softmax,logsumexp]
 
---logsumexp adds logsumexp's forward (the plan keeps its rows off tails: ROW_ON_CHIP_TAIL_LOGSUMEXP),
-timed as it is and with the tail forced.
+--logsumexp adds logsumexp's forward (ROW_ON_CHIP_TAIL_LOGSUMEXP), timed in the same columns;
+--ops picks the ops (default softmax,log_softmax).
 """
 
 import argparse
@@ -60,6 +61,7 @@ def main():
     parser.add_argument("--shape", action="append")
     parser.add_argument("--warps", type=int, nargs="*", default=[8, 16])
     parser.add_argument("--logsumexp", action="store_true")
+    parser.add_argument("--ops", default="softmax,log_softmax", help="comma-separated: softmax,log_softmax,logsumexp")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
     print("dtype shape op direction | torch | no tails | plan (strategy) | tail forced: warps ms ... | "
@@ -71,7 +73,8 @@ def main():
         n = rotation_count(3 * rows * cols * dtype.itemsize)
         xs = [(torch.randn(rows, cols, generator=gen) * 3).to("cuda", dtype) for _ in range(n)]
         dys = [torch.randn(rows, cols, generator=gen).to("cuda", dtype) for _ in range(n)]
-        for op in ("softmax", "log_softmax"):
+        ys = []
+        for op in [op for op in ("softmax", "log_softmax") if op in args.ops]:
             ys = [TORCH[(op, "forward")](x) for x in xs]
             for direction, sets in (("forward", [(x,) for x in xs]), ("backward", list(zip(ys, dys)))):
                 ref = TORCH[(op, direction)](*[t.double() for t in sets[0]])
@@ -87,13 +90,18 @@ def main():
                       f"({chosen.strategy} {chosen.block_cols}+{chosen.tail_cols} {chosen.num_warps}w) | "
                       + " ".join(forced_tail_cells(fn, sets, ref, args.warps))
                       + f" | {theirs / mine:.2f}x {before / mine:.2f}x", flush=True)
-        if args.logsumexp:
+        if args.logsumexp or "logsumexp" in args.ops:
             sets = [(x,) for x in xs]
             ref = torch.logsumexp(xs[0].double(), -1)
             fn = lambda x: launch.launch_forward(x, 1, "logsumexp")  # noqa: E731
+            chosen = launch.forward_call(xs[0], 1, "logsumexp").plan
             theirs, mine = time_ms(lambda x: torch.logsumexp(x, -1), sets), time_ms(fn, sets)
-            print(f"{name} {rows}x{cols} logsumexp forward | {theirs:.4f} | {mine:.4f} (plan) | "
-                  + " ".join(forced_tail_cells(fn, sets, ref, args.warps)), flush=True)
+            with onlinesoftmax.override_plan("softmax", ROW_ON_CHIP_TAIL_BELOW_FILL=NEVER):
+                before = time_ms(fn, sets)
+            print(f"{name} {rows}x{cols} logsumexp forward | {theirs:.4f} | {before:.4f} | {mine:.4f} "
+                  f"({chosen.strategy} {chosen.block_cols}+{chosen.tail_cols} {chosen.num_warps}w) | "
+                  + " ".join(forced_tail_cells(fn, sets, ref, args.warps))
+                  + f" | {theirs / mine:.2f}x {before / mine:.2f}x", flush=True)
         del xs, dys, ys
         torch.cuda.empty_cache()
 

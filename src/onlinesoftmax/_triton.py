@@ -336,6 +336,23 @@ def widen_opaque(x, OPAQUE: tl.constexpr, COPY: tl.constexpr = 0):
 
 
 @triton.jit
+def rounded_product(a, b, PTX: tl.constexpr):
+    """``a * b`` in fp32, rounded before any add (with PTX: ``mul.rn``, which neither LLVM nor ptxas
+    fuses into an add). For products summed across lanes: a lane holding one element of the
+    reduced axis adds its partner's product to its own in the first butterfly step, and where its
+    own is fused into that add (an FMA of the unrounded product) the two lanes end with sums a bit
+    apart; the lanes then write their copies of the row's sum to one shared-memory slot for the
+    next layout, and which copy the row gets is the hardware's pick (compute-sanitizer racecheck
+    reports it; triton-lang/triton#7264). Rounded products add the same on every lane. The
+    interpreter (PTX False) rounds every product anyway."""
+    if PTX:
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a.to(tl.float32), b.to(tl.float32)],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return a.to(tl.float32) * b.to(tl.float32)
+
+
+@triton.jit
 def grad_from_dot(y, dy, dot, inv_temperature, LOG: tl.constexpr):
     # softmax: dx = y (dy - <dy, y>); log-softmax: dx = dy - exp(y) <dy, 1>; both times d(x/T)/dx.
     if LOG:

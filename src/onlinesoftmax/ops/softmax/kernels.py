@@ -37,6 +37,7 @@ from ..._triton import (
     max_keep_nan,
     merge_row_partials,
     nan_max,
+    rounded_product,
     row_offset,
     widen_opaque,
     store_row_partial,
@@ -337,13 +338,19 @@ def row_on_chip_backward_kernel(
     p_y = _tile_ptrs(y_ptr, rows, cols, inner, y_stride_outer, y_stride_col, y_stride_inner, CONTIGUOUS, ROW_ALIGN)
     p_dy = _tile_ptrs(dy_ptr, rows, cols, inner, dy_stride_outer, dy_stride_col, dy_stride_inner, CONTIGUOUS,
                       ROW_ALIGN)
+    # A tile of at most 32 columns may leave one element of a row to a lane: its products are
+    # rounded before the sum, which is then the same on every lane (see rounded_product). Wider
+    # tiles sum within each lane first (rounding every product there cost bf16 32768 x 1024 eight
+    # registers a thread: ptxas for sm_90, scripts/probes/kernel_resources.py).
+    ROUND_HEAD: tl.constexpr = OPAQUE_WIDEN and BLOCK_COLS <= 32
+    ROUND_TAIL: tl.constexpr = OPAQUE_WIDEN and TAIL_COLS <= 32
     # In the input dtype across the row's reduction, as in split_row_on_chip_backward_kernel.
     b_y = tl.load(p_y, mask=mask, other=0.0)  # [R, C]
     b_dy = tl.load(p_dy, mask=mask, other=0.0)
     if LOG:
         b_dot = tl.sum(b_dy.to(tl.float32), 1)
     else:
-        b_dot = tl.sum(b_dy.to(tl.float32) * b_y.to(tl.float32), 1)
+        b_dot = tl.sum(rounded_product(b_dy, b_y, ROUND_HEAD), 1)
     if TAIL_COLS > 0:
         t_cols = BLOCK_COLS + tl.arange(0, TAIL_COLS)
         t_mask = (rows < n_rows)[:, None] & (t_cols < n_cols)[None, :]
@@ -354,7 +361,7 @@ def row_on_chip_backward_kernel(
         if LOG:
             b_dot += tl.sum(t_dy.to(tl.float32), 1)
         else:
-            b_dot += tl.sum(t_dy.to(tl.float32) * t_y.to(tl.float32), 1)
+            b_dot += tl.sum(rounded_product(t_dy, t_y, ROUND_TAIL), 1)
     b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), b_dot[:, None],
                          inv_temperature, LOG)
     p_dx = _tile_ptrs(dx_ptr, rows, cols, inner, dx_stride_outer, dx_stride_col, dx_stride_inner, CONTIGUOUS,

@@ -121,8 +121,12 @@ ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD = {"forward": {4: 16384, 2: 8192}, "backwar
 ROW_ON_CHIP_TAIL_MIN_COLS = 4096
 ROW_ON_CHIP_MIN_TAIL = 16
 ROW_ON_CHIP_TAIL_WARPS = 8
-# logsumexp's rows too (its kernel is the forward's without the write; not measured: False).
-ROW_ON_CHIP_TAIL_LOGSUMEXP = False
+# logsumexp's rows too, by the forward's table (its kernel is the forward's without the write).
+# H100, probe_tailed_rows.py --logsumexp (docs/notes/2026-11/probe_tailed_rows-logsumexp-h100.log),
+# ms, plan without tails -> tail at 8 warps: bf16 16384 x 4097 0.1811 -> 0.1148, 2048 x 8200 0.0504
+# -> 0.0235, fp32 4096 x 4097 0.0618 -> 0.0458; rows fuller than the table's 55% were mixed (bf16
+# 8192 x 5000, 61%: 0.0753 -> 0.0521; 4096 x 6001, 73%: 0.0611 -> 0.0695) and keep their plan.
+ROW_ON_CHIP_TAIL_LOGSUMEXP = True
 # bf16 rows at least this long wait in registers at 16 bits (widened for each use): half the registers, 2 programs an SM.
 ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 # A held row takes at most 16 warps: 64 registers a thread, 2 programs an SM, half the warps in each cross-warp reduction.
@@ -142,6 +146,13 @@ STREAM_WARPS = 8
 # 0.0430 (torch 0.0415), 1024 x 17000 0.0502 -> 0.0470 (torch 0.0433), 9682 x 8604 0.2002 ->
 # 0.1793 (torch 0.2220); fp32 (4096, 8) -> (2048, 16): 4096 x 4100 0.0821 -> 0.0747.
 LOG_BACKWARD_STREAM = {2: (4096, 16), 4: (2048, 16)}
+# ... and its softmax backward of 2-byte rows up to SOFTMAX_BACKWARD_STREAM_MAX_COLS elements, which
+# reads y and dy in both passes. H100, probe_log_backward_configs.py --softmax (docs/notes/2026-11/
+# probe_log_backward_configs-softmax-h100.log), ms, (8192, 8) -> (4096, 16): bf16 9682 x 8604 0.1970
+# -> 0.1770 (torch.compile 0.1751 in another run), 4096 x 9500 0.0971 -> 0.0900, 2048 x 8604 0.0519
+# -> 0.0466, fp16 9682 x 8604 0.1879 -> 0.1772; but 1024 x 17004 0.0519 -> 0.0541.
+SOFTMAX_BACKWARD_STREAM = {2: (4096, 16)}
+SOFTMAX_BACKWARD_STREAM_MAX_COLS = 16384
 # split_row: programs an SM to aim for, by rows (the first entry whose row count is >= the rows
 # applies). One row: 2 wide programs an SM beat 4 narrower ones (bf16 64x128256, then split_row:
 # 1771 against 1515 GB/s) and kept bf16 1x16777216 at its best (1603-1627 GB/s). More rows: 8, which
@@ -534,6 +545,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         warps = STREAM_WARPS
         if op == "log_softmax_backward":
             block, warps = LOG_BACKWARD_STREAM[elem]
+            block = min(block, next_power_of_2(cols))
+        elif op == "softmax_backward" and elem in SOFTMAX_BACKWARD_STREAM and cols <= SOFTMAX_BACKWARD_STREAM_MAX_COLS:
+            block, warps = SOFTMAX_BACKWARD_STREAM[elem]
             block = min(block, next_power_of_2(cols))
         return Plan(op, strategy, resolved, rows, cols, dtype, block, 1, warps, (rows,))
 

@@ -56,6 +56,19 @@ def forced_tail_cells(fn, sets, ref, warps_list) -> list[str]:
     return cells
 
 
+def report(label, theirs_fn, fn, sets, ref, chosen, warps_list):
+    """One row: torch, ours without tails and as planned (``chosen``), the tail forced at each warp
+    count, after checking ours against ``ref``."""
+    assert relative_error(fn(*sets[0]), ref) < 2e-2
+    theirs, mine = time_ms(theirs_fn, sets), time_ms(fn, sets)
+    with onlinesoftmax.override_plan("softmax", ROW_ON_CHIP_TAIL_BELOW_FILL=NEVER):
+        before = time_ms(fn, sets)
+    print(f"{label} | {theirs:.4f} | {before:.4f} | {mine:.4f} "
+          f"({chosen.strategy} {chosen.block_cols}+{chosen.tail_cols} {chosen.num_warps}w) | "
+          + " ".join(forced_tail_cells(fn, sets, ref, warps_list))
+          + f" | {theirs / mine:.2f}x {before / mine:.2f}x", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", action="append")
@@ -77,31 +90,14 @@ def main():
         for op in [op for op in ("softmax", "log_softmax") if op in args.ops]:
             ys = [TORCH[(op, "forward")](x) for x in xs]
             for direction, sets in (("forward", [(x,) for x in xs]), ("backward", list(zip(ys, dys)))):
-                ref = TORCH[(op, direction)](*[t.double() for t in sets[0]])
-                theirs = time_ms(TORCH[(op, direction)], sets)
-                fn = ours(op, direction)
                 chosen = (launch.forward_call(xs[0], 1, op) if direction == "forward"
                           else launch.backward_call(ys[0], dys[0], 1, op == "log_softmax")).plan
-                mine = time_ms(fn, sets)
-                assert relative_error(fn(*sets[0]), ref) < 2e-2
-                with onlinesoftmax.override_plan("softmax", ROW_ON_CHIP_TAIL_BELOW_FILL=NEVER):
-                    before = time_ms(fn, sets)
-                print(f"{name} {rows}x{cols} {op} {direction} | {theirs:.4f} | {before:.4f} | {mine:.4f} "
-                      f"({chosen.strategy} {chosen.block_cols}+{chosen.tail_cols} {chosen.num_warps}w) | "
-                      + " ".join(forced_tail_cells(fn, sets, ref, args.warps))
-                      + f" | {theirs / mine:.2f}x {before / mine:.2f}x", flush=True)
+                report(f"{name} {rows}x{cols} {op} {direction}", TORCH[(op, direction)], ours(op, direction), sets,
+                       TORCH[(op, direction)](*[t.double() for t in sets[0]]), chosen, args.warps)
         if args.logsumexp or "logsumexp" in args.ops:
-            sets = [(x,) for x in xs]
-            ref = torch.logsumexp(xs[0].double(), -1)
-            fn = lambda x: launch.launch_forward(x, 1, "logsumexp")  # noqa: E731
-            chosen = launch.forward_call(xs[0], 1, "logsumexp").plan
-            theirs, mine = time_ms(lambda x: torch.logsumexp(x, -1), sets), time_ms(fn, sets)
-            with onlinesoftmax.override_plan("softmax", ROW_ON_CHIP_TAIL_BELOW_FILL=NEVER):
-                before = time_ms(fn, sets)
-            print(f"{name} {rows}x{cols} logsumexp forward | {theirs:.4f} | {before:.4f} | {mine:.4f} "
-                  f"({chosen.strategy} {chosen.block_cols}+{chosen.tail_cols} {chosen.num_warps}w) | "
-                  + " ".join(forced_tail_cells(fn, sets, ref, args.warps))
-                  + f" | {theirs / mine:.2f}x {before / mine:.2f}x", flush=True)
+            report(f"{name} {rows}x{cols} logsumexp forward", lambda x: torch.logsumexp(x, -1),
+                   lambda x: launch.launch_forward(x, 1, "logsumexp"), [(x,) for x in xs],
+                   torch.logsumexp(xs[0].double(), -1), launch.forward_call(xs[0], 1, "logsumexp").plan, args.warps)
         del xs, dys, ys
         torch.cuda.empty_cache()
 

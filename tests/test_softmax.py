@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -976,6 +981,52 @@ def test_row_on_chip_head_and_tail(op, cols, dtype, plan_override, gen):
     lse = onlinesoftmax.logsumexp(x.detach(), -1, strategy="row_on_chip")
     assert plan.last_plan().tail_cols == 16
     assert_matches(lse, torch.logsumexp(x.detach().double(), -1), dtype, "logsumexp head + tail")
+
+
+# Compiles two row_on_chip launches for sm_90 without a GPU (scripts/probes/kernel_resources.py):
+# the backward of rows held as a 32-column head and a 16-column tail, and logsumexp over bf16 rows
+# of 8604 elements (every row on an 8-byte boundary, none on a 16-byte one).
+_ROW_ON_CHIP_SASS_PROBE = """
+import json, sys, torch
+sys.path.insert(0, "scripts/probes")
+import kernel_resources as kr
+import onlinesoftmax
+from onlinesoftmax.ops.softmax import launch
+always = {d: {4: 1.0, 2: 1.0} for d in ("forward", "backward")}
+anywhere = {d: {4: 1 << 20, 2: 1 << 20} for d in ("forward", "backward")}
+with onlinesoftmax.override_plan("softmax", ROW_ON_CHIP_TAIL_BELOW_FILL=always, ROW_ON_CHIP_TAIL_MIN_COLS=16,
+                                 ROW_ON_CHIP_TAIL_MAX_HEAD=anywhere, ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD=anywhere):
+    with kr.recorded_launches(132) as calls:
+        y = torch.empty(3, 37, dtype=torch.bfloat16)
+        launch.launch_backward(y, y, 1, False, strategy="row_on_chip")
+(fn, args, meta), = calls
+narrow = (meta["BLOCK_COLS"], meta["TAIL_COLS"], kr.resource_usage(fn, args, meta, 90)["fused_multiply_adds"])
+with kr.recorded_launches(132) as calls:
+    launch.launch_forward(torch.empty(256, 8604, dtype=torch.bfloat16), 1, "logsumexp")
+(fn, args, meta), = calls
+usage = kr.resource_usage(fn, args, meta, 90)
+loads = {width: n for (op, width), n in usage["accesses"].items() if op == "LDG"}
+print(json.dumps({"narrow": narrow, "row_align": meta["ROW_ALIGN"], "loads": loads, "registers": usage["REG"]}))
+"""
+
+
+def test_row_on_chip_compiles_to_same_sums_and_wide_loads():
+    """Compiled for sm_90 on this machine. (1) The softmax backward's narrow tiles (at most 32
+    columns: one element of a row a lane) sum rounded products, no FFMA: a product fused into the
+    butterfly's first add left the lanes of a pair with sums a bit apart, and their copies met in
+    one shared-memory slot (racecheck's hazard, docs/perf-softmax.md). (2) bf16 rows of 8604
+    elements, each on an 8-byte boundary, are read 8 bytes a load (ROW_ALIGN 4), not 2: their
+    logsumexp took 126 registers a thread and 3.1x the time on the H100."""
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _ROW_ON_CHIP_SASS_PROBE], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["narrow"] == [32, 16, 0], found
+    assert found["row_align"] == 4, found
+    assert found["loads"].get("2", 0) == 0 and found["loads"].get("8", 0) > 0, found
+    assert found["registers"] <= 64, found
 
 
 def test_split_row_on_chip_cap_only_on_well_filled_chunks():

@@ -167,7 +167,8 @@ def global_access_widths(sass: str) -> dict:
 
 def resource_usage(fn, args, meta: dict, arch: int) -> dict:
     """ptxas's resource usage of ``fn`` launched with ``args`` and ``meta``, compiled for sm_``arch``,
-    and its streaming loops' loads in flight (``loops``: see loop_loads_in_flight)."""
+    its streaming loops' loads in flight (``loops``: see loop_loads_in_flight), its global access
+    widths and its FFMA instructions."""
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     kwargs = dict(meta, debug=knobs.runtime.debug, instrumentation_mode=knobs.compilation.instrumentation_mode)
@@ -186,7 +187,8 @@ def resource_usage(fn, args, meta: dict, arch: int) -> dict:
     # A warp-specialized kernel runs more warps than num_warps asked for (its producer warpgroup).
     # Triton's shared memory is dynamic (its size in the kernel's metadata), beside ptxas's static SHARED.
     return dict(usage, loops=loop_loads_in_flight(sass), accesses=global_access_widths(sass),
-                warps=kernel.metadata.num_warps, dynamic_shared=kernel.metadata.shared)
+                warps=kernel.metadata.num_warps, dynamic_shared=kernel.metadata.shared,
+                fused_multiply_adds=sum(op.startswith("FFMA") for _, op, _ in SASS_INSTRUCTION.findall(sass)))
 
 
 def programs_per_sm(registers: int, num_warps: int, shared: int = 0) -> int:

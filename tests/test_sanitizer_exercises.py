@@ -242,6 +242,25 @@ def test_cross_entropy_strategies(dtype, strategy, inplace):
 
 
 # --------------------------------------------------------------------------------------------
+# attention_with_kvcache: the direct and split paths and their merge, contiguous and paged caches
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, "auto"], ids=lambda n: f"splits_{n}")
+@pytest.mark.parametrize("page_size", [0, 16], ids=["contiguous", "page16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_paths(head_dim, page_size, num_splits):
+    # GQA 8 / 2, 3 new queries, uneven lengths (none, mid-page, the capacity); every key past a
+    # sequence's length and every unused page NaN. Out and lse against float64 on the gathered cache
+    # (tests/test_decode.py's helpers).
+    from test_decode import check, make_inputs
+
+    gen = torch.Generator().manual_seed(0)
+    inputs = make_inputs(gen, 3, 3, 8, 2, head_dim, [0, 37, 300], page_size=page_size, capacity=300)
+    check(inputs, causal=True, num_splits=num_splits, what=f"D{head_dim} page {page_size} splits {num_splits}")
+
+
+# --------------------------------------------------------------------------------------------
 # The work log's ladder (numba-cuda)
 # --------------------------------------------------------------------------------------------
 

@@ -78,7 +78,8 @@ def row_on_chip_softmax_kernel(
     # One read and one write per element: the [rows, cols] tile stays in registers between the
     # max, the sum and the write; one program per block of rows. HOLD_INPUT keeps the tile in the
     # input dtype and widens it for each use (see split_row_on_chip_softmax_kernel). ROW_ALIGN > 1:
-    # every row starts and ends on a 16-byte boundary, ROW_ALIGN elements (see known_multiple).
+    # every row starts and ends on a multiple of ROW_ALIGN elements: a 16-byte boundary, or an 8- or
+    # 4-byte one for rows that are not whole granules (see known_multiple, launch._row_align).
     # TAIL_COLS > 0: the row is a full power-of-two head of BLOCK_COLS and a second, smaller tile of
     # TAIL_COLS after it, so that a row just past a power of two does not idle half of a tile twice
     # its size (not with HOLD_INPUT).

@@ -3,7 +3,7 @@
 Rows whose length is no multiple of 16 bytes start off 16-byte boundaries, and row_on_chip (which
 has no granule path) read them one element a load: bf16 9682 x 8604 logsumexp took 126 registers a
 thread and 0.27 ms, where 9682 x 8608 took 63. Rows of 8604 bf16 all start on 8-byte boundaries,
-and ROW_ALIGN now says so (launch._row_align, the recipe's part_granule). This times each op and
+and ROW_ALIGN now says so (launch._row_align, the recipe's row_multiple). This times each op and
 direction on such shapes with ROW_ALIGN as it is and as before (1 wherever rows are not whole
 16-byte granules), beside torch, in one process, after checking each against float64; backward
 also with row_on_chip forced where the plan takes another strategy.
@@ -32,7 +32,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU under TRITON_
 
 def whole_granules_only(recipe, align):
     """ROW_ALIGN before part granules: the granule where rows are whole granules, else 1."""
-    return align if recipe.whole_granules else 1
+    return align if recipe.row_multiple == recipe.granule else 1
 
 
 def timed(fn, sets, ref, before: bool) -> str:

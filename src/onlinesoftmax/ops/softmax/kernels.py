@@ -63,7 +63,6 @@ def _tile_ptrs(ptr, rows, cols, inner, stride_outer, stride_col, stride_inner, C
         + col_offset(cols, stride_col, CONTIGUOUS)[None, :]
 
 
-
 @triton.jit
 def row_on_chip_softmax_kernel(
     x_ptr, y_ptr, lse_ptr,

@@ -100,16 +100,17 @@ class _Recipe:
     lse_shape: tuple
     opaque_widen: bool  # kernels may widen 16-bit tiles through inline PTX (not under the interpreter)
     granule: int  # elements in 16 bytes where rows are read in granules (see _row_granule), else 1
-    whole_granules: bool  # rows read in granules start and end on 16-byte boundaries (every row's head is 0)
-    # Where they do not: the most elements short of a granule that every row's start and length are
-    # multiples of (see _row_align), else 1.
-    part_granule: int = 1
+    # Where rows are read in granules: the most elements, up to a granule, that every row's start and
+    # length are multiples of (the granule where rows are whole granules: every row's head is 0); else 1.
+    row_multiple: int
 
 
 def _row_granule(elem: int, n_cols: int, inner: int, in_strides: tuple, out_strides: tuple,
-                 contiguous: bool) -> tuple[int, bool]:
-    """(granule, misaligned): elements in 16 bytes where the kernels read rows in whole 16-byte
-    granules, else 1; and whether rows start off 16-byte boundaries.
+                 contiguous: bool) -> tuple[int, bool, int]:
+    """(granule, misaligned, row_multiple): elements in 16 bytes where the kernels read rows in whole
+    16-byte granules, else 1; whether rows start off 16-byte boundaries; and where there are
+    granules, the most elements up to one that every row's start and length are multiples of
+    (the lowest set bit of their gcd), else 1.
 
     Triton issues 16-byte accesses only where it proves the address and the mask uniform over
     each, and it learns divisibility only from integers divisible by 16. So granules are used
@@ -124,7 +125,10 @@ def _row_granule(elem: int, n_cols: int, inner: int, in_strides: tuple, out_stri
     same_rows = row_strides == ((out_strides[0], out_strides[2]) if inner > 1 else (out_strides[0],))
     misaligned = any(stride % granule for stride in row_strides)
     unproven = n_cols % 16 or any(stride % 16 for stride in row_strides)
-    return (granule if contiguous and unproven and same_rows else 1), misaligned
+    if not (contiguous and unproven and same_rows):
+        return 1, misaligned, 1
+    common = math.gcd(n_cols, *row_strides)
+    return granule, misaligned, min(granule, common & -common) if common else granule
 
 
 def _make_recipe(t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: Optional[str]) -> _Recipe:
@@ -132,17 +136,12 @@ def _make_recipe(t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: O
     laid_out, inner, in_strides, side = _row_layout(t, dim)
     out_strides = _contiguous_row_strides(t.shape, dim, inner, side)
     contiguous = in_strides[1] == 1 and out_strides[1] == 1
-    granule, misaligned = _row_granule(t.element_size(), n_cols, inner, in_strides, out_strides, contiguous)
-    whole_granules = granule > 1 and not misaligned and n_cols % granule == 0
-    part_granule = 1
-    if granule > 1 and not whole_granules:
-        row_strides = (in_strides[0], in_strides[2]) if inner > 1 else (in_strides[0],)
-        part_granule = next((g for g in (granule // 2, granule // 4, granule // 8) if g > 1 and not n_cols % g
-                             and not any(stride % g for stride in row_strides)), 1)
+    granule, misaligned, row_multiple = _row_granule(t.element_size(), n_cols, inner, in_strides, out_strides,
+                                                     contiguous)
     chosen = planner.choose(op, n_rows, n_cols, t.dtype, t.device, algorithm, strategy,
                             misaligned_rows=granule > 1 and misaligned, granule_rows=granule > 1)
     return _Recipe(chosen, laid_out is not t, inner, in_strides, out_strides, contiguous,
-                   t.shape[:dim] + t.shape[dim + 1:], inline_ptx_allowed(), granule, whole_granules, part_granule)
+                   t.shape[:dim] + t.shape[dim + 1:], inline_ptx_allowed(), granule, row_multiple)
 
 
 _row_on_chip_softmax = Launcher(row_on_chip_softmax_kernel)
@@ -173,9 +172,7 @@ def _row_align(recipe: _Recipe, align: int) -> int:
     and not one element (bf16 9682 x 8604 logsumexp: 126 registers a thread and 2-byte loads, 0.27
     ms, where 9682 x 8608 took 63 registers); else 1. Only for an input that is 16-byte aligned
     (align > 1): Triton knows nothing of another one's base."""
-    if align == 1:
-        return 1
-    return align if recipe.whole_granules else recipe.part_granule
+    return 1 if align == 1 else recipe.row_multiple
 
 
 def _one_launch(bound: dict, ints: tuple):

@@ -543,12 +543,11 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
     block = min(STREAM_BLOCK[elem], next_power_of_2(cols))
     if strategy == "looped":
         warps = STREAM_WARPS
-        if op == "log_softmax_backward":
-            block, warps = LOG_BACKWARD_STREAM[elem]
-            block = min(block, next_power_of_2(cols))
-        elif op == "softmax_backward" and elem in SOFTMAX_BACKWARD_STREAM and cols <= SOFTMAX_BACKWARD_STREAM_MAX_COLS:
-            block, warps = SOFTMAX_BACKWARD_STREAM[elem]
-            block = min(block, next_power_of_2(cols))
+        own = (LOG_BACKWARD_STREAM.get(elem) if op == "log_softmax_backward" else
+               SOFTMAX_BACKWARD_STREAM.get(elem) if op == "softmax_backward" and cols <= SOFTMAX_BACKWARD_STREAM_MAX_COLS
+               else None)
+        if own:
+            block, warps = min(own[0], next_power_of_2(cols)), own[1]
         return Plan(op, strategy, resolved, rows, cols, dtype, block, 1, warps, (rows,))
 
     # split_row: enough chunks per row to give every SM a few programs, never fewer than one block

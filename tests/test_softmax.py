@@ -851,6 +851,12 @@ def test_eager_torch_route_weighs_torchs_kernel_against_our_host_time(plan_overr
     # Differentiated, our two Python autograd steps cost more host time: torch's kernels up to larger sizes.
     assert route(4096, 4097, train=True) and not route(4096, 4097)
     assert plan.torch_kernel_us(16, 128257, 0, 132) == pytest.approx(plan.TORCH_ROW_US + 128257 * 0.2e-3)
+    # A training step of few long rows: the rows side by side slow one another. torch's fp32 step at
+    # 32 x 262147 took 294 us on the H100 (the forward's model of a row alone: 136), longer than our
+    # host's: ours. At 8 rows it took 166: torch's.
+    assert not route(32, 262147, torch.float32, train=True) and route(8, 262147, torch.float32, train=True)
+    step = plan.choose("softmax", 32, 262147, torch.float32, torch.device("cuda"), sms=132, interpreting=False)
+    assert 250 < plan.torch_step_us(step) < 300
     # torch's softmax backward streams long rows slower than its log_softmax backward (1230 against
     # 2000 GB/s): a training step of softmax that torch would finish in our host time as log_softmax is ours.
     log = plan.choose("log_softmax", 5576, 4941, torch.bfloat16, torch.device("cuda"), sms=132, interpreting=False)

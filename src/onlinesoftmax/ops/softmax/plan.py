@@ -210,11 +210,13 @@ SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM = 6
 # torch's speed. Under CUDA-graph capture and torch.compile the host's time is not the call's, and
 # the kernels run at every size, as they do for calls that name a strategy or an algorithm. Values
 # measured on the H100 machine (docs/perf-softmax.md, "The eager torch route"); a model of torch's
-# kernel that errs short only sends calls to our kernels.
+# kernel that errs short sends the calls it misjudges to torch's kernel, level with torch.
 #
 # Our host time an eager call, µs: "forward" by the plan's launches; "train", a forward and its
-# backward through autograd.
-EAGER_HOST_US = {"forward": {1: 16.0, 2: 26.0, 3: 34.0}, "train": 150.0}
+# backward through autograd (bench host's kernel path, bf16 64 x 4096: a forward 16.0 µs, a step
+# 168.4; the step's line is drawn at 180 from the sweeps' training steps: "The eager route's model
+# of few long rows" in docs/perf-softmax.md).
+EAGER_HOST_US = {"forward": {1: 16.0, 2: 26.0, 3: 34.0}, "train": 180.0}
 # Ops whose eager forward never takes the route: torch.logsumexp is a composite of about seven
 # kernels (amax, the infinity mask, subtract, exp, sum, log, add), whose host time, 67.8 µs a call in
 # bench host, is above our one launch's (77.2 µs through the route, our lookup on top).
@@ -234,6 +236,15 @@ TORCH_ROWS_PER_SM = 4
 # ... except softmax's backward, whose long rows stream at 1224-1233 GB/s at every long-row cell of
 # the sweeps (log_softmax's at 2017-2102): docs/perf-softmax.md, "The eager route's model".
 TORCH_SOFTMAX_BACKWARD_LONG_ROW_GBS = 1230.0
+# A training step's kernels, fitted to torch's alone (CUDA-graph replays, 1-1056 rows of 4097-1048577
+# elements, fp32 and bf16; docs/perf-softmax.md, "The eager route's model of few long rows"): rows
+# side by side slow one another, so a long row costs TORCH_ROW_US + TORCH_STEP_NS_PER_ELEMENT an
+# element and the call's bytes add at the long-row rates above. At fp32 32 x 262147 torch's step took
+# 294 µs where the forward's model (a row's time alone, the rows side by side) said 136. The forward
+# keeps that shorter model: its line (16 µs) is where our eager forwards measured 14-23 µs, and
+# a short model sends those ties to torch's kernel, level with torch.
+TORCH_STEP_NS_PER_ELEMENT = {"softmax": {4: 0.25, 2: 0.23}, "log_softmax": {4: 0.22, 2: 0.15},
+                             "softmax_backward": {4: 0.27, 2: 0.18}, "log_softmax_backward": {4: 0.34, 2: 0.24}}
 
 
 def torch_kernel_us(rows: int, cols: int, bytes_moved: int, sms: int,
@@ -251,17 +262,26 @@ def eager_torch(chosen: "Plan", train: bool = False, out_dtype: torch.dtype | No
     """Whether an eager CUDA call planned as ``chosen`` runs torch's kernel instead (see EAGER_HOST_US)."""
     if chosen.strategy not in TRITON_STRATEGIES:
         return False
-    sms = sms or sm_count(torch.device("cuda"))
-    forward = chosen.bytes_moved(out_dtype)
-    if not train:
-        return (chosen.op not in EAGER_ROUTE_FORWARD_OFF
-                and torch_kernel_us(chosen.rows, chosen.cols, forward, sms) < EAGER_HOST_US["forward"][chosen.launches])
+    if train:
+        return torch_step_us(chosen, out_dtype) < EAGER_HOST_US["train"]
+    forward = torch_kernel_us(chosen.rows, chosen.cols, chosen.bytes_moved(out_dtype), sms or sm_count(torch.device("cuda")))
+    return chosen.op not in EAGER_ROUTE_FORWARD_OFF and forward < EAGER_HOST_US["forward"][chosen.launches]
+
+
+def torch_step_us(chosen: "Plan", out_dtype: torch.dtype | None = None) -> float:
+    """What torch's kernels take on the GPU for a forward and backward step planned as ``chosen``
+    (TORCH_STEP_NS_PER_ELEMENT; rows up to TORCH_SHORT_ROW_COLS stream at TORCH_STREAM_GBS)."""
     out_size = 4 if chosen.op == "logsumexp" else (out_dtype or chosen.dtype).itemsize
-    backward = chosen.rows * chosen.cols * (2 * out_size + chosen.dtype.itemsize)
-    backward_gbs = TORCH_SOFTMAX_BACKWARD_LONG_ROW_GBS if chosen.op == "softmax" else TORCH_LONG_ROW_GBS
-    step = (torch_kernel_us(chosen.rows, chosen.cols, forward, sms)
-            + torch_kernel_us(chosen.rows, chosen.cols, backward, sms, backward_gbs))
-    return step < EAGER_HOST_US["train"]
+    # torch.logsumexp's kernels were not fitted: log_softmax's costs stand in.
+    op = "log_softmax" if chosen.op == "logsumexp" else chosen.op
+    backward_gbs = TORCH_SOFTMAX_BACKWARD_LONG_ROW_GBS if op == "softmax" else TORCH_LONG_ROW_GBS
+    steps = ((op, chosen.dtype.itemsize, chosen.bytes_moved(out_dtype), TORCH_LONG_ROW_GBS),
+             (op + "_backward", min(out_size, 4), chosen.rows * chosen.cols * (2 * out_size + chosen.dtype.itemsize),
+              backward_gbs))
+    if chosen.cols <= TORCH_SHORT_ROW_COLS:
+        return sum(bytes_moved for _, _, bytes_moved, _ in steps) / TORCH_STREAM_GBS / 1e3
+    return sum(TORCH_ROW_US + chosen.cols * TORCH_STEP_NS_PER_ELEMENT[kernel][size] / 1e3 + bytes_moved / gbs / 1e3
+               for kernel, size, bytes_moved, gbs in steps)
 
 
 def eager_torch_note(chosen: "Plan", sms: int | None = None) -> str:

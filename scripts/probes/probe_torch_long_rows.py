@@ -13,71 +13,28 @@ Then (``--eager``) the eager calls the route decides between, for few long rows:
 with our kernels (the route off) and with torch's.
 
     python scripts/probes/probe_torch_long_rows.py [--quick] [--eager]
+
+It times with the bench's own loops (``harness.back_to_back_ms``, ``harness.graph_time_ms``); the
+committed logs (docs/notes/2026-11/probe_torch_long_rows-*h100.log) were taken with a loop of the
+probe's own before that: 100 calls back to back, median of 5; 24 calls a graph, median of 3 replays.
 """
 
 import argparse
 import contextlib
 
-import statistics
-
 import torch
 
 import onlinesoftmax
 from onlinesoftmax._device import sm_count
+from onlinesoftmax.bench.harness import back_to_back_ms, graph_time_ms
 from onlinesoftmax.ops.softmax import plan as softmax_plan
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 132, 264, 528, 1056)
 COLS = (1025, 2049, 4097, 8193, 16385, 32001, 50257, 131073, 262147, 1048577)
 MAX_BYTES = 1 << 29
 ROTATE_BYTES = 256 << 20
-
-
-def graph_us(fn, sets, calls=24, replays=10):
-    """µs a call of ``fn`` over ``sets`` replayed from one CUDA graph (the GPU's time alone)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for args in sets:
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(*sets[i % len(sets)])
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-    times = []
-    for _ in range(3):
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / (replays * calls))
-    del graph
-    return sorted(times)[1]
-
-
 EAGER_ROWS = (1, 8, 32, 132)
 EAGER_COLS = (50257, 131073, 262147, 1048577)
-
-
-def eager_us(fn, sets, n=100, reps=5):
-    """µs a call of ``fn`` called back to back over ``sets`` (the host's time where it is the longer)."""
-    for i in range(10):
-        fn(*sets[i % len(sets)])
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-        start.record()
-        for i in range(n):
-            fn(*sets[i % len(sets)])
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / n)
-    return statistics.median(times)
 
 
 def eager_steps():
@@ -96,9 +53,9 @@ def eager_steps():
                         route_off = (onlinesoftmax.override_plan("softmax", EAGER_HOST_US=softmax_plan.EAGER_ROUTE_OFF)
                                      if name == "ours" else contextlib.nullcontext())
                         with route_off:
-                            step = eager_us(lambda x, dy: fn(x, -1).backward(dy), list(zip(xs, dys)))
+                            step = 1e3 * back_to_back_ms(lambda x, dy: fn(x, -1).backward(dy), list(zip(xs, dys)))
                             kept = [(x, fn(x, -1), dy) for x, dy in zip(xs[:4], dys[:4])]
-                            bwd = eager_us(lambda x, y, dy: torch.autograd.grad(y, x, dy, retain_graph=True), kept)
+                            bwd = 1e3 * back_to_back_ms(lambda x, y, dy: torch.autograd.grad(y, x, dy, retain_graph=True), kept)
                         cells[name] = (step, bwd)
                     print(f"{str(dtype)[6:]} {op} {rows} {cols} | {cells['ours'][0]:.1f} {cells['torch'][0]:.1f} | "
                           f"{cells['ours'][1]:.1f} {cells['torch'][1]:.1f}", flush=True)
@@ -132,8 +89,8 @@ def main():
                     xs = [torch.randn(rows, cols, device="cuda", dtype=dtype) for _ in range(nsets)]
                     ys = [forward(x, -1) for x in xs]
                     dys = [torch.randn_like(x) for x in xs]
-                    fwd = graph_us(lambda x: forward(x, -1), [(x,) for x in xs])
-                    bwd = graph_us(lambda dy, y: backward(dy, y, -1, dtype), list(zip(dys, ys)))
+                    fwd = 1e3 * graph_time_ms(lambda x: forward(x, -1), [(x,) for x in xs])
+                    bwd = 1e3 * graph_time_ms(lambda dy, y: backward(dy, y, -1, dtype), list(zip(dys, ys)))
                     waves = -(-rows // (sms * softmax_plan.TORCH_ROWS_PER_SM))
                     plan = softmax_plan.choose(op, rows, cols, dtype, torch.device("cuda"), "auto")
                     model_f = softmax_plan.torch_kernel_us(rows, cols, plan.bytes_moved(None), sms)

@@ -96,9 +96,9 @@ def recorded_launches(sms: int):
         return cross_entropy_choose(op, rows, cols, dtype, cuda, strategy, *args,
                                     **dict(kwargs, sms=sms, interpreting=False))
 
-    def attention_plan_for_gpu(kernel, head_dim, dtype, causal, device, *args):
+    def attention_plan_for_gpu(kernel, head_dim, dtype, causal, device, *args, **kwargs):
         with mock.patch.object(attention_planner, "interpreter_active", lambda: False):
-            return attention_plan(kernel, head_dim, dtype, causal, cuda, *args)
+            return attention_plan(kernel, head_dim, dtype, causal, cuda, *args, **kwargs)
 
     # CPU tensors take the GPU's Triton path: plans made for a CUDA device, the top-k launcher told
     # that Triton runs here, the softmax recipes allowed their inline PTX. Cached plans and launch

@@ -8,33 +8,21 @@ replay), and torch's through autograd; then the host's CPU time per call of each
 tiny shape, the GPU keeping up) and a cProfile of our autograd backward.
 
     python scripts/probes/probe_backward_host.py
-"""
 
-import cProfile
-import io
-import pstats
-import time
+Host time and the profile come from ``bench host``'s own helpers (``host_suite.host_us``,
+``print_profile``); the committed log (docs/notes/2026-11/probe_backward_host-h100.log) was taken
+with a loop of the probe's own before that: 2000 calls after 50, once.
+"""
 
 import torch
 
 import onlinesoftmax
 from onlinesoftmax.bench.harness import back_to_back_ms, graph_time_ms
+from onlinesoftmax.bench.host_suite import host_us, print_profile
 from onlinesoftmax.ops.softmax import plan as softmax_plan
 from onlinesoftmax.ops.softmax.launch import launch_backward
 
 SHAPES = [(torch.float32, 14, 256008), (torch.float32, 32, 262147), (torch.bfloat16, 64, 4096), (torch.bfloat16, 4, 1000)]
-
-
-def cpu_us(fn, args, calls=2000):
-    for _ in range(50):
-        fn(*args)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn(*args)
-    host = (time.perf_counter() - start) * 1e6 / calls
-    torch.cuda.synchronize()
-    return host
 
 
 def main():
@@ -55,21 +43,14 @@ def main():
             cells = [back_to_back_ms(grad, ours), back_to_back_ms(launch, direct), graph_time_ms(launch, direct),
                      back_to_back_ms(grad, theirs)]
             line = " ".join(f"{c:.4f}" for c in cells)
-            host = (f" | host us: autograd {cpu_us(grad, ours[0]):.1f}, launch {cpu_us(launch, direct[0]):.1f}, "
-                    f"torch autograd {cpu_us(grad, theirs[0]):.1f}") if rows * cols <= 1 << 18 else ""
+            host = (f" | host us: autograd {host_us(lambda: grad(*ours[0])):.1f}, "
+                    f"launch {host_us(lambda: launch(*direct[0])):.1f}, "
+                    f"torch autograd {host_us(lambda: grad(*theirs[0])):.1f}") if rows * cols <= 1 << 18 else ""
             print(f"{str(dtype)[6:]} {rows}x{cols} | ours autograd, launch alone, kernel (graph), torch autograd: "
                   f"{line}{host}", flush=True)
         x, y, _, dy = sets[0]
-        profile = cProfile.Profile()
-        profile.enable()
-        for _ in range(500):
-            torch.autograd.grad(y, x, dy, retain_graph=True)
-        profile.disable()
-        torch.cuda.synchronize()
-        out = io.StringIO()
-        pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(18)
         print("# cProfile of 500 of our autograd backwards, bf16 4 x 1000 (tottime includes the profiler's cost)")
-        print(out.getvalue())
+        print_profile(lambda: torch.autograd.grad(y, x, dy, retain_graph=True), 18, calls=500)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Budget: about 4 minutes on an H100, most of it compiling (each candidate compile
 and causality); candidates past DEADLINE_S (or --deadline) are skipped and reported as such.
 
     python scripts/tune/sweep_attention.py [--quick] [--forward-only | --backward-only]
-        [--shapes BxHQxHKVxSxD,...] [--short]
+        [--shapes BxHQxHKVxSxD,...] [--short] [--mask causal|none]
 
 --short times candidates for sequences of a few key blocks instead (the attention sweep's S128 and
 S512 cells, docs/perf-attention.md "The sweep").
@@ -74,6 +74,10 @@ SHORT_FORWARD_CANDIDATES = {
           (64, 128, 4, 2, "pointer"), (128, 128, 4, 2, "ws"), (128, 128, 8, 3, "pointer")],
     64: [(64, 64, 4, 2, "pointer"), (64, 32, 4, 3, "pointer"), (64, 32, 4, 4, "pointer"), (64, 64, 4, 3, "pointer"),
          (64, 64, 4, 2, "rows"), (128, 64, 4, 2, "pointer"), (64, 128, 4, 3, "rows")],
+    # Head dim 256 at S128 (two key blocks): the table's warp-specialized config first, then
+    # smaller query blocks (more programs an SM) and one stage over whole 128-key rows.
+    256: [(128, 64, 4, 2, "ws"), (128, 64, 8, 2, "rows"), (64, 64, 4, 2, "rows"), (64, 64, 4, 2, "pointer"),
+          (64, 32, 4, 3, "pointer"), (128, 128, 8, 1, "rows"), (64, 128, 4, 1, "rows"), (64, 64, 4, 2, "ws")],
 }
 # ... and for the backward, the tables' configs first, then larger key blocks (dK/dV) and query blocks
 # (dQ): one or two programs a head. The tables' were best at every shape of the first round.
@@ -105,7 +109,16 @@ BACKWARD_CANDIDATES = {
     256: [((64, 64, 8, 2), (64, 64, 8, 2), True), ((32, 64, 8, 2), (64, 32, 4, 2), True),
           ((32, 64, 8, 1), (64, 32, 4, 1), True), ((64, 64, 8, 1), (64, 64, 8, 1), True),
           ((64, 32, 8, 2), (64, 64, 8, 2), True), ((64, 64, 8, 2), (128, 32, 8, 2), True),
-          ((32, 64, 8, 2), (64, 64, 8, 2), True), ((32, 64, 8, 1), (64, 64, 8, 2), True)],
+          ((32, 64, 8, 2), (64, 64, 8, 2), True), ((32, 64, 8, 1), (64, 64, 8, 2), True),
+          ((64, 64, 8, 1), (128, 32, 8, 2), True)],
+}
+# Head dim 256 causal, a third round (--mask causal): the dQ kernel of the second round's best with each
+# dK/dV config that came near it causal, fewer stages, and a dQ kernel over 64-key blocks.
+CAUSAL_BACKWARD_CANDIDATES = {
+    256: [((64, 64, 8, 2), (128, 32, 8, 2), True), ((32, 64, 8, 1), (128, 32, 8, 2), True),
+          ((32, 64, 8, 2), (128, 32, 8, 2), True), ((64, 64, 8, 1), (128, 32, 8, 2), True),
+          ((64, 64, 8, 2), (128, 32, 8, 1), True), ((32, 64, 8, 1), (128, 32, 8, 1), True),
+          ((64, 64, 8, 2), (128, 64, 8, 2), True), ((64, 64, 8, 2), (128, 64, 8, 1), True)],
 }
 # Head dim 96 (padded to 128 in the backward): D128's candidates, then two with the tiles' other sides.
 BACKWARD_CANDIDATES[96] = BACKWARD_CANDIDATES[128][:4] + [((64, 64, 4, 2), (64, 64, 4, 3), True),
@@ -170,11 +183,16 @@ def main() -> int:
                         help="seconds after which the remaining candidates are skipped")
     parser.add_argument("--short", action="store_true",
                         help="the short-sequence candidates (and shapes, without --shapes)")
+    parser.add_argument("--mask", choices=("both", "causal", "none"), default="both",
+                        help="the masks timed; causal alone takes the causal backward candidates where a head "
+                             "dim has them")
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in text.split("x")) for text in args.shapes.split(",") if text]
     shapes = shapes or (SHORT_SHAPES if args.short else SHAPES[:2] if args.quick else SHAPES)
     forward_candidates = SHORT_FORWARD_CANDIDATES if args.short else FORWARD_CANDIDATES
     backward_candidates = SHORT_BACKWARD_CANDIDATES if args.short else BACKWARD_CANDIDATES
+    if args.mask == "causal":
+        backward_candidates = {**backward_candidates, **CAUSAL_BACKWARD_CANDIDATES}
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 1
@@ -189,7 +207,7 @@ def main() -> int:
         k = torch.randn(batch, heads_kv, seq, head_dim, device="cuda", generator=gen).bfloat16()
         v = torch.randn(batch, heads_kv, seq, head_dim, device="cuda", generator=gen).bfloat16()
         d_out = torch.randn(batch, heads_q, seq, head_dim, device="cuda", generator=gen).bfloat16()
-        for causal in (False, True):
+        for causal in {"both": (False, True), "causal": (True,), "none": (False,)}[args.mask]:
             mode = "top_left" if causal else "none"
             scale = head_dim ** -0.5
             f = flops(shape, causal)

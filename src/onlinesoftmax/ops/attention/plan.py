@@ -24,7 +24,9 @@ from ..._launch import RegisterCap
 # The best of sweeps on the H100 (scripts/tune/sweep_attention.py; head dim 256:
 # docs/notes/2026-11/sweep_attention-d256-h100.log, where the first table, 64 x 64 blocks on 4
 # warps, ran the forward at 0.63-0.92x SDPA FLASH: a 64 x 256 fp32 accumulator on 4 warps is 128
-# registers a thread).
+# registers a thread). The causal D256 dK/dV kernel runs one stage: a third round, causal only
+# (sweep_attention-d256_causal-h100.log), measured 2 -> 1 stage 94.8 -> 100.9 TFLOP/s at S512,
+# 128.5 -> 136.2 at S1000, 171.8 -> 178.0 at S2048, 217.4 -> 219.7 at S8191 (backward alone).
 ATTENTION_CONFIGS = {
     "forward": ((64, (64, 128, 4, 3), (64, 64, 4, 4)),
                 (96, (128, 64, 4, 3), (128, 64, 4, 3)),
@@ -32,7 +34,7 @@ ATTENTION_CONFIGS = {
                 (256, (128, 64, 8, 2), (128, 64, 8, 2))),
     "backward_dkdv": ((64, (32, 64, 4, 2), (32, 64, 4, 2)),
                       (128, (32, 64, 4, 3), (32, 64, 4, 3)),
-                      (256, (64, 64, 8, 2), (64, 64, 8, 2))),
+                      (256, (64, 64, 8, 2), (64, 64, 8, 1))),
     "backward_dq": ((64, (64, 64, 4, 3), (64, 64, 4, 3)),
                     (128, (128, 32, 8, 2), (128, 32, 8, 2)),
                     (256, (128, 32, 8, 2), (128, 32, 8, 2))),

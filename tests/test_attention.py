@@ -214,22 +214,28 @@ def test_single_row_views_keep_their_head_stride(gen):
                        torch.bfloat16, f"one key, {mode}")
 
 
-@pytest.mark.parametrize("head_dim", attention_op.SUPPORTED_HEAD_DIMS)
+# Head dims off the tuned ones, as models have them (Stable Diffusion's 40 and 160, 72, 112), below
+# the tensor cores' depth of 16 (8) and off the 16-byte rows TMA needs (36: pointer loads).
+UNTUNED_HEAD_DIMS = (8, 36, 40, 72, 112, 160)
+# The forward's parts where a head dim is two powers of two (plan.head_dim_parts); the rest are padded.
+FORWARD_PARTS = {80: (64, 16), 96: (64, 32), 160: (128, 32), 192: (128, 64)}
+
+
+@pytest.mark.parametrize("head_dim", attention_op.TUNED_HEAD_DIMS + UNTUNED_HEAD_DIMS)
 def test_every_head_dim(head_dim, gen):
-    # 80, 96 and 192: the forward computes them in two parts (plan.head_dim_parts), the backward
-    # pads them to 128 and 256 with the padding masked.
+    # Split dims: the forward computes them in two parts, the backward pads them to the next power
+    # of two (at least 16) with the padding masked; so do both directions for the other dims.
     q, k, v = make_qkv(gen, 1, 2, 1, 20, 23, head_dim, torch.bfloat16, requires_grad=True)
     check_all(q, k, v, "top_left", torch.bfloat16, f"D={head_dim}", gen)
     if TRITON_RUNS:
+        padded = max(16, plan.next_power_of_2(head_dim))
         backward = plan.last_attention_plan()
-        assert (backward.block_d, backward.block_d2) == (plan.next_power_of_2(head_dim), 0)
+        assert (backward.block_d, backward.block_d2) == (padded, 0)
         with torch.no_grad():
             attention(q, k, v)
         forward = plan.last_attention_plan()
-        split = head_dim in (80, 96, 192)
-        assert (forward.block_d, forward.block_d2) == ({80: (64, 16), 96: (64, 32), 192: (128, 64)}[head_dim] if split
-                                                       else (head_dim, 0))
-        assert ("computed as" in forward.describe()) == split
+        assert (forward.block_d, forward.block_d2) == FORWARD_PARTS.get(head_dim, (padded, 0))
+        assert ("computed as" in forward.describe()) == (head_dim in FORWARD_PARTS)
 
 
 # (batch, Hq, Hkv, Sq, Sk) at the split head dims: GQA, lengths ending mid-block, keys filling whole blocks.
@@ -494,7 +500,8 @@ def _qkv(shape_q=(1, 2, 8, 64), shape_kv=(1, 2, 8, 64), dtype=torch.float16):
     (_qkv(dtype=torch.float32), {}, TypeError, "cast"),
     ((_qkv()[0], _qkv()[1].bfloat16(), _qkv()[2]), {}, TypeError, "share a dtype"),
     (_qkv((1, 3, 8, 64), (1, 2, 8, 64)), {}, ValueError, "multiple"),
-    (_qkv((1, 2, 8, 48), (1, 2, 8, 48)), {}, ValueError, "head dim 48"),
+    (_qkv((1, 2, 8, 257), (1, 2, 8, 257)), {}, ValueError, "head dim 257"),
+    (_qkv((1, 2, 8, 4), (1, 2, 8, 4)), {}, ValueError, "head dim 4"),
     (_qkv((1, 2, 8, 64), (1, 2, 8, 32)), {}, ValueError, "head dims differ"),
     (_qkv((2, 2, 8, 64), (1, 2, 8, 64)), {}, ValueError, "batch"),
     ((_qkv()[0], _qkv()[1], torch.zeros(1, 2, 9, 64, dtype=torch.float16)), {}, ValueError, "same shape"),
@@ -512,16 +519,17 @@ def test_errors(args, kwargs, error, words):
 
 
 @gpu_only
-@pytest.mark.parametrize("head_dim", attention_op.SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", attention_op.TUNED_HEAD_DIMS + UNTUNED_HEAD_DIMS)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("n_queries, n_keys", [(1000, 1000), (4097, 4097), (1, 4097), (4097, 1000), (1000, 2048)])
 def test_long_sequences_gpu(n_queries, n_keys, mode, head_dim, gen, plan_override):
-    """Full-size blocks, the configured launch parameters and TMA, at lengths that end mid-block
-    (the backward's TMA at every size: these are below ATTENTION_BACKWARD_POINTER_MAX_WORK)."""
+    """Full-size blocks, the configured launch parameters and TMA (pointer loads where a row is no
+    multiple of 16 bytes), at lengths that end mid-block (the backward's TMA at every size: these
+    are below ATTENTION_BACKWARD_POINTER_MAX_WORK)."""
     plan_override("attention", ATTENTION_BACKWARD_POINTER_MAX_WORK=0)
     q, k, v = make_qkv(gen, 1, 4, 2, n_queries, n_keys, head_dim, torch.bfloat16, requires_grad=True)
     check_all(q, k, v, mode, torch.bfloat16, f"{n_queries}x{n_keys} D={head_dim} {mode}", gen)
-    assert plan.last_attention_plan().use_descriptor
+    assert plan.last_attention_plan().use_descriptor == (head_dim * 2 % 16 == 0)
 
 
 @gpu_only

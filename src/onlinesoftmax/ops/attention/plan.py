@@ -2,9 +2,11 @@
 kernel, head dim and causality. The measurements behind each value are in ``docs/perf-attention.md``.
 
 A config is (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). Rows are (largest head dim,
-non-causal config, causal config); the first row whose head dim is >= D applies. Inside the
-kernels D is padded to a power of two (80 -> 128, 96 -> 128, 192 -> 256), except in the forward,
-which computes 80, 96 and 192 in two parts (ATTENTION_FORWARD_SPLIT_HEAD_DIMS). Forward: BLOCK_M = 128 on 8
+non-causal config, causal config); the first row whose head dim is >= D applies. Any head dim from
+8 to 256 runs: inside the kernels D is padded to a power of two of at least 16 (the tensor cores'
+depth; 80 -> 128, 96 -> 128, 192 -> 256), except in the forward, which computes a head dim that is
+two powers of two as those two parts (80 = 64 + 16, 96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64:
+ATTENTION_FORWARD_SPLIT_HEAD_DIMS). Forward: BLOCK_M = 128 on 8
 warps gives each warpgroup 64 query rows for wgmma (at head dim 256 their 64 x 256 fp32 accumulator
 takes 128 registers a thread, with 64-key blocks to leave room for the scores). Backward dK/dV holds a key block's K, V, dK
 and dV and streams query blocks, so BLOCK_N is its large side; dQ is the mirror image.
@@ -20,6 +22,22 @@ import torch
 
 from ..._device import LastPlan, interpreter_active, next_power_of_2, plan_cache
 from ..._launch import RegisterCap
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The block a head dim takes inside the kernels: its power of two, at least 16 (tl.dot's depth)."""
+    return max(16, next_power_of_2(head_dim))
+
+
+def head_dim_parts(head_dim: int) -> tuple[int, int]:
+    """(first, second): two powers of two covering ``head_dim`` with less padding than one (second 0
+    where none saves any): half the padded head dim, then the rest padded (at least 16, the tensor
+    cores' depth for 16-bit inputs)."""
+    padded = padded_head_dim(head_dim)
+    first = padded // 2
+    second = max(next_power_of_2(head_dim - first), 16) if head_dim > first else 0
+    return (first, second) if 0 < second and first + second < padded else (padded, 0)
+
 
 # The best of sweeps on the H100 (scripts/tune/sweep_attention.py; head dim 256:
 # docs/notes/2026-11/sweep_attention-d256-h100.log, where the first table, 64 x 64 blocks on 4
@@ -89,7 +107,11 @@ ATTENTION_SHORT_CONFIGS = {
 # with 128 x 64 blocks on 4 warps where the padded dims took 128 x 128 on 8 (and the short rows'
 # 64 x 32 pointer config for short causal rows). The backward pads them: a split backward
 # measured slower at D96 S2048 (228.5 against 235.8) and faulted on the GPU at D96 causal.
-ATTENTION_FORWARD_SPLIT_HEAD_DIMS = (80, 96, 192)
+# 160 (128 + 32) is split the same way: 1.55x FLASH at S2048 (causal 1.33x), its tests passed on
+# the GPU (docs/notes/2026-11/attention_head_dims-h100.log). Parts that end in padding (40 as
+# 32 + 16, 72 as 64 + 16) computed wrong outputs and faulted on the GPU while the interpreter passed
+# them: other head dims are padded whole.
+ATTENTION_FORWARD_SPLIT_HEAD_DIMS = (80, 96, 160, 192)
 # The fused backward (one kernel, one program per KV head, its keys in one block: delta, dK, dV and
 # dQ together, one launch for three; BLOCK_N is the keys' power of two, at least 16). A program
 # holds K, V, dK and dV of its keys and loops over the query blocks of its query heads. Rows
@@ -190,7 +212,7 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
                     interpreting) -> AttentionPlan:
     if device_type != "cuda" and not interpreting:
         return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
-    block_d = next_power_of_2(head_dim)
+    block_d = padded_head_dim(head_dim)
     split = kernel == "forward" and head_dim in ATTENTION_FORWARD_SPLIT_HEAD_DIMS
     # Rows are read by the head dim itself: a padded dim takes its power of two's row unless a row
     # of its own comes first (the forward's 96, which its split dims 80 and 96 measured with).
@@ -251,7 +273,7 @@ def _fused_backward_plan(head_dim, dtype, causal, length, n_keys, programs, desc
     # Loads as the dK/dV kernel's, whose work (K and V held, query blocks streamed) it repeats.
     use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR["backward_dkdv"])
     return AttentionPlan("backward_fused", "triton", head_dim, dtype, causal, use_descriptor, block_m=block_m,
-                         block_n=max(16, next_power_of_2(n_keys)), block_d=next_power_of_2(head_dim),
+                         block_n=max(16, next_power_of_2(n_keys)), block_d=padded_head_dim(head_dim),
                          num_warps=num_warps, num_stages=num_stages)
 
 
@@ -262,16 +284,6 @@ def _backward_descriptor_ok(descriptor_ok: bool, batch_heads: Optional[int], n_q
     small = (batch_heads is not None and not interpreting
              and batch_heads * n_queries * n_keys * head_dim <= ATTENTION_BACKWARD_POINTER_MAX_WORK)
     return descriptor_ok and not small
-
-
-def head_dim_parts(head_dim: int) -> tuple[int, int]:
-    """(first, second): two powers of two covering ``head_dim`` with less padding than one (second 0
-    where none saves any): half the padded head dim, then the rest padded (at least 16, the tensor
-    cores' depth for 16-bit inputs)."""
-    padded = next_power_of_2(head_dim)
-    first = padded // 2
-    second = max(next_power_of_2(head_dim - first), 16) if head_dim > first else 0
-    return (first, second) if 0 < second and first + second < padded else (padded, 0)
 
 
 _CONFIG_FIELDS = ("block_m", "block_n", "num_warps", "num_stages")

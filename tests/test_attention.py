@@ -228,7 +228,7 @@ def test_every_head_dim(head_dim, gen):
     q, k, v = make_qkv(gen, 1, 2, 1, 20, 23, head_dim, torch.bfloat16, requires_grad=True)
     check_all(q, k, v, "top_left", torch.bfloat16, f"D={head_dim}", gen)
     if TRITON_RUNS:
-        padded = max(16, plan.next_power_of_2(head_dim))
+        padded = plan.padded_head_dim(head_dim)
         backward = plan.last_attention_plan()
         assert (backward.block_d, backward.block_d2) == (padded, 0)
         with torch.no_grad():

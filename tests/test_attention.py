@@ -215,10 +215,12 @@ def test_single_row_views_keep_their_head_stride(gen):
 
 
 # Head dims off the tuned ones, as models have them (Stable Diffusion's 40 and 160, 72, 112), below
-# the tensor cores' depth of 16 (8) and off the 16-byte rows TMA needs (36: pointer loads).
-UNTUNED_HEAD_DIMS = (8, 36, 40, 72, 112, 160)
-# The forward's parts where a head dim is two powers of two (plan.head_dim_parts); the rest are padded.
-FORWARD_PARTS = {80: (64, 16), 96: (64, 32), 160: (128, 32), 192: (128, 64)}
+# the tensor cores' depth of 16 (8), off the 16-byte rows TMA needs (36: pointer loads), and the
+# untuned ones the forward splits (48, 144).
+UNTUNED_HEAD_DIMS = (8, 36, 40, 48, 72, 112, 144, 160)
+# The forward's parts where a head dim is two powers of two (plan.head_dim_parts), or from 65 up
+# runs past them with rows of whole 16-byte vectors (72, contiguous); the rest are padded.
+FORWARD_PARTS = {72: (64, 16), 80: (64, 16), 96: (64, 32), 144: (128, 16), 160: (128, 32), 192: (128, 64)}
 
 
 @pytest.mark.parametrize("head_dim", attention_op.TUNED_HEAD_DIMS + UNTUNED_HEAD_DIMS)
@@ -238,12 +240,35 @@ def test_every_head_dim(head_dim, gen):
         assert ("computed as" in forward.describe()) == (head_dim in FORWARD_PARTS)
 
 
+def _views_of_rows(gen, head_dim, row_length, transpose):
+    """q, k, v of head dim ``head_dim`` as the first columns of rows ``row_length`` long, in BHSD or
+    (transpose) BSHD order."""
+    def one(heads, n):
+        shape = (2, n, heads, row_length) if transpose else (2, heads, n, row_length)
+        wide = make_logits(shape, torch.bfloat16, gen, scale=1.0, outliers=False)[..., :head_dim]
+        return (wide.transpose(1, 2) if transpose else wide).requires_grad_()
+    return one(4, 37), one(2, 50), one(2, 50)
+
+
+@pytest.mark.parametrize("head_dim, row_length, transpose, vec", [
+    (40, 40, False, 8), (40, 40, True, 8), (40, 44, False, 4), (40, 42, True, 2), (72, 72, False, 8),
+    (8, 8, False, 8), (36, 36, False, 4), (33, 33, False, 1), (48, 48, False, 1), (40, 48, False, 8)])
+def test_head_dims_of_whole_vectors(head_dim, row_length, transpose, vec, gen):
+    """A head dim that is no multiple of 16 elements reaches the kernels with the vector width its
+    rows and strides allow (VEC, kernels.on_vectors, which rounds every stride down to VEC's
+    multiple: given a stride that is not one, addresses go wrong, which the comparison catches)."""
+    q, k, v = _views_of_rows(gen, head_dim, row_length, transpose)
+    assert attention_module.vector_width(head_dim, q, k, v) == vec
+    for mode in MODES:
+        check_all(q, k, v, mode, torch.bfloat16, f"D{head_dim} rows of {row_length} {mode}", gen)
+
+
 # (batch, Hq, Hkv, Sq, Sk) at the split head dims: GQA, lengths ending mid-block, keys filling whole blocks.
 SPLIT_SHAPES = {"gqa-37x50": (2, 4, 2, 37, 50), "rows-40x64": (2, 2, 1, 40, 64)}
 
 
 @pytest.mark.parametrize("loads", ["pointer", "head-descriptors", "row-descriptors"])
-@pytest.mark.parametrize("head_dim", [80, 96, 192])
+@pytest.mark.parametrize("head_dim", [72, 80, 96, 144, 192])
 @pytest.mark.parametrize("shape", list(SPLIT_SHAPES), ids=list(SPLIT_SHAPES))
 def test_split_head_dim_forward(shape, head_dim, loads, gen, monkeypatch, plan_override):
     """The forward's two head-dim parts through each load path, every mask, against float64 and
@@ -270,10 +295,13 @@ def test_split_head_dim_forward(shape, head_dim, loads, gen, monkeypatch, plan_o
             assert_grad_matches(got, want, torch.bfloat16, f"{what} d{name}")
         if TRITON_RUNS:
             assert forward.block_d2 > 0 and forward.use_descriptor == (loads != "pointer")
-            assert forward.row_descriptors == (loads == "row-descriptors")
+            # On the GPU rows of a head dim that is no multiple of 16 go through pointers.
+            assert forward.row_descriptors == (loads == "row-descriptors" and (
+                not ON_GPU or head_dim % plan.ATTENTION_FORWARD_ROW_DESCRIPTORS_DIVISOR == 0))
     if TRITON_RUNS:
         split = attention(q, k, v, causal=True)
-        with onlinesoftmax.override_plan("attention", ATTENTION_FORWARD_SPLIT_HEAD_DIMS=()):
+        with onlinesoftmax.override_plan("attention", ATTENTION_FORWARD_SPLIT_HEAD_DIMS=(),
+                                         ATTENTION_FORWARD_SPLIT_VECTORS_FROM=attention_op.MAX_HEAD_DIM + 1):
             padded = attention(q, k, v, causal=True)
             assert plan.last_attention_plan().block_d2 == 0
         assert_matches(split, padded.double(), torch.bfloat16, "split against padded")

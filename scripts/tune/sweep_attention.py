@@ -152,7 +152,8 @@ def forced(**configs):
 
 def padding(variant):
     """override_plan's tables for a candidate's last field: "padded" turns the head-dim split off."""
-    return {"ATTENTION_FORWARD_SPLIT_HEAD_DIMS": ()} if variant == "padded" else {}
+    return ({"ATTENTION_FORWARD_SPLIT_HEAD_DIMS": (), "ATTENTION_FORWARD_SPLIT_VECTORS_FROM": 257}
+            if variant == "padded" else {})
 
 
 def forced_forward(config, loads, variant=None):

@@ -19,17 +19,19 @@ import triton
 import triton.language as tl
 
 from ..._triton import NEG_INF, mma
-from .kernels import (COUNT_ARGS, head_descriptor, key_ranges, key_value_bases, load_tile, own_descriptor,
-                      qkv_descriptors, query_program, store_tile, visible)
+from .kernels import (COUNT_ARGS, head_descriptor, key_ranges, key_value_bases, load_tile, on_vectors, own_descriptor,
+                      qkv_descriptors, query_program, store_tile, strides_on_vectors, visible)
 
 
 @triton.jit
 def attention_backward_delta_kernel(
     o_ptr, do_ptr, delta_ptr, n_heads, n_queries, head_dim,
     stride_dob, stride_doh, stride_dos, stride_dod,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, VEC: tl.constexpr = 1,
 ):
     # delta_i = sum_d dO_id O_id = sum_j P_ij dP_ij: the softmax backward's row dot product.
+    head_dim = on_vectors(head_dim, VEC)
+    stride_dob, stride_doh, stride_dos, _ = strides_on_vectors(stride_dob, stride_doh, stride_dos, 0, VEC)
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
@@ -141,8 +143,18 @@ def attention_backward_dkdv_kernel(
     q_head_stride, k_head_stride, v_head_stride, do_head_stride,
     qk_scale, scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1,
 ):
+    # VEC: see kernels.on_vectors.
+    head_dim = on_vectors(head_dim, VEC)
+    stride_qb, stride_qh, stride_qs, q_head_stride = strides_on_vectors(stride_qb, stride_qh, stride_qs,
+                                                                        q_head_stride, VEC)
+    stride_kb, stride_kh, stride_ks, k_head_stride = strides_on_vectors(stride_kb, stride_kh, stride_ks,
+                                                                        k_head_stride, VEC)
+    stride_vb, stride_vh, stride_vs, v_head_stride = strides_on_vectors(stride_vb, stride_vh, stride_vs,
+                                                                        v_head_stride, VEC)
+    stride_dob, stride_doh, stride_dos, do_head_stride = strides_on_vectors(stride_dob, stride_doh, stride_dos,
+                                                                            do_head_stride, VEC)
     n_heads_kv = n_heads_q // group
     start_n = tl.program_id(0) * BLOCK_N
     kv_bh = tl.program_id(1)
@@ -221,8 +233,18 @@ def attention_backward_dq_kernel(
     q_head_stride, k_head_stride, v_head_stride, do_head_stride,
     qk_scale, scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1,
 ):
+    # VEC: see kernels.on_vectors.
+    head_dim = on_vectors(head_dim, VEC)
+    stride_qb, stride_qh, stride_qs, q_head_stride = strides_on_vectors(stride_qb, stride_qh, stride_qs,
+                                                                        q_head_stride, VEC)
+    stride_kb, stride_kh, stride_ks, k_head_stride = strides_on_vectors(stride_kb, stride_kh, stride_ks,
+                                                                        k_head_stride, VEC)
+    stride_vb, stride_vh, stride_vs, v_head_stride = strides_on_vectors(stride_vb, stride_vh, stride_vs,
+                                                                        v_head_stride, VEC)
+    stride_dob, stride_doh, stride_dos, do_head_stride = strides_on_vectors(stride_dob, stride_doh, stride_dos,
+                                                                            do_head_stride, VEC)
     n_heads_kv = n_heads_q // group
     start_m, bh, b, h, h_kv, kv_bh = query_program(n_heads_q, group, BLOCK_M, CAUSAL)
 
@@ -264,8 +286,18 @@ def attention_backward_fused_kernel(
     q_head_stride, k_head_stride, v_head_stride, do_head_stride,
     qk_scale, scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1,
 ):
+    # VEC: see kernels.on_vectors.
+    head_dim = on_vectors(head_dim, VEC)
+    stride_qb, stride_qh, stride_qs, q_head_stride = strides_on_vectors(stride_qb, stride_qh, stride_qs,
+                                                                        q_head_stride, VEC)
+    stride_kb, stride_kh, stride_ks, k_head_stride = strides_on_vectors(stride_kb, stride_kh, stride_ks,
+                                                                        k_head_stride, VEC)
+    stride_vb, stride_vh, stride_vs, v_head_stride = strides_on_vectors(stride_vb, stride_vh, stride_vs,
+                                                                        v_head_stride, VEC)
+    stride_dob, stride_doh, stride_dos, do_head_stride = strides_on_vectors(stride_dob, stride_doh, stride_dos,
+                                                                            do_head_stride, VEC)
     # The whole backward of a KV head whose keys fit one block (BLOCK_N >= n_keys): delta, dK, dV
     # and dQ in one program, one launch where the split backward takes three. With a single key
     # block, dQ of a query block is complete after one product (dS K): no accumulation across

@@ -43,6 +43,25 @@ LN2 = tl.constexpr(0.6931471805599453)  # the kernels' lse leaves log2 units: ls
 
 
 @triton.jit
+def on_vectors(x, VEC: tl.constexpr):
+    """``x``, a head dim or stride the launcher found a multiple of VEC elements (16 bytes), as the
+    compiler can see it is one. Triton specializes integer arguments on divisibility by 16 alone:
+    a head dim of 40 bf16 (80-byte rows) compiled to 2-byte loads and stores with a mask each, 255
+    registers and spills, its forward 1.5x slower than the same tiles at head dim 48 (72 and 88
+    causal: 3.6x; docs/perf-attention.md)."""
+    if VEC > 1:
+        x = x // VEC * VEC
+    return x
+
+
+@triton.jit
+def strides_on_vectors(stride_b, stride_h, stride_s, head_stride, VEC: tl.constexpr):
+    """on_vectors of a tensor's batch, head and row strides and merged-head stride."""
+    return (on_vectors(stride_b, VEC), on_vectors(stride_h, VEC), on_vectors(stride_s, VEC),
+            on_vectors(head_stride, VEC))
+
+
+@triton.jit
 def load_tile(desc, base_ptr, bh, start, n_rows, stride_row, stride_col, head_dim,
               BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
     """Rows [start, start + BLOCK_ROWS) of one head as a [BLOCK_ROWS, BLOCK_D] tile, zero past the
@@ -260,11 +279,18 @@ def attention_forward_kernel(
     qk_scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, ROW_DESCRIPTORS: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr, BLOCK_D2: tl.constexpr = 0,
+    WARP_SPECIALIZE: tl.constexpr, BLOCK_D2: tl.constexpr = 0, VEC: tl.constexpr = 1,
 ):
     # BLOCK_D2 > 0: the head dim is computed as two power-of-two parts, BLOCK_D + BLOCK_D2 (80 as
     # 64 + 16, 96 as 64 + 32, 192 as 128 + 64) instead of padded to the next power of two, which
     # multiplies zeros: two products a key block for the scores and two accumulators.
+    head_dim = on_vectors(head_dim, VEC)
+    stride_qb, stride_qh, stride_qs, q_head_stride = strides_on_vectors(stride_qb, stride_qh, stride_qs,
+                                                                        q_head_stride, VEC)
+    stride_kb, stride_kh, stride_ks, k_head_stride = strides_on_vectors(stride_kb, stride_kh, stride_ks,
+                                                                        k_head_stride, VEC)
+    stride_vb, stride_vh, stride_vs, v_head_stride = strides_on_vectors(stride_vb, stride_vh, stride_vs,
+                                                                        v_head_stride, VEC)
     n_heads_kv = n_heads_q // group
     start_m, bh, b, h, h_kv, kv_bh = query_program(n_heads_q, group, BLOCK_M, CAUSAL)
 

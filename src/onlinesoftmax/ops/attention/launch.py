@@ -80,6 +80,20 @@ def _strides(t: torch.Tensor):
     return tuple(t.stride())
 
 
+def vector_width(head_dim: int, *tensors: torch.Tensor) -> int:
+    """The kernels' VEC (kernels.on_vectors) where the head dim is no multiple of 16 (Triton's
+    specialization then tells the compiler nothing of its alignment): the most elements, up to 16
+    bytes' worth, that divide it and every batch, head and row stride, with unit stride along the
+    head dim (8 bf16 at head dim 40, 4 at 36); else 1."""
+    if head_dim % 16 == 0 or any(t.stride(3) != 1 for t in tensors):
+        return 1
+    values = (head_dim, *(stride for t in tensors for stride in t.stride()[:3]))
+    vec = 16 // tensors[0].element_size()
+    while vec > 1 and any(value % vec for value in values):
+        vec //= 2
+    return vec
+
+
 def _head_strides(*tensors):
     return tuple(_head_stride(t) or 0 for t in tensors)
 
@@ -119,10 +133,12 @@ class _ForwardCall:
         batch, n_heads_q, n_queries, head_dim = q.shape
         n_heads_kv, n_keys = k.shape[1], k.shape[2]
         tma_ok = descriptor_ok(q, k, v)
+        vec = vector_width(head_dim, q, k, v)
         chosen = self.plan = planner.attention_plan(
             "forward", head_dim, q.dtype, mode != "none", q.device, n_queries, n_keys,
             tma_ok if use_descriptor is None else use_descriptor,
-            tma_ok and use_descriptor is not False and heads_follow_rows(q, k, v))
+            tma_ok and use_descriptor is not False and heads_follow_rows(q, k, v),
+            whole_vectors=vec * q.element_size() == 16)
         self.mode = mode
         # Templates of the outputs (_buffers.template): out contiguous in q's shape and dtype, lse float32.
         self.out = _buffers.template(q.shape, q.dtype, q.device)
@@ -137,7 +153,7 @@ class _ForwardCall:
             # compiled under other tables (override_plan) on this plan's grid.
             self.launch = _forward_launcher.bind(
                 grid, (key, chosen), **_plan_meta(chosen, mode != "none"), ROW_DESCRIPTORS=chosen.row_descriptors,
-                WARP_SPECIALIZE=chosen.warp_specialize, BLOCK_D2=chosen.block_d2)
+                WARP_SPECIALIZE=chosen.warp_specialize, BLOCK_D2=chosen.block_d2, VEC=vec)
 
     def __call__(self, q, k, v, scale):
         chosen = self.plan
@@ -201,21 +217,23 @@ class _BackwardCall:
         self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
                      *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_head_strides(q, k, v, do))
         self.offset = _causal_offset(mode, n_queries, n_keys)
+        vec = vector_width(head_dim, q, k, v, do)
         if fused_plan is not None:
-            self.fused = _fused_launcher.bind((batch * n_heads_kv,), (key, fused_plan), **_plan_meta(fused_plan, causal))
+            self.fused = _fused_launcher.bind((batch * n_heads_kv,), (key, fused_plan),
+                                              **_plan_meta(fused_plan, causal), VEC=vec)
             return
         dq_plan = planner.attention_plan("backward_dq", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok,
                                          batch_heads=batch_heads)
         delta_block = 64 if head_dim <= 128 else 32
         self.delta = _delta_launcher.bind(
             (triton.cdiv(n_queries, delta_block), batch * n_heads_q), key,
-            BLOCK_M=delta_block, BLOCK_D=next_power_of_2(head_dim), num_warps=4)
+            BLOCK_M=delta_block, BLOCK_D=next_power_of_2(head_dim), VEC=vec, num_warps=4)
         self.delta_ints = (n_heads_q, n_queries, head_dim, *_strides(do))
         # Each kernel's plan in its key, as the forward's.
         self.dkdv = _dkdv_launcher.bind((triton.cdiv(n_keys, dkdv_plan.block_n), batch * n_heads_kv), (key, dkdv_plan),
-                                        **_plan_meta(dkdv_plan, causal))
+                                        **_plan_meta(dkdv_plan, causal), VEC=vec)
         self.dq = _dq_launcher.bind((triton.cdiv(n_queries, dq_plan.block_m), batch * n_heads_q), (key, dq_plan),
-                                    **_plan_meta(dq_plan, causal))
+                                    **_plan_meta(dq_plan, causal), VEC=vec)
         self.descriptors = dkdv_plan.use_descriptor or dq_plan.use_descriptor
 
     def __call__(self, do, q, k, v, out, lse, scale):

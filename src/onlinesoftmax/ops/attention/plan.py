@@ -2,11 +2,13 @@
 kernel, head dim and causality. The measurements behind each value are in ``docs/perf-attention.md``.
 
 A config is (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). Rows are (largest head dim,
-non-causal config, causal config); the first row whose head dim is >= D applies. Any head dim from
-8 to 256 runs: inside the kernels D is padded to a power of two of at least 16 (the tensor cores'
-depth; 80 -> 128, 96 -> 128, 192 -> 256), except in the forward, which computes a head dim that is
-two powers of two as those two parts (80 = 64 + 16, 96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64:
-ATTENTION_FORWARD_SPLIT_HEAD_DIMS). Forward: BLOCK_M = 128 on 8
+non-causal config, causal config); the first row whose head dim is >= D applies (a padded head
+dim: its padded dim's row). Any head dim from 8 to 256 runs: inside the kernels D is padded to a
+power of two of at least 16 (the tensor cores' depth; 80 -> 128, 96 -> 128, 192 -> 256), except in
+the forward, which computes a head dim that is two powers of two as those two parts (80 = 64 + 16,
+96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64: ATTENTION_FORWARD_SPLIT_HEAD_DIMS), and from 65 up
+one the parts overrun (72 = 64 + 16 with 8 columns padded) where its rows are whole 16-byte
+vectors (ATTENTION_FORWARD_SPLIT_VECTORS_FROM). Forward: BLOCK_M = 128 on 8
 warps gives each warpgroup 64 query rows for wgmma (at head dim 256 their 64 x 256 fp32 accumulator
 takes 128 registers a thread, with 64-key blocks to leave room for the scores). Backward dK/dV holds a key block's K, V, dK
 and dV and streams query blocks, so BLOCK_N is its large side; dQ is the mirror image.
@@ -69,6 +71,12 @@ ATTENTION_USE_DESCRIPTOR = {"forward": False, "backward_dkdv": True, "backward_d
 # Padded head dims whose forward reads whole key blocks through 2-D descriptors over every head's
 # rows (D64: 380 -> 418 TFLOP/s; D256 at 128 x 64 blocks, 8 warps: 424 -> 495 at S2048).
 ATTENTION_FORWARD_ROW_DESCRIPTORS = (64, 128, 256)
+# ... and whose head dim is a multiple of this: the others' rows (80 bytes at head dim 40, 144 at
+# 72) ran faster through pointer loads of whole 16-byte vectors (kernels.on_vectors), B16 H16 S2048
+# bf16 forward, ms, row descriptors -> pointers: D40 1.121 -> 0.865 (causal 0.597 -> 0.470), D72
+# 1.254 -> 1.199 (0.801 -> 0.746), D88 1.279 -> 1.286 (0.828 -> 0.789)
+# (docs/notes/2026-11/probe_split_head_dims-h100.log).
+ATTENTION_FORWARD_ROW_DESCRIPTORS_DIVISOR = 16
 # Forwards Triton warp-specializes (a producer warpgroup loading, two consumers), by padded head dim:
 # (non-causal, causal) config; head dim 128 gained 8-20%, head dim 256 (BLOCK_N = 64) 1.2-1.3x over
 # the row descriptors alone (S2048 495 -> 624 TFLOP/s, causal 411 -> 514); at head dims 64 and 128,
@@ -108,10 +116,20 @@ ATTENTION_SHORT_CONFIGS = {
 # 64 x 32 pointer config for short causal rows). The backward pads them: a split backward
 # measured slower at D96 S2048 (228.5 against 235.8) and faulted on the GPU at D96 causal.
 # 160 (128 + 32) is split the same way: 1.55x FLASH at S2048 (causal 1.33x), its tests passed on
-# the GPU (docs/notes/2026-11/attention_head_dims-h100.log). Parts that end in padding (40 as
-# 32 + 16, 72 as 64 + 16) computed wrong outputs and faulted on the GPU while the interpreter passed
-# them: other head dims are padded whole.
-ATTENTION_FORWARD_SPLIT_HEAD_DIMS = (80, 96, 160, 192)
+# the GPU (docs/notes/2026-11/attention_head_dims-h100.log); so is 144 (128 + 16), B16 H16 S2048
+# bf16 forward 2.097 -> 1.807 ms padded -> split (causal 1.309 -> 1.152). 48 (32 + 16) is not:
+# 0.756 -> 0.844 ms (0.453 -> 0.460) (docs/notes/2026-11/probe_split_head_dims-h100.log).
+ATTENTION_FORWARD_SPLIT_HEAD_DIMS = (80, 96, 144, 160, 192)
+# Head dims from this one up whose second part runs past them (72 as 64 + 16, 88 as 64 + 32, 136 as
+# 128 + 16) split too, where their rows are whole 16-byte vectors and the kernels are told so
+# (launch.vector_width, kernels.on_vectors; ``whole_vectors``). Told nothing of their alignment,
+# such splits computed wrong outputs and faulted on the H100 (Triton 3.6) while the interpreter
+# passed them, at every config tried; told, they pass, and ran faster than padded, B16 H16 S2048
+# bf16, ms (padded -> split, causal): D72 1.199 -> 0.952 (0.749 -> 0.573), D88 1.280 -> 1.213 (0.788
+# -> 0.718), D136 2.524 -> 2.126 (1.505 -> 1.225), D176 2.164 -> 1.969 (1.354 -> 1.259). D40 (32 +
+# 16): 0.861 -> 0.866 (0.470 -> 0.460), so 33-47 stay padded
+# (scripts/probes/probe_split_head_dims.py, docs/notes/2026-11/probe_split_head_dims-h100.log).
+ATTENTION_FORWARD_SPLIT_VECTORS_FROM = 65
 # The fused backward (one kernel, one program per KV head, its keys in one block: delta, dK, dV and
 # dQ together, one launch for three; BLOCK_N is the keys' power of two, at least 16). A program
 # holds K, V, dK and dV of its keys and loops over the query blocks of its query heads. Rows
@@ -184,13 +202,15 @@ class AttentionPlan(RegisterCap):
 
 def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device,
                    n_queries: int = 0, n_keys: int = 0, descriptor_ok: bool = True,
-                   rows_ok: bool = False, batch_heads: Optional[int] = None) -> AttentionPlan:
+                   rows_ok: bool = False, batch_heads: Optional[int] = None,
+                   whole_vectors: bool = False) -> AttentionPlan:
     """Block sizes, warps and stages for one attention kernel; ``descriptor_ok`` says whether the
     tensors' layout allows TMA, ``rows_ok`` whether it allows the forward's row descriptors (the
     launcher checks strides and alignment). ``batch_heads`` (batch x query heads) lets a backward
     kernel weigh its work against ATTENTION_BACKWARD_POINTER_MAX_WORK; None leaves
-    ``descriptor_ok`` as given (a caller that forces the load path). Cached: planning is on every
-    call's path."""
+    ``descriptor_ok`` as given (a caller that forces the load path). ``whole_vectors``: the kernels
+    get 16-byte vectors of a head dim that is no multiple of 16 (launch.vector_width). Cached:
+    planning is on every call's path."""
     if kernel not in ATTENTION_CONFIGS:
         raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS}")
     interpreting = interpreter_active()
@@ -198,7 +218,7 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
         descriptor_ok = _backward_descriptor_ok(descriptor_ok, batch_heads, n_queries, n_keys, head_dim, interpreting)
     length = n_keys if kernel == "forward" else max(n_queries, n_keys)
     return _attention_plan(kernel, head_dim, dtype, causal, torch.device(device).type, n_keys, length,
-                           bool(descriptor_ok), bool(rows_ok), interpreting)
+                           bool(descriptor_ok), bool(rows_ok), interpreting, bool(whole_vectors))
 
 
 @plan_cache
@@ -209,11 +229,12 @@ def _clear():
 
 @functools.lru_cache(maxsize=4096)
 def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length, descriptor_ok, rows_ok,
-                    interpreting) -> AttentionPlan:
+                    interpreting, whole_vectors=False) -> AttentionPlan:
     if device_type != "cuda" and not interpreting:
         return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
     block_d = padded_head_dim(head_dim)
-    split = kernel == "forward" and head_dim in ATTENTION_FORWARD_SPLIT_HEAD_DIMS
+    split = kernel == "forward" and (head_dim in ATTENTION_FORWARD_SPLIT_HEAD_DIMS or (
+        whole_vectors and head_dim >= ATTENTION_FORWARD_SPLIT_VECTORS_FROM and head_dim_parts(head_dim)[1] > 0))
     # Rows are read by the head dim itself: a padded dim takes its power of two's row unless a row
     # of its own comes first (the forward's 96, which its split dims 80 and 96 measured with).
     short = None if interpreting else next(
@@ -224,14 +245,18 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
     elif short is not None:
         config = short[:4]
     else:
-        row = next((r for r in ATTENTION_CONFIGS[kernel] if head_dim <= r[0]), ATTENTION_CONFIGS[kernel][-1])
+        # A head dim padded whole takes its padded dim's row (72 padded to 128 on the 96 row, tuned
+        # for 64 + 32 tiles, spilled: 255 registers and a 96-byte stack).
+        bound = head_dim if split else block_d
+        row = next((r for r in ATTENTION_CONFIGS[kernel] if bound <= r[0]), ATTENTION_CONFIGS[kernel][-1])
         config = row[2] if causal else row[1]
     use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR[kernel])
     if kernel == "forward" and short is not None:
-        rows = rows_ok and short[4] in ("rows", "ws")
+        rows = rows_ok and short[4] in ("rows", "ws") and head_dim % ATTENTION_FORWARD_ROW_DESCRIPTORS_DIVISOR == 0
         specialized = short[:4] if rows and short[4] == "ws" and head_dim == block_d else None
     else:
-        rows = kernel == "forward" and rows_ok and (interpreting or block_d in ATTENTION_FORWARD_ROW_DESCRIPTORS)
+        rows = kernel == "forward" and rows_ok and (interpreting or (
+            block_d in ATTENTION_FORWARD_ROW_DESCRIPTORS and head_dim % ATTENTION_FORWARD_ROW_DESCRIPTORS_DIVISOR == 0))
         specialized = (ATTENTION_FORWARD_WARP_SPECIALIZED.get(block_d, (None, None))[causal]
                        if rows and head_dim == block_d else None)
     # The interpreter keeps its small blocks (and ignores the specialization, running the same code).

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ..._triton import NEG_INF, mma
 from .kernels import (COUNT_ARGS, head_descriptor, key_ranges, key_value_bases, load_tile, on_vectors, own_descriptor,
-                      qkv_descriptors, query_program, store_tile, strides_on_vectors, visible)
+                      qkv_descriptors, qkv_on_vectors, query_program, store_tile, strides_on_vectors, visible)
 
 
 @triton.jit
@@ -44,6 +44,21 @@ def attention_backward_delta_kernel(
     do = tl.load(do_base + rows.to(tl.int64)[:, None] * stride_dos + cols[None, :] * stride_dod, mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(delta_ptr + bh.to(tl.int64) * n_queries + rows, delta, mask=rows < n_queries)
+
+
+@triton.jit
+def inputs_on_vectors(head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks,
+                      k_head_stride, stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh,
+                      stride_dos, do_head_stride, VEC: tl.constexpr):
+    """kernels.qkv_on_vectors, then dO's strides: the backward kernels' VEC (kernels.on_vectors)."""
+    (head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
+     stride_vb, stride_vh, stride_vs, v_head_stride) = qkv_on_vectors(
+        head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
+        stride_vb, stride_vh, stride_vs, v_head_stride, VEC)
+    stride_dob, stride_doh, stride_dos, do_head_stride = strides_on_vectors(stride_dob, stride_doh, stride_dos,
+                                                                            do_head_stride, VEC)
+    return (head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
+            stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos, do_head_stride)
 
 
 @triton.jit
@@ -145,16 +160,11 @@ def attention_backward_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1,
 ):
-    # VEC: see kernels.on_vectors.
-    head_dim = on_vectors(head_dim, VEC)
-    stride_qb, stride_qh, stride_qs, q_head_stride = strides_on_vectors(stride_qb, stride_qh, stride_qs,
-                                                                        q_head_stride, VEC)
-    stride_kb, stride_kh, stride_ks, k_head_stride = strides_on_vectors(stride_kb, stride_kh, stride_ks,
-                                                                        k_head_stride, VEC)
-    stride_vb, stride_vh, stride_vs, v_head_stride = strides_on_vectors(stride_vb, stride_vh, stride_vs,
-                                                                        v_head_stride, VEC)
-    stride_dob, stride_doh, stride_dos, do_head_stride = strides_on_vectors(stride_dob, stride_doh, stride_dos,
-                                                                            do_head_stride, VEC)
+    (head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
+     stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos,
+     do_head_stride) = inputs_on_vectors(
+        head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
+        stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos, do_head_stride, VEC)
     n_heads_kv = n_heads_q // group
     start_n = tl.program_id(0) * BLOCK_N
     kv_bh = tl.program_id(1)
@@ -235,16 +245,11 @@ def attention_backward_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1,
 ):
-    # VEC: see kernels.on_vectors.
-    head_dim = on_vectors(head_dim, VEC)
-    stride_qb, stride_qh, stride_qs, q_head_stride = strides_on_vectors(stride_qb, stride_qh, stride_qs,
-                                                                        q_head_stride, VEC)
-    stride_kb, stride_kh, stride_ks, k_head_stride = strides_on_vectors(stride_kb, stride_kh, stride_ks,
-                                                                        k_head_stride, VEC)
-    stride_vb, stride_vh, stride_vs, v_head_stride = strides_on_vectors(stride_vb, stride_vh, stride_vs,
-                                                                        v_head_stride, VEC)
-    stride_dob, stride_doh, stride_dos, do_head_stride = strides_on_vectors(stride_dob, stride_doh, stride_dos,
-                                                                            do_head_stride, VEC)
+    (head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
+     stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos,
+     do_head_stride) = inputs_on_vectors(
+        head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
+        stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos, do_head_stride, VEC)
     n_heads_kv = n_heads_q // group
     start_m, bh, b, h, h_kv, kv_bh = query_program(n_heads_q, group, BLOCK_M, CAUSAL)
 
@@ -288,16 +293,11 @@ def attention_backward_fused_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1,
 ):
-    # VEC: see kernels.on_vectors.
-    head_dim = on_vectors(head_dim, VEC)
-    stride_qb, stride_qh, stride_qs, q_head_stride = strides_on_vectors(stride_qb, stride_qh, stride_qs,
-                                                                        q_head_stride, VEC)
-    stride_kb, stride_kh, stride_ks, k_head_stride = strides_on_vectors(stride_kb, stride_kh, stride_ks,
-                                                                        k_head_stride, VEC)
-    stride_vb, stride_vh, stride_vs, v_head_stride = strides_on_vectors(stride_vb, stride_vh, stride_vs,
-                                                                        v_head_stride, VEC)
-    stride_dob, stride_doh, stride_dos, do_head_stride = strides_on_vectors(stride_dob, stride_doh, stride_dos,
-                                                                            do_head_stride, VEC)
+    (head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
+     stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos,
+     do_head_stride) = inputs_on_vectors(
+        head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
+        stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos, do_head_stride, VEC)
     # The whole backward of a KV head whose keys fit one block (BLOCK_N >= n_keys): delta, dK, dV
     # and dQ in one program, one launch where the split backward takes three. With a single key
     # block, dQ of a query block is complete after one product (dS K): no accumulation across

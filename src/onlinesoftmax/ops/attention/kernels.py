@@ -62,6 +62,20 @@ def strides_on_vectors(stride_b, stride_h, stride_s, head_stride, VEC: tl.conste
 
 
 @triton.jit
+def qkv_on_vectors(head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks,
+                   k_head_stride, stride_vb, stride_vh, stride_vs, v_head_stride, VEC: tl.constexpr):
+    """on_vectors of the head dim and of Q's, K's and V's strides (strides_on_vectors), in that order."""
+    stride_qb, stride_qh, stride_qs, q_head_stride = strides_on_vectors(stride_qb, stride_qh, stride_qs,
+                                                                        q_head_stride, VEC)
+    stride_kb, stride_kh, stride_ks, k_head_stride = strides_on_vectors(stride_kb, stride_kh, stride_ks,
+                                                                        k_head_stride, VEC)
+    stride_vb, stride_vh, stride_vs, v_head_stride = strides_on_vectors(stride_vb, stride_vh, stride_vs,
+                                                                        v_head_stride, VEC)
+    return (on_vectors(head_dim, VEC), stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh,
+            stride_ks, k_head_stride, stride_vb, stride_vh, stride_vs, v_head_stride)
+
+
+@triton.jit
 def load_tile(desc, base_ptr, bh, start, n_rows, stride_row, stride_col, head_dim,
               BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
     """Rows [start, start + BLOCK_ROWS) of one head as a [BLOCK_ROWS, BLOCK_D] tile, zero past the
@@ -284,13 +298,10 @@ def attention_forward_kernel(
     # BLOCK_D2 > 0: the head dim is computed as two power-of-two parts, BLOCK_D + BLOCK_D2 (80 as
     # 64 + 16, 96 as 64 + 32, 192 as 128 + 64) instead of padded to the next power of two, which
     # multiplies zeros: two products a key block for the scores and two accumulators.
-    head_dim = on_vectors(head_dim, VEC)
-    stride_qb, stride_qh, stride_qs, q_head_stride = strides_on_vectors(stride_qb, stride_qh, stride_qs,
-                                                                        q_head_stride, VEC)
-    stride_kb, stride_kh, stride_ks, k_head_stride = strides_on_vectors(stride_kb, stride_kh, stride_ks,
-                                                                        k_head_stride, VEC)
-    stride_vb, stride_vh, stride_vs, v_head_stride = strides_on_vectors(stride_vb, stride_vh, stride_vs,
-                                                                        v_head_stride, VEC)
+    (head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
+     stride_vb, stride_vh, stride_vs, v_head_stride) = qkv_on_vectors(
+        head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
+        stride_vb, stride_vh, stride_vs, v_head_stride, VEC)
     n_heads_kv = n_heads_q // group
     start_m, bh, b, h, h_kv, kv_bh = query_program(n_heads_q, group, BLOCK_M, CAUSAL)
 

@@ -48,7 +48,11 @@ def _head_stride(t: torch.Tensor) -> Optional[int]:
 
 
 def descriptor_ok(*tensors: torch.Tensor) -> bool:
-    """TMA's conditions: unit stride along the head dim, 16-byte aligned base and strides, no empty dim."""
+    """TMA's conditions: unit stride along the head dim, 16-byte aligned base and strides, no empty
+    dim; and rows of a 16-byte multiple, for the outputs the kernels write contiguous through
+    descriptors of their own (a head dim of 44 read from rows of 48 had passed on the inputs alone)."""
+    if tensors and (tensors[0].shape[3] * tensors[0].element_size()) % 16:
+        return False
     for t in tensors:
         head_stride = _head_stride(t)
         # Broadcast views (stride 0, e.g. K/V expanded over heads) are left to pointer loads.

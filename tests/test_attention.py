@@ -268,6 +268,35 @@ def test_head_dims_of_whole_vectors(head_dim, row_length, transpose, vec, gen):
         check_all(q, k, v, mode, torch.bfloat16, f"D{head_dim} rows of {row_length} {mode}", gen)
 
 
+def test_random_head_dims_and_layouts(gen):
+    """Shapes no list names: head dims drawn from 8-256, rows up to 16 elements wider than the head
+    dim at an offset, BHSD or BSHD, GQA, a mask each; forward and gradients against float64 (the
+    vector width, the split and the TMA checks all follow from the layout). Drawn from the test's
+    printed seed."""
+    draw = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+
+    def pick(options):
+        return options[int(torch.randint(0, len(options), (1,), generator=draw))]
+
+    for case in range(8):
+        # Half of them odd multiples of 8 (rows of whole 16-byte vectors that are no multiple of 16
+        # elements: the vector width and the split from 65 up hang on those).
+        head_dim = pick([int(torch.randint(8, 257, (1,), generator=draw)), 8 * pick(range(1, 32, 2))])
+        width, offset = head_dim + pick([0, 0, 4, 8, 16]), pick([0, 0, 8])
+        transpose, (heads_q, heads_kv), mode = pick([False, True]), pick([(2, 2), (4, 1)]), pick(MODES)
+        n_queries, n_keys = (int(torch.randint(1, 40, (1,), generator=draw)) for _ in range(2))
+
+        def view(heads, n):
+            shape = (2, n, heads, width + offset) if transpose else (2, heads, n, width + offset)
+            t = make_logits(shape, torch.bfloat16, gen, scale=1.0, outliers=False)[..., offset:offset + head_dim]
+            return (t.transpose(1, 2) if transpose else t).requires_grad_()
+
+        q, k, v = view(heads_q, n_queries), view(heads_kv, n_keys), view(heads_kv, n_keys)
+        what = (f"case {case}: D{head_dim} in rows of {width} at {offset}, {'BSHD' if transpose else 'BHSD'}, "
+                f"H{heads_q}/{heads_kv}, {n_queries}x{n_keys}, {mode}")
+        check_all(q, k, v, mode, torch.bfloat16, what, gen)
+
+
 # (batch, Hq, Hkv, Sq, Sk) at the split head dims: GQA, lengths ending mid-block, keys filling whole blocks.
 SPLIT_SHAPES = {"gqa-37x50": (2, 4, 2, 37, 50), "rows-40x64": (2, 2, 1, 40, 64)}
 

@@ -240,14 +240,14 @@ def test_every_head_dim(head_dim, gen):
         assert ("computed as" in forward.describe()) == (head_dim in FORWARD_PARTS)
 
 
-def _views_of_rows(gen, head_dim, row_length, transpose):
-    """q, k, v of head dim ``head_dim`` as the first columns of rows ``row_length`` long, in BHSD or
-    (transpose) BSHD order."""
-    def one(heads, n):
-        shape = (2, n, heads, row_length) if transpose else (2, heads, n, row_length)
-        wide = make_logits(shape, torch.bfloat16, gen, scale=1.0, outliers=False)[..., :head_dim]
+def _views_of_rows(gen, head_dim, row_length, transpose, offset=0, heads=(4, 2), lengths=(37, 50)):
+    """q, k, v of head dim ``head_dim`` as columns [offset, offset + head_dim) of rows ``row_length``
+    long, in BHSD or (transpose) BSHD order; ``heads`` (Hq, Hkv), ``lengths`` (Sq, Sk), batch 2."""
+    def one(n_heads, n):
+        shape = (2, n, n_heads, row_length) if transpose else (2, n_heads, n, row_length)
+        wide = make_logits(shape, torch.bfloat16, gen, scale=1.0, outliers=False)[..., offset:offset + head_dim]
         return (wide.transpose(1, 2) if transpose else wide).requires_grad_()
-    return one(4, 37), one(2, 50), one(2, 50)
+    return one(heads[0], lengths[0]), one(heads[1], lengths[1]), one(heads[1], lengths[1])
 
 
 @pytest.mark.parametrize("head_dim, row_length, transpose, vec", [
@@ -283,17 +283,11 @@ def test_random_head_dims_and_layouts(gen):
         # elements: the vector width and the split from 65 up hang on those).
         head_dim = pick([int(torch.randint(8, 257, (1,), generator=draw)), 8 * pick(range(1, 32, 2))])
         width, offset = head_dim + pick([0, 0, 4, 8, 16]), pick([0, 0, 8])
-        transpose, (heads_q, heads_kv), mode = pick([False, True]), pick([(2, 2), (4, 1)]), pick(MODES)
-        n_queries, n_keys = (int(torch.randint(1, 40, (1,), generator=draw)) for _ in range(2))
-
-        def view(heads, n):
-            shape = (2, n, heads, width + offset) if transpose else (2, heads, n, width + offset)
-            t = make_logits(shape, torch.bfloat16, gen, scale=1.0, outliers=False)[..., offset:offset + head_dim]
-            return (t.transpose(1, 2) if transpose else t).requires_grad_()
-
-        q, k, v = view(heads_q, n_queries), view(heads_kv, n_keys), view(heads_kv, n_keys)
-        what = (f"case {case}: D{head_dim} in rows of {width} at {offset}, {'BSHD' if transpose else 'BHSD'}, "
-                f"H{heads_q}/{heads_kv}, {n_queries}x{n_keys}, {mode}")
+        transpose, heads, mode = pick([False, True]), pick([(2, 2), (4, 1)]), pick(MODES)
+        lengths = tuple(int(torch.randint(1, 40, (1,), generator=draw)) for _ in range(2))
+        q, k, v = _views_of_rows(gen, head_dim, width + offset, transpose, offset, heads, lengths)
+        what = (f"case {case}: D{head_dim} at column {offset} of rows of {width + offset}, "
+                f"{'BSHD' if transpose else 'BHSD'}, H{heads[0]}/{heads[1]}, {lengths[0]}x{lengths[1]}, {mode}")
         check_all(q, k, v, mode, torch.bfloat16, what, gen)
 
 

@@ -30,10 +30,12 @@ import torch
 
 import onlinesoftmax
 from onlinesoftmax.ops.attention import plan
+from onlinesoftmax.ops.attention.op import MAX_HEAD_DIM
 
 SHAPES = [(1000, 1000), (37, 50), (4097, 4097)]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: under TRITON_INTERPRET=1 (slow)
-PADDED = {"ATTENTION_FORWARD_SPLIT_HEAD_DIMS": (), "ATTENTION_FORWARD_SPLIT_VECTORS_FROM": 257}  # no split
+# No split: the exact head dims emptied, the overrun ones from past the largest head dim.
+PADDED = {"ATTENTION_FORWARD_SPLIT_HEAD_DIMS": (), "ATTENTION_FORWARD_SPLIT_VECTORS_FROM": MAX_HEAD_DIM + 1}
 MODES = {"none": False, "top_left": True, "bottom_right": "bottom_right"}
 
 

@@ -34,6 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import onlinesoftmax
 from onlinesoftmax.ops.attention import launch as attention_launch
 from onlinesoftmax.ops.attention import plan
+from onlinesoftmax.ops.attention.op import MAX_HEAD_DIM
 
 SHAPES = [(8, 16, 16, 1024, 128), (4, 16, 16, 4096, 128), (1, 16, 16, 16384, 128), (4, 32, 32, 4096, 64),
           (2, 32, 8, 8192, 128)]
@@ -152,7 +153,7 @@ def forced(**configs):
 
 def padding(variant):
     """override_plan's tables for a candidate's last field: "padded" turns the head-dim split off."""
-    return ({"ATTENTION_FORWARD_SPLIT_HEAD_DIMS": (), "ATTENTION_FORWARD_SPLIT_VECTORS_FROM": 257}
+    return ({"ATTENTION_FORWARD_SPLIT_HEAD_DIMS": (), "ATTENTION_FORWARD_SPLIT_VECTORS_FROM": MAX_HEAD_DIM + 1}
             if variant == "padded" else {})
 
 

@@ -221,18 +221,20 @@ UNTUNED_HEAD_DIMS = (8, 36, 40, 48, 72, 112, 144, 160)
 # The forward's parts where a head dim is two powers of two (plan.head_dim_parts), or from 65 up
 # runs past them with rows of whole 16-byte vectors (72, contiguous); the rest are padded.
 FORWARD_PARTS = {72: (64, 16), 80: (64, 16), 96: (64, 32), 144: (128, 16), 160: (128, 32), 192: (128, 64)}
+# ... and the backward's dK/dV and dQ kernels', above 128 (plan.ATTENTION_BACKWARD_SPLIT_HEAD_DIMS).
+BACKWARD_PARTS = {144: (128, 16), 160: (128, 32), 192: (128, 64)}
 
 
 @pytest.mark.parametrize("head_dim", attention_op.TUNED_HEAD_DIMS + UNTUNED_HEAD_DIMS)
 def test_every_head_dim(head_dim, gen):
-    # Split dims: the forward computes them in two parts, the backward pads them to the next power
-    # of two (at least 16) with the padding masked; so do both directions for the other dims.
+    # Split dims: the forward computes them in two parts, the backward those above 128 too; the
+    # rest pad to the next power of two (at least 16) with the padding masked.
     q, k, v = make_qkv(gen, 1, 2, 1, 20, 23, head_dim, torch.bfloat16, requires_grad=True)
     check_all(q, k, v, "top_left", torch.bfloat16, f"D={head_dim}", gen)
     if TRITON_RUNS:
         padded = plan.padded_head_dim(head_dim)
         backward = plan.last_attention_plan()
-        assert (backward.block_d, backward.block_d2) == (padded, 0)
+        assert (backward.block_d, backward.block_d2) == BACKWARD_PARTS.get(head_dim, (padded, 0))
         with torch.no_grad():
             attention(q, k, v)
         forward = plan.last_attention_plan()
@@ -333,6 +335,42 @@ def test_split_head_dim_forward(shape, head_dim, loads, gen, monkeypatch, plan_o
             padded = attention(q, k, v, causal=True)
             assert plan.last_attention_plan().block_d2 == 0
         assert_matches(split, padded.double(), torch.bfloat16, "split against padded")
+
+
+@pytest.mark.parametrize("loads", ["pointer", "descriptors"])
+@pytest.mark.parametrize("head_dim", [72, 96, 136, 144, 160, 192])
+@pytest.mark.parametrize("shape", list(SPLIT_SHAPES), ids=list(SPLIT_SHAPES))
+def test_split_head_dim_backward(shape, head_dim, loads, gen, monkeypatch, plan_override):
+    """The dK/dV and dQ kernels' two head-dim parts through both load paths, every mask: gradients
+    against float64 and against the padded backward of the same inputs. The split is forced where
+    the plan pads (72 = 64 + 16 and 96 = 64 + 32 measured slower split) to run the kernels' every
+    part shape; 136 (128 + 16, 8 columns past it) splits for its rows of whole 16-byte vectors."""
+    if loads == "pointer":
+        monkeypatch.setattr(attention_module, "descriptor_ok", lambda *tensors: False)
+    plan_override("attention", ATTENTION_USE_DESCRIPTOR=dict.fromkeys(plan.ATTENTION_USE_DESCRIPTOR, True),
+                  ATTENTION_SHORT_CONFIGS=dict.fromkeys(plan.ATTENTION_SHORT_CONFIGS, ()), ATTENTION_BACKWARD_FUSED=(),
+                  ATTENTION_BACKWARD_POINTER_MAX_WORK=0,
+                  ATTENTION_BACKWARD_SPLIT_HEAD_DIMS=dict.fromkeys(("backward_dkdv", "backward_dq"), (96, 144, 160, 192)),
+                  ATTENTION_BACKWARD_SPLIT_VECTORS_FROM=dict.fromkeys(("backward_dkdv", "backward_dq"), 65))
+    q, k, v = make_qkv(gen, *SPLIT_SHAPES[shape], head_dim, torch.bfloat16, requires_grad=True)
+    d_out = make_logits(q.shape, torch.bfloat16, gen, scale=1.0, outliers=False)
+    for mode in MODES:
+        what = f"{shape} D{head_dim} {loads} {mode}"
+        out = attention(q, k, v, causal=CAUSAL_ARG[mode])
+        grads = torch.autograd.grad(out, (q, k, v), d_out)
+        backward = plan.last_attention_plan()
+        for name, got, want in zip("qkv", grads, reference_grads(q, k, v, d_out, mode)):
+            assert_grad_matches(got, want, torch.bfloat16, f"{what} d{name}")
+        if TRITON_RUNS:
+            assert backward.kernel == "backward_dkdv" and backward.use_descriptor == (loads != "pointer")
+            assert (backward.block_d, backward.block_d2) == plan.head_dim_parts(head_dim), what
+            with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_SPLIT_HEAD_DIMS=dict.fromkeys(
+                    ("backward_dkdv", "backward_dq"), ()), ATTENTION_BACKWARD_SPLIT_VECTORS_FROM=dict.fromkeys(
+                    ("backward_dkdv", "backward_dq"), attention_op.MAX_HEAD_DIM + 1)):
+                padded = torch.autograd.grad(attention(q, k, v, causal=CAUSAL_ARG[mode]), (q, k, v), d_out)
+                assert plan.last_attention_plan().block_d2 == 0
+            for name, got, want in zip("qkv", grads, padded):
+                assert_matches(got, want.double(), torch.bfloat16, f"{what} d{name} split against padded")
 
 
 @pytest.mark.parametrize("n_queries, n_keys", [(20, 33), (33, 20), (24, 24)])
@@ -446,6 +484,33 @@ def test_register_caps_reach_gpu_plans_only(monkeypatch):
         monkeypatch.setattr(plan, "interpreter_active", lambda: True)
         interpreted = plan.attention_plan(kernel, block_d, torch.bfloat16, causal, torch.device("cpu"), 4096, 4096, True)
         assert interpreted.compile_options == {}
+
+
+def test_split_backward_plans(monkeypatch):
+    """The backward splits the head dims of plan.ATTENTION_BACKWARD_SPLIT_HEAD_DIMS, and from
+    ATTENTION_BACKWARD_SPLIT_VECTORS_FROM those of whole 16-byte vectors, on the rows of their own
+    head dim; and its dK/dV kernel never runs a split loop at one stage on the GPU, which Triton 3.6
+    compiles to an out-of-bounds shared read (a one-stage table row is raised to two)."""
+    monkeypatch.setattr(plan, "interpreter_active", lambda: False)
+    cuda = torch.device("cuda")
+    for kernel in ("backward_dkdv", "backward_dq"):
+        for head_dim, whole_vectors, parts in ((160, False, (128, 32)), (136, True, (128, 16)), (136, False, (256, 0)),
+                                               (112, False, (128, 0)), (256, False, (256, 0))):
+            chosen = plan.attention_plan(kernel, head_dim, torch.bfloat16, True, cuda, 4096, 4096, True,
+                                         whole_vectors=whole_vectors)
+            assert (chosen.block_d, chosen.block_d2) == parts, (kernel, head_dim, whole_vectors)
+            row = next(r for r in plan.ATTENTION_CONFIGS[kernel] if (head_dim if parts[1] else parts[0]) <= r[0])
+            assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages) == row[2], (kernel, head_dim)
+    # A padded head dim measured on its own takes its own config (ATTENTION_HEAD_DIM_CONFIGS).
+    for kernel, configs in plan.ATTENTION_HEAD_DIM_CONFIGS.items():
+        for head_dim, own in configs.items():
+            for causal in (False, True):
+                chosen = plan.attention_plan(kernel, head_dim, torch.bfloat16, causal, cuda, 4096, 4096, True)
+                assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages) == own[causal]
+    one_stage = dict(plan.ATTENTION_CONFIGS, backward_dkdv=((256, (32, 64, 4, 1), (32, 64, 4, 1)),))
+    with onlinesoftmax.override_plan("attention", ATTENTION_CONFIGS=one_stage):
+        assert plan.attention_plan("backward_dkdv", 160, torch.bfloat16, False, cuda, 4096, 4096, True).num_stages == 2
+        assert plan.attention_plan("backward_dkdv", 256, torch.bfloat16, False, cuda, 4096, 4096, True).num_stages == 1
 
 
 def test_short_sequences_take_their_own_configs(monkeypatch):

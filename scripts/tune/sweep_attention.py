@@ -10,10 +10,12 @@ Budget: about 4 minutes on an H100, most of it compiling (each candidate compile
 and causality); candidates past DEADLINE_S (or --deadline) are skipped and reported as such.
 
     python scripts/tune/sweep_attention.py [--quick] [--forward-only | --backward-only]
-        [--shapes BxHQxHKVxSxD,...] [--short] [--mask causal|none]
+        [--shapes BxHQxHKVxSxD,...] [--short] [--mask causal|none] [--split-backward [--round NAME]]
 
 --short times candidates for sequences of a few key blocks instead (the attention sweep's S128 and
-S512 cells, docs/perf-attention.md "The sweep").
+S512 cells, docs/perf-attention.md "The sweep"). --split-backward times the backward's candidates
+in two head-dim parts against the padded one (SPLIT_BACKWARD_CANDIDATES; --round NAME: that entry's
+candidates at every head dim).
 
 Forward loads: "pointer" (masked pointer loads), "descriptor" (3-D TMA descriptors per head), "rows"
 (2-D TMA descriptors over every head's rows in the unmasked key loop) and "ws" (rows, one loop,
@@ -124,6 +126,32 @@ CAUSAL_BACKWARD_CANDIDATES = {
 # Head dim 96 (padded to 128 in the backward): D128's candidates, then two with the tiles' other sides.
 BACKWARD_CANDIDATES[96] = BACKWARD_CANDIDATES[128][:4] + [((64, 64, 4, 2), (64, 64, 4, 3), True),
                                                           ((32, 64, 4, 2), (128, 64, 8, 2), True)]
+# The backward in two head-dim parts (a fourth field "split": plan.ATTENTION_BACKWARD_SPLIT_HEAD_DIMS),
+# against the padded table's config first: at 80 and 96 (64 + 16, 64 + 32) D128's config split, then
+# larger tiles that the smaller K, V, dK, dV (dK/dV kernel) and Q, dO, dQ (dQ kernel) may fit; at 160
+# and 192 (128 + 32, 128 + 64) D256's, then D128's and tiles between.
+SPLIT_BACKWARD_CANDIDATES = {
+    96: [((32, 64, 4, 3), (128, 32, 8, 2), True), ((32, 64, 4, 3), (128, 32, 8, 3), True),
+         ((32, 64, 4, 3), (128, 32, 8, 3), True, "split-dq"), ((32, 64, 4, 3), (128, 32, 8, 2), True, "split-dq"),
+         ((32, 64, 4, 3), (64, 32, 4, 3), True, "split-dq")],
+    128: [((32, 64, 4, 3), (128, 32, 8, 2), True), ((32, 64, 4, 3), (128, 32, 8, 3), True),
+          ((32, 64, 4, 3), (128, 32, 8, 4), True)],
+    160: [((64, 64, 8, 2), (128, 32, 8, 2), True), ((32, 64, 4, 3), (128, 32, 8, 2), True, "split"),
+          ((32, 64, 4, 3), (128, 32, 8, 3), True, "split"), ((32, 64, 4, 2), (128, 32, 8, 3), True, "split"),
+          ((64, 64, 4, 2), (128, 32, 8, 3), True, "split"), ((32, 128, 8, 2), (128, 32, 8, 3), True, "split"),
+          ((32, 64, 4, 3), (128, 32, 8, 3), True, "split-dkdv")],
+    # A second round at 192 causal, where the split's first config (D128's tiles at 2 stages) spills most.
+    192: [((64, 64, 8, 1), (128, 32, 8, 2), True), ((32, 64, 4, 2), (128, 32, 8, 3), True, "split"),
+          ((32, 64, 8, 2), (128, 32, 8, 3), True, "split"), ((16, 64, 4, 2), (128, 32, 8, 3), True, "split"),
+          ((32, 32, 4, 2), (128, 32, 8, 3), True, "split"), ((64, 32, 4, 2), (128, 32, 8, 3), True, "split"),
+          ((32, 64, 4, 2), (64, 32, 4, 2), True, "split")],
+    # A third round over every split head dim: the dK/dV kernel's query blocks of 16 (192 causal's best).
+    "16-query": [((32, 64, 4, 2), (128, 32, 8, 3), True, "split"), ((16, 64, 4, 2), (128, 32, 8, 3), True, "split"),
+                 ((16, 64, 4, 3), (128, 32, 8, 3), True, "split"), ((16, 128, 4, 2), (128, 32, 8, 3), True, "split"),
+                 ((16, 128, 8, 2), (128, 32, 8, 3), True, "split")],
+}
+SPLIT_BACKWARD_CANDIDATES[80] = SPLIT_BACKWARD_CANDIDATES[96]
+SPLIT_BACKWARD_CANDIDATES[144] = SPLIT_BACKWARD_CANDIDATES[160]
 DEADLINE_S = 170
 TOLERANCE = 2e-2  # relative error against SDPA in bf16
 
@@ -157,6 +185,18 @@ def padding(variant):
             if variant == "padded" else {})
 
 
+def backward_split(variant=None):
+    """override_plan's tables for a backward candidate's last field: "split" computes the head dim in
+    two parts in the dK/dV and dQ kernels (every head dim that has them), "split-dq" / "split-dkdv"
+    in that kernel alone; none: the padded backward."""
+    kernels = {"split": ("backward_dkdv", "backward_dq"), "split-dq": ("backward_dq",),
+               "split-dkdv": ("backward_dkdv",)}.get(variant, ())
+    return {"ATTENTION_BACKWARD_SPLIT_HEAD_DIMS": {k: tuple(range(8, MAX_HEAD_DIM + 1)) if k in kernels else ()
+                                                   for k in ("backward_dkdv", "backward_dq")},
+            "ATTENTION_BACKWARD_SPLIT_VECTORS_FROM": {k: 65 if k in kernels else MAX_HEAD_DIM + 1
+                                                      for k in ("backward_dkdv", "backward_dq")}}
+
+
 def forced_forward(config, loads, variant=None):
     return dict(forced(forward=config),
                 ATTENTION_USE_DESCRIPTOR=dict(plan.ATTENTION_USE_DESCRIPTOR, forward=loads == "descriptor"),
@@ -185,6 +225,10 @@ def main() -> int:
                         help="seconds after which the remaining candidates are skipped")
     parser.add_argument("--short", action="store_true",
                         help="the short-sequence candidates (and shapes, without --shapes)")
+    parser.add_argument("--split-backward", action="store_true",
+                        help="the backward's split-head-dim candidates (SPLIT_BACKWARD_CANDIDATES)")
+    parser.add_argument("--round", default="", help="with --split-backward: the SPLIT_BACKWARD_CANDIDATES "
+                        "entry of this name for every head dim (e.g. 16-query)")
     parser.add_argument("--mask", choices=("both", "causal", "none"), default="both",
                         help="the masks timed; causal alone takes the causal backward candidates where a head "
                              "dim has them")
@@ -195,6 +239,10 @@ def main() -> int:
     backward_candidates = SHORT_BACKWARD_CANDIDATES if args.short else BACKWARD_CANDIDATES
     if args.mask == "causal":
         backward_candidates = {**backward_candidates, **CAUSAL_BACKWARD_CANDIDATES}
+    if args.split_backward:
+        backward_candidates = SPLIT_BACKWARD_CANDIDATES
+    if args.round:
+        backward_candidates = dict.fromkeys(range(8, MAX_HEAD_DIM + 1), SPLIT_BACKWARD_CANDIDATES[args.round])
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 1
@@ -248,8 +296,8 @@ def main() -> int:
                 except Exception as exc:  # a config that does not compile (shared memory, registers)
                     print(f"  fwd {candidate}: error {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}")
             out, lse = attention_launch.launch_forward(q, k, v, mode, scale)
-            for dkdv, dq_config, use_descriptor in [] if args.forward_only else backward_candidates[head_dim]:
-                candidate = (dkdv, dq_config, use_descriptor)
+            for candidate in [] if args.forward_only else backward_candidates[head_dim]:
+                dkdv, dq_config, use_descriptor = candidate[:3]
                 if time.time() - start > args.deadline:
                     print(f"  bwd {candidate}: skipped (past the {args.deadline:.0f} s budget)")
                     continue
@@ -257,8 +305,12 @@ def main() -> int:
                     return attention_launch.launch_backward(d_out, q, k, v, out, lse, mode, scale,
                                                             use_descriptor=use_descriptor)
                 try:
-                    with onlinesoftmax.override_plan("attention", **forced(backward_dkdv=dkdv, backward_dq=dq_config)):
+                    with onlinesoftmax.override_plan("attention", **forced(backward_dkdv=dkdv, backward_dq=dq_config),
+                                                     **backward_split(*candidate[3:])):
                         grads = backward()
+                        split = plan.last_attention_plan().block_d2 > 0  # the dK/dV kernel's plan
+                        assert split == (candidate[3:] in (("split",), ("split-dkdv",))
+                                         and plan.head_dim_parts(head_dim)[1] > 0)
                         err = max(rel(g, r) for g, r in zip(grads, ref_grads))
                         ms = time_ms(backward)
                     tflops = 2.5 * f / ms / 1e9

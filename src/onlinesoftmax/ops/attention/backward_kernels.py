@@ -10,7 +10,10 @@ instead of storing them (``P = exp(scale * Q K^T - lse)``):
 * ``attention_backward_fused_kernel``: where a head's keys fit one block, all three in one program
   per KV head: one launch instead of three, which is most of a short sequence's backward.
 
-Masks, load paths and the tile helpers are the forward's (``kernels.py``).
+Masks, load paths and the tile helpers are the forward's (``kernels.py``). The dK/dV and dQ kernels
+take a head dim split in two power-of-two parts as the forward does (``BLOCK_D2 > 0``: 96 as 64 +
+32): every product over the head dim is two, every [*, D] tile two, and no column of padding is
+multiplied.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import triton
 import triton.language as tl
 
 from ..._triton import NEG_INF, mma
-from .kernels import (COUNT_ARGS, head_descriptor, key_ranges, key_value_bases, load_tile, on_vectors, own_descriptor,
-                      qkv_descriptors, qkv_on_vectors, query_program, store_tile, strides_on_vectors, visible)
+from .kernels import (COUNT_ARGS, head_descriptor, key_ranges, key_value_bases, load_part, load_tile, on_vectors,
+                      own_descriptor, qkv_descriptors, qkv_on_vectors, query_program, store_part, store_tile,
+                      strides_on_vectors, visible)
 
 
 @triton.jit
@@ -79,16 +83,18 @@ def input_descriptors(q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv,
 
 @triton.jit
 def store_key_value_gradients(dk, dv, dk_ptr, dv_ptr, batch, n_heads_kv, kv_bh, start_n, n_keys, head_dim, scale,
-                              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
-    """dK (times the softmax scale) and dV of a key block into the op's (batch * KV heads, keys, D)."""
+                              COL0: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                              USE_DESCRIPTOR: tl.constexpr):
+    """dK (times the softmax scale) and dV of a key block, head-dim columns [COL0, COL0 + BLOCK_D),
+    into the op's (batch * KV heads, keys, D)."""
     desc_dk = own_descriptor(dk_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     desc_dv = own_descriptor(dv_ptr, batch * n_heads_kv, n_keys, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     dk_base = dk_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
     dv_base = dv_ptr + kv_bh.to(tl.int64) * n_keys * head_dim
-    store_tile(desc_dk, dk_base, kv_bh, start_n, n_keys, head_dim, head_dim, (dk * scale).to(dk_ptr.dtype.element_ty),
-               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    store_tile(desc_dv, dv_base, kv_bh, start_n, n_keys, head_dim, head_dim, dv.to(dv_ptr.dtype.element_ty),
-               BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    store_part(desc_dk, dk_base, kv_bh, start_n, n_keys, head_dim, head_dim, (dk * scale).to(dk_ptr.dtype.element_ty),
+               COL0, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    store_part(desc_dv, dv_base, kv_bh, start_n, n_keys, head_dim, head_dim, dv.to(dv_ptr.dtype.element_ty),
+               COL0, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
 
 
 @triton.jit
@@ -103,48 +109,85 @@ def load_row_stats(lse_ptr, delta_ptr, bh, rows, n_queries):
 
 
 @triton.jit
-def dkdv_step(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols, block_start,
-              n_queries, n_keys, head_dim, qk_scale, causal_offset, stride_qs, stride_qd, stride_dos, stride_dod,
-              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+def dkdv_step(dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base, do_base, lse_ptr,
+              delta_ptr, bh, cols, block_start, n_queries, n_keys, head_dim, qk_scale, causal_offset,
+              stride_qs, stride_qd, stride_dos, stride_dod,
+              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr,
               MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
     # Transposed form: the key block is the tile's row dimension, so dK and dV accumulate as [N, D].
+    # With BLOCK_D2 > 0 the head dim's second part (columns BLOCK_D on) is k2, v2, dk2, dv2.
     rows = block_start + tl.arange(0, BLOCK_M)
     q = load_tile(desc_q, q_base, bh, block_start, n_queries, stride_qs, stride_qd, head_dim,
                   BLOCK_M, BLOCK_D, USE_DESCRIPTOR)  # [M, D]
     lse2, delta = load_row_stats(lse_ptr, delta_ptr, bh, rows, n_queries)
-    p_t = tl.math.exp2(mma(k, tl.trans(q), None) * qk_scale - lse2[None, :])  # [N, M]
+    s_t = mma(k, tl.trans(q), None)  # [N, M]
+    if BLOCK_D2 > 0:
+        q2 = load_part(desc_q2, q_base, bh, block_start, n_queries, stride_qs, stride_qd, head_dim, BLOCK_D,
+                       BLOCK_M, BLOCK_D2, USE_DESCRIPTOR)
+        s_t = mma(k2, tl.trans(q2), s_t)
+    p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
     if MASKED:
         p_t = tl.where(tl.trans(visible(rows, cols, n_keys, causal_offset, CAUSAL, False)), p_t, 0.0)
     do = load_tile(desc_do, do_base, bh, block_start, n_queries, stride_dos, stride_dod, head_dim,
                    BLOCK_M, BLOCK_D, USE_DESCRIPTOR)  # [M, D]
     dv = mma(p_t.to(do.dtype), do, dv)
     dp_t = mma(v, tl.trans(do), None)  # [N, M]
+    if BLOCK_D2 > 0:
+        do2 = load_part(desc_do2, do_base, bh, block_start, n_queries, stride_dos, stride_dod, head_dim, BLOCK_D,
+                        BLOCK_M, BLOCK_D2, USE_DESCRIPTOR)
+        dv2 = mma(p_t.to(do2.dtype), do2, dv2)
+        dp_t = mma(v2, tl.trans(do2), dp_t)
     ds_t = p_t * (dp_t - delta[None, :])
     dk = mma(ds_t.to(q.dtype), q, dk)
-    return dk, dv
+    if BLOCK_D2 > 0:
+        dk2 = mma(ds_t.to(q2.dtype), q2, dk2)
+    return dk, dv, dk2, dv2
 
 
 @triton.jit
-def dkdv_query_blocks(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
-                      start_m, stop_m, n_queries, n_keys, head_dim, qk_scale, causal_offset,
+def dkdv_query_blocks(dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base, do_base, lse_ptr,
+                      delta_ptr, bh, cols, start_m, stop_m, n_queries, n_keys, head_dim, qk_scale, causal_offset,
                       stride_qs, stride_qd, stride_dos, stride_dod,
-                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr,
                       MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
-    if MASKED:
+    if MASKED and BLOCK_D2 == 0:
         # The diagonal's few query blocks are not software-pipelined: a second pipelined loop made
-        # ptxas spill dK and dV at head dim 128 (sm_90, 8 warps).
+        # ptxas spill dK and dV at head dim 128 (sm_90, 8 warps). A split head dim's loop is: at one
+        # stage Triton 3.6 compiled it to a wgmma reading shared memory out of bounds (D96 causal;
+        # plan.ATTENTION_BACKWARD_SPLIT_HEAD_DIMS).
         for block_start in tl.range(start_m, stop_m, BLOCK_M, num_stages=1):
-            dk, dv = dkdv_step(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
-                               block_start, n_queries, n_keys, head_dim, qk_scale, causal_offset,
-                               stride_qs, stride_qd, stride_dos, stride_dod,
-                               BLOCK_M, BLOCK_D, CAUSAL, MASKED, USE_DESCRIPTOR)
+            dk, dv, dk2, dv2 = dkdv_step(dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base,
+                                         do_base, lse_ptr, delta_ptr, bh, cols, block_start, n_queries, n_keys,
+                                         head_dim, qk_scale, causal_offset, stride_qs, stride_qd, stride_dos,
+                                         stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, MASKED, USE_DESCRIPTOR)
     else:
         for block_start in tl.range(start_m, stop_m, BLOCK_M):
-            dk, dv = dkdv_step(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
-                               block_start, n_queries, n_keys, head_dim, qk_scale, causal_offset,
-                               stride_qs, stride_qd, stride_dos, stride_dod,
-                               BLOCK_M, BLOCK_D, CAUSAL, MASKED, USE_DESCRIPTOR)
-    return dk, dv
+            dk, dv, dk2, dv2 = dkdv_step(dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base,
+                                         do_base, lse_ptr, delta_ptr, bh, cols, block_start, n_queries, n_keys,
+                                         head_dim, qk_scale, causal_offset, stride_qs, stride_qd, stride_dos,
+                                         stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, MASKED, USE_DESCRIPTOR)
+    return dk, dv, dk2, dv2
+
+
+@triton.jit
+def second_part_descriptors(q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+                            q_head_stride, k_head_stride, v_head_stride, do_head_stride,
+                            stride_qs, stride_ks, stride_vs, stride_dos, desc_q, desc_k, desc_v, desc_do,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr,
+                            USE_DESCRIPTOR: tl.constexpr):
+    """input_descriptors for tiles of the head dim's second part (BLOCK_D2 wide); with BLOCK_D2 = 0
+    the first part's, as placeholders never read."""
+    if BLOCK_D2 > 0:
+        desc_q2, desc_k2, desc_v2, desc_do2 = input_descriptors(
+            q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+            q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
+            BLOCK_M, BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
+    else:
+        desc_q2 = desc_q
+        desc_k2 = desc_k
+        desc_v2 = desc_v
+        desc_do2 = desc_do
+    return desc_q2, desc_k2, desc_v2, desc_do2
 
 
 @triton.jit(do_not_specialize=COUNT_ARGS)
@@ -158,7 +201,7 @@ def attention_backward_dkdv_kernel(
     q_head_stride, k_head_stride, v_head_stride, do_head_stride,
     qk_scale, scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1,
+    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1, BLOCK_D2: tl.constexpr = 0,
 ):
     (head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
      stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos,
@@ -176,11 +219,27 @@ def attention_backward_dkdv_kernel(
         q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
         q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
         BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_q2, desc_k2, desc_v2, desc_do2 = second_part_descriptors(
+        q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
+        desc_q, desc_k, desc_v, desc_do, BLOCK_M, BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
     k_base, v_base = key_value_bases(k_ptr, v_ptr, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh)
     k = load_tile(desc_k, k_base, kv_bh, start_n, n_keys, stride_ks, stride_kd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     v = load_tile(desc_v, v_base, kv_bh, start_n, n_keys, stride_vs, stride_vd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    if BLOCK_D2 > 0:
+        k2 = load_part(desc_k2, k_base, kv_bh, start_n, n_keys, stride_ks, stride_kd, head_dim, BLOCK_D,
+                       BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
+        v2 = load_part(desc_v2, v_base, kv_bh, start_n, n_keys, stride_vs, stride_vd, head_dim, BLOCK_D,
+                       BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
+        dk2 = tl.zeros([BLOCK_N, BLOCK_D2], tl.float32)
+        dv2 = tl.zeros([BLOCK_N, BLOCK_D2], tl.float32)
+    else:  # placeholders the steps never read or update
+        k2 = k
+        v2 = v
+        dk2 = dk
+        dv2 = dv
 
     # Queries that see any of these keys: i >= start_n - offset; every key: i >= start_n + N - 1 - offset.
     q_stop = tl.cdiv(n_queries, BLOCK_M) * BLOCK_M
@@ -199,37 +258,51 @@ def attention_backward_dkdv_kernel(
         q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
         do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
         if CAUSAL:
-            dk, dv = dkdv_query_blocks(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
-                                       masked_start, full_start, n_queries, n_keys, head_dim, qk_scale, causal_offset,
-                                       stride_qs, stride_qd, stride_dos, stride_dod,
-                                       BLOCK_M, BLOCK_D, CAUSAL, True, USE_DESCRIPTOR)
-        dk, dv = dkdv_query_blocks(dk, dv, k, v, desc_q, desc_do, q_base, do_base, lse_ptr, delta_ptr, bh, cols,
-                                   full_start, q_stop, n_queries, n_keys, head_dim, qk_scale, causal_offset,
-                                   stride_qs, stride_qd, stride_dos, stride_dod,
-                                   BLOCK_M, BLOCK_D, CAUSAL, False, USE_DESCRIPTOR)
+            dk, dv, dk2, dv2 = dkdv_query_blocks(
+                dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base, do_base, lse_ptr,
+                delta_ptr, bh, cols, masked_start, full_start, n_queries, n_keys, head_dim, qk_scale, causal_offset,
+                stride_qs, stride_qd, stride_dos, stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, True, USE_DESCRIPTOR)
+        dk, dv, dk2, dv2 = dkdv_query_blocks(
+            dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base, do_base, lse_ptr,
+            delta_ptr, bh, cols, full_start, q_stop, n_queries, n_keys, head_dim, qk_scale, causal_offset,
+            stride_qs, stride_qd, stride_dos, stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, False, USE_DESCRIPTOR)
     store_key_value_gradients(dk, dv, dk_ptr, dv_ptr, batch, n_heads_kv, kv_bh, start_n, n_keys, head_dim, scale,
-                              BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+                              0, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    if BLOCK_D2 > 0:
+        store_key_value_gradients(dk2, dv2, dk_ptr, dv_ptr, batch, n_heads_kv, kv_bh, start_n, n_keys, head_dim,
+                                  scale, BLOCK_D, BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
 
 
 @triton.jit
-def dq_key_blocks(dq, q, do, lse2, delta, desc_k, desc_v, k_base, v_base, kv_bh, rows,
+def dq_key_blocks(dq, dq2, q, q2, do, do2, lse2, delta, desc_k, desc_v, desc_k2, desc_v2, k_base, v_base, kv_bh, rows,
                   start_n, stop_n, n_keys, head_dim, qk_scale, causal_offset,
                   stride_ks, stride_kd, stride_vs, stride_vd,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr,
                   MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
     for block_start in tl.range(start_n, stop_n, BLOCK_N):
         k = load_tile(desc_k, k_base, kv_bh, block_start, n_keys, stride_ks, stride_kd, head_dim,
                       BLOCK_N, BLOCK_D, USE_DESCRIPTOR)  # [N, D]
         v = load_tile(desc_v, v_base, kv_bh, block_start, n_keys, stride_vs, stride_vd, head_dim,
                       BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-        p = tl.math.exp2(mma(q, tl.trans(k), None) * qk_scale - lse2[:, None])  # [M, N]
+        s = mma(q, tl.trans(k), None)  # [M, N]
+        if BLOCK_D2 > 0:
+            k2 = load_part(desc_k2, k_base, kv_bh, block_start, n_keys, stride_ks, stride_kd, head_dim, BLOCK_D,
+                           BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
+            s = mma(q2, tl.trans(k2), s)
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
             cols = block_start + tl.arange(0, BLOCK_N)
             p = tl.where(visible(rows, cols, n_keys, causal_offset, CAUSAL, False), p, 0.0)
         dp = mma(do, tl.trans(v), None)
+        if BLOCK_D2 > 0:
+            v2 = load_part(desc_v2, v_base, kv_bh, block_start, n_keys, stride_vs, stride_vd, head_dim, BLOCK_D,
+                           BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
+            dp = mma(do2, tl.trans(v2), dp)
         ds = p * (dp - delta[:, None])
         dq = mma(ds.to(k.dtype), k, dq)
-    return dq
+        if BLOCK_D2 > 0:
+            dq2 = mma(ds.to(k2.dtype), k2, dq2)
+    return dq, dq2
 
 
 @triton.jit(do_not_specialize=COUNT_ARGS)
@@ -243,7 +316,7 @@ def attention_backward_dq_kernel(
     q_head_stride, k_head_stride, v_head_stride, do_head_stride,
     qk_scale, scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1,
+    CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1, BLOCK_D2: tl.constexpr = 0,
 ):
     (head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
      stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos,
@@ -257,6 +330,10 @@ def attention_backward_dq_kernel(
         q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
         q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
         BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    desc_q2, desc_k2, desc_v2, desc_do2 = second_part_descriptors(
+        q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
+        desc_q, desc_k, desc_v, desc_do, BLOCK_M, BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
     desc_dq = own_descriptor(dq_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
     q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
@@ -268,16 +345,32 @@ def attention_backward_dq_kernel(
                    BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
     lse2, delta = load_row_stats(lse_ptr, delta_ptr, bh, rows, n_queries)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if BLOCK_D2 > 0:
+        q2 = load_part(desc_q2, q_base, bh, start_m, n_queries, stride_qs, stride_qd, head_dim, BLOCK_D,
+                       BLOCK_M, BLOCK_D2, USE_DESCRIPTOR)
+        do2 = load_part(desc_do2, do_base, bh, start_m, n_queries, stride_dos, stride_dod, head_dim, BLOCK_D,
+                        BLOCK_M, BLOCK_D2, USE_DESCRIPTOR)
+        dq2 = tl.zeros([BLOCK_M, BLOCK_D2], tl.float32)
+    else:  # placeholders the key blocks never read or update
+        q2 = q
+        do2 = do
+        dq2 = dq
     full_stop, stop = key_ranges(start_m, n_keys, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = dq_key_blocks(dq, q, do, lse2, delta, desc_k, desc_v, k_base, v_base, kv_bh, rows,
-                       0, full_stop, n_keys, head_dim, qk_scale, causal_offset,
-                       stride_ks, stride_kd, stride_vs, stride_vd, BLOCK_N, BLOCK_D, CAUSAL, False, USE_DESCRIPTOR)
-    dq = dq_key_blocks(dq, q, do, lse2, delta, desc_k, desc_v, k_base, v_base, kv_bh, rows,
-                       full_stop, stop, n_keys, head_dim, qk_scale, causal_offset,
-                       stride_ks, stride_kd, stride_vs, stride_vd, BLOCK_N, BLOCK_D, CAUSAL, True, USE_DESCRIPTOR)
+    dq, dq2 = dq_key_blocks(dq, dq2, q, q2, do, do2, lse2, delta, desc_k, desc_v, desc_k2, desc_v2, k_base, v_base,
+                            kv_bh, rows, 0, full_stop, n_keys, head_dim, qk_scale, causal_offset,
+                            stride_ks, stride_kd, stride_vs, stride_vd, BLOCK_N, BLOCK_D, BLOCK_D2, CAUSAL, False,
+                            USE_DESCRIPTOR)
+    dq, dq2 = dq_key_blocks(dq, dq2, q, q2, do, do2, lse2, delta, desc_k, desc_v, desc_k2, desc_v2, k_base, v_base,
+                            kv_bh, rows, full_stop, stop, n_keys, head_dim, qk_scale, causal_offset,
+                            stride_ks, stride_kd, stride_vs, stride_vd, BLOCK_N, BLOCK_D, BLOCK_D2, CAUSAL, True,
+                            USE_DESCRIPTOR)
     dq_base = dq_ptr + bh.to(tl.int64) * n_queries * head_dim
     store_tile(desc_dq, dq_base, bh, start_m, n_queries, head_dim, head_dim, (dq * scale).to(dq_ptr.dtype.element_ty),
                BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
+    if BLOCK_D2 > 0:
+        desc_dq2 = own_descriptor(dq_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D2, USE_DESCRIPTOR)
+        store_part(desc_dq2, dq_base, bh, start_m, n_queries, head_dim, head_dim,
+                   (dq2 * scale).to(dq_ptr.dtype.element_ty), BLOCK_D, BLOCK_M, BLOCK_D2, USE_DESCRIPTOR)
 
 
 @triton.jit(do_not_specialize=COUNT_ARGS)
@@ -348,4 +441,4 @@ def attention_backward_fused_kernel(
             store_tile(desc_dq, dq_base, bh, start_m, n_queries, head_dim, head_dim,
                        (dq * scale).to(dq_ptr.dtype.element_ty), BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
     store_key_value_gradients(dk, dv, dk_ptr, dv_ptr, batch, n_heads_kv, kv_bh, 0, n_keys, head_dim, scale,
-                              BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+                              0, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)

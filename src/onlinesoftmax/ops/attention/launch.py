@@ -203,12 +203,15 @@ class _BackwardCall:
         n_heads_kv, n_keys = k.shape[1], k.shape[2]
         causal = mode != "none"
         ok = descriptor_ok(q, k, v, do) if use_descriptor is None else use_descriptor
+        vec = vector_width(head_dim, q, k, v, do)
+        whole_vectors = vec * q.element_size() == 16
         # A forced load path leaves the work out: the plan then keeps it as given.
         batch_heads = batch * n_heads_q if use_descriptor is None else None
         fused_plan = planner.fused_backward_plan(head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok,
                                                  batch_heads=batch_heads, programs=batch * n_heads_kv)
         dkdv_plan = self.plan = fused_plan or planner.attention_plan(
-            "backward_dkdv", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok, batch_heads=batch_heads)
+            "backward_dkdv", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok, batch_heads=batch_heads,
+            whole_vectors=whole_vectors)
         self.mode = mode
         # Templates (_buffers.template) of delta and the gradients, which the kernels write contiguous.
         self.delta_buffer = _buffers.template((batch, n_heads_q, n_queries), torch.float32, q.device)
@@ -221,13 +224,12 @@ class _BackwardCall:
         self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
                      *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_head_strides(q, k, v, do))
         self.offset = _causal_offset(mode, n_queries, n_keys)
-        vec = vector_width(head_dim, q, k, v, do)
         if fused_plan is not None:
             self.fused = _fused_launcher.bind((batch * n_heads_kv,), (key, fused_plan),
                                               **_plan_meta(fused_plan, causal), VEC=vec)
             return
         dq_plan = planner.attention_plan("backward_dq", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok,
-                                         batch_heads=batch_heads)
+                                         batch_heads=batch_heads, whole_vectors=whole_vectors)
         delta_block = 64 if head_dim <= 128 else 32
         self.delta = _delta_launcher.bind(
             (triton.cdiv(n_queries, delta_block), batch * n_heads_q), key,
@@ -235,9 +237,9 @@ class _BackwardCall:
         self.delta_ints = (n_heads_q, n_queries, head_dim, *_strides(do))
         # Each kernel's plan in its key, as the forward's.
         self.dkdv = _dkdv_launcher.bind((triton.cdiv(n_keys, dkdv_plan.block_n), batch * n_heads_kv), (key, dkdv_plan),
-                                        **_plan_meta(dkdv_plan, causal), VEC=vec)
+                                        **_plan_meta(dkdv_plan, causal), VEC=vec, BLOCK_D2=dkdv_plan.block_d2)
         self.dq = _dq_launcher.bind((triton.cdiv(n_queries, dq_plan.block_m), batch * n_heads_q), (key, dq_plan),
-                                    **_plan_meta(dq_plan, causal), VEC=vec)
+                                    **_plan_meta(dq_plan, causal), VEC=vec, BLOCK_D2=dq_plan.block_d2)
         self.descriptors = dkdv_plan.use_descriptor or dq_plan.use_descriptor
 
     def __call__(self, do, q, k, v, out, lse, scale):

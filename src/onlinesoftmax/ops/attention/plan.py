@@ -3,12 +3,13 @@ kernel, head dim and causality. The measurements behind each value are in ``docs
 
 A config is (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). Rows are (largest head dim,
 non-causal config, causal config); the first row whose head dim is >= D applies (a padded head
-dim: its padded dim's row). Any head dim from 8 to 256 runs: inside the kernels D is padded to a
-power of two of at least 16 (the tensor cores' depth; 80 -> 128, 96 -> 128, 192 -> 256), except in
-the forward, which computes a head dim that is two powers of two as those two parts (80 = 64 + 16,
-96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64: ATTENTION_FORWARD_SPLIT_HEAD_DIMS), and from 65 up
-one the parts overrun (72 = 64 + 16 with 8 columns padded) where its rows are whole 16-byte
-vectors (ATTENTION_FORWARD_SPLIT_VECTORS_FROM). Forward: BLOCK_M = 128 on 8
+dim: its padded dim's row, or its own in ATTENTION_HEAD_DIM_CONFIGS). Any head dim from 8 to 256
+runs: inside the kernels D is padded to a power of two of at least 16 (the tensor cores' depth;
+80 -> 128, 96 -> 128), except where a kernel computes a head dim that is two powers of two as
+those two parts (80 = 64 + 16, 96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64; the forward:
+ATTENTION_FORWARD_SPLIT_HEAD_DIMS, the backward above 128: ATTENTION_BACKWARD_SPLIT_HEAD_DIMS),
+and one the parts overrun (72 = 64 + 16 with 8 columns padded) where its rows are whole 16-byte
+vectors (the forward from 65 up, the backward from 129). Forward: BLOCK_M = 128 on 8
 warps gives each warpgroup 64 query rows for wgmma (at head dim 256 their 64 x 256 fp32 accumulator
 takes 128 registers a thread, with 64-key blocks to leave room for the scores). Backward dK/dV holds a key block's K, V, dK
 and dV and streams query blocks, so BLOCK_N is its large side; dQ is the mirror image.
@@ -54,11 +55,21 @@ ATTENTION_CONFIGS = {
                 (256, (128, 64, 8, 2), (128, 64, 8, 2))),
     "backward_dkdv": ((64, (32, 64, 4, 2), (32, 64, 4, 2)),
                       (128, (32, 64, 4, 3), (32, 64, 4, 3)),
+                      (160, (32, 64, 4, 2), (32, 64, 4, 2)),
+                      (192, (32, 64, 4, 2), (16, 64, 4, 2)),
                       (256, (64, 64, 8, 2), (64, 64, 8, 1))),
     "backward_dq": ((64, (64, 64, 4, 3), (64, 64, 4, 3)),
                     (128, (128, 32, 8, 2), (128, 32, 8, 2)),
+                    (192, (128, 32, 8, 3), (128, 32, 8, 3)),
                     (256, (128, 32, 8, 2), (128, 32, 8, 2))),
 }
+# Padded head dims measured on their own, by kernel: {head dim: (non-causal config, causal config)},
+# taken before the rows above (which a padded head dim reads by its padded dim). Head dim 96 (padded
+# to 128 in the backward): its dQ kernel at three stages, backward TFLOP/s, table -> this
+# (scripts/tune/sweep_attention.py --split-backward, docs/notes/2026-11/sweep_attention-split_backward-h100.log):
+# B64 H16 S512 164.7 -> 173.3 (causal 96.1 -> 100.1), B16 H16 S2048 238.2 -> 250.7 (182.1 ->
+# 192.0), B4 H16 S8191 266.8 -> 264.5 (240.5 -> 250.7), B64 H32/8 S512 197.6 -> 213.8 (121.3 -> 126.2).
+ATTENTION_HEAD_DIM_CONFIGS = {"backward_dq": {96: ((128, 32, 8, 3), (128, 32, 8, 3))}}
 # The backward reads through TMA descriptors (ATTENTION_USE_DESCRIPTOR) only where its work,
 # batch x query heads x queries x keys x head dim, is above this: a launch with device-side
 # descriptors goes through Triton's Python launcher (scratch memory a launch), and an eager training
@@ -113,8 +124,8 @@ ATTENTION_SHORT_CONFIGS = {
 # TFLOP/s, padded -> split): D96 S2048 333 -> 436 (FLASH 341), causal 256 -> 339 (FLASH 299); D80
 # S2048 281 -> 388 (FLASH 266); D96 S512 218 -> 289 (FLASH 294), causal 184 -> 201 (FLASH 203),
 # with 128 x 64 blocks on 4 warps where the padded dims took 128 x 128 on 8 (and the short rows'
-# 64 x 32 pointer config for short causal rows). The backward pads them: a split backward
-# measured slower at D96 S2048 (228.5 against 235.8) and faulted on the GPU at D96 causal.
+# 64 x 32 pointer config for short causal rows). The backward pads 80 and 96 (its split measured
+# slower there: ATTENTION_BACKWARD_SPLIT_HEAD_DIMS).
 # 160 (128 + 32) is split the same way: 1.55x FLASH at S2048 (causal 1.33x), its tests passed on
 # the GPU (docs/notes/2026-11/attention_head_dims-h100.log); so is 144 (128 + 16), B16 H16 S2048
 # bf16 forward 2.097 -> 1.807 ms padded -> split (causal 1.309 -> 1.152). 48 (32 + 16) is not:
@@ -130,6 +141,23 @@ ATTENTION_FORWARD_SPLIT_HEAD_DIMS = (80, 96, 144, 160, 192)
 # 16): 0.861 -> 0.866 (0.470 -> 0.460), so 33-47 stay padded
 # (scripts/probes/probe_split_head_dims.py, docs/notes/2026-11/probe_split_head_dims-h100.log).
 ATTENTION_FORWARD_SPLIT_VECTORS_FROM = 65
+# The backward's dK/dV and dQ kernels compute these head dims in two parts as the forward does
+# (head_dim_parts: 144 = 128 + 16, 160 = 128 + 32, 192 = 128 + 64), and from
+# ATTENTION_BACKWARD_SPLIT_VECTORS_FROM up those whose second part runs past them (136, 152, 176),
+# where their rows are whole 16-byte vectors; the others pad (the fused backward always). Padded to
+# 256, their dK/dV kernel holds four 64 x 256 tiles and spills; split, they take the rows of 160
+# and 192 above (D128's dK/dV tiles at two stages; query blocks of 16 at 168-192 causal, 142.4 ->
+# 197.5 below). Measured (scripts/tune/sweep_attention.py
+# --split-backward, docs/notes/2026-11/sweep_attention-split_backward-h100.log; B16 H16 S2048 bf16,
+# backward TFLOP/s of the head dim's own FLOPs, padded -> split, causal in brackets): D144 135.0 ->
+# 244.4 (98.4 -> 189.2), D160 150.0 -> 264.5 (106.8 -> 194.0), D192 180.6 -> 264.5 (129.6 ->
+# 197.5); FLASH 165.3 (148.4), 183.7 (161.6), 235.6 (199.6). Below 128 the split lost: D96 S2048
+# 238.2 padded, 232.6 split, 237.7 with the dQ kernel alone split (S512 163.7, 137.1, 156.3).
+# Triton 3.6 compiles a split dK/dV loop without software pipelining (one stage) to a wgmma that
+# reads shared memory out of bounds (compute-sanitizer: an invalid __shared__ read of 1024 bytes;
+# D96 causal, D160 at one stage): such loops run at least two stages (dkdv_query_blocks, and the plan).
+ATTENTION_BACKWARD_SPLIT_HEAD_DIMS = {"backward_dkdv": (144, 160, 192), "backward_dq": (144, 160, 192)}
+ATTENTION_BACKWARD_SPLIT_VECTORS_FROM = {"backward_dkdv": 129, "backward_dq": 129}
 # The fused backward (one kernel, one program per KV head, its keys in one block: delta, dK, dV and
 # dQ together, one launch for three; BLOCK_N is the keys' power of two, at least 16). A program
 # holds K, V, dK and dV of its keys and loops over the query blocks of its query heads. Rows
@@ -233,17 +261,19 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
     if device_type != "cuda" and not interpreting:
         return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
     block_d = padded_head_dim(head_dim)
-    split = kernel == "forward" and (head_dim in ATTENTION_FORWARD_SPLIT_HEAD_DIMS or (
-        whole_vectors and head_dim >= ATTENTION_FORWARD_SPLIT_VECTORS_FROM and head_dim_parts(head_dim)[1] > 0))
+    split = _splits(kernel, head_dim, whole_vectors)
     # Rows are read by the head dim itself: a padded dim takes its power of two's row unless a row
     # of its own comes first (the forward's 96, which its split dims 80 and 96 measured with).
     short = None if interpreting else next(
         (r[3] if causal else r[2] for r in ATTENTION_SHORT_CONFIGS[kernel] if length <= r[0] and head_dim == r[1]),
         None)
+    own = None if split else ATTENTION_HEAD_DIM_CONFIGS.get(kernel, {}).get(head_dim)
     if interpreting:
         config = ATTENTION_INTERPRETER_CONFIGS[kernel]
     elif short is not None:
         config = short[:4]
+    elif own is not None:
+        config = own[causal]
     else:
         # A head dim padded whole takes its padded dim's row (72 padded to 128 on the 96 row, tuned
         # for 64 + 32 tiles, spilled: 255 registers and a 96-byte stack).
@@ -265,8 +295,19 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
                              **dict(zip(_CONFIG_FIELDS, config if interpreting else specialized)))
     cap = 0 if interpreting else ATTENTION_MAX_REGISTERS.get((kernel, block_d, causal), 0)
     first, second = head_dim_parts(head_dim) if split else (block_d, 0)
+    if second and kernel == "backward_dkdv" and not interpreting and config[3] < 2:
+        config = (*config[:3], 2)  # a one-stage split dK/dV loop faults (above ATTENTION_BACKWARD_SPLIT_HEAD_DIMS)
     return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, rows, False, block_d=first,
                          block_d2=second, max_registers=cap, **dict(zip(_CONFIG_FIELDS, config)))
+
+
+def _splits(kernel: str, head_dim: int, whole_vectors: bool) -> bool:
+    """Whether ``kernel`` computes ``head_dim`` in two parts (the forward's or the backward's split tables)."""
+    if kernel == "forward":
+        dims, vectors_from = ATTENTION_FORWARD_SPLIT_HEAD_DIMS, ATTENTION_FORWARD_SPLIT_VECTORS_FROM
+    else:
+        dims, vectors_from = ATTENTION_BACKWARD_SPLIT_HEAD_DIMS[kernel], ATTENTION_BACKWARD_SPLIT_VECTORS_FROM[kernel]
+    return head_dim in dims or (whole_vectors and head_dim >= vectors_from and head_dim_parts(head_dim)[1] > 0)
 
 
 def fused_backward_plan(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, n_queries: int,

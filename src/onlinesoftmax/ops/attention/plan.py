@@ -152,7 +152,7 @@ ATTENTION_FORWARD_SPLIT_VECTORS_FROM = 65
 # backward TFLOP/s of the head dim's own FLOPs, padded -> split, causal in brackets): D144 135.0 ->
 # 244.4 (98.4 -> 189.2), D160 150.0 -> 264.5 (106.8 -> 194.0), D192 180.6 -> 264.5 (129.6 ->
 # 197.5); FLASH 165.3 (148.4), 183.7 (161.6), 235.6 (199.6). Below 128 the split lost: D96 S2048
-# 238.2 padded, 232.6 split, 237.7 with the dQ kernel alone split (S512 163.7, 137.1, 156.3).
+# 232.3 padded, 232.6 split, 237.3 with the dQ kernel alone split (B64 S512 163.7, 137.1, 156.3).
 # Triton 3.6 compiles a split dK/dV loop without software pipelining (one stage) to a wgmma that
 # reads shared memory out of bounds (compute-sanitizer: an invalid __shared__ read of 1024 bytes;
 # D96 causal, D160 at one stage): such loops run at least two stages (dkdv_query_blocks, and the plan).

@@ -154,8 +154,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         float16 or bfloat16, CUDA or CPU, any strides (the SDPA layout; a (B, S, H, D) tensor
         viewed with ``.transpose(1, 2)`` is read in place). ``Hq`` must be a multiple of ``Hkv``
         (grouped-query attention; ``Hkv = 1`` is multi-query). ``D`` from 8 to 256 (launch plans
-        measured at 32, 64, 80, 96, 128, 192 and 256; other dims take the next one's, their blocks
-        padded). ``Sq`` and ``Sk`` may differ and take any value, 0 included.
+        measured at 32, 64, 80, 96, 128, 144, 160, 192 and 256; other dims take the next one's,
+        their blocks padded to a power of two or the dim computed as two: ``plan.py``). ``Sq`` and
+        ``Sk`` may differ and take any value, 0 included.
     causal : bool or {"top_left", "bottom_right"}
         ``False``: no mask. ``True`` or ``"top_left"``: query ``i`` sees keys ``j <= i``, as SDPA's
         ``is_causal`` (the mask ``tril(ones(Sq, Sk))``). ``"bottom_right"``: query ``i`` sees keys

@@ -66,12 +66,12 @@ def inputs_on_vectors(head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, 
 
 
 @triton.jit
-def input_descriptors(q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+def part_descriptors(q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
                       q_head_stride, k_head_stride, v_head_stride, do_head_stride,
                       stride_qs, stride_ks, stride_vs, stride_dos,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       USE_DESCRIPTOR: tl.constexpr):
-    """Per-head descriptors of the caller's Q, K, V and dO."""
+    """Per-head descriptors of the caller's Q, K, V and dO for tiles BLOCK_D wide along the head dim."""
     desc_q, desc_k, desc_v = qkv_descriptors(
         q_ptr, k_ptr, v_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
         q_head_stride, k_head_stride, v_head_stride, stride_qs, stride_ks, stride_vs,
@@ -79,6 +79,31 @@ def input_descriptors(q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv,
     desc_do = head_descriptor(do_ptr, batch * n_heads_q, n_queries, head_dim, do_head_stride, stride_dos,
                               BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
     return desc_q, desc_k, desc_v, desc_do
+
+
+@triton.jit
+def input_descriptors(q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+                      q_head_stride, k_head_stride, v_head_stride, do_head_stride,
+                      stride_qs, stride_ks, stride_vs, stride_dos,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+                      USE_DESCRIPTOR: tl.constexpr):
+    """part_descriptors of the head dim's first part, then of its second (BLOCK_D2 wide); with
+    BLOCK_D2 = 0 the second four are the first's, placeholders never read."""
+    desc_q, desc_k, desc_v, desc_do = part_descriptors(
+        q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+        q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
+        BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    if BLOCK_D2 > 0:
+        desc_q2, desc_k2, desc_v2, desc_do2 = part_descriptors(
+            q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
+            q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
+            BLOCK_M, BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
+    else:
+        desc_q2 = desc_q
+        desc_k2 = desc_k
+        desc_v2 = desc_v
+        desc_do2 = desc_do
+    return desc_q, desc_k, desc_v, desc_do, desc_q2, desc_k2, desc_v2, desc_do2
 
 
 @triton.jit
@@ -169,27 +194,6 @@ def dkdv_query_blocks(dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, 
     return dk, dv, dk2, dv2
 
 
-@triton.jit
-def second_part_descriptors(q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
-                            q_head_stride, k_head_stride, v_head_stride, do_head_stride,
-                            stride_qs, stride_ks, stride_vs, stride_dos, desc_q, desc_k, desc_v, desc_do,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr,
-                            USE_DESCRIPTOR: tl.constexpr):
-    """input_descriptors for tiles of the head dim's second part (BLOCK_D2 wide); with BLOCK_D2 = 0
-    the first part's, as placeholders never read."""
-    if BLOCK_D2 > 0:
-        desc_q2, desc_k2, desc_v2, desc_do2 = input_descriptors(
-            q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
-            q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
-            BLOCK_M, BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
-    else:
-        desc_q2 = desc_q
-        desc_k2 = desc_k
-        desc_v2 = desc_v
-        desc_do2 = desc_do
-    return desc_q2, desc_k2, desc_v2, desc_do2
-
-
 @triton.jit(do_not_specialize=COUNT_ARGS)
 def attention_backward_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
@@ -215,14 +219,10 @@ def attention_backward_dkdv_kernel(
     h_kv = kv_bh % n_heads_kv
     cols = start_n + tl.arange(0, BLOCK_N)
 
-    desc_q, desc_k, desc_v, desc_do = input_descriptors(
+    desc_q, desc_k, desc_v, desc_do, desc_q2, desc_k2, desc_v2, desc_do2 = input_descriptors(
         q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
         q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
-        BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_q2, desc_k2, desc_v2, desc_do2 = second_part_descriptors(
-        q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
-        q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
-        desc_q, desc_k, desc_v, desc_do, BLOCK_M, BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
+        BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D2, USE_DESCRIPTOR)
     k_base, v_base = key_value_bases(k_ptr, v_ptr, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh)
     k = load_tile(desc_k, k_base, kv_bh, start_n, n_keys, stride_ks, stride_kd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     v = load_tile(desc_v, v_base, kv_bh, start_n, n_keys, stride_vs, stride_vd, head_dim, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
@@ -326,14 +326,10 @@ def attention_backward_dq_kernel(
     n_heads_kv = n_heads_q // group
     start_m, bh, b, h, h_kv, kv_bh = query_program(n_heads_q, group, BLOCK_M, CAUSAL)
 
-    desc_q, desc_k, desc_v, desc_do = input_descriptors(
+    desc_q, desc_k, desc_v, desc_do, desc_q2, desc_k2, desc_v2, desc_do2 = input_descriptors(
         q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
         q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
-        BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
-    desc_q2, desc_k2, desc_v2, desc_do2 = second_part_descriptors(
-        q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
-        q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
-        desc_q, desc_k, desc_v, desc_do, BLOCK_M, BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
+        BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D2, USE_DESCRIPTOR)
     desc_dq = own_descriptor(dq_ptr, batch * n_heads_q, n_queries, head_dim, BLOCK_M, BLOCK_D, USE_DESCRIPTOR)
     q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     do_base = do_ptr + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
@@ -401,7 +397,7 @@ def attention_backward_fused_kernel(
     h_kv = kv_bh % n_heads_kv
     cols = tl.arange(0, BLOCK_N)
 
-    desc_q, desc_k, desc_v, desc_do = input_descriptors(
+    desc_q, desc_k, desc_v, desc_do = part_descriptors(
         q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,
         q_head_stride, k_head_stride, v_head_stride, do_head_stride, stride_qs, stride_ks, stride_vs, stride_dos,
         BLOCK_M, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)

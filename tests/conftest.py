@@ -7,8 +7,12 @@ on a GPU machine the same tests run the compiled kernels on CUDA tensors.
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import pathlib
 import secrets
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -125,6 +129,18 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, wha
     assert torch.equal(out_c[inf_ref], ref_c[inf_ref]), f"{what}: inf signs differ"
     err = relative_error(out_c, ref_c)
     assert err <= TOLERANCE[dtype], f"{what}: relative error {err:.3e} > {TOLERANCE[dtype]:.0e} ({dtype})"
+
+
+def compiled_for_sm90(probe: str, timeout: int = 600):
+    """Runs ``probe`` (Python source that compiles kernels for sm_90 through
+    scripts/probes/kernel_resources.py, no GPU needed, and prints one JSON line last) in a process
+    of its own without TRITON_INTERPRET (the compiler, not the interpreter), and returns that JSON."""
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(autouse=True)

@@ -9,12 +9,6 @@ torch path, and the Triton-only tests skip.
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,7 +19,8 @@ from onlinesoftmax.ops.cross_entropy import cross_entropy, plan
 from onlinesoftmax.ops.cross_entropy import launch as ce_launch
 from onlinesoftmax.ops.cross_entropy import op as ce_op
 
-from conftest import DEVICE, ON_GPU, TRITON_RUNS, assert_matches, gpu_only, make_logits, needs_triton
+from conftest import (DEVICE, ON_GPU, TRITON_RUNS, assert_matches, compiled_for_sm90, gpu_only, make_logits,
+                      needs_triton)
 from cross_entropy_cases import OPTIONS, make_targets, option_ids, reference, resolve_options
 
 # Strategies of the forward with the gradient in place, and where each one runs.
@@ -811,12 +806,7 @@ def test_kernels_move_whole_vectors_on_rows_of_whole_vectors():
     prove their masks constant over a vector (8192 x 32008 in place 3.7x slower than 32000 on the
     H100). Compiled for sm_90 on this machine: no kernel of the plans spills, and a kernel's only
     2-byte access is the target's logit."""
-    repo = pathlib.Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _ACCESS_PROBE], cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    kernels = json.loads(done.stdout.strip().splitlines()[-1])
+    kernels = compiled_for_sm90(_ACCESS_PROBE, timeout=900)
     assert {name for _, name, _, _ in kernels} >= {"cross_entropy_stream_kernel", "cross_entropy_backward_kernel",
                                                   "cross_entropy_two_pass_plain_kernel"}
     for case, name, stack, narrow in kernels:

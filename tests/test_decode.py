@@ -17,11 +17,12 @@ import pytest
 import torch
 
 from onlinesoftmax import _device
+from onlinesoftmax._launch import vector_width
 from onlinesoftmax.ops.decode import attention_with_kvcache, merge_attention
 from onlinesoftmax.ops.decode import op as decode_op
 from onlinesoftmax.ops.decode import plan
 
-from conftest import DEVICE, ON_GPU, TRITON_RUNS, assert_matches, gpu_only, relative_error
+from conftest import DEVICE, ON_GPU, TRITON_RUNS, assert_matches, compiled_for_sm90, gpu_only, relative_error
 
 BAD_PAGE = 10**9  # block-table entries past a sequence's pages: reading one would fault or fail
 
@@ -142,9 +143,11 @@ def test_gqa_groups(heads_q, heads_kv, n_queries, gen):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256, 80])
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 80, 72, 40, 36, 200, 8, 1])
 def test_head_dims_and_dtypes(head_dim, dtype, gen):
-    """64, 128 and 256, and 80 padded to 128 inside (masked along the head dim)."""
+    """64, 128 and 256; 80 padded to 128 inside (masked along the head dim); head dims that are no
+    multiple of 16: rows of whole 16-byte vectors (72, 40, 200), of 8-byte ones (36), and head dims
+    under tl.dot's 16 (8, 1)."""
     inputs = make_inputs(gen, 2, 2, 4, 2, head_dim, [45, 70], dtype=dtype, page_size=16, capacity=80)
     check(inputs, num_splits=2, what=f"D={head_dim} {dtype}")
 
@@ -223,6 +226,52 @@ def test_strided_inputs(gen):
     q, k_cache, v_cache = q_wide[:, :, 1:1 + heads_q], kv[:, :, 0], kv[:, :, 1]
     lens = torch.tensor([80, 33], dtype=torch.int32, device=DEVICE)
     check((q, k_cache, v_cache, lens, None), num_splits=3, what="strided")
+
+
+@pytest.mark.parametrize("row_width, vec", [(80, 8), (76, 4), (74, 2), (73, 1)])
+def test_strided_head_dim_72(row_width, vec, gen):
+    """Head dim 72 in rows of ``row_width`` elements (a cache with room for more): the kernels take
+    the strides as known multiples of the largest vector that divides them all (``vec`` bf16
+    elements; 1: no hint). The tensors keep some offset from their allocation's start."""
+    batch, heads_q, heads_kv, head_dim = 2, 4, 2, 72
+    q_wide = torch.randn((batch, 1, heads_q, row_width), generator=gen).bfloat16().to(DEVICE)
+    kv = torch.randn((batch, 60, 2, heads_kv, row_width), generator=gen).bfloat16().to(DEVICE)
+    q, k_cache, v_cache = q_wide[..., :head_dim], kv[:, :, 0, :, :head_dim], kv[:, :, 1, :, -head_dim:]
+    assert vector_width(head_dim, q, k_cache, v_cache) == vec
+    lens = torch.tensor([60, 29], dtype=torch.int32, device=DEVICE)
+    check((q, k_cache, v_cache, lens, None), num_splits=2, what=f"D72 in rows of {row_width}")
+
+
+# Compiles the split kernel for sm_90 without a GPU (scripts/probes/kernel_resources.py) at head
+# dims whose rows are whole 16-byte vectors but no multiple of 16 elements (bf16).
+_VECTOR_PROBE = """
+import json, sys, torch
+sys.path.insert(0, "scripts/probes")
+import kernel_resources as kr
+out = []
+for case, run in kr.decode_cases(torch.bfloat16, [(1, 32, 8, 32768, 72), (4, 32, 8, 4096, 40)]):
+    with kr.recorded_launches(132) as calls:
+        run()
+    for fn, args, meta in calls:
+        if fn.__name__ == "decode_split_kernel":
+            usage = kr.resource_usage(fn, args, meta, 90)
+            accesses = usage["accesses"]
+            narrow = sum(n for (op, width), n in accesses.items() if op.startswith("LDG") and width < 16)
+            out.append((case, meta["VEC"], usage["STACK"], narrow, accesses.get(("LDGSTS", 16), 0)))
+print(json.dumps(out))
+"""
+
+
+def test_split_kernel_loads_whole_vectors_at_head_dims_off_16():
+    """Head dim 72 compiled to 2-byte loads (144 a thread: Triton specializes strides on
+    divisibility by 16 alone, so it could not prove a row of 72 bf16 16-byte aligned), 254
+    registers and a stack; told the strides are multiples of 8 elements, the split kernel loads q
+    16 bytes at a time and K and V through the pipeline's 16-byte asynchronous copies, as at head
+    dim 128 (its one narrower load: the sequence's length)."""
+    kernels = compiled_for_sm90(_VECTOR_PROBE)
+    assert len(kernels) == 2, kernels
+    for case, vec, stack, narrow, wide_copies in kernels:
+        assert vec == 8 and stack == 0 and narrow <= 1 and wide_copies > 0, (case, vec, stack, narrow, wide_copies)
 
 
 def test_forward_only(gen):
@@ -402,7 +451,8 @@ TABLE = torch.zeros((1, 2), dtype=torch.int32)
     (((torch.zeros(1, 1, 4, 64, dtype=torch.float16), torch.zeros(1, 32, 2, 64, dtype=torch.float16),
        torch.zeros(1, 16, 2, 64, dtype=torch.float16)), {}), ValueError, "one shape"),
     (_args(q=(1, 1, 4, 32)), ValueError, "head dims differ"),
-    (_args(q=(1, 1, 4, 72), cache=(1, 32, 2, 72)), ValueError, "head dim 72"),
+    (_args(q=(1, 1, 4, 264), cache=(1, 32, 2, 264)), ValueError, "head dim 264"),
+    (_args(q=(1, 1, 4, 0), cache=(1, 32, 2, 0)), ValueError, "head dim 0"),
     (_args(q=(1, 1, 3, 64)), ValueError, "multiple"),
     (_args(q=(2, 1, 4, 64)), ValueError, "one entry per sequence"),
     (_args(cache_seqlens=LENS.long()), TypeError, "int32"),

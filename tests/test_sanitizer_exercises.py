@@ -250,7 +250,7 @@ def test_cross_entropy_strategies(dtype, strategy, inplace):
 
 @pytest.mark.parametrize("num_splits", [1, 3, "auto"], ids=lambda n: f"splits_{n}")
 @pytest.mark.parametrize("page_size", [0, 16], ids=["contiguous", "page16"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 72, 8])
 def test_decode_paths(head_dim, page_size, num_splits):
     # GQA 8 / 2, 3 new queries, uneven lengths (none, mid-page, the capacity); every key past a
     # sequence's length and every unused page NaN. Out and lse against float64 on the gathered cache

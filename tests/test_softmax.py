@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,8 +13,8 @@ import onlinesoftmax
 from onlinesoftmax import _buffers, _device, _launch
 from onlinesoftmax.ops.softmax import launch as softmax_launch, op as softmax_op, plan
 
-from conftest import (DEVICE, DTYPES, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, gpu_only, make_logits,
-                      needs_triton, strategies_here)
+from conftest import (DEVICE, DTYPES, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, compiled_for_sm90, gpu_only,
+                      make_logits, needs_triton, strategies_here)
 
 OPS = {
     "softmax": (onlinesoftmax.softmax, torch.softmax),
@@ -1023,12 +1018,7 @@ def test_row_on_chip_compiles_to_same_sums_and_wide_loads():
     one shared-memory slot (racecheck's hazard, docs/perf-softmax.md). (2) bf16 rows of 8604
     elements, each on an 8-byte boundary, are read 8 bytes a load (ROW_ALIGN 4), not 2: their
     logsumexp took 126 registers a thread and 3.1x the time on the H100."""
-    repo = pathlib.Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _ROW_ON_CHIP_SASS_PROBE], cwd=repo, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = compiled_for_sm90(_ROW_ON_CHIP_SASS_PROBE)
     assert found["narrow"] == [32, 16, 0], found
     assert found["row_align"] == 4, found
     assert found["loads"].get("2", 0) == 0 and found["loads"].get("8", 0) > 0, found

@@ -2,7 +2,8 @@
 launch for the bench grids on an H100 (sm_90), measured without a GPU.
 
     python scripts/probes/kernel_resources.py [--arch 90] [--sms 132] [--ops softmax,topk,attention]
-        [--shapes ROWSxCOLS,...] [--attention-shapes HQxHKVxSxD,...] [--table OP:NAME=VALUE ...]
+        [--shapes ROWSxCOLS,...] [--attention-shapes HQxHKVxSxD,...] [--decode-shapes BxHQxHKVxSxD,...]
+        [--table OP:NAME=VALUE ...]
 
 --table compiles under another value of a plan table (a Python literal), through override_plan.
 
@@ -52,6 +53,8 @@ from onlinesoftmax.ops.attention import launch as attention_launch
 from onlinesoftmax.ops.attention import plan as attention_planner
 from onlinesoftmax.ops.cross_entropy import launch as cross_entropy_launch
 from onlinesoftmax.ops.cross_entropy import plan as cross_entropy_planner
+from onlinesoftmax.ops.decode import op as decode_op
+from onlinesoftmax.ops.decode import plan as decode_planner
 from onlinesoftmax.ops.softmax import launch as softmax_launch
 from onlinesoftmax.ops.softmax import plan as softmax_planner
 from onlinesoftmax.ops.topk import launch as topk_launch
@@ -100,6 +103,11 @@ def recorded_launches(sms: int):
         with mock.patch.object(attention_planner, "interpreter_active", lambda: False):
             return attention_plan(kernel, head_dim, dtype, causal, cuda, *args, **kwargs)
 
+    decode_plan = decode_planner.decode_plan
+
+    def decode_plan_for_gpu(*args):
+        return decode_plan(*args[:-3], True, sms, False)  # (.., on_cuda, sms, interpreting)
+
     # CPU tensors take the GPU's Triton path: plans made for a CUDA device, the top-k launcher told
     # that Triton runs here, the softmax recipes allowed their inline PTX. Cached plans and launch
     # recipes are forgotten before (they were made for this machine) and after.
@@ -110,6 +118,7 @@ def recorded_launches(sms: int):
             mock.patch.object(topk_planner, "topk_plan", topk_plan_for_gpu), \
             mock.patch.object(attention_planner, "attention_plan", attention_plan_for_gpu), \
             mock.patch.object(cross_entropy_planner, "choose", cross_entropy_choose_for_gpu), \
+            mock.patch.object(decode_planner, "decode_plan", decode_plan_for_gpu), \
             mock.patch.object(topk_launch, "interpreter_active", lambda: True), \
             mock.patch.object(softmax_launch, "inline_ptx_allowed", lambda: True):
         yield calls
@@ -152,14 +161,15 @@ def loop_loads_in_flight(sass: str) -> list[tuple[int, int]]:
 
 
 def global_access_widths(sass: str) -> dict:
-    """{(op, bytes): count} of the global loads (LDG) and stores (STG) in ``sass``: a streaming
-    kernel that Triton could not prove 16-byte aligned or masked by whole vectors moves 2 bytes at
-    a time (LDG.E.U16) where it should move 16 (LDG.E.128)."""
+    """{(op, bytes): count} of the global loads (LDG), stores (STG) and asynchronous copies to
+    shared memory (LDGSTS, a software-pipelined loop's loads) in ``sass``: a streaming kernel that
+    Triton could not prove 16-byte aligned or masked by whole vectors moves 2 bytes at a time
+    (LDG.E.U16) where it should move 16 (LDG.E.128, LDGSTS.E.BYPASS.128)."""
     widths = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
     counts: dict = {}
     for _, op, _ in SASS_INSTRUCTION.findall(sass):
         parts = op.split(".")
-        if parts[0] in ("LDG", "STG"):
+        if parts[0] in ("LDG", "STG", "LDGSTS"):
             key = (parts[0], next((widths[p] for p in parts[1:] if p in widths), 4))
             counts[key] = counts.get(key, 0) + 1
     return counts
@@ -224,6 +234,16 @@ def attention_cases(dtype, shapes=None):
                 q, q, k, k, q, torch.empty(q.shape[:3]), mode, 0.1)
 
 
+def decode_cases(dtype, shapes=None):
+    """(case, run) per decode shape BxHQxHKVxSxD (one query a sequence, lengths given, auto splits)."""
+    for batch, heads_q, heads_kv, seq, head_dim in shapes or [(1, 32, 8, 32768, 128), (1, 32, 8, 32768, 72)]:
+        q = torch.empty((batch, 1, heads_q, head_dim), dtype=dtype)
+        k = torch.empty((batch, seq, heads_kv, head_dim), dtype=dtype)
+        lens = torch.full((batch,), seq, dtype=torch.int32)
+        yield (f"B{batch} {heads_q}/{heads_kv}x{seq}x{head_dim}",
+               lambda q=q, k=k, lens=lens: decode_op.launch_decode(q, k, k, lens, None, True, 0.1, 0, False))
+
+
 def cross_entropy_cases(dtype, shapes=None):
     """(case, run) per mode and shape of the cross-entropy bench grid (or of ``shapes``): the
     separate forward and backward, and the forward with the gradient in place (a "mean" loss)."""
@@ -244,11 +264,13 @@ def main():
     parser.add_argument("--arch", type=int, default=90, help="compute capability as an integer (90: H100)")
     parser.add_argument("--sms", type=int, default=132, help="SM count the plans are made for")
     parser.add_argument("--ops", default="softmax,topk,attention",
-                        help="comma-separated: softmax, topk, attention, cross_entropy")
+                        help="comma-separated: softmax, topk, attention, cross_entropy, decode")
     parser.add_argument("--shapes", default="",
                         help="softmax, cross_entropy: comma-separated ROWSxCOLS instead of the bench grid")
     parser.add_argument("--attention-shapes", default="",
                         help="attention: comma-separated HQxHKVxSxD instead of the bench grid (batch 1)")
+    parser.add_argument("--decode-shapes", default="",
+                        help="decode: comma-separated BxHQxHKVxSxD (one query a sequence)")
     parser.add_argument("--table", action="append", default=[], metavar="OP:NAME=VALUE",
                         help="another value of a plan table, e.g. attention:ATTENTION_CONFIGS={...}")
     args = parser.parse_args()
@@ -263,14 +285,16 @@ def main():
 def report(args):
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
     attention_shapes = [(1, *(int(v) for v in s.split("x"))) for s in args.attention_shapes.split(",") if s]
+    decode_shapes = [tuple(int(v) for v in s.split("x")) for s in args.decode_shapes.split(",") if s]
     print(f"sm_{args.arch}, plans for {args.sms} SMs, triton {triton.__version__}")
     print(f"{'dtype':9s} {'case':26s} {'kernel':34s} {'warps':>5s} {'regs':>4s} {'stack':>5s} {'smem KB':>7s} "
           f"{'programs/SM':>11s}  loads in flight")
     cases = {"softmax": softmax_cases, "topk": topk_cases, "attention": attention_cases,
-             "cross_entropy": cross_entropy_cases}
+             "cross_entropy": cross_entropy_cases, "decode": decode_cases}
     for op in args.ops.split(","):
-        for dtype in (torch.bfloat16,) if op == "attention" else (torch.float32, torch.bfloat16):
-            chosen = {"softmax": shapes, "attention": attention_shapes, "cross_entropy": shapes}
+        for dtype in (torch.bfloat16,) if op in ("attention", "decode") else (torch.float32, torch.bfloat16):
+            chosen = {"softmax": shapes, "attention": attention_shapes, "cross_entropy": shapes,
+                      "decode": decode_shapes}
             for case, run in (cases[op](dtype, chosen[op]) if op in chosen else cases[op](dtype)):
                 with recorded_launches(args.sms) as calls:
                     run()

@@ -1,7 +1,8 @@
 """Decode knobs (GPU): the split-count, key-tile and stage tables of ``ops/decode/plan.py`` under
 other values, on the decode bench's rows.
 
-    python scripts/tune/sweep_decode.py [--rows B1-H8/1 ...] [--variants default waves8 ...]
+    python scripts/tune/sweep_decode.py [--rows B1-H8/1 ...] [--shapes 1x32x8x1x131072x72x0 ...]
+        [--variants default waves8 ...]
 
 Each line: one bench row under one variant, CUDA-graph replays over rotated inputs (the kernels
 alone) and do_bench with L2 flushes (what the bench's eager column reports), GB/s of the visible
@@ -34,6 +35,7 @@ VARIANTS = {
     "keys32": dict(KEY_TILE_ELEMENTS=4096),
     "stages4": dict(NUM_STAGES={"none": 4, "per block": 6, "per key": 6}),
     "stages2": dict(NUM_STAGES={"none": 2, "per block": 5, "per key": 5}),
+    "keys128_stages2": dict(KEY_TILE_ELEMENTS=16384, NUM_STAGES={"none": 2, "per block": 4, "per key": 4}),
     "waves8_keys128": dict(TARGET_WAVES=8, MIN_SPLIT_KEYS=128),
     "partials1/4_keys128": dict(PARTIAL_BYTES_FRACTION=1 / 4, MIN_SPLIT_KEYS=128),
 }
@@ -42,11 +44,15 @@ VARIANTS = {
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", nargs="*", default=[], help="label prefixes of decode_suite.GRID rows (default: all)")
+    parser.add_argument("--shapes", nargs="*", default=[],
+                        help="rows off the grid, as bench decode's --shape: BxHqxHkvxSqxSxDxPAGE")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     args = parser.parse_args()
     copy = copy_bandwidth_gbs()
     print(f"{torch.cuda.get_device_name()}, copy {copy:.0f} GB/s", flush=True)
-    shapes = [s for s in decode_suite.GRID if not args.rows or any(s.label().startswith(r) for r in args.rows)]
+    shapes = [s for s in decode_suite.GRID if (args.rows or not args.shapes)
+              and (not args.rows or any(s.label().startswith(r) for r in args.rows))]
+    shapes += [decode_suite.parse_shape(text) for text in args.shapes]
     gen = torch.Generator().manual_seed(0)
     for shape in shapes:
         case = decode_suite.make_case(shape, torch.bfloat16)

@@ -148,6 +148,21 @@ def aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0
 
 
+def vector_width(head_dim: int, *tensors: torch.Tensor) -> int:
+    """VEC for the attention and decode kernels (``_triton.known_multiple`` of their head dim and
+    strides) where the head dim of these 4-D tensors (dims 0-2 any order of batch, heads, rows) is
+    no multiple of 16, so Triton's specialization tells the compiler nothing of its alignment: the
+    most elements, up to 16 bytes' worth, that divide it and every other stride, with unit stride
+    along the head dim (8 bf16 at head dim 40, 4 at 36); else 1."""
+    if head_dim % 16 == 0 or any(t.stride(3) != 1 for t in tensors):
+        return 1
+    values = (head_dim, *(stride for t in tensors for stride in t.stride()[:3]))
+    vec = 16 // tensors[0].element_size()
+    while vec > 1 and any(value % vec for value in values):
+        vec //= 2
+    return vec
+
+
 class RegisterCap:
     """``compile_options`` from a plan's ``max_registers`` (a cap on registers a thread, Triton's
     maxnreg; 0: the compiler's choice), built once per plan since every launch reads it."""

@@ -388,21 +388,26 @@ def plot(path, rows: list[Row], copy_gbs: Optional[float], title: str) -> None:
     import matplotlib.pyplot as plt
 
     panels = sorted({(r.direction, r.dtype) for r in rows}, key=lambda p: (p[0] != "forward", p[1]))
-    impls = list(dict.fromkeys(r.impl for r in rows))
     flops = _counts_flops(rows)
+    # Implementations with no measured row (a peer not installed) get no bar slot; the colours stay
+    # one per implementation across panels. Labels longer than a bar group's width are slanted.
+    colours = {impl: f"C{i}" for i, impl in enumerate(dict.fromkeys(r.impl for r in rows))}
     fig, axes = plt.subplots(len(panels), 1, figsize=(13, 3.6 * len(panels)), squeeze=False)
     for ax, (direction, dtype) in zip(axes[:, 0], panels):
         sel = [r for r in rows if r.direction == direction and r.dtype == dtype]
         cases = list(dict.fromkeys(r.case for r in sel))
+        impls = list(dict.fromkeys(r.impl for r in sel if r.status == "ok"))
         width = 0.8 / max(len(impls), 1)
         for i, impl in enumerate(impls):
             values = [next(((r.tflops if flops else r.gbs) or 0 for r in sel
                             if r.case == c and r.impl == impl and r.status == "ok"), 0)
                       for c in cases]
-            ax.bar([j + i * width for j in range(len(cases))], values, width, label=impl)
+            ax.bar([j + i * width for j in range(len(cases))], values, width, label=impl, color=colours[impl])
         if copy_gbs and not flops:
             ax.axhline(copy_gbs, color="black", linestyle="--", linewidth=1, label=f"copy {copy_gbs:.0f} GB/s")
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, fontsize=8)
+        slanted = max(map(len, cases), default=0) * len(cases) > 150
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, fontsize=8,
+                      rotation=25 if slanted else 0, ha="right" if slanted else "center")
         ax.set_ylabel("TFLOP/s" if flops else "GB/s")
         ax.set_title(f"{title}: {direction}, {dtype}")
     axes[0, 0].legend(fontsize=7, ncol=4)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..._triton import NEG_INF, mma
+from ..._triton import NEG_INF, known_multiple, mma
 
 LOG2E = 1.4426950408889634  # scores go to exp2 as scale * log2(e) * q.k
 LN2 = tl.constexpr(0.6931471805599453)  # the kernels' lse leaves log2 units: lse = (m + log2 l) ln 2
@@ -49,9 +49,7 @@ def on_vectors(x, VEC: tl.constexpr):
     a head dim of 40 bf16 (80-byte rows) compiled to 2-byte loads and stores with a mask each, 255
     registers and spills, its forward 1.5x slower than the same tiles at head dim 48 (72 and 88
     causal: 3.6x; docs/perf-attention.md)."""
-    if VEC > 1:
-        x = x // VEC * VEC
-    return x
+    return known_multiple(x, VEC)
 
 
 @triton.jit

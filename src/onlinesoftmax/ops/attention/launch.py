@@ -12,7 +12,7 @@ from triton.runtime import _allocation
 
 from ... import _buffers, cpu
 from ..._device import interpreter_active, next_power_of_2, plan_cache as _device_plan_cache, remember
-from ..._launch import Launcher, aligned
+from ..._launch import Launcher, aligned, vector_width
 from . import plan as planner
 from .backward_kernels import (
     attention_backward_delta_kernel,
@@ -82,20 +82,6 @@ def rows_ok(*tensors: torch.Tensor) -> bool:
 
 def _strides(t: torch.Tensor):
     return tuple(t.stride())
-
-
-def vector_width(head_dim: int, *tensors: torch.Tensor) -> int:
-    """The kernels' VEC (kernels.on_vectors) where the head dim is no multiple of 16 (Triton's
-    specialization then tells the compiler nothing of its alignment): the most elements, up to 16
-    bytes' worth, that divide it and every batch, head and row stride, with unit stride along the
-    head dim (8 bf16 at head dim 40, 4 at 36); else 1."""
-    if head_dim % 16 == 0 or any(t.stride(3) != 1 for t in tensors):
-        return 1
-    values = (head_dim, *(stride for t in tensors for stride in t.stride()[:3]))
-    vec = 16 // tensors[0].element_size()
-    while vec > 1 and any(value % vec for value in values):
-        vec //= 2
-    return vec
 
 
 def _head_strides(*tensors):

@@ -133,7 +133,7 @@ ATTENTION_SHORT_CONFIGS = {
 ATTENTION_FORWARD_SPLIT_HEAD_DIMS = (80, 96, 144, 160, 192)
 # Head dims from this one up whose second part runs past them (72 as 64 + 16, 88 as 64 + 32, 136 as
 # 128 + 16) split too, where their rows are whole 16-byte vectors and the kernels are told so
-# (launch.vector_width, kernels.on_vectors; ``whole_vectors``). Told nothing of their alignment,
+# (_launch.vector_width, kernels.on_vectors; ``whole_vectors``). Told nothing of their alignment,
 # such splits computed wrong outputs and faulted on the H100 (Triton 3.6) while the interpreter
 # passed them, at every config tried; told, they pass, and ran faster than padded, B16 H16 S2048
 # bf16, ms (padded -> split, causal): D72 1.199 -> 0.952 (0.749 -> 0.573), D88 1.280 -> 1.213 (0.788
@@ -237,7 +237,7 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     launcher checks strides and alignment). ``batch_heads`` (batch x query heads) lets a backward
     kernel weigh its work against ATTENTION_BACKWARD_POINTER_MAX_WORK; None leaves
     ``descriptor_ok`` as given (a caller that forces the load path). ``whole_vectors``: the kernels
-    get 16-byte vectors of a head dim that is no multiple of 16 (launch.vector_width). Cached:
+    get 16-byte vectors of a head dim that is no multiple of 16 (_launch.vector_width). Cached:
     planning is on every call's path."""
     if kernel not in ATTENTION_CONFIGS:
         raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS}")

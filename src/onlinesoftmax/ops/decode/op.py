@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from ... import _buffers, _device, _validate
-from ..._launch import Launcher, aligned, op_when_compiling
+from ..._launch import Launcher, aligned, op_when_compiling, vector_width
 from . import kernels, plan as planner
 
 NAME = "attention_with_kvcache"
@@ -75,7 +75,8 @@ class _Recipe:
                            seqlens_stride, *table_strides, *out_strides, *lse_strides)
         self.merge_ints = (batch, group, n_queries, heads_q, *counts, seqlens_stride, *out_strides, *lse_strides)
         common = dict(HEAD_DIM=head_dim, BATCH_POW2=_device.next_power_of_2(batch) if split else 1,
-                      HAS_SEQLENS=cache_seqlens is not None, AUTO=chosen.num_splits == 0, WRITE_LSE=return_lse)
+                      HAS_SEQLENS=cache_seqlens is not None, AUTO=chosen.num_splits == 0, WRITE_LSE=return_lse,
+                      VEC=vector_width(head_dim, q, k_cache, v_cache))
         self.split_launch = _split_launcher.bind(
             chosen.grid, key, **common, BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, BLOCK_D=chosen.block_d,
             PAGE_SIZE=page_size, CAUSAL=causal, SPLIT=split, num_warps=chosen.num_warps, num_stages=chosen.num_stages)
@@ -324,9 +325,8 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_s
     heads_kv = k_cache.shape[2]
     if k_cache.shape[3] != head_dim:
         raise ValueError(f"{NAME}: head dims differ: q has {head_dim}, the cache {k_cache.shape[3]}")
-    if head_dim % 16 or not 16 <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(f"{NAME}: head dim {head_dim} is not supported: a multiple of 16 up to {MAX_HEAD_DIM} "
-                         "(pad q and the cache with zeros along the head dim)")
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"{NAME}: head dim {head_dim} is not supported: 1 to {MAX_HEAD_DIM}")
     if heads_kv == 0 or heads_q % heads_kv:
         raise ValueError(f"{NAME}: the query heads ({heads_q}) must be a multiple of the cache's KV heads "
                          f"({heads_kv})")
@@ -393,7 +393,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         Contiguous cache: (B, S_max, Hkv, D). Paged cache: (num_blocks, page_size, Hkv, D) with
         ``block_table``; ``page_size`` a power of two >= 16. ``Hq`` a multiple of ``Hkv`` (GQA;
         ``Hkv = 1`` is MQA): the query heads of a KV head are read together, so each K/V byte is
-        read once. ``D`` a multiple of 16 up to 256 (64, 128, 256; 80, 96 are padded inside).
+        read once. ``D`` any head dim up to 256, as flash-attn's (64, 128 and 256 run as they are;
+        others are padded inside to a power of two of at least 16, and move 16 bytes at a time
+        where their rows are whole 16-byte vectors, as 72 or 40 in bf16).
     cache_seqlens : Tensor, shape (B,), int32, optional
         Keys of each sequence; None means every sequence has S_max keys. Values are read on the
         device only (no host sync); values outside [0, capacity] are clamped to it.

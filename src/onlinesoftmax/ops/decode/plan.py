@@ -50,6 +50,7 @@ NUM_WARPS = 4  # a 16-row tile's two products and softmax need no more; more war
 # go to further row blocks, which read the same K/V (from L2: they are adjacent in the grid).
 MAX_ROWS = {16: 64, 32: 64, 64: 64, 128: 64, 256: 32}
 MIN_ROWS = 16  # tl.dot's smallest M: fewer rows are padded (the tensor cores have time to spare)
+MIN_BLOCK_D = 16  # tl.dot's smallest K: head dims under 16 are padded (masked loads, zeros)
 # Programs an SM holds at once at these tiles (shared memory and registers, above): what "a wave" means.
 PROGRAMS_PER_SM = 3
 
@@ -245,7 +246,7 @@ def decode_plan(batch: int, heads_q: int, heads_kv: int, n_queries: int, head_di
                     **shape)
     group = heads_q // heads_kv
     rows = group * n_queries
-    block_d = _device.next_power_of_2(head_dim)
+    block_d = max(MIN_BLOCK_D, _device.next_power_of_2(head_dim))
     block_n = _key_block(block_d, interpreting)
     max_rows = INTERPRETER_MAX_ROWS if interpreting else MAX_ROWS[block_d]
     block_m = min(max(MIN_ROWS, _device.next_power_of_2(rows)), max(max_rows, MIN_ROWS))

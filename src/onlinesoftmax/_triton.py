@@ -162,6 +162,15 @@ def known_multiple(n, MULTIPLE: tl.constexpr):
 
 
 @triton.jit
+def strides_on_vectors(stride_0, stride_1, stride_2, stride_3, VEC: tl.constexpr):
+    """known_multiple of four strides (the attention and decode kernels' batch, head and row strides
+    and a merged-head stride, 0 where there is none) for a head dim whose rows the launcher found
+    whole vectors of VEC elements (_launch.vector_width)."""
+    return (known_multiple(stride_0, VEC), known_multiple(stride_1, VEC), known_multiple(stride_2, VEC),
+            known_multiple(stride_3, VEC))
+
+
+@triton.jit
 def aligned_row(base_ptr, row_off, ALIGN: tl.constexpr):
     """(pointer, head): row ``row_off`` of a 16-byte-aligned tensor addressed from the granule
     boundary at or below its start; its columns sit at [head, head + n_cols) from that pointer."""

@@ -21,10 +21,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..._triton import NEG_INF, mma
+from ..._triton import NEG_INF, mma, strides_on_vectors
 from .kernels import (COUNT_ARGS, head_descriptor, key_ranges, key_value_bases, load_part, load_tile, on_vectors,
                       own_descriptor, qkv_descriptors, qkv_on_vectors, query_program, store_part, store_tile,
-                      strides_on_vectors, visible)
+                      visible)
 
 
 @triton.jit

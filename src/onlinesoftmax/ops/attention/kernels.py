@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..._triton import NEG_INF, known_multiple, mma
+from ..._triton import NEG_INF, known_multiple, mma, strides_on_vectors
 
 LOG2E = 1.4426950408889634  # scores go to exp2 as scale * log2(e) * q.k
 LN2 = tl.constexpr(0.6931471805599453)  # the kernels' lse leaves log2 units: lse = (m + log2 l) ln 2
@@ -50,13 +50,6 @@ def on_vectors(x, VEC: tl.constexpr):
     registers and spills, its forward 1.5x slower than the same tiles at head dim 48 (72 and 88
     causal: 3.6x; docs/perf-attention.md)."""
     return known_multiple(x, VEC)
-
-
-@triton.jit
-def strides_on_vectors(stride_b, stride_h, stride_s, head_stride, VEC: tl.constexpr):
-    """on_vectors of a tensor's batch, head and row strides and merged-head stride."""
-    return (on_vectors(stride_b, VEC), on_vectors(stride_h, VEC), on_vectors(stride_s, VEC),
-            on_vectors(head_stride, VEC))
 
 
 @triton.jit

@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..._triton import NEG_INF, known_multiple, max_keep_nan, mma, nan_max
+from ..._triton import NEG_INF, max_keep_nan, mma, nan_max, strides_on_vectors
 
 LOG2E = 1.4426950408889634  # scores go to exp2 as scale * log2(e) * q.k
 LN2 = tl.constexpr(0.6931471805599453)  # lse in log2 units times ln 2: natural-log lse
@@ -100,12 +100,6 @@ def key_rows(table_row, stride_tp, start, keys, key_ok, PAGE_SIZE: tl.constexpr,
     return page, row.to(tl.int64)
 
 
-@triton.jit
-def vector_strides(stride_0, stride_1, stride_2, VEC: tl.constexpr):
-    """A 4-D tensor's first three strides as known multiples of VEC (its head-dim stride is 1)."""
-    return known_multiple(stride_0, VEC), known_multiple(stride_1, VEC), known_multiple(stride_2, VEC)
-
-
 # Lengths and counts that vary from call to call in serving (batch size, the planner's split
 # numbers) are not specialized by value: Triton would otherwise compile again for each of them
 # equal to 1 or divisible by 16, while the tiles are bounded by masks either way.
@@ -138,10 +132,10 @@ def decode_split_kernel(
     rows are whole 16-byte vectors, which Triton's specialization cannot see), so that rows of q, K,
     V and the output move 16 bytes at a time.
     """
-    stride_qb, stride_qs, stride_qh = vector_strides(stride_qb, stride_qs, stride_qh, VEC)
-    stride_kp, stride_ks, stride_kh = vector_strides(stride_kp, stride_ks, stride_kh, VEC)
-    stride_vp, stride_vs, stride_vh = vector_strides(stride_vp, stride_vs, stride_vh, VEC)
-    stride_ob, stride_os, stride_oh = vector_strides(stride_ob, stride_os, stride_oh, VEC)
+    stride_qb, stride_qs, stride_qh, _ = strides_on_vectors(stride_qb, stride_qs, stride_qh, 0, VEC)
+    stride_kp, stride_ks, stride_kh, _ = strides_on_vectors(stride_kp, stride_ks, stride_kh, 0, VEC)
+    stride_vp, stride_vs, stride_vh, _ = strides_on_vectors(stride_vp, stride_vs, stride_vh, 0, VEC)
+    stride_ob, stride_os, stride_oh, _ = strides_on_vectors(stride_ob, stride_os, stride_oh, 0, VEC)
     n_rows = group * n_queries
     row_blocks = tl.cdiv(n_rows, BLOCK_M)
     h_kv = tl.program_id(0) // row_blocks
@@ -299,7 +293,7 @@ def decode_merge_kernel(
     """Grid (row blocks of n_queries x n_heads_q output rows, head-dim blocks, batch). Finds its
     sequence's slots as the split kernel did and merges them; a one-split sequence was written by
     the split kernel, and its programs return at once. VEC as for the split kernel."""
-    stride_ob, stride_os, stride_oh = vector_strides(stride_ob, stride_os, stride_oh, VEC)
+    stride_ob, stride_os, stride_oh, _ = strides_on_vectors(stride_ob, stride_os, stride_oh, 0, VEC)
     b = tl.program_id(2)
     index, lens, blocks, splits, ends = sequence_splits(
         seqlens_ptr, stride_seqlens, batch, capacity, min_chunk_blocks, target_splits, num_splits,

@@ -104,8 +104,13 @@ ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
 # key blocks of 32 with 3 stages, which keep several programs an SM and their next key blocks in
 # flight. D64 S128 83 -> 160 (causal 40 -> 84), GQA 89 -> 188 (42 -> 101), S512 233 -> 288 (127 ->
 # 206), S1000 289 -> 313 (193 -> 248); D128 S128 132 -> 171 (65 -> 90), S512 causal 208 -> 237 (the
-# warp-specialized forward stays at S512 non-causal: 348 against 323). The backward's tables were
-# best over the short shapes swept (geometric mean): no backward rows.
+# warp-specialized forward stays at S512 non-causal: 348 against 323). The dK/dV tables were best
+# over the short shapes swept (geometric mean). D128's dQ kernel at three stages instead of two, the
+# sweep's D128 cells, bf16 backward TFLOP/s, two -> three stages, MHA / GQA H32/8 (scripts/tune/
+# sweep_attention.py --backward-only --split-backward, docs/notes/2026-11/sweep_attention-dq_stages-h100.log):
+# S512 212.7 -> 225.0 / 258.2 -> 273.5 (causal 123.6 -> 128.5 / 154.8 -> 161.3), S1000 260.0 ->
+# 275.1 / 298.3 -> 298.2 (175.7 -> 187.8 / 206.6 -> 215.0), S2048 306.4 -> 326.9 / 345.7 -> 329.5
+# (242.6 -> 257.5 / 271.8 -> 279.8); from S3000 up it went both ways (-6.5% to +6.9%), so two stages stay there.
 ATTENTION_SHORT_CONFIGS = {
     "forward": ((512, 64, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (1024, 64, (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
@@ -114,7 +119,7 @@ ATTENTION_SHORT_CONFIGS = {
                 (512, 80, None, (64, 32, 4, 3, "pointer")),
                 (512, 96, None, (64, 32, 4, 3, "pointer"))),
     "backward_dkdv": (),
-    "backward_dq": (),
+    "backward_dq": ((2048, 128, (128, 32, 8, 3), (128, 32, 8, 3)),),
 }
 # Head dims the forward computes in two power-of-two parts (80 = 64 + 16, 96 = 64 + 32, 192 = 128 + 64:
 # head_dim_parts) instead of padding them to the next power of two, whose zero columns cost a

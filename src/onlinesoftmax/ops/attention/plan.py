@@ -48,10 +48,19 @@ def head_dim_parts(head_dim: int) -> tuple[int, int]:
 # registers a thread). The causal D256 dK/dV kernel runs one stage: a third round, causal only
 # (sweep_attention-d256_causal-h100.log), measured 2 -> 1 stage 94.8 -> 100.9 TFLOP/s at S512,
 # 128.5 -> 136.2 at S1000, 171.8 -> 178.0 at S2048, 217.4 -> 219.7 at S8191 (backward alone).
+# The forward's 160 row serves the head dims it computes in two parts up to 160 (136 = 128 + 16
+# past it, 144, 152, 160), which had read the 256 row: bf16 forward TFLOP/s, (128, 64, 8, 2) ->
+# (128, 32, 4, 3) (scripts/tune/sweep_attention.py --forward-only, docs/notes/2026-11/
+# sweep_attention-head_dims_136_192-h100.log): D144 B64 H16 S512 220.4 -> 294.9 (causal 138.9 ->
+# 167.0; FLASH 191.8 / 139.8), S1000 267.0 -> 344.9 (193.6 -> 232.5), S2048 339.5 -> 407.6 (259.0
+# -> 314.1), S8191 412.5 -> 441.4 (360.8 -> 405.0); D160 S512 237.5 -> 308.9, S2048 372.9 -> 412.8
+# (291.6 -> 331.5); D136 S512 215.8 -> 292.9 (95.9 -> 181.4: 0.74x FLASH before); D152 S512 228.7
+# -> 265.1. Causal rows up to 512 keys take pointer loads instead (ATTENTION_SHORT_CONFIGS).
 ATTENTION_CONFIGS = {
     "forward": ((64, (64, 128, 4, 3), (64, 64, 4, 4)),
                 (96, (128, 64, 4, 3), (128, 64, 4, 3)),
                 (128, (128, 128, 8, 3), (128, 128, 8, 3)),
+                (160, (128, 32, 4, 3), (128, 32, 4, 3)),
                 (256, (128, 64, 8, 2), (128, 64, 8, 2))),
     "backward_dkdv": ((64, (32, 64, 4, 2), (32, 64, 4, 2)),
                       (128, (32, 64, 4, 3), (32, 64, 4, 3)),
@@ -104,7 +113,13 @@ ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
 # key blocks of 32 with 3 stages, which keep several programs an SM and their next key blocks in
 # flight. D64 S128 83 -> 160 (causal 40 -> 84), GQA 89 -> 188 (42 -> 101), S512 233 -> 288 (127 ->
 # 206), S1000 289 -> 313 (193 -> 248); D128 S128 132 -> 171 (65 -> 90), S512 causal 208 -> 237 (the
-# warp-specialized forward stays at S512 non-causal: 348 against 323). The dK/dV tables were best
+# warp-specialized forward stays at S512 non-causal: 348 against 323). Causal D144-D160 at S512
+# (the forward's 160 row's config -> the short row's): D144 167.0 -> 191.8 (GQA H32/8 183.3 ->
+# 209.4), D152 163.1 -> 184.2, D160 171.8 -> 210.4 (FLASH 139.8, 144.5, 143.7, 157.1; the log of
+# the 160 row). D192 (128 + 64) at S512, D256's row -> this: 271.0 -> 305.1, causal 172.7 -> 231.6
+# (FLASH 280.5, 202.6); at S2048 D256's row stays ahead (424.4 against 356.1, causal 334.3 against
+# 307.9; sweep_attention-head_dims_136_192-h100.log). D176 (128 + 64 past it) found no config ahead of
+# D256's row at S512 causal (158.0 TFLOP/s, FLASH 170.8). The dK/dV tables were best
 # over the short shapes swept (geometric mean). D128's dQ kernel at three stages instead of two, the
 # sweep's D128 cells, bf16 backward TFLOP/s, two -> three stages, MHA / GQA H32/8 (scripts/tune/
 # sweep_attention.py --backward-only --split-backward, docs/notes/2026-11/sweep_attention-dq_stages-h100.log):
@@ -117,7 +132,11 @@ ATTENTION_SHORT_CONFIGS = {
                 (128, 128, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (512, 128, None, (64, 32, 4, 3, "pointer")),
                 (512, 80, None, (64, 32, 4, 3, "pointer")),
-                (512, 96, None, (64, 32, 4, 3, "pointer"))),
+                (512, 96, None, (64, 32, 4, 3, "pointer")),
+                (512, 144, None, (64, 64, 4, 2, "pointer")),
+                (512, 152, None, (64, 32, 4, 3, "pointer")),
+                (512, 160, None, (64, 32, 4, 3, "pointer")),
+                (512, 192, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer"))),
     "backward_dkdv": (),
     "backward_dq": ((2048, 128, (128, 32, 8, 3), (128, 32, 8, 3)),),
 }

@@ -351,7 +351,8 @@ def test_split_head_dim_backward(shape, head_dim, loads, gen, monkeypatch, plan_
                   ATTENTION_SHORT_CONFIGS=dict.fromkeys(plan.ATTENTION_SHORT_CONFIGS, ()), ATTENTION_BACKWARD_FUSED=(),
                   ATTENTION_BACKWARD_POINTER_MAX_WORK=0,
                   ATTENTION_BACKWARD_SPLIT_HEAD_DIMS=dict.fromkeys(("backward_dkdv", "backward_dq"), (96, 144, 160, 192)),
-                  ATTENTION_BACKWARD_SPLIT_VECTORS_FROM=dict.fromkeys(("backward_dkdv", "backward_dq"), 65))
+                  ATTENTION_BACKWARD_SPLIT_VECTORS_FROM=dict.fromkeys(("backward_dkdv", "backward_dq"), 65),
+                  ATTENTION_BACKWARD_PADDED_SHORT=dict.fromkeys(("backward_dkdv", "backward_dq"), ()))
     q, k, v = make_qkv(gen, *SPLIT_SHAPES[shape], head_dim, torch.bfloat16, requires_grad=True)
     d_out = make_logits(q.shape, torch.bfloat16, gen, scale=1.0, outliers=False)
     for mode in MODES:
@@ -494,13 +495,24 @@ def test_split_backward_plans(monkeypatch):
     monkeypatch.setattr(plan, "interpreter_active", lambda: False)
     cuda = torch.device("cuda")
     for kernel in ("backward_dkdv", "backward_dq"):
-        for head_dim, whole_vectors, parts in ((160, False, (128, 32)), (136, True, (128, 16)), (136, False, (256, 0)),
-                                               (112, False, (128, 0)), (256, False, (256, 0))):
+        for head_dim, whole_vectors, parts in ((160, False, (128, 32)), (152, True, (128, 32)), (136, False, (256, 0)),
+                                               (112, False, (128, 0)), (256, False, (256, 0)),
+                                               (136, True, (128, 16))):
             chosen = plan.attention_plan(kernel, head_dim, torch.bfloat16, True, cuda, 4096, 4096, True,
                                          whole_vectors=whole_vectors)
             assert (chosen.block_d, chosen.block_d2) == parts, (kernel, head_dim, whole_vectors)
             row = next(r for r in plan.ATTENTION_CONFIGS[kernel] if (head_dim if parts[1] else parts[0]) <= r[0])
-            assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages) == row[2], (kernel, head_dim)
+            own = None if parts[1] else plan.ATTENTION_HEAD_DIM_CONFIGS.get(kernel, {}).get(head_dim)
+            expected = own[1] if own else row[2]  # a padded head dim measured on its own: its own config
+            assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages) == expected, (kernel, head_dim)
+    # Up to the length of an ATTENTION_BACKWARD_PADDED_SHORT row its kernel pads instead (D136's dQ
+    # up to 512 keys), on its own config.
+    for length, parts in ((512, (256, 0)), (513, (128, 16))):
+        chosen = plan.attention_plan("backward_dq", 136, torch.bfloat16, True, cuda, length, length, True,
+                                     whole_vectors=True)
+        assert (chosen.block_d, chosen.block_d2) == parts, length
+    assert plan.attention_plan("backward_dkdv", 136, torch.bfloat16, True, cuda, 512, 512, True,
+                               whole_vectors=True).block_d2 == 16
     # A padded head dim measured on its own takes its own config (ATTENTION_HEAD_DIM_CONFIGS).
     for kernel, configs in plan.ATTENTION_HEAD_DIM_CONFIGS.items():
         for head_dim, own in configs.items():

@@ -212,7 +212,8 @@ def backward_split(variant=None):
     return {"ATTENTION_BACKWARD_SPLIT_HEAD_DIMS": {k: tuple(range(8, MAX_HEAD_DIM + 1)) if k in kernels else ()
                                                    for k in ("backward_dkdv", "backward_dq")},
             "ATTENTION_BACKWARD_SPLIT_VECTORS_FROM": {k: 65 if k in kernels else MAX_HEAD_DIM + 1
-                                                      for k in ("backward_dkdv", "backward_dq")}}
+                                                      for k in ("backward_dkdv", "backward_dq")},
+            "ATTENTION_BACKWARD_PADDED_SHORT": dict.fromkeys(("backward_dkdv", "backward_dq"), ())}
 
 
 def forced_forward(config, loads, variant=None):

@@ -64,6 +64,7 @@ ATTENTION_CONFIGS = {
                 (256, (128, 64, 8, 2), (128, 64, 8, 2))),
     "backward_dkdv": ((64, (32, 64, 4, 2), (32, 64, 4, 2)),
                       (128, (32, 64, 4, 3), (32, 64, 4, 3)),
+                      (136, (32, 64, 4, 3), (32, 64, 4, 3)),
                       (160, (32, 64, 4, 2), (32, 64, 4, 2)),
                       (192, (32, 64, 4, 2), (16, 64, 4, 2)),
                       (256, (64, 64, 8, 2), (64, 64, 8, 1))),
@@ -78,7 +79,8 @@ ATTENTION_CONFIGS = {
 # (scripts/tune/sweep_attention.py --split-backward, docs/notes/2026-11/sweep_attention-split_backward-h100.log):
 # B64 H16 S512 164.7 -> 173.3 (causal 96.1 -> 100.1), B16 H16 S2048 238.2 -> 250.7 (182.1 ->
 # 192.0), B4 H16 S8191 266.8 -> 264.5 (240.5 -> 250.7), B64 H32/8 S512 197.6 -> 213.8 (121.3 -> 126.2).
-ATTENTION_HEAD_DIM_CONFIGS = {"backward_dq": {96: ((128, 32, 8, 3), (128, 32, 8, 3))}}
+ATTENTION_HEAD_DIM_CONFIGS = {"backward_dq": {96: ((128, 32, 8, 3), (128, 32, 8, 3)),
+                                              136: ((128, 32, 8, 3), (128, 32, 8, 3))}}
 # The backward reads through TMA descriptors (ATTENTION_USE_DESCRIPTOR) only where its work,
 # batch x query heads x queries x keys x head dim, is above this: a launch with device-side
 # descriptors goes through Triton's Python launcher (scratch memory a launch), and an eager training
@@ -182,6 +184,13 @@ ATTENTION_FORWARD_SPLIT_VECTORS_FROM = 65
 # D96 causal, D160 at one stage): such loops run at least two stages (dkdv_query_blocks, and the plan).
 ATTENTION_BACKWARD_SPLIT_HEAD_DIMS = {"backward_dkdv": (144, 160, 192), "backward_dq": (144, 160, 192)}
 ATTENTION_BACKWARD_SPLIT_VECTORS_FROM = {"backward_dkdv": 129, "backward_dq": 129}
+# ... except up to a length (the longer of queries and keys), by kernel: (most keys, head dim) rows
+# where that kernel pads instead. D136's dQ kernel padded (its own config, ATTENTION_HEAD_DIM_CONFIGS),
+# the dK/dV kernel split at 3 stages, backward TFLOP/s against both split (docs/notes/2026-11/
+# sweep_attention-backward_head_dims_136_192-h100.log, bf16): B64 H16 S512 147.0 against 137.9,
+# causal 86.8 against 82.3 (FLASH 114.9 / 80.8); but B16 S2048 219.4 against 224.6 (causal 175.8 /
+# 172.9) and B4 S8191 256.0 against 265.5 (233.2 / 243.7), so it pads up to 512 keys alone.
+ATTENTION_BACKWARD_PADDED_SHORT = {"backward_dkdv": (), "backward_dq": ((512, 136),)}
 # The fused backward (one kernel, one program per KV head, its keys in one block: delta, dK, dV and
 # dQ together, one launch for three; BLOCK_N is the keys' power of two, at least 16). A program
 # holds K, V, dK and dV of its keys and loops over the query blocks of its query heads. Rows
@@ -285,7 +294,8 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
     if device_type != "cuda" and not interpreting:
         return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
     block_d = padded_head_dim(head_dim)
-    split = _splits(kernel, head_dim, whole_vectors)
+    split = _splits(kernel, head_dim, whole_vectors) and not any(
+        length <= most and head_dim == dim for most, dim in ATTENTION_BACKWARD_PADDED_SHORT.get(kernel, ()))
     # Rows are read by the head dim itself: a padded dim takes its power of two's row unless a row
     # of its own comes first (the forward's 96, which its split dims 80 and 96 measured with).
     short = None if interpreting else next(

@@ -56,6 +56,8 @@ def head_dim_parts(head_dim: int) -> tuple[int, int]:
 # -> 314.1), S8191 412.5 -> 441.4 (360.8 -> 405.0); D160 S512 237.5 -> 308.9, S2048 372.9 -> 412.8
 # (291.6 -> 331.5); D136 S512 215.8 -> 292.9 (95.9 -> 181.4: 0.74x FLASH before); D152 S512 228.7
 # -> 265.1. Causal rows up to 512 keys take pointer loads instead (ATTENTION_SHORT_CONFIGS).
+# The dK/dV kernel's 136 row: D136 computed as 128 + 16 at 3 stages (ATTENTION_BACKWARD_PADDED_SHORT's
+# measurements: 2 -> 3 stages with both kernels split 224.6 -> 223.6 at S2048, 265.5 -> 273.0 at S8191).
 ATTENTION_CONFIGS = {
     "forward": ((64, (64, 128, 4, 3), (64, 64, 4, 4)),
                 (96, (128, 64, 4, 3), (128, 64, 4, 3)),

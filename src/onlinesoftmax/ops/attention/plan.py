@@ -122,8 +122,9 @@ ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
 # 209.4), D152 163.1 -> 184.2, D160 171.8 -> 210.4 (FLASH 139.8, 144.5, 143.7, 157.1; the log of
 # the 160 row). D192 (128 + 64) at S512, D256's row -> this: 271.0 -> 305.1, causal 172.7 -> 231.6
 # (FLASH 280.5, 202.6); at S2048 D256's row stays ahead (424.4 against 356.1, causal 334.3 against
-# 307.9; sweep_attention-head_dims_136_192-h100.log). D176 (128 + 64 past it) found no config ahead of
-# D256's row at S512 causal (158.0 TFLOP/s, FLASH 170.8). The dK/dV tables were best
+# 307.9; sweep_attention-head_dims_136_192-h100.log). D176 found no config ahead of D256's row at
+# S512 causal (158.0 TFLOP/s, FLASH 170.8), padded to 256 in every one: its launches never take the
+# split (whole_vectors is false at multiples of 16; docs/perf-attention.md). The dK/dV tables were best
 # over the short shapes swept (geometric mean). D128's dQ kernel at three stages instead of two, the
 # sweep's D128 cells, bf16 backward TFLOP/s, two -> three stages, MHA / GQA H32/8 (scripts/tune/
 # sweep_attention.py --backward-only --split-backward, docs/notes/2026-11/sweep_attention-dq_stages-h100.log):

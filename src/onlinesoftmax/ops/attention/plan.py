@@ -297,8 +297,7 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
     if device_type != "cuda" and not interpreting:
         return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
     block_d = padded_head_dim(head_dim)
-    split = _splits(kernel, head_dim, whole_vectors) and not any(
-        length <= most and head_dim == dim for most, dim in ATTENTION_BACKWARD_PADDED_SHORT.get(kernel, ()))
+    split = _splits(kernel, head_dim, whole_vectors, length)
     # Rows are read by the head dim itself: a padded dim takes its power of two's row unless a row
     # of its own comes first (the forward's 96, which its split dims 80 and 96 measured with).
     short = None if interpreting else next(
@@ -338,11 +337,14 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
                          block_d2=second, max_registers=cap, **dict(zip(_CONFIG_FIELDS, config)))
 
 
-def _splits(kernel: str, head_dim: int, whole_vectors: bool) -> bool:
-    """Whether ``kernel`` computes ``head_dim`` in two parts (the forward's or the backward's split tables)."""
+def _splits(kernel: str, head_dim: int, whole_vectors: bool, length: int) -> bool:
+    """Whether ``kernel`` computes ``head_dim`` in two parts at this length (the forward's or the
+    backward's split tables, less the backward's ATTENTION_BACKWARD_PADDED_SHORT rows)."""
     if kernel == "forward":
         dims, vectors_from = ATTENTION_FORWARD_SPLIT_HEAD_DIMS, ATTENTION_FORWARD_SPLIT_VECTORS_FROM
     else:
+        if any(length <= most and head_dim == dim for most, dim in ATTENTION_BACKWARD_PADDED_SHORT[kernel]):
+            return False
         dims, vectors_from = ATTENTION_BACKWARD_SPLIT_HEAD_DIMS[kernel], ATTENTION_BACKWARD_SPLIT_VECTORS_FROM[kernel]
     return head_dim in dims or (whole_vectors and head_dim >= vectors_from and head_dim_parts(head_dim)[1] > 0)
 

@@ -216,13 +216,14 @@ def test_single_row_views_keep_their_head_stride(gen):
 
 # Head dims off the tuned ones, as models have them (Stable Diffusion's 40 and 160, 72, 112), below
 # the tensor cores' depth of 16 (8), off the 16-byte rows TMA needs (36: pointer loads), and the
-# untuned ones the forward splits (48, 144).
-UNTUNED_HEAD_DIMS = (8, 36, 40, 48, 72, 112, 144, 160)
+# untuned ones the forward splits (48, 144), and 176, a multiple of 16 whose parts (128 + 64) run past it.
+UNTUNED_HEAD_DIMS = (8, 36, 40, 48, 72, 112, 144, 160, 176)
 # The forward's parts where a head dim is two powers of two (plan.head_dim_parts), or from 65 up
-# runs past them with rows of whole 16-byte vectors (72, contiguous); the rest are padded.
-FORWARD_PARTS = {72: (64, 16), 80: (64, 16), 96: (64, 32), 144: (128, 16), 160: (128, 32), 192: (128, 64)}
+# runs past them with rows of whole 16-byte vectors (72 and 176, contiguous); the rest are padded.
+FORWARD_PARTS = {72: (64, 16), 80: (64, 16), 96: (64, 32), 144: (128, 16), 160: (128, 32), 176: (128, 64),
+                 192: (128, 64)}
 # ... and the backward's dK/dV and dQ kernels', above 128 (plan.ATTENTION_BACKWARD_SPLIT_HEAD_DIMS).
-BACKWARD_PARTS = {144: (128, 16), 160: (128, 32), 192: (128, 64)}
+BACKWARD_PARTS = {144: (128, 16), 160: (128, 32), 176: (128, 64), 192: (128, 64)}
 
 
 @pytest.mark.parametrize("head_dim", attention_op.TUNED_HEAD_DIMS + UNTUNED_HEAD_DIMS)
@@ -268,6 +269,29 @@ def test_head_dims_of_whole_vectors(head_dim, row_length, transpose, vec, gen):
         assert not attention_module.descriptor_ok(q, k, v)
     for mode in MODES:
         check_all(q, k, v, mode, torch.bfloat16, f"D{head_dim} rows of {row_length} {mode}", gen)
+
+
+@pytest.mark.parametrize("row_length, offset, splits", [(176, 0, True), (192, 16, True), (184, 0, False),
+                                                       (192, 1, False)])
+def test_multiple_of_16_past_its_parts(row_length, offset, splits, gen):
+    """Head dim 176 (128 + 64, 16 columns past it) is a multiple of 16: VEC stays 1 and the
+    compiler learns its rows are whole 16-byte vectors from Triton's specialization of the head dim
+    and strides, so the kernels split it where every stride is a multiple of 16 elements and every
+    pointer 16-byte aligned (rows of 176 or 192, at column 0 or 16), and pad it where not (rows of
+    184: stride 184; column 1: a pointer 2 bytes off)."""
+    q, k, v = _views_of_rows(gen, 176, row_length, False, offset, lengths=(21, 30))
+    assert attention_module.vector_width(176, q, k, v) == 1
+    assert attention_module.rows_of_whole_vectors(176, 1, q, k, v) == splits
+    parts = plan.head_dim_parts(176) if splits else (256, 0)
+    for mode in MODES:
+        check_all(q, k, v, mode, torch.bfloat16, f"D176 rows of {row_length} at column {offset} {mode}", gen)
+        if TRITON_RUNS:
+            backward = plan.last_attention_plan()
+            assert (backward.block_d, backward.block_d2) == parts, backward.describe()
+            with torch.no_grad():
+                attention(q, k, v, causal=CAUSAL_ARG[mode])
+            forward = plan.last_attention_plan()
+            assert (forward.block_d, forward.block_d2) == parts, forward.describe()
 
 
 def test_random_head_dims_and_layouts(gen):
@@ -351,8 +375,7 @@ def test_split_head_dim_backward(shape, head_dim, loads, gen, monkeypatch, plan_
                   ATTENTION_SHORT_CONFIGS=dict.fromkeys(plan.ATTENTION_SHORT_CONFIGS, ()), ATTENTION_BACKWARD_FUSED=(),
                   ATTENTION_BACKWARD_POINTER_MAX_WORK=0,
                   ATTENTION_BACKWARD_SPLIT_HEAD_DIMS=dict.fromkeys(("backward_dkdv", "backward_dq"), (96, 144, 160, 192)),
-                  ATTENTION_BACKWARD_SPLIT_VECTORS_FROM=dict.fromkeys(("backward_dkdv", "backward_dq"), 65),
-                  ATTENTION_BACKWARD_PADDED_SHORT=dict.fromkeys(("backward_dkdv", "backward_dq"), ()))
+                  ATTENTION_BACKWARD_SPLIT_VECTORS_FROM=dict.fromkeys(("backward_dkdv", "backward_dq"), 65))
     q, k, v = make_qkv(gen, *SPLIT_SHAPES[shape], head_dim, torch.bfloat16, requires_grad=True)
     d_out = make_logits(q.shape, torch.bfloat16, gen, scale=1.0, outliers=False)
     for mode in MODES:
@@ -505,14 +528,6 @@ def test_split_backward_plans(monkeypatch):
             own = None if parts[1] else plan.ATTENTION_HEAD_DIM_CONFIGS.get(kernel, {}).get(head_dim)
             expected = own[1] if own else row[2]  # a padded head dim measured on its own: its own config
             assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages) == expected, (kernel, head_dim)
-    # Up to the length of an ATTENTION_BACKWARD_PADDED_SHORT row its kernel pads instead (D136's dQ
-    # up to 512 keys), on its own config.
-    for length, parts in ((512, (256, 0)), (513, (128, 16))):
-        chosen = plan.attention_plan("backward_dq", 136, torch.bfloat16, True, cuda, length, length, True,
-                                     whole_vectors=True)
-        assert (chosen.block_d, chosen.block_d2) == parts, length
-    assert plan.attention_plan("backward_dkdv", 136, torch.bfloat16, True, cuda, 512, 512, True,
-                               whole_vectors=True).block_d2 == 16
     # A padded head dim measured on its own takes its own config (ATTENTION_HEAD_DIM_CONFIGS).
     for kernel, configs in plan.ATTENTION_HEAD_DIM_CONFIGS.items():
         for head_dim, own in configs.items():
@@ -657,12 +672,16 @@ def test_errors(args, kwargs, error, words):
 @pytest.mark.parametrize("n_queries, n_keys", [(1000, 1000), (4097, 4097), (1, 4097), (4097, 1000), (1000, 2048)])
 def test_long_sequences_gpu(n_queries, n_keys, mode, head_dim, gen, plan_override):
     """Full-size blocks, the configured launch parameters and TMA (pointer loads where a row is no
-    multiple of 16 bytes), at lengths that end mid-block (the backward's TMA at every size: these
-    are below ATTENTION_BACKWARD_POINTER_MAX_WORK)."""
+    multiple of 16 bytes, or a short row says "pointer"), at lengths that end mid-block (the
+    backward's TMA at every other size: these are below ATTENTION_BACKWARD_POINTER_MAX_WORK)."""
     plan_override("attention", ATTENTION_BACKWARD_POINTER_MAX_WORK=0)
     q, k, v = make_qkv(gen, 1, 4, 2, n_queries, n_keys, head_dim, torch.bfloat16, requires_grad=True)
     check_all(q, k, v, mode, torch.bfloat16, f"{n_queries}x{n_keys} D={head_dim} {mode}", gen)
-    assert plan.last_attention_plan().use_descriptor == (head_dim * 2 % 16 == 0)
+    backward = plan.last_attention_plan()
+    short = next((r[2 + (mode != "none")] for r in plan.ATTENTION_SHORT_CONFIGS[backward.kernel]
+                  if max(n_queries, n_keys) <= r[0] and head_dim == r[1]), None)
+    pointer_row = short is not None and short[4:] == ("pointer",)
+    assert backward.use_descriptor == (head_dim * 2 % 16 == 0 and not pointer_row), backward.describe()
 
 
 @gpu_only

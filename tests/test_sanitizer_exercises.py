@@ -163,11 +163,11 @@ def test_topk_selections(dtype, k, strategy, num_chunks, strided):
 
 @pytest.mark.parametrize("use_descriptor", [True, False], ids=["descriptors", "pointers"])
 @pytest.mark.parametrize("mode", ["none", "top_left", "bottom_right"])
-@pytest.mark.parametrize("head_dim", [32, 80, 136, 144, 160, 192, 256])
+@pytest.mark.parametrize("head_dim", [32, 80, 136, 144, 160, 176, 192, 256])
 def test_attention_load_paths(head_dim, mode, use_descriptor):
-    # Head dims 32, 80 (the forward in two parts, the backward padded to 128), 136, 144 and 160 (both
-    # directions in two parts: 128 + 16 past the head dim, 128 + 16, 128 + 32; short rows on
-    # pointer loads at 144, 160 and 192, the forward in two parts at 192) and 256; GQA (4 query heads on
+    # Head dims 32, 80 (the forward in two parts, the backward padded to 128), 136, 144, 160 and 176
+    # (both directions in two parts: 128 + 16 past the head dim, 128 + 16, 128 + 32, 128 + 64 past
+    # it; short rows on pointer loads at 144, 160 and 192, the forward in two parts at 192) and 256; GQA (4 query heads on
     # 2 KV heads); 70 queries and 45 keys end mid-block, and bottom-right causal leaves the first
     # queries no visible key.
     gen = torch.Generator().manual_seed(0)

@@ -164,6 +164,28 @@ SPLIT_BACKWARD_CANDIDATES = {
                  ((16, 64, 4, 3), (128, 32, 8, 3), True, "split"), ((16, 128, 4, 2), (128, 32, 8, 3), True, "split"),
                  ((16, 128, 8, 2), (128, 32, 8, 3), True, "split")],
 }
+# A fourth round, causal at S128-S512 (--mask causal), where D176 and D192 trail FLASH: the dK/dV
+# kernel's 16-query config with dQ kernels of smaller query and key blocks, then the dK/dV kernel
+# at 3 stages and over 32-key blocks.
+SPLIT_BACKWARD_CANDIDATES["short-causal"] = [
+    ((16, 64, 4, 2), (128, 32, 8, 3), True, "split"), ((16, 64, 4, 2), (64, 32, 4, 3), True, "split"),
+    ((16, 64, 4, 2), (64, 64, 4, 2), True, "split"), ((16, 64, 4, 2), (64, 16, 4, 3), True, "split"),
+    ((16, 64, 4, 2), (128, 64, 8, 2), True, "split"), ((16, 64, 4, 2), (32, 32, 4, 3), True, "split"),
+    ((16, 64, 4, 3), (128, 32, 8, 3), True, "split"), ((16, 32, 4, 3), (128, 32, 8, 3), True, "split"),
+    ((16, 64, 4, 2), (128, 32, 8, 3), False, "split")]
+# A fifth round over the split head dims and lengths, after the fourth found pointer loads ahead:
+# each dK/dV row's config (136's at 3 stages, 144-192's non-causal and causal) through TMA
+# descriptors and through pointers.
+SPLIT_BACKWARD_CANDIDATES["loads"] = [
+    (dkdv, (128, 32, 8, 3), use_descriptor, "split")
+    for dkdv in ((32, 64, 4, 3), (32, 64, 4, 2), (16, 64, 4, 2)) for use_descriptor in (True, False)]
+# ... and at head dim 256 (padded, no parts), where causal forward + backward trailed FLASH at
+# S512-S2048: its tables' configs through descriptors and pointers, then smaller query blocks.
+SPLIT_BACKWARD_CANDIDATES["d256-loads"] = [
+    ((64, 64, 8, 2), (128, 32, 8, 2), True), ((64, 64, 8, 2), (128, 32, 8, 2), False),
+    ((64, 64, 8, 1), (128, 32, 8, 2), True), ((64, 64, 8, 1), (128, 32, 8, 2), False),
+    ((32, 64, 8, 1), (128, 32, 8, 2), False), ((16, 64, 4, 2), (128, 32, 8, 2), False),
+    ((32, 64, 4, 2), (128, 32, 8, 2), False), ((64, 64, 8, 1), (64, 32, 4, 2), False)]
 SPLIT_BACKWARD_CANDIDATES[80] = SPLIT_BACKWARD_CANDIDATES[96]
 SPLIT_BACKWARD_CANDIDATES[144] = SPLIT_BACKWARD_CANDIDATES[160]
 # Head dims whose second part runs past them (136 = 128 + 16, 176 = 128 + 64), behind FLASH at S512
@@ -212,8 +234,7 @@ def backward_split(variant=None):
     return {"ATTENTION_BACKWARD_SPLIT_HEAD_DIMS": {k: tuple(range(8, MAX_HEAD_DIM + 1)) if k in kernels else ()
                                                    for k in ("backward_dkdv", "backward_dq")},
             "ATTENTION_BACKWARD_SPLIT_VECTORS_FROM": {k: 65 if k in kernels else MAX_HEAD_DIM + 1
-                                                      for k in ("backward_dkdv", "backward_dq")},
-            "ATTENTION_BACKWARD_PADDED_SHORT": dict.fromkeys(("backward_dkdv", "backward_dq"), ())}
+                                                      for k in ("backward_dkdv", "backward_dq")}}
 
 
 def forced_forward(config, loads, variant=None):

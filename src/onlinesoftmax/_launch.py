@@ -163,6 +163,19 @@ def vector_width(head_dim: int, *tensors: torch.Tensor) -> int:
     return vec
 
 
+def rows_of_whole_vectors(head_dim: int, vec: int, *tensors: torch.Tensor) -> bool:
+    """Whether the compiler sees every row of these 4-D tensors (head dim last, unit stride) as
+    whole 16-byte vectors from 16-byte aligned pointers: told so by VEC (``vector_width``) where
+    the head dim is no multiple of 16, or from Triton's own specialization (integers divisible by
+    16) where the head dim and every stride of dims 0-2 are multiples of 16 elements. The attention
+    plans split head dims whose second part runs past them (176 = 128 + 64) only then."""
+    if not all(aligned(t) and t.stride(3) == 1 for t in tensors):
+        return False
+    if vec * tensors[0].element_size() == 16:
+        return True
+    return head_dim % 16 == 0 and all(stride % 16 == 0 for t in tensors for stride in t.stride()[:3])
+
+
 class RegisterCap:
     """``compile_options`` from a plan's ``max_registers`` (a cap on registers a thread, Triton's
     maxnreg; 0: the compiler's choice), built once per plan since every launch reads it."""

@@ -12,7 +12,7 @@ from triton.runtime import _allocation
 
 from ... import _buffers, cpu
 from ..._device import interpreter_active, next_power_of_2, plan_cache as _device_plan_cache, remember
-from ..._launch import Launcher, aligned, vector_width
+from ..._launch import Launcher, aligned, rows_of_whole_vectors, vector_width
 from . import plan as planner
 from .backward_kernels import (
     attention_backward_delta_kernel,
@@ -128,7 +128,7 @@ class _ForwardCall:
             "forward", head_dim, q.dtype, mode != "none", q.device, n_queries, n_keys,
             tma_ok if use_descriptor is None else use_descriptor,
             tma_ok and use_descriptor is not False and heads_follow_rows(q, k, v),
-            whole_vectors=vec * q.element_size() == 16)
+            whole_vectors=rows_of_whole_vectors(head_dim, vec, q, k, v))
         self.mode = mode
         # Templates of the outputs (_buffers.template): out contiguous in q's shape and dtype, lse float32.
         self.out = _buffers.template(q.shape, q.dtype, q.device)
@@ -190,7 +190,7 @@ class _BackwardCall:
         causal = mode != "none"
         ok = descriptor_ok(q, k, v, do) if use_descriptor is None else use_descriptor
         vec = vector_width(head_dim, q, k, v, do)
-        whole_vectors = vec * q.element_size() == 16
+        whole_vectors = rows_of_whole_vectors(head_dim, vec, q, k, v, do)
         # A forced load path leaves the work out: the plan then keeps it as given.
         batch_heads = batch * n_heads_q if use_descriptor is None else None
         fused_plan = planner.fused_backward_plan(head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok,

@@ -56,8 +56,9 @@ def head_dim_parts(head_dim: int) -> tuple[int, int]:
 # -> 314.1), S8191 412.5 -> 441.4 (360.8 -> 405.0); D160 S512 237.5 -> 308.9, S2048 372.9 -> 412.8
 # (291.6 -> 331.5); D136 S512 215.8 -> 292.9 (95.9 -> 181.4: 0.74x FLASH before); D152 S512 228.7
 # -> 265.1. Causal rows up to 512 keys take pointer loads instead (ATTENTION_SHORT_CONFIGS).
-# The dK/dV kernel's 136 row: D136 computed as 128 + 16 at 3 stages (ATTENTION_BACKWARD_PADDED_SHORT's
-# measurements: 2 -> 3 stages with both kernels split 224.6 -> 223.6 at S2048, 265.5 -> 273.0 at S8191).
+# The dK/dV kernel's 136 row: D136 computed as 128 + 16 at 3 stages (2 -> 3 stages with both kernels
+# split, B16 H16 S2048 224.6 -> 223.6, B4 S8191 265.5 -> 273.0; docs/notes/2026-11/
+# sweep_attention-backward_head_dims_136_192-h100.log).
 ATTENTION_CONFIGS = {
     "forward": ((64, (64, 128, 4, 3), (64, 64, 4, 4)),
                 (96, (128, 64, 4, 3), (128, 64, 4, 3)),
@@ -122,15 +123,30 @@ ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
 # 209.4), D152 163.1 -> 184.2, D160 171.8 -> 210.4 (FLASH 139.8, 144.5, 143.7, 157.1; the log of
 # the 160 row). D192 (128 + 64) at S512, D256's row -> this: 271.0 -> 305.1, causal 172.7 -> 231.6
 # (FLASH 280.5, 202.6); at S2048 D256's row stays ahead (424.4 against 356.1, causal 334.3 against
-# 307.9; sweep_attention-head_dims_136_192-h100.log). D176 found no config ahead of D256's row at
-# S512 causal (158.0 TFLOP/s, FLASH 170.8), padded to 256 in every one: its launches never take the
-# split (whole_vectors is false at multiples of 16; docs/perf-attention.md). The dK/dV tables were best
+# 307.9; sweep_attention-head_dims_136_192-h100.log). D176 (128 + 64, split since the launcher
+# counts Triton's own specialization of multiples of 16 as whole vectors) takes the 192 row's short
+# config: B64 H16 S512 247.1 -> 258.9, causal 156.2 -> 205.7 TFLOP/s (FLASH 234.6 / 169.8); at S2048
+# D256's row stays (382.0 against 313.7 or less; causal 288.5 against 292.9)
+# (sweep_attention-head_dim_176-h100.log). The dK/dV tables were best
 # over the short shapes swept (geometric mean). D128's dQ kernel at three stages instead of two, the
 # sweep's D128 cells, bf16 backward TFLOP/s, two -> three stages, MHA / GQA H32/8 (scripts/tune/
 # sweep_attention.py --backward-only --split-backward, docs/notes/2026-11/sweep_attention-dq_stages-h100.log):
 # S512 212.7 -> 225.0 / 258.2 -> 273.5 (causal 123.6 -> 128.5 / 154.8 -> 161.3), S1000 260.0 ->
 # 275.1 / 298.3 -> 298.2 (175.7 -> 187.8 / 206.6 -> 215.0), S2048 306.4 -> 326.9 / 345.7 -> 329.5
 # (242.6 -> 257.5 / 271.8 -> 279.8); from S3000 up it went both ways (-6.5% to +6.9%), so two stages stay there.
+# The backward of the split head dims 136-192 reads through pointers, not TMA descriptors, up to
+# 2048 keys at 136-160, and at 176-192 up to 512 (causal 8192), its dK/dV kernel over 16-query
+# blocks (causal, and 176-192) or at 3 stages: backward TFLOP/s, the tables' config through
+# descriptors -> this, non-causal / causal (scripts/tune/sweep_attention.py --split-backward --round
+# loads, docs/notes/2026-11/sweep_attention-split_loads-h100.log): B64 H16 S512 D136 138.2 -> 178.2 /
+# 80.8 -> 115.0 (FLASH 114.9 / 80.4), D160 161.1 -> 187.5 / 91.5 -> 120.8 (132.8 / 92.3), D176 155.0
+# -> 170.0 / 91.3 -> 117.3 (144.2 / 98.7), D192 168.9 -> 189.1 / 98.6 -> 126.7 (155.0 / 108.5); B64
+# H32/8 S512 D160 195.8 -> 218.1 / 111.8 -> 127.4; B256 H16 S128 D160 62.8 -> 77.9 / 29.0 -> 42.8;
+# B16 H16 S2048 D136 227.9 -> 246.6 / 170.8 -> 191.4, D144 247.2 -> 265.0 / 189.8 -> 202.4, D160
+# 263.5 -> 278.9 / 196.3 -> 209.2; causal D176 B32 S1000 132.0 -> 159.3 (FLASH 135.7), S2048 181.8 ->
+# 200.4, D192 S2048 200.2 -> 222.2, B4 S8191 D176 242.1 -> 242.6, D192 263.8 -> 267.0. Descriptors
+# kept their lead at D144 S8191 (292.7 / 265.7 against 289.8 / 244.4) and non-causal at D176-D192
+# from S2048 (D176 238.9 against 220.9, D192 267.4 against 246.8; S8191 292.5 against 256.1).
 ATTENTION_SHORT_CONFIGS = {
     "forward": ((512, 64, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (1024, 64, (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
@@ -141,9 +157,19 @@ ATTENTION_SHORT_CONFIGS = {
                 (512, 144, None, (64, 64, 4, 2, "pointer")),
                 (512, 152, None, (64, 32, 4, 3, "pointer")),
                 (512, 160, None, (64, 32, 4, 3, "pointer")),
+                (512, 176, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (512, 192, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer"))),
-    "backward_dkdv": (),
-    "backward_dq": ((2048, 128, (128, 32, 8, 3), (128, 32, 8, 3)),),
+    "backward_dkdv": tuple((2048, head_dim, (32, 64, 4, 3, "pointer"), (16, 64, 4, 2, "pointer"))
+                           for head_dim in (136, 144, 152, 160))
+    + tuple(row for head_dim in (176, 192) for row in (
+        (512, head_dim, (16, 64, 4, 2, "pointer"), (16, 64, 4, 2, "pointer")),
+        (8192, head_dim, None, (16, 64, 4, 2, "pointer")))),
+    "backward_dq": ((2048, 128, (128, 32, 8, 3), (128, 32, 8, 3)),)
+    + tuple((2048, head_dim, (128, 32, 8, 3, "pointer"), (128, 32, 8, 3, "pointer"))
+            for head_dim in (136, 144, 152, 160))
+    + tuple(row for head_dim in (176, 192) for row in (
+        (512, head_dim, (128, 32, 8, 3, "pointer"), (128, 32, 8, 3, "pointer")),
+        (8192, head_dim, None, (128, 32, 8, 3, "pointer")))),
 }
 # Head dims the forward computes in two power-of-two parts (80 = 64 + 16, 96 = 64 + 32, 192 = 128 + 64:
 # head_dim_parts) instead of padding them to the next power of two, whose zero columns cost a
@@ -161,8 +187,10 @@ ATTENTION_SHORT_CONFIGS = {
 # 0.756 -> 0.844 ms (0.453 -> 0.460) (docs/notes/2026-11/probe_split_head_dims-h100.log).
 ATTENTION_FORWARD_SPLIT_HEAD_DIMS = (80, 96, 144, 160, 192)
 # Head dims from this one up whose second part runs past them (72 as 64 + 16, 88 as 64 + 32, 136 as
-# 128 + 16) split too, where their rows are whole 16-byte vectors and the kernels are told so
-# (_launch.vector_width, kernels.on_vectors; ``whole_vectors``). Told nothing of their alignment,
+# 128 + 16, 176 as 128 + 64) split too, where their rows are whole 16-byte vectors and the compiler
+# sees it: told by VEC (_launch.vector_width, kernels.on_vectors) or, for a multiple of 16 such as
+# 176, from Triton's specialization of the head dim and strides (_launch.rows_of_whole_vectors,
+# ``whole_vectors``). Told nothing of their alignment,
 # such splits computed wrong outputs and faulted on the H100 (Triton 3.6) while the interpreter
 # passed them, at every config tried; told, they pass, and ran faster than padded, B16 H16 S2048
 # bf16, ms (padded -> split, causal): D72 1.199 -> 0.952 (0.749 -> 0.573), D88 1.280 -> 1.213 (0.788
@@ -187,13 +215,6 @@ ATTENTION_FORWARD_SPLIT_VECTORS_FROM = 65
 # D96 causal, D160 at one stage): such loops run at least two stages (dkdv_query_blocks, and the plan).
 ATTENTION_BACKWARD_SPLIT_HEAD_DIMS = {"backward_dkdv": (144, 160, 192), "backward_dq": (144, 160, 192)}
 ATTENTION_BACKWARD_SPLIT_VECTORS_FROM = {"backward_dkdv": 129, "backward_dq": 129}
-# ... except up to a length (the longer of queries and keys), by kernel: (most keys, head dim) rows
-# where that kernel pads instead. D136's dQ kernel padded (its own config, ATTENTION_HEAD_DIM_CONFIGS),
-# the dK/dV kernel split at 3 stages, backward TFLOP/s against both split (docs/notes/2026-11/
-# sweep_attention-backward_head_dims_136_192-h100.log, bf16): B64 H16 S512 147.0 against 137.9,
-# causal 86.8 against 82.3 (FLASH 114.9 / 80.8); but B16 S2048 219.4 against 224.6 (causal 175.8 /
-# 172.9) and B4 S8191 256.0 against 265.5 (233.2 / 243.7), so it pads up to 512 keys alone.
-ATTENTION_BACKWARD_PADDED_SHORT = {"backward_dkdv": (), "backward_dq": ((512, 136),)}
 # The fused backward (one kernel, one program per KV head, its keys in one block: delta, dK, dV and
 # dQ together, one launch for three; BLOCK_N is the keys' power of two, at least 16). A program
 # holds K, V, dK and dV of its keys and loops over the query blocks of its query heads. Rows
@@ -272,17 +293,19 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     tensors' layout allows TMA, ``rows_ok`` whether it allows the forward's row descriptors (the
     launcher checks strides and alignment). ``batch_heads`` (batch x query heads) lets a backward
     kernel weigh its work against ATTENTION_BACKWARD_POINTER_MAX_WORK; None leaves
-    ``descriptor_ok`` as given (a caller that forces the load path). ``whole_vectors``: the kernels
-    get 16-byte vectors of a head dim that is no multiple of 16 (_launch.vector_width). Cached:
-    planning is on every call's path."""
+    ``descriptor_ok`` as given (a caller that forces the load path; the short rows' "pointer" then
+    yields to it). ``whole_vectors``: the compiler sees the rows as whole 16-byte vectors
+    (_launch.rows_of_whole_vectors). Cached: planning is on every call's path."""
     if kernel not in ATTENTION_CONFIGS:
         raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS}")
     interpreting = interpreter_active()
     if kernel != "forward":
         descriptor_ok = _backward_descriptor_ok(descriptor_ok, batch_heads, n_queries, n_keys, head_dim, interpreting)
     length = n_keys if kernel == "forward" else max(n_queries, n_keys)
+    # A backward whose caller forced the load path keeps it over a short row's pointer loads.
+    forced_loads = kernel != "forward" and batch_heads is None
     return _attention_plan(kernel, head_dim, dtype, causal, torch.device(device).type, n_keys, length,
-                           bool(descriptor_ok), bool(rows_ok), interpreting, bool(whole_vectors))
+                           bool(descriptor_ok), bool(rows_ok), interpreting, bool(whole_vectors), forced_loads)
 
 
 @plan_cache
@@ -293,11 +316,11 @@ def _clear():
 
 @functools.lru_cache(maxsize=4096)
 def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length, descriptor_ok, rows_ok,
-                    interpreting, whole_vectors=False) -> AttentionPlan:
+                    interpreting, whole_vectors=False, forced_loads=False) -> AttentionPlan:
     if device_type != "cuda" and not interpreting:
         return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
     block_d = padded_head_dim(head_dim)
-    split = _splits(kernel, head_dim, whole_vectors, length)
+    split = _splits(kernel, head_dim, whole_vectors)
     # Rows are read by the head dim itself: a padded dim takes its power of two's row unless a row
     # of its own comes first (the forward's 96, which its split dims 80 and 96 measured with).
     short = None if interpreting else next(
@@ -316,7 +339,8 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
         bound = head_dim if split else block_d
         row = next((r for r in ATTENTION_CONFIGS[kernel] if bound <= r[0]), ATTENTION_CONFIGS[kernel][-1])
         config = row[2] if causal else row[1]
-    use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR[kernel])
+    use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR[kernel]) and (
+        forced_loads or short is None or short[4:] != ("pointer",))
     if kernel == "forward" and short is not None:
         rows = rows_ok and short[4] in ("rows", "ws") and head_dim % ATTENTION_FORWARD_ROW_DESCRIPTORS_DIVISOR == 0
         specialized = short[:4] if rows and short[4] == "ws" and head_dim == block_d else None
@@ -337,14 +361,11 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
                          block_d2=second, max_registers=cap, **dict(zip(_CONFIG_FIELDS, config)))
 
 
-def _splits(kernel: str, head_dim: int, whole_vectors: bool, length: int) -> bool:
-    """Whether ``kernel`` computes ``head_dim`` in two parts at this length (the forward's or the
-    backward's split tables, less the backward's ATTENTION_BACKWARD_PADDED_SHORT rows)."""
+def _splits(kernel: str, head_dim: int, whole_vectors: bool) -> bool:
+    """Whether ``kernel`` computes ``head_dim`` in two parts (the forward's or the backward's split tables)."""
     if kernel == "forward":
         dims, vectors_from = ATTENTION_FORWARD_SPLIT_HEAD_DIMS, ATTENTION_FORWARD_SPLIT_VECTORS_FROM
     else:
-        if any(length <= most and head_dim == dim for most, dim in ATTENTION_BACKWARD_PADDED_SHORT[kernel]):
-            return False
         dims, vectors_from = ATTENTION_BACKWARD_SPLIT_HEAD_DIMS[kernel], ATTENTION_BACKWARD_SPLIT_VECTORS_FROM[kernel]
     return head_dim in dims or (whole_vectors and head_dim >= vectors_from and head_dim_parts(head_dim)[1] > 0)
 

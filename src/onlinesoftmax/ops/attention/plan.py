@@ -112,7 +112,8 @@ ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
 # the first whose length and head dim fit applying before the tables above. The length is the keys
 # for the forward (a program's work) and the longer of queries and keys for the backward. A
 # forward config carries its loads as a fifth field: "pointer", "rows" (TMA row descriptors where
-# the layout allows) or "ws" (warp-specialized, where the key blocks are whole). None: the tables above.
+# the layout allows) or "ws" (warp-specialized, where the key blocks are whole); a backward config
+# may carry "pointer" (no TMA descriptors though the layout allows them). None: the tables above.
 # Measured (scripts/tune/sweep_attention.py --short, three rounds, docs/notes/2026-11/
 # sweep_attention-short-h100.log; TFLOP/s, the tables' config -> this one): small query blocks and
 # key blocks of 32 with 3 stages, which keep several programs an SM and their next key blocks in

@@ -563,6 +563,17 @@ def test_short_sequences_take_their_own_configs(monkeypatch):
             chosen = plan.attention_plan(kernel, head_dim, torch.bfloat16, False, cuda, n_queries, n_keys, True)
             row = next(r for r in plan.ATTENTION_CONFIGS[kernel] if head_dim <= r[0])
             assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages) == row[1]
+    # A backward row's "pointer" turns the descriptors off up to its length and mask, unless the
+    # caller forced the load path (batch_heads None); work far above ATTENTION_BACKWARD_POINTER_MAX_WORK.
+    pointer_rows = dict.fromkeys(plan.ATTENTION_SHORT_CONFIGS, ())
+    pointer_rows["backward_dkdv"] = ((256, 80, (64, 32, 4, 2, "pointer"), None),)
+    with onlinesoftmax.override_plan("attention", ATTENTION_SHORT_CONFIGS=pointer_rows):
+        for causal, length, batch_heads, descriptors in ((False, 256, 1 << 20, False), (False, 256, None, True),
+                                                          (True, 256, 1 << 20, True), (False, 257, 1 << 20, True)):
+            chosen = plan.attention_plan("backward_dkdv", 80, torch.bfloat16, causal, cuda, length, length, True,
+                                         batch_heads=batch_heads)
+            assert chosen.use_descriptor == descriptors, (causal, length, batch_heads)
+            assert ((chosen.block_m, chosen.block_n) == (64, 32)) == (not causal and length == 256)
 
 
 def test_fused_backward_plan(monkeypatch):

@@ -167,9 +167,9 @@ def test_topk_selections(dtype, k, strategy, num_chunks, strided):
 def test_attention_load_paths(head_dim, mode, use_descriptor):
     # Head dims 32, 80 (the forward in two parts, the backward padded to 128), 136, 144, 160 and 176
     # (both directions in two parts: 128 + 16 past the head dim, 128 + 16, 128 + 32, 128 + 64 past
-    # it; short rows on pointer loads at 144, 160 and 192, the forward in two parts at 192) and 256; GQA (4 query heads on
-    # 2 KV heads); 70 queries and 45 keys end mid-block, and bottom-right causal leaves the first
-    # queries no visible key.
+    # it; short rows on pointer loads at 144-192, the forward in two parts at 192) and 256; GQA (4
+    # query heads on 2 KV heads); 70 queries and 45 keys end mid-block, and bottom-right causal
+    # leaves the first queries no visible key.
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 70, head_dim, generator=gen).bfloat16().to(DEVICE)
     k, v = (torch.randn(1, 2, 45, head_dim, generator=gen).bfloat16().to(DEVICE) for _ in range(2))

@@ -82,6 +82,9 @@ ATTENTION_CONFIGS = {
 # (scripts/tune/sweep_attention.py --split-backward, docs/notes/2026-11/sweep_attention-split_backward-h100.log):
 # B64 H16 S512 164.7 -> 173.3 (causal 96.1 -> 100.1), B16 H16 S2048 238.2 -> 250.7 (182.1 ->
 # 192.0), B4 H16 S8191 266.8 -> 264.5 (240.5 -> 250.7), B64 H32/8 S512 197.6 -> 213.8 (121.3 -> 126.2).
+# Head dim 136's dQ kernel padded to 256 at three stages: measured beside the split dK/dV kernel
+# (B64 H16 S512 147.0 TFLOP/s, causal 86.8; sweep_attention-backward_head_dims_136_192-h100.log);
+# it pads now only where the rows are not whole 16-byte vectors (both kernels then padded).
 ATTENTION_HEAD_DIM_CONFIGS = {"backward_dq": {96: ((128, 32, 8, 3), (128, 32, 8, 3)),
                                               136: ((128, 32, 8, 3), (128, 32, 8, 3))}}
 # The backward reads through TMA descriptors (ATTENTION_USE_DESCRIPTOR) only where its work,
@@ -324,9 +327,7 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
     split = _splits(kernel, head_dim, whole_vectors)
     # Rows are read by the head dim itself: a padded dim takes its power of two's row unless a row
     # of its own comes first (the forward's 96, which its split dims 80 and 96 measured with).
-    short = None if interpreting else next(
-        (r[3] if causal else r[2] for r in ATTENTION_SHORT_CONFIGS[kernel] if length <= r[0] and head_dim == r[1]),
-        None)
+    short = None if interpreting else short_config(kernel, head_dim, causal, length)
     own = None if split else ATTENTION_HEAD_DIM_CONFIGS.get(kernel, {}).get(head_dim)
     if interpreting:
         config = ATTENTION_INTERPRETER_CONFIGS[kernel]
@@ -360,6 +361,14 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
         config = (*config[:3], 2)  # a one-stage split dK/dV loop faults (above ATTENTION_BACKWARD_SPLIT_HEAD_DIMS)
     return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, rows, False, block_d=first,
                          block_d2=second, max_registers=cap, **dict(zip(_CONFIG_FIELDS, config)))
+
+
+def short_config(kernel: str, head_dim: int, causal: bool, length: int) -> Optional[tuple]:
+    """The ATTENTION_SHORT_CONFIGS config (with its loads field, if any) for this kernel, head dim,
+    mask and length (the forward's keys, the backward's longer of queries and keys), or None: the
+    tables. The GPU's plan; the interpreter keeps its own small blocks."""
+    return next((r[3] if causal else r[2] for r in ATTENTION_SHORT_CONFIGS[kernel]
+                 if length <= r[0] and head_dim == r[1]), None)
 
 
 def _splits(kernel: str, head_dim: int, whole_vectors: bool) -> bool:

@@ -18,7 +18,7 @@ from onlinesoftmax.bench import attention_suite
 from onlinesoftmax.ops.attention import launch as attention_module, op as attention_op, plan
 
 from conftest import (DEVICE, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, gpu_only, make_logits,
-                      relative_error)
+                      needs_triton, relative_error)
 
 attention = onlinesoftmax.attention
 MODES = ("none", "top_left", "bottom_right")
@@ -459,6 +459,59 @@ def test_strided_inputs(layout, gen):
     assert attention_module.descriptor_ok(q, k, v)
     if TRITON_RUNS:
         assert not plan.last_attention_plan().use_descriptor
+
+
+# (batch, Hq, Hkv, Sq, Sk, mode, programs an SM asked for): MQA (group 4) and GQA (group 3) past
+# the fused backward's lengths, ending mid-block. 0: the whole group a program; 1 << 20: more than
+# any split gives, every head its own program; 2: between (the interpreter's 4 SMs split MQA's
+# group of 4 in two).
+GROUP_SPLIT_CASES = {"mqa-whole-group": (1, 4, 1, 130, 70, "bottom_right", 0),
+                     "mqa-two-per-sm": (1, 4, 1, 70, 130, "top_left", 2),
+                     "mqa-every-head": (1, 4, 1, 97, 130, "none", 1 << 20),
+                     "gqa-every-head": (2, 6, 2, 70, 130, "top_left", 1 << 20)}
+
+
+@needs_triton
+@pytest.mark.parametrize("case", list(GROUP_SPLIT_CASES), ids=list(GROUP_SPLIT_CASES))
+def test_dkdv_group_split(case, gen, plan_override):
+    # The dK/dV kernel's GQA group shared by several programs, each summing its slice of the query
+    # heads into float32 partials: against float64, and bit for bit the same on a second call.
+    batch, heads_q, heads_kv, n_queries, n_keys, mode, per_sm = GROUP_SPLIT_CASES[case]
+    # Split wherever the programs fall short of per_sm an SM (the plan's lower bound lifted).
+    plan_override("attention", ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS=(per_sm, per_sm),
+                  ATTENTION_BACKWARD_GROUP_SPLIT_BELOW=1 << 20)
+    q, k, v = make_qkv(gen, batch, heads_q, heads_kv, n_queries, n_keys, 64, torch.bfloat16, requires_grad=True)
+    check_all(q, k, v, mode, torch.bfloat16, case, gen)
+    chosen = plan.last_attention_plan()
+    assert chosen.kernel == "backward_dkdv"
+    group = heads_q // heads_kv
+    programs = -(-n_keys // chosen.block_n) * batch * heads_kv
+    assert chosen.group_split == plan.dkdv_group_split(group, programs, mode != "none", q.device)
+    assert chosen.group_split == {0: 1, 1 << 20: group}.get(per_sm, chosen.group_split)
+    if TRITON_RUNS and not ON_GPU and per_sm == 2:
+        assert chosen.group_split == 2
+    d_out = torch.randn(q.shape, generator=gen).to(torch.bfloat16).to(DEVICE)
+    first = torch.autograd.grad(attention(q, k, v, causal=CAUSAL_ARG[mode]), (k, v), d_out)
+    second = torch.autograd.grad(attention(q, k, v, causal=CAUSAL_ARG[mode]), (k, v), d_out)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_dkdv_group_split_plan():
+    # Split only below ..._BELOW programs an SM; then the smallest divisor of the group that reaches
+    # ..._PROGRAMS an SM (causal asks for its own count), else the whole group.
+    sms = onlinesoftmax._device.sm_count(DEVICE)
+    with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_GROUP_SPLIT_BELOW=1,
+                                     ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS=(2, 4)):
+        assert plan.dkdv_group_split(1, 1, False, DEVICE) == 1  # MHA: nothing to share
+        assert plan.dkdv_group_split(8, sms, True, DEVICE) == 1  # an SM's worth already
+        assert plan.dkdv_group_split(8, sms - 1, False, DEVICE) == 4  # 2 of 8 fall short of 2 an SM
+        assert plan.dkdv_group_split(6, -(-2 * sms // 3), False, DEVICE) == 3
+        assert plan.dkdv_group_split(8, -(-sms // 2), True, DEVICE) == 8  # causal: 4 an SM
+        assert plan.dkdv_group_split(7, 1, False, DEVICE) == 7  # no divisor reaches it: every head its own
+    with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_GROUP_SPLIT_BELOW=4):
+        assert plan.dkdv_group_split(8, 2 * sms, False, DEVICE) == 2  # (4, 8) an SM: 2 of 8 reach 4
+    with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS=(0, 0)):
+        assert plan.dkdv_group_split(16, 1, True, DEVICE) == 1
 
 
 def test_backward_is_deterministic(gen):

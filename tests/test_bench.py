@@ -319,6 +319,31 @@ def test_sweep_merges_runs_of_other_dtypes_into_one_set_of_cells(tmp_path, monke
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_heat_maps_leave_out_panels_a_deadline_left_empty(tmp_path):
+    # A sweep cut by --deadline can end with one op (or dtype, direction) unmeasured: its panel is
+    # left out, and a map with no cells at all is not written.
+    full = ("softmax", [1, 32], [1000, 50257], {(1, 1000): 0.9, (32, 50257): 1.4})
+    empty = ("log_softmax", [], [], {})
+    path = harness.heat_maps(str(tmp_path / "one.png"), [full, empty])
+    assert path and (tmp_path / "one.png").read_bytes()[:4] == b"\x89PNG"
+    assert harness.heat_maps(str(tmp_path / "none.png"), [empty]) is None
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_attention_sweep_random_shapes_follow_the_seed_and_stay_in_range():
+    # --random N adds shapes no fixed list holds: the same seed gives the same shapes, another seed
+    # others; lengths of any integer in 100-16384, head dims and head layouts from the tables.
+    from onlinesoftmax.bench import attention_suite as suite
+
+    shapes = suite.random_shapes(64, 5)
+    assert shapes == suite.random_shapes(64, 5) and shapes != suite.random_shapes(64, 6)
+    assert len(suite.sweep_shapes(True, 64, 5)) == len(suite.sweep_shapes(True)) + 64
+    for batch, heads_q, heads_kv, seq, head_dim in shapes:
+        assert batch >= 1 and 100 <= seq <= 16384 and head_dim in suite.RANDOM_HEAD_DIMS
+        assert (heads_q, heads_kv) in suite.RANDOM_HEADS
+    assert any(seq % 64 for *_, seq, _ in shapes) and any(d & (d - 1) for *_, d in shapes)
+
+
 def test_explain_prints_the_decode_plan(capsys):
     # Batch 1 against 128K keys: the keys are split across the GPU, the count decided on the device.
     assert cli.main(["explain", "1x32x8x1x131072x128x0", "--op", "decode", "--dtype", "bf16", "--sms", "132"]) == 0

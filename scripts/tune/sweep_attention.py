@@ -11,6 +11,7 @@ and causality); candidates past DEADLINE_S (or --deadline) are skipped and repor
 
     python scripts/tune/sweep_attention.py [--quick] [--forward-only | --backward-only]
         [--shapes BxHQxHKVxSxD,...] [--short] [--mask causal|none] [--split-backward [--round NAME]]
+        [--forward-round NAME]
 
 --short times candidates for sequences of a few key blocks instead (the attention sweep's S128 and
 S512 cells, docs/perf-attention.md "The sweep"). --split-backward times the backward's candidates
@@ -81,6 +82,15 @@ FORWARD_CANDIDATES[192] = FORWARD_CANDIDATES[192] + [
     (64, 32, 4, 3, "pointer"), (64, 64, 4, 2, "pointer"), (64, 32, 4, 2, "pointer"), (64, 64, 8, 2, "rows"),
     (128, 32, 8, 2, "rows"), (128, 32, 8, 3, "rows"), (64, 32, 4, 2, "rows")]
 FORWARD_CANDIDATES[176] = [c for c in FORWARD_CANDIDATES[192] if c[5:] != ("padded",)]
+# Forward rounds for every head dim (--forward-round NAME). "ragged": keys that end mid-block at
+# head dims padded to 128 (D112, D128 non-causal at 373-1000 keys, 0.84-1.05x FLASH in the attention
+# sweep's random shapes), where the warp-specialized loop (whole key blocks only) gives way to the
+# 128 row's config (first): that config's other loads and stages, then smaller tiles.
+FORWARD_ROUNDS = {
+    "ragged": [(128, 128, 8, 3, "rows"), (128, 128, 8, 3, "pointer"), (128, 128, 8, 2, "rows"),
+               (128, 64, 4, 3, "rows"), (128, 64, 8, 3, "rows"), (128, 64, 4, 2, "rows"), (64, 64, 4, 3, "rows"),
+               (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer"), (64, 128, 4, 2, "rows")],
+}
 # Short sequences. plan.ATTENTION_SHORT_CONFIGS came from three rounds (docs/notes/2026-11/
 # sweep_attention-short-h100.log): the tables' configs, smaller tiles that fit more programs an SM
 # and larger query blocks; variations of the best (2 stages at BLOCK_N = 64 won); then more stages
@@ -186,6 +196,14 @@ SPLIT_BACKWARD_CANDIDATES["d256-loads"] = [
     ((64, 64, 8, 1), (128, 32, 8, 2), True), ((64, 64, 8, 1), (128, 32, 8, 2), False),
     ((32, 64, 8, 1), (128, 32, 8, 2), False), ((16, 64, 4, 2), (128, 32, 8, 2), False),
     ((32, 64, 4, 2), (128, 32, 8, 2), False), ((64, 64, 8, 1), (64, 32, 4, 2), False)]
+# Head dim 32 causal (--round d32-causal --mask causal), whose forward + backward trailed FLASH in the
+# sweep's random shapes (0.81-0.85x; non-causal 1.07-1.14x): the plan's (D64's row) first, then
+# larger tiles that a 32-wide head leaves room for, and pointer loads.
+SPLIT_BACKWARD_CANDIDATES["d32-causal"] = [
+    ((32, 64, 4, 2), (64, 64, 4, 3), True), ((64, 64, 4, 2), (64, 64, 4, 3), True),
+    ((64, 128, 4, 2), (128, 64, 4, 2), True), ((32, 128, 4, 2), (128, 32, 4, 2), True),
+    ((64, 64, 4, 3), (128, 64, 4, 3), True), ((32, 64, 4, 2), (128, 64, 4, 2), True),
+    ((64, 128, 8, 2), (128, 64, 8, 2), True), ((32, 64, 4, 2), (64, 64, 4, 3), False)]
 SPLIT_BACKWARD_CANDIDATES[80] = SPLIT_BACKWARD_CANDIDATES[96]
 SPLIT_BACKWARD_CANDIDATES[144] = SPLIT_BACKWARD_CANDIDATES[160]
 # Head dims whose second part runs past them (136 = 128 + 16, 176 = 128 + 64), behind FLASH at S512
@@ -269,6 +287,8 @@ def main() -> int:
                         help="the backward's split-head-dim candidates (SPLIT_BACKWARD_CANDIDATES)")
     parser.add_argument("--round", default="", help="with --split-backward: the SPLIT_BACKWARD_CANDIDATES "
                         "entry of this name for every head dim (e.g. 16-query)")
+    parser.add_argument("--forward-round", default="", help="the FORWARD_ROUNDS entry of this name for every "
+                        "head dim (e.g. ragged)")
     parser.add_argument("--mask", choices=("both", "causal", "none"), default="both",
                         help="the masks timed; causal alone takes the causal backward candidates where a head "
                              "dim has them")
@@ -283,6 +303,8 @@ def main() -> int:
         backward_candidates = SPLIT_BACKWARD_CANDIDATES
     if args.round:
         backward_candidates = dict.fromkeys(range(8, MAX_HEAD_DIM + 1), SPLIT_BACKWARD_CANDIDATES[args.round])
+    if args.forward_round:
+        forward_candidates = dict.fromkeys(range(8, MAX_HEAD_DIM + 1), FORWARD_ROUNDS[args.forward_round])
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 1

@@ -183,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated implementations to run (the results' impl names, e.g. "
                             "onlinesoftmax,torch); with --merge the others keep their rows from the results file")
     bench.add_argument("--random", type=int, default=0, metavar="N",
-                       help="sweep suites: add N seeded random shapes (--seed) to the grid")
+                       help="sweep suites (sweep, attention --sweep): add N seeded random shapes (--seed) "
+                            "to the grid or to the --shape cases")
     bench.add_argument("--quick", action="store_true", help="sweep suites: a smaller grid")
     bench.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                        help="sweep suites: start no case after this many seconds, and write the cases measured")

@@ -13,6 +13,8 @@ evaluation (:mod:`onlinesoftmax.cpu`'s algorithm run on the GPU): a float64 scor
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Optional
 
 import torch
@@ -272,11 +274,30 @@ SWEEP_HEADS = ((16, 16), (32, 8))  # MHA, GQA
 SWEEP_TOKENS = 32768
 
 
-def sweep_shapes(quick: bool) -> list[tuple]:
+# ``--random N``: head dims models use (multiples of 8 up to 256, several not powers of two) and
+# head layouts of real models (MHA, GQA at 4-8 query heads a KV head, MQA), drawn with the seed.
+RANDOM_HEAD_DIMS = (32, 40, 48, 64, 72, 80, 96, 112, 128, 136, 160, 192, 256)
+RANDOM_HEADS = ((8, 8), (12, 12), (16, 16), (25, 25), (32, 32), (32, 8), (28, 4), (40, 8), (64, 8), (16, 1))
+
+
+def random_shapes(n: int, seed: int) -> list[tuple]:
+    """N shapes (batch, heads_q, heads_kv, seq, head_dim): lengths log-uniform over 100-16384 (any
+    integer), tokens a call log-uniform over 2048-65536 (the batch follows, at least 1)."""
+    rng = random.Random(seed)
+    shapes = []
+    for _ in range(n):
+        seq = int(math.exp(rng.uniform(math.log(100), math.log(16384))))
+        tokens = math.exp(rng.uniform(math.log(2048), math.log(65536)))
+        heads_q, heads_kv = rng.choice(RANDOM_HEADS)
+        shapes.append((max(1, round(tokens / seq)), heads_q, heads_kv, seq, rng.choice(RANDOM_HEAD_DIMS)))
+    return shapes
+
+
+def sweep_shapes(quick: bool, n_random: int = 0, seed: int = 0) -> list[tuple]:
     lengths = QUICK_LENGTHS if quick else SWEEP_LENGTHS
     head_dims = QUICK_HEAD_DIMS if quick else SWEEP_HEAD_DIMS
     return [(max(1, SWEEP_TOKENS // seq), hq, hkv, seq, d) for d in head_dims for hq, hkv in SWEEP_HEADS
-            for seq in lengths]
+            for seq in lengths] + random_shapes(n_random, seed)
 
 
 def run_sweep(args, dtypes, directions) -> int:
@@ -285,7 +306,10 @@ def run_sweep(args, dtypes, directions) -> int:
     keep = {"sdpa-flash", "sdpa-cudnn", "onlinesoftmax"} | (set() if args.quick else {"flex-compiled"})
     impls = {d: [i for i in impls[d] if i.name in keep] for d in impls}
     # --shape picks cells of the sweep (or others) to measure, e.g. one head dim a call, with --merge.
-    shapes = [harness.parse_dims(t, 5) for t in args.shape] if args.shape else sweep_shapes(args.quick)
+    if args.shape:
+        shapes = [harness.parse_dims(t, 5) for t in args.shape] + random_shapes(args.random, args.seed)
+    else:
+        shapes = sweep_shapes(args.quick, args.random, args.seed)
     print(f"seed {args.seed}; {len(shapes)} shapes x {len(dtypes)} dtypes x 2 masks x {len(directions)} directions",
           flush=True)
     rows = []
@@ -332,7 +356,9 @@ def sweep_heat_maps(stem: str, cells: list[dict], directions) -> None:
                 rows_l = sorted(dict.fromkeys(r for r, _ in values), key=lambda r: int(r.split()[0][1:]))
                 cols_l = sorted(dict.fromkeys(k for _, k in values))
                 panels.append((f"{direction} {dtype}: ours over {peer} (eager)", rows_l, cols_l, values))
-            print("wrote", harness.heat_maps(f"{stem}-{dtype}-{direction}.png", panels))
+            path = harness.heat_maps(f"{stem}-{dtype}-{direction}.png", panels)
+            if path:
+                print("wrote", path)
 
 
 def _sweep_axes(case: str) -> tuple[str, str]:
@@ -343,7 +369,6 @@ def _sweep_axes(case: str) -> tuple[str, str]:
 
 
 def _sweep_notes(cells: list[dict], sdpa) -> str:
-    import math
 
     def geomean(values):
         values = [v for v in values if v]

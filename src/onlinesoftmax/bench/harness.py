@@ -607,9 +607,14 @@ def exit_code(rows: list[Row], ours: str = "onlinesoftmax") -> int:
     return 1 if bad else 0
 
 
-def heat_maps(path: str, panels: list, title: str = "") -> str:
+def heat_maps(path: str, panels: list, title: str = "") -> Optional[str]:
     """One PNG of side-by-side heat maps, each ``(title, row_labels, col_labels, values)`` with
-    ``values[(row, col)]`` a speedup (ours over a peer), coloured around 1.0 and printed per cell."""
+    ``values[(row, col)]`` a speedup (ours over a peer), coloured around 1.0 and printed per cell.
+    Panels without cells (a run cut by --deadline before an op or peer was measured) are left out;
+    with none left, no file is written and None is returned."""
+    panels = [panel for panel in panels if panel[1] and panel[2]]
+    if not panels:
+        return None
     import matplotlib
 
     matplotlib.use("Agg")

@@ -35,18 +35,22 @@ OPS = ("softmax", "log_softmax")
 MAX_INPUT_SETS = 16
 
 
-def grid(quick: bool, n_random: int, seed: int) -> list[tuple[int, int]]:
-    rows, cols = (QUICK_ROWS, QUICK_COLS) if quick else (ROWS, COLS)
-    shapes = [(r, c) for r in rows for c in cols if r * c <= MAX_ELEMENTS]
+def random_shapes(n: int, seed: int) -> list[tuple[int, int]]:
+    """N seeded shapes: rows and lengths log-uniform (every scale as likely as any other), at most
+    MAX_ELEMENTS each."""
     rng = random.Random(seed)
-    while n_random > 0:
-        # Log-uniform rows and lengths: every scale as likely as any other.
+    shapes = []
+    while len(shapes) < n:
         r = int(math.exp(rng.uniform(0, math.log(16384))))
         c = int(math.exp(rng.uniform(math.log(100), math.log(2 ** 20))))
         if r * c <= MAX_ELEMENTS:
             shapes.append((r, c))
-            n_random -= 1
     return shapes
+
+
+def grid(quick: bool, n_random: int, seed: int) -> list[tuple[int, int]]:
+    rows, cols = (QUICK_ROWS, QUICK_COLS) if quick else (ROWS, COLS)
+    return [(r, c) for r in rows for c in cols if r * c <= MAX_ELEMENTS] + random_shapes(n_random, seed)
 
 
 def _case(op: str, direction: str, shape, dtype) -> Case:
@@ -167,13 +171,18 @@ def heat_maps(stem: str, cells: list[dict]) -> list[str]:
                 cols = sorted({k for _, k in mine})
                 panels.append((f"{op} {direction} {dtype}: speedup over torch eager (rows x row length)",
                                rows, cols, mine))
-            paths.append(harness.heat_maps(f"{stem}-{dtype}-{direction}.png", panels))
+            path = harness.heat_maps(f"{stem}-{dtype}-{direction}.png", panels)
+            if path:
+                paths.append(path)
     return paths
 
 
 def run(args) -> int:
     dtypes = [DTYPES[d] for d in (args.dtype or "fp32,bf16,fp16").split(",")]
-    shapes = [harness.parse_dims(t, 2) for t in args.shape] if args.shape else grid(args.quick, args.random, args.seed)
+    if args.shape:  # the cases named, and --random's shapes beside them
+        shapes = [harness.parse_dims(t, 2) for t in args.shape] + random_shapes(args.random, args.seed)
+    else:
+        shapes = grid(args.quick, args.random, args.seed)
     directions = ["forward"] + ([] if args.no_backward else ["backward"])
     gen = torch.Generator().manual_seed(args.seed)
     print(f"seed {args.seed}; {len(shapes)} shapes x {len(dtypes)} dtypes x {len(OPS)} ops x {len(directions)} "

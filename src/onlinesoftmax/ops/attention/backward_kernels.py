@@ -5,7 +5,10 @@ instead of storing them (``P = exp(scale * Q K^T - lse)``):
 * ``attention_backward_delta_kernel``: ``delta`` (each query row's dO . O), first.
 * ``attention_backward_dkdv_kernel``: one program per key block and KV head; it loops over the
   query heads of its group and over the query blocks that see its keys, accumulating dK and dV in
-  registers (the GQA sum over the group happens there, in a fixed order).
+  registers (the GQA sum over the group happens there, in a fixed order). Where such programs are
+  too few for the GPU (GQA and MQA at small batches, causal rows whose first key blocks hold most
+  of the work), ``GROUP_SPLIT`` programs share a key block, each over a slice of the group into
+  float32 partials that the launcher sums in a fixed order (``plan.dkdv_group_split``).
 * ``attention_backward_dq_kernel``: one program per query block and query head, looping over keys.
 * ``attention_backward_fused_kernel``: where a head's keys fit one block, all three in one program
   per KV head: one launch instead of three, which is most of a short sequence's backward.
@@ -206,6 +209,7 @@ def attention_backward_dkdv_kernel(
     qk_scale, scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1, BLOCK_D2: tl.constexpr = 0,
+    GROUP_SPLIT: tl.constexpr = 1,
 ):
     (head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
      stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos,
@@ -214,7 +218,11 @@ def attention_backward_dkdv_kernel(
         stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos, do_head_stride, VEC)
     n_heads_kv = n_heads_q // group
     start_n = tl.program_id(0) * BLOCK_N
-    kv_bh = tl.program_id(1)
+    # GROUP_SPLIT programs share a key block's group, each summing group / GROUP_SPLIT query heads
+    # into float32 partials of its own (row kv_bh * GROUP_SPLIT + part), which the launcher sums.
+    kv_bh = tl.program_id(1) // GROUP_SPLIT
+    part = tl.program_id(1) % GROUP_SPLIT
+    heads_per_part = group // GROUP_SPLIT
     b = kv_bh // n_heads_kv
     h_kv = kv_bh % n_heads_kv
     cols = start_n + tl.arange(0, BLOCK_N)
@@ -251,8 +259,8 @@ def attention_backward_dkdv_kernel(
     else:
         masked_start = 0
         full_start = 0
-    # The GQA sum over the group: the group's query heads one after another, in a fixed order.
-    for g in range(0, group):
+    # The GQA sum over the group (or this part of it): query heads one after another, in a fixed order.
+    for g in range(part * heads_per_part, (part + 1) * heads_per_part):
         h = h_kv * group + g
         bh = b * n_heads_q + h
         q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
@@ -266,11 +274,12 @@ def attention_backward_dkdv_kernel(
             dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base, do_base, lse_ptr,
             delta_ptr, bh, cols, full_start, q_stop, n_queries, n_keys, head_dim, qk_scale, causal_offset,
             stride_qs, stride_qd, stride_dos, stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, False, USE_DESCRIPTOR)
-    store_key_value_gradients(dk, dv, dk_ptr, dv_ptr, batch, n_heads_kv, kv_bh, start_n, n_keys, head_dim, scale,
-                              0, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
+    out_rows = tl.program_id(1)  # kv_bh, or its part's row of the partials
+    store_key_value_gradients(dk, dv, dk_ptr, dv_ptr, batch, n_heads_kv * GROUP_SPLIT, out_rows, start_n, n_keys,
+                              head_dim, scale, 0, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     if BLOCK_D2 > 0:
-        store_key_value_gradients(dk2, dv2, dk_ptr, dv_ptr, batch, n_heads_kv, kv_bh, start_n, n_keys, head_dim,
-                                  scale, BLOCK_D, BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
+        store_key_value_gradients(dk2, dv2, dk_ptr, dv_ptr, batch, n_heads_kv * GROUP_SPLIT, out_rows, start_n,
+                                  n_keys, head_dim, scale, BLOCK_D, BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
 
 
 @triton.jit

@@ -4,6 +4,7 @@ distributed module's context-parallel attention builds on them."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -182,7 +183,7 @@ class _BackwardCall:
     keys and launch keywords cost more host time than the short sequences' kernels."""
 
     __slots__ = ("plan", "mode", "delta_buffer", "grads", "zeros", "delta", "dkdv", "dq", "fused", "delta_ints",
-                 "ints", "offset", "descriptors")
+                 "ints", "offset", "descriptors", "group_split", "partials", "partials_view")
 
     def __init__(self, key, do, q, k, v, mode, use_descriptor):
         batch, n_heads_q, n_queries, head_dim = q.shape
@@ -205,6 +206,7 @@ class _BackwardCall:
         self.zeros = q.numel() == 0 or k.numel() == 0
         self.delta = self.dkdv = self.dq = self.fused = None
         self.descriptors = dkdv_plan.use_descriptor
+        self.group_split = 1
         if dkdv_plan.path == "torch" or self.zeros:
             return
         self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
@@ -222,8 +224,17 @@ class _BackwardCall:
             BLOCK_M=delta_block, BLOCK_D=next_power_of_2(head_dim), VEC=vec, num_warps=4)
         self.delta_ints = (n_heads_q, n_queries, head_dim, *_strides(do))
         # Each kernel's plan in its key, as the forward's.
-        self.dkdv = _dkdv_launcher.bind((triton.cdiv(n_keys, dkdv_plan.block_n), batch * n_heads_kv), (key, dkdv_plan),
-                                        **_plan_meta(dkdv_plan, causal), VEC=vec, BLOCK_D2=dkdv_plan.block_d2)
+        key_blocks = triton.cdiv(n_keys, dkdv_plan.block_n)
+        split = self.group_split = planner.dkdv_group_split(n_heads_q // n_heads_kv, key_blocks * batch * n_heads_kv,
+                                                            causal, q.device)
+        if split > 1:
+            self.plan = dataclasses.replace(dkdv_plan, group_split=split)
+            # float32 partials of dK and dV, a part's rows after another's: (batch, KV heads, parts, keys, D).
+            self.partials = _buffers.template((batch * n_heads_kv * split, n_keys, head_dim), torch.float32, q.device)
+            self.partials_view = (batch, n_heads_kv, split, n_keys, head_dim)
+        self.dkdv = _dkdv_launcher.bind((key_blocks, batch * n_heads_kv * split), (key, dkdv_plan, split),
+                                        **_plan_meta(dkdv_plan, causal), VEC=vec, BLOCK_D2=dkdv_plan.block_d2,
+                                        GROUP_SPLIT=split)
         self.dq = _dq_launcher.bind((triton.cdiv(n_queries, dq_plan.block_m), batch * n_heads_q), (key, dq_plan),
                                     **_plan_meta(dq_plan, causal), VEC=vec, BLOCK_D2=dq_plan.block_d2)
         self.descriptors = dkdv_plan.use_descriptor or dq_plan.use_descriptor
@@ -243,7 +254,14 @@ class _BackwardCall:
             return dq, dk, dv
         delta = _buffers.empty_like(self.delta_buffer)
         self.delta(out, do, delta, *self.delta_ints)
-        self.dkdv(q, k, v, do, lse, delta, dk, dv, *args)
+        if self.group_split > 1:
+            dk_parts, dv_parts = _buffers.empty_like(self.partials), _buffers.empty_like(self.partials)
+            self.dkdv(q, k, v, do, lse, delta, dk_parts, dv_parts, *args)
+            # The parts summed in float32 in one fixed order, rounded once into the gradients' dtype.
+            dk.copy_(dk_parts.view(self.partials_view).sum(2))
+            dv.copy_(dv_parts.view(self.partials_view).sum(2))
+        else:
+            self.dkdv(q, k, v, do, lse, delta, dk, dv, *args)
         self.dq(q, k, v, do, lse, delta, dq, *args)
         return dq, dk, dv
 

@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from ..._device import LastPlan, interpreter_active, next_power_of_2, plan_cache
+from ..._device import LastPlan, interpreter_active, next_power_of_2, plan_cache, sm_count
 from ..._launch import RegisterCap
 
 
@@ -56,13 +56,19 @@ def head_dim_parts(head_dim: int) -> tuple[int, int]:
 # -> 314.1), S8191 412.5 -> 441.4 (360.8 -> 405.0); D160 S512 237.5 -> 308.9, S2048 372.9 -> 412.8
 # (291.6 -> 331.5); D136 S512 215.8 -> 292.9 (95.9 -> 181.4: 0.74x FLASH before); D152 S512 228.7
 # -> 265.1. Causal rows up to 512 keys take pointer loads instead (ATTENTION_SHORT_CONFIGS).
+# The forward's 128 row, non-causal: keys that end mid-block (the warp-specialized loop takes whole
+# blocks only) and head dims padded to 128 (112, and 72 or 88 where not split), 128 x 128 blocks on
+# 8 warps at 3 stages -> 128 x 64 on 4 warps at 2, bf16 TFLOP/s (scripts/tune/sweep_attention.py
+# --forward-round ragged, docs/notes/2026-11/sweep_attention-ragged-h100.log; FLASH): D112 B121 H16
+# S373 192.7 -> 250.0 (231.6), D128 B4 H40/8 S541 189.9 -> 245.5 (215.3), B16 H16 S1000 329.1 ->
+# 397.8 (320.8), B10 H16 S3000 424.9 -> 482.3 (348.0).
 # The dK/dV kernel's 136 row: D136 computed as 128 + 16 at 3 stages (2 -> 3 stages with both kernels
 # split, B16 H16 S2048 224.6 -> 223.6, B4 S8191 265.5 -> 273.0; docs/notes/2026-11/
 # sweep_attention-backward_head_dims_136_192-h100.log).
 ATTENTION_CONFIGS = {
     "forward": ((64, (64, 128, 4, 3), (64, 64, 4, 4)),
                 (96, (128, 64, 4, 3), (128, 64, 4, 3)),
-                (128, (128, 128, 8, 3), (128, 128, 8, 3)),
+                (128, (128, 64, 4, 2), (128, 128, 8, 3)),
                 (160, (128, 32, 4, 3), (128, 32, 4, 3)),
                 (256, (128, 64, 8, 2), (128, 64, 8, 2))),
     "backward_dkdv": ((64, (32, 64, 4, 2), (32, 64, 4, 2)),
@@ -239,6 +245,19 @@ ATTENTION_BACKWARD_FUSED = ((64, 64, 0, 16, 4, 2),
                             (64, 128, 2048, 64, 8, 2),
                             (128, 64, 0, 16, 4, 2),
                             (128, 128, 0, 64, 8, 2))
+# The dK/dV kernel's programs (key blocks x batch x KV heads) each sum over their group's query
+# heads. Fewer of them than ATTENTION_BACKWARD_GROUP_SPLIT_BELOW an SM leave SMs idle (MQA and GQA
+# at small batches and short sequences: B11 H16/1 S388 has 77 programs of 16 heads each), and the
+# group is then shared by more programs (dkdv_group_split), up to ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS
+# an SM (non-causal, causal). Measured (scripts/probes/probe_group_split.py, docs/notes/2026-11/
+# probe_group_split-h100.log; bf16 forward + backward, CUDA-graph ms, one program a group -> split
+# under these tables, FLASH): B11 H16/1 S388 D80 0.391 -> 0.289 (x8; 0.342), causal 0.398 -> 0.242
+# (x16; 0.281); B1 H16/1 S4096 D128 2.548 -> 1.372 (x16; 1.626), causal 2.541 -> 0.972 (1.124).
+# Splitting more widely lost: B4 H40/8 S541 D128 (288 programs) 0.463 -> 0.511 split five ways,
+# B8 H32/4 S1024 D128 (512) 1.415 -> 1.531 in two (the float32 partials written and summed, for
+# programs that already filled the GPU); head dim 32 at 704 programs gained 5-10% split seven ways.
+ATTENTION_BACKWARD_GROUP_SPLIT_BELOW = 1
+ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS = (4, 8)
 # Register caps (Triton's maxnreg) that fit one more backward program an SM, by (kernel, padded head dim, causal).
 ATTENTION_MAX_REGISTERS = {("backward_dkdv", 64, True): 168, ("backward_dq", 128, False): 128,
                            ("backward_dq", 128, True): 128}
@@ -272,6 +291,7 @@ class AttentionPlan(RegisterCap):
     num_warps: int = 0
     num_stages: int = 0
     max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
+    group_split: int = 1  # dK/dV: programs sharing a key block's GQA group (dkdv_group_split)
 
     def describe(self) -> str:
         if self.path == "torch":
@@ -282,6 +302,8 @@ class AttentionPlan(RegisterCap):
         elif self.row_descriptors:
             loads = f"TMA row descriptors for whole key blocks, {loads} on the diagonal and past the last key"
         cap = f", at most {self.max_registers} registers a thread" if self.max_registers else ""
+        if self.group_split > 1:
+            cap += f", each GQA group over {self.group_split} programs (float32 partials, summed after)"
         dims = (f"computed as {self.block_d} + {self.block_d2}" if self.block_d2
                 else f"padded to {self.block_d}" if self.block_d != self.head_dim else "unpadded")
         return (f"attention {self.kernel}: BLOCK_M {self.block_m}, BLOCK_N {self.block_n}, head dim "
@@ -369,6 +391,19 @@ def short_config(kernel: str, head_dim: int, causal: bool, length: int) -> Optio
     tables. The GPU's plan; the interpreter keeps its own small blocks."""
     return next((r[3] if causal else r[2] for r in ATTENTION_SHORT_CONFIGS[kernel]
                  if length <= r[0] and head_dim == r[1]), None)
+
+
+def dkdv_group_split(group: int, programs: int, causal: bool, device: torch.device) -> int:
+    """How many programs share each key block's GQA group in the dK/dV kernel: 1 where ``programs``
+    (key blocks x batch x KV heads) reach ATTENTION_BACKWARD_GROUP_SPLIT_BELOW an SM, else the
+    smallest divisor of ``group`` that brings them to ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS an SM
+    (the whole group where none does)."""
+    sms = sm_count(torch.device(device))
+    per_sm = ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS[causal]
+    target = per_sm * sms
+    if group <= 1 or not per_sm or programs >= ATTENTION_BACKWARD_GROUP_SPLIT_BELOW * sms or programs >= target:
+        return 1
+    return next((split for split in range(2, group) if group % split == 0 and programs * split >= target), group)
 
 
 def _splits(kernel: str, head_dim: int, whole_vectors: bool) -> bool:

@@ -1,0 +1,63 @@
+"""The dK/dV kernel's GQA group shared by several programs (plan.dkdv_group_split, float32 partials
+summed after) against one program a group, beside SDPA's FLASH backend: which programs-an-SM
+setting (ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS, non-causal / causal) the plan should take.
+
+Each line: a shape (batch, Hq, Hkv, S, D), the mask, then per setting the group split it gave and
+milliseconds of forward + backward through autograd (do_bench median over four rotated input sets
+/ calls back to back / CUDA-graph replays), and FLASH's. The shapes: the attention sweep's random
+cells where GQA and MQA trailed FLASH (head dims 32 and 80), GQA at batch 1 and small batches,
+and GQA whose programs fill the GPU (the plan leaves them whole).
+
+    python scripts/probes/probe_group_split.py [--shapes BxHQxHKVxSxD,...]     (GPU; bf16)
+"""
+
+import sys
+
+import torch
+
+import onlinesoftmax
+from onlinesoftmax.ops.attention import plan
+
+from probe_fused_backward import flash, input_sets, ours, timings
+
+SHAPES = [(4, 28, 4, 2770, 32), (5, 28, 4, 8936, 32), (11, 16, 1, 388, 80), (4, 40, 8, 541, 128),
+          (5, 64, 8, 981, 96), (1, 64, 8, 12278, 64), (1, 32, 8, 8192, 128), (2, 32, 8, 4096, 128),
+          (1, 16, 1, 4096, 128), (8, 32, 4, 1024, 128), (64, 32, 8, 512, 128)]
+SETTINGS = {"whole": (0, 0), "2/4": (2, 4), "4/8": (4, 8), "8/16": (8, 16), "every head": (1 << 20, 1 << 20)}
+
+
+def main():
+    shapes = SHAPES
+    if "--shapes" in sys.argv:
+        text = sys.argv[sys.argv.index("--shapes") + 1]
+        shapes = [tuple(int(v) for v in item.split("x")) for item in text.split(",")]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    print(torch.cuda.get_device_name(), f"torch {torch.__version__}; plan {plan.ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS}; "
+          "ms per forward + backward (do_bench / back to back / graph)", flush=True)
+    for shape in shapes:
+        sets = input_sets(gen, *shape)
+        for causal in (False, True):
+            parts = []
+            reference = None
+            for name, per_sm in SETTINGS.items():
+                with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS=per_sm):
+                    dq = ours(causal)(*sets[0])
+                    q, k, v, d_out = sets[0]
+                    dk = torch.autograd.grad(onlinesoftmax.attention(q, k, v, causal=causal), k, d_out)[0]
+                    split = plan.last_attention_plan().group_split
+                    times = timings(ours(causal), sets)
+                error = 0.0
+                if reference is None:
+                    reference = dk.float()
+                else:
+                    error = ((dk.float() - reference).norm() / reference.norm()).item()
+                parts.append(f"{name} (x{split}, dk {error:.0e}) " + "/".join(
+                    "-" if t is None else f"{t:.4f}" for t in times))
+                del dq, dk
+            times = timings(flash(causal), sets)
+            parts.append("flash " + "/".join("-" if t is None else f"{t:.4f}" for t in times))
+            print(shape, "causal" if causal else "full", " | ".join(parts), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -593,6 +593,27 @@ def test_split_backward_plans(monkeypatch):
         assert plan.attention_plan("backward_dkdv", 256, torch.bfloat16, False, cuda, 4096, 4096, True).num_stages == 1
 
 
+def test_forward_keys_ending_mid_block_by_loads(monkeypatch):
+    # Head dims padded to 128, non-causal, keys ending mid-block (no warp-specialized loop): the 128
+    # row's config with row descriptors, the pointer table's where the layout allows none; whole
+    # key blocks stay warp-specialized, causal rows keep the 128 row's causal config.
+    monkeypatch.setattr(plan, "interpreter_active", lambda: False)
+    cuda = torch.device("cuda")
+
+    def config(head_dim, causal, n_keys, rows_ok):
+        chosen = plan.attention_plan("forward", head_dim, torch.bfloat16, causal, cuda, n_keys, n_keys, True, rows_ok)
+        return (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages), chosen
+
+    row = next(r for r in plan.ATTENTION_CONFIGS["forward"] if r[0] == 128)
+    for head_dim in (112, 128):
+        tiles, chosen = config(head_dim, False, 541, True)
+        assert tiles == row[1] and chosen.row_descriptors and not chosen.warp_specialize
+        tiles, chosen = config(head_dim, False, 541, False)
+        assert tiles == plan.ATTENTION_FORWARD_POINTER_CONFIGS[128][0] != row[1] and not chosen.row_descriptors
+        assert config(head_dim, True, 541, True)[0] == row[2]
+    assert config(128, False, 1024, True)[1].warp_specialize
+
+
 def test_short_sequences_take_their_own_configs(monkeypatch):
     # ATTENTION_SHORT_CONFIGS rows apply up to their length (keys for the forward, the longer of
     # queries and keys for the backward) and at their head dim only, with the forward's loads;
@@ -615,7 +636,9 @@ def test_short_sequences_take_their_own_configs(monkeypatch):
                                                     ("backward_dkdv", 64, 257, 128), ("backward_dq", 64, 128, 128)):
             chosen = plan.attention_plan(kernel, head_dim, torch.bfloat16, False, cuda, n_queries, n_keys, True)
             row = next(r for r in plan.ATTENTION_CONFIGS[kernel] if head_dim <= r[0])
-            assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages) == row[1]
+            # (rows_ok is False here: a forward through pointers takes its own table's config where it has one)
+            pointer = plan.ATTENTION_FORWARD_POINTER_CONFIGS.get(row[0], (None,))[0] if kernel == "forward" else None
+            assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages) == (pointer or row[1])
     # A backward row's "pointer" turns the descriptors off up to its length and mask, unless the
     # caller forced the load path (batch_heads None); work far above ATTENTION_BACKWARD_POINTER_MAX_WORK.
     pointer_rows = dict.fromkeys(plan.ATTENTION_SHORT_CONFIGS, ())

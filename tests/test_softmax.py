@@ -102,8 +102,8 @@ def test_long_rows_span_many_blocks_and_chunks(strategy, algorithm, dtype, gen):
 
 @needs_triton
 def test_row_on_chip_packs_short_rows(gen):
-    # Short rows: several per program, one program per block of rows, the last block ragged; the
-    # backward takes the same blocks.
+    # Short rows: several per program, one program per block of rows, the last block ragged, in
+    # both directions (the forward may take fewer rows a program: ROW_TILE_SPREAD_OVER_SMS).
     x = make_logits((4 * 1024 + 3, 24), torch.float32, gen)
     out = onlinesoftmax.softmax(x, strategy="row_on_chip")
     chosen = plan.last_plan()
@@ -112,9 +112,26 @@ def test_row_on_chip_packs_short_rows(gen):
     assert_matches(out, torch.softmax(x.double(), -1), torch.float32)
     dy = make_logits(x.shape, torch.float32, gen, scale=1.0)
     dx = softmax_launch.launch_backward(out, dy, 1, False, strategy="row_on_chip")
-    assert plan.last_plan().grid == chosen.grid
+    backward = plan.last_plan()
+    assert backward.rows_per_program > 1 and backward.grid[0] == -(-x.shape[0] // backward.rows_per_program)
     y64 = out.double()
     assert_matches(dx, y64 * (dy.double() - (y64 * dy.double()).sum(-1, keepdim=True)), torch.float32, "backward")
+
+
+def test_row_on_chip_spreads_few_rows_over_the_sms():
+    # The forward packs no more rows a program than leave every SM one (a power of two at most
+    # rows / SMs): 10 rows of 221 are ten programs on the H100, not one of 16 rows. The backward
+    # keeps its tiles; many rows keep theirs.
+    cuda = torch.device("cuda")
+    for rows, cols, packed, spread in [(10, 221, 16, 1), (193, 1069, 2, 1), (1024, 256, 16, 4),
+                                       (32768, 1024, 4, 4)]:
+        forward = plan.choose("softmax", rows, cols, torch.bfloat16, cuda, sms=132, interpreting=False)
+        backward = plan.choose("softmax_backward", rows, cols, torch.bfloat16, cuda, sms=132, interpreting=False)
+        assert forward.strategy == backward.strategy == "row_on_chip", (rows, cols)
+        assert (forward.rows_per_program, backward.rows_per_program) == (spread, packed), (rows, cols)
+        assert forward.grid == (-(-rows // spread),)
+    with onlinesoftmax.override_plan("softmax", ROW_TILE_SPREAD_OVER_SMS=False):
+        assert plan.choose("softmax", 10, 221, torch.bfloat16, cuda, sms=132, interpreting=False).rows_per_program == 16
 
 
 @needs_triton

@@ -57,8 +57,9 @@ def head_dim_parts(head_dim: int) -> tuple[int, int]:
 # (291.6 -> 331.5); D136 S512 215.8 -> 292.9 (95.9 -> 181.4: 0.74x FLASH before); D152 S512 228.7
 # -> 265.1. Causal rows up to 512 keys take pointer loads instead (ATTENTION_SHORT_CONFIGS).
 # The forward's 128 row, non-causal: keys that end mid-block (the warp-specialized loop takes whole
-# blocks only) and head dims padded to 128 (112, and 72 or 88 where not split), 128 x 128 blocks on
-# 8 warps at 3 stages -> 128 x 64 on 4 warps at 2, bf16 TFLOP/s (scripts/tune/sweep_attention.py
+# blocks only) and head dims padded to 128 that row descriptors read (112, 128), 128 x 128 blocks on
+# 8 warps at 3 stages -> 128 x 64 on 4 warps at 2 with row descriptors (through pointers the one
+# before stays: ATTENTION_FORWARD_POINTER_CONFIGS), bf16 TFLOP/s (scripts/tune/sweep_attention.py
 # --forward-round ragged, docs/notes/2026-11/sweep_attention-ragged-h100.log; FLASH): D112 B121 H16
 # S373 192.7 -> 250.0 (231.6), D128 B4 H40/8 S541 189.9 -> 245.5 (215.3), B16 H16 S1000 329.1 ->
 # 397.8 (320.8), B10 H16 S3000 424.9 -> 482.3 (348.0).
@@ -117,6 +118,11 @@ ATTENTION_FORWARD_ROW_DESCRIPTORS_DIVISOR = 16
 # BLOCK_N = 64 and D64 with 3 stages computed NaN in Triton 3.6 (D256's was checked at every swept shape).
 ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
                                       256: ((128, 64, 4, 2), (128, 64, 4, 2))}
+# Forwards that read through pointers (the layout allows no row descriptors: heads that do not
+# merge, such as BSHD views at batch > 1), by padded head dim: (non-causal, causal) config, None
+# for the table's. The 128 row's non-causal config was measured with row descriptors only
+# (sweep_attention-ragged-h100.log); through pointers the one before it stays.
+ATTENTION_FORWARD_POINTER_CONFIGS = {128: ((128, 128, 8, 3), None)}
 # Short sequences, by kernel: rows (most keys, head dim, non-causal config, causal config),
 # the first whose length and head dim fit applying before the tables above. The length is the keys
 # for the forward (a program's work) and the longer of queries and keys for the backward. A
@@ -373,6 +379,10 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
             block_d in ATTENTION_FORWARD_ROW_DESCRIPTORS and head_dim % ATTENTION_FORWARD_ROW_DESCRIPTORS_DIVISOR == 0))
         specialized = (ATTENTION_FORWARD_WARP_SPECIALIZED.get(block_d, (None, None))[causal]
                        if rows and head_dim == block_d else None)
+        pointer_config = ATTENTION_FORWARD_POINTER_CONFIGS.get(block_d, (None, None))[causal]
+        if (kernel == "forward" and not rows and not interpreting and not split and own is None
+                and pointer_config is not None):
+            config = pointer_config
     # The interpreter keeps its small blocks (and ignores the specialization, running the same code).
     if specialized is not None and n_keys % (config if interpreting else specialized)[1] == 0:
         return AttentionPlan(kernel, "triton", head_dim, dtype, causal, False, True, True, block_d=block_d,

@@ -133,6 +133,15 @@ ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS = 16
 # row_on_chip packs short rows until a program's tile has about this many elements.
 ROW_TILE_ELEMENTS = 4096
+# ... and, in the forward, no more rows a program than leave every SM one (a power of two at most
+# rows / SMs; one row a program where the rows are fewer than the SMs). 10 x 221 had been one
+# program of 16 rows on 8 warps: under CUDA graphs, µs a call, packed -> spread (torch), bf16
+# softmax 4.70 -> 3.00 (3.59), log_softmax 5.24 -> 3.12 (3.10), fp32 4.49 -> 3.22 (3.16), 5.51 ->
+# 3.04 (3.15); 32 x 1000 fp32 4.08 -> 3.38, 64 x 512 log_softmax 3.90 -> 3.06; the largest loss
+# 0.15 µs (bf16 softmax 16 x 710, 3.27 -> 3.42), about what an unchanged plan moved between two
+# columns; faster in 30 of the 36 cells it changes (scripts/probes/probe_small_rows_graph.py,
+# docs/notes/2026-11/probe_small_rows_graph-h100.log). Eager calls this small run torch's kernel (EAGER_HOST_US); the backward was not measured.
+ROW_TILE_SPREAD_OVER_SMS = True
 # (tile elements up to, num_warps): about 16 elements a thread, four 16-byte loads of fp32.
 WARPS_BY_TILE_ELEMENTS = ((512, 1), (1024, 2), (2048, 4), (4096, 8), (8192, 16), (65536, 32))
 
@@ -519,6 +528,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         block, tail = _tailed_tile(op, cols, elem, misaligned_rows)
         block = block or max(2, next_power_of_2(cols))
         rows_per_program = min(max(1, ROW_TILE_ELEMENTS // block), next_power_of_2(rows))
+        if ROW_TILE_SPREAD_OVER_SMS and not backward:
+            rows_per_program = min(rows_per_program, 1 << max(0, (rows // sms).bit_length() - 1))
         warps = ROW_ON_CHIP_TAIL_WARPS if tail else _warps_for_tile(block * rows_per_program)
         hold_input = not tail and not backward and block >= ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, block + 1)
         if hold_input:

@@ -321,12 +321,15 @@ def test_random_head_dims_and_layouts(gen):
 SPLIT_SHAPES = {"gqa-37x50": (2, 4, 2, 37, 50), "rows-40x64": (2, 2, 1, 40, 64)}
 
 
+# Parts (64, 16) past the head dim at 72 (80's parts, exact, are 144's shape at 128), (64, 32) at
+# 96, (128, 16) at 144, (128, 64) at 192.
 @pytest.mark.parametrize("loads", ["pointer", "head-descriptors", "row-descriptors"])
-@pytest.mark.parametrize("head_dim", [72, 80, 96, 144, 192])
+@pytest.mark.parametrize("head_dim", [72, 96, 144, 192])
 @pytest.mark.parametrize("shape", list(SPLIT_SHAPES), ids=list(SPLIT_SHAPES))
 def test_split_head_dim_forward(shape, head_dim, loads, gen, monkeypatch, plan_override):
     """The forward's two head-dim parts through each load path, every mask, against float64 and
-    against the padded computation of the same inputs; the (padded) gradients of its output."""
+    against the padded computation of the same inputs; the gradients of its output under one mask
+    (test_split_head_dim_backward runs the backward's parts under every mask)."""
     # The layout checks are replaced before the override, which forgets the calls prepared under the real ones.
     if loads == "pointer":
         monkeypatch.setattr(attention_module, "descriptor_ok", lambda *tensors: False)
@@ -344,9 +347,10 @@ def test_split_head_dim_forward(shape, head_dim, loads, gen, monkeypatch, plan_o
         ref_out, ref_lse = reference(q, k, v, mode)
         assert_matches(out, ref_out, torch.bfloat16, f"{what} out")
         assert_matches(lse, ref_lse, torch.float32, f"{what} lse")
-        grads = torch.autograd.grad(out, (q, k, v), d_out)
-        for name, got, want in zip("qkv", grads, reference_grads(q, k, v, d_out, mode)):
-            assert_grad_matches(got, want, torch.bfloat16, f"{what} d{name}")
+        if mode == "bottom_right":
+            grads = torch.autograd.grad(out, (q, k, v), d_out)
+            for name, got, want in zip("qkv", grads, reference_grads(q, k, v, d_out, mode)):
+                assert_grad_matches(got, want, torch.bfloat16, f"{what} d{name}")
         if TRITON_RUNS:
             assert forward.block_d2 > 0 and forward.use_descriptor == (loads != "pointer")
             # On the GPU rows of a head dim that is no multiple of 16 go through pointers.
@@ -361,12 +365,14 @@ def test_split_head_dim_forward(shape, head_dim, loads, gen, monkeypatch, plan_o
         assert_matches(split, padded.double(), torch.bfloat16, "split against padded")
 
 
+# Parts (64, 16) past the head dim at 72, (64, 32) at 96, (128, 16) past it at 136 (144's parts),
+# (128, 32) at 160, (128, 64) at 192.
 @pytest.mark.parametrize("loads", ["pointer", "descriptors"])
-@pytest.mark.parametrize("head_dim", [72, 96, 136, 144, 160, 192])
+@pytest.mark.parametrize("head_dim", [72, 96, 136, 160, 192])
 @pytest.mark.parametrize("shape", list(SPLIT_SHAPES), ids=list(SPLIT_SHAPES))
 def test_split_head_dim_backward(shape, head_dim, loads, gen, monkeypatch, plan_override):
     """The dK/dV and dQ kernels' two head-dim parts through both load paths, every mask: gradients
-    against float64 and against the padded backward of the same inputs. The split is forced where
+    against float64, and under one mask against the padded backward of the same inputs. The split is forced where
     the plan pads (72 = 64 + 16 and 96 = 64 + 32 measured slower split) to run the kernels' every
     part shape; 136 (128 + 16, 8 columns past it) splits for its rows of whole 16-byte vectors."""
     if loads == "pointer":
@@ -388,6 +394,8 @@ def test_split_head_dim_backward(shape, head_dim, loads, gen, monkeypatch, plan_
         if TRITON_RUNS:
             assert backward.kernel == "backward_dkdv" and backward.use_descriptor == (loads != "pointer")
             assert (backward.block_d, backward.block_d2) == plan.head_dim_parts(head_dim), what
+            if mode != "bottom_right":
+                continue
             with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_SPLIT_HEAD_DIMS=dict.fromkeys(
                     ("backward_dkdv", "backward_dq"), ()), ATTENTION_BACKWARD_SPLIT_VECTORS_FROM=dict.fromkeys(
                     ("backward_dkdv", "backward_dq"), attention_op.MAX_HEAD_DIM + 1)):
@@ -468,7 +476,7 @@ def test_strided_inputs(layout, gen):
 GROUP_SPLIT_CASES = {"mqa-whole-group": (1, 4, 1, 130, 70, "bottom_right", 0),
                      "mqa-two-per-sm": (1, 4, 1, 70, 130, "top_left", 2),
                      "mqa-every-head": (1, 4, 1, 97, 130, "none", 1 << 20),
-                     "gqa-every-head": (2, 6, 2, 70, 130, "top_left", 1 << 20)}
+                     "gqa-every-head": (1, 6, 2, 70, 130, "top_left", 1 << 20)}
 
 
 @needs_triton

@@ -16,7 +16,9 @@ if [ "$gpu" != "True" ] && [ -z "${TRITON_INTERPRET:-}" ]; then
 fi
 workers=()
 if python -c "import xdist" 2>/dev/null; then
-    workers=(-n "${TEST_WORKERS:-auto}")
+    # worksteal: a worker that runs out of tests takes pending ones from the other's queue, so a
+    # long interpreter test late in one queue does not leave the other core idle.
+    workers=(-n "${TEST_WORKERS:-auto}" --dist worksteal)
 fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

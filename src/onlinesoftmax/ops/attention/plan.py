@@ -261,7 +261,7 @@ ATTENTION_BACKWARD_FUSED = ((64, 64, 0, 16, 4, 2),
 # (x16; 0.281); B1 H16/1 S4096 D128 2.548 -> 1.372 (x16; 1.626), causal 2.541 -> 0.972 (1.124).
 # Splitting more widely lost: B4 H40/8 S541 D128 (288 programs) 0.463 -> 0.511 split five ways,
 # B8 H32/4 S1024 D128 (512) 1.415 -> 1.531 in two (the float32 partials written and summed, for
-# programs that already filled the GPU); head dim 32 at 704 programs gained 5-10% split seven ways.
+# programs that already filled the GPU); head dim 32 at 704 programs gained 5-11% split seven ways.
 ATTENTION_BACKWARD_GROUP_SPLIT_BELOW = 1
 ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS = (4, 8)
 # Register caps (Triton's maxnreg) that fit one more backward program an SM, by (kernel, padded head dim, causal).

@@ -369,7 +369,6 @@ def _sweep_axes(case: str) -> tuple[str, str]:
 
 
 def _sweep_notes(cells: list[dict], sdpa) -> str:
-
     def geomean(values):
         values = [v for v in values if v]
         return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")

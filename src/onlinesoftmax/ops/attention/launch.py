@@ -183,7 +183,7 @@ class _BackwardCall:
     keys and launch keywords cost more host time than the short sequences' kernels."""
 
     __slots__ = ("plan", "mode", "delta_buffer", "grads", "zeros", "delta", "dkdv", "dq", "fused", "delta_ints",
-                 "ints", "offset", "descriptors", "group_split", "partials", "partials_view")
+                 "ints", "offset", "descriptors", "partials", "partials_view")
 
     def __init__(self, key, do, q, k, v, mode, use_descriptor):
         batch, n_heads_q, n_queries, head_dim = q.shape
@@ -206,7 +206,6 @@ class _BackwardCall:
         self.zeros = q.numel() == 0 or k.numel() == 0
         self.delta = self.dkdv = self.dq = self.fused = None
         self.descriptors = dkdv_plan.use_descriptor
-        self.group_split = 1
         if dkdv_plan.path == "torch" or self.zeros:
             return
         self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
@@ -225,7 +224,7 @@ class _BackwardCall:
         self.delta_ints = (n_heads_q, n_queries, head_dim, *_strides(do))
         # Each kernel's plan in its key, as the forward's.
         key_blocks = triton.cdiv(n_keys, dkdv_plan.block_n)
-        split = self.group_split = planner.dkdv_group_split(n_heads_q // n_heads_kv, key_blocks * batch * n_heads_kv,
+        split = planner.dkdv_group_split(n_heads_q // n_heads_kv, key_blocks * batch * n_heads_kv,
                                                             causal, q.device)
         if split > 1:
             self.plan = dataclasses.replace(dkdv_plan, group_split=split)
@@ -254,7 +253,7 @@ class _BackwardCall:
             return dq, dk, dv
         delta = _buffers.empty_like(self.delta_buffer)
         self.delta(out, do, delta, *self.delta_ints)
-        if self.group_split > 1:
+        if self.plan.group_split > 1:
             dk_parts, dv_parts = _buffers.empty_like(self.partials), _buffers.empty_like(self.partials)
             self.dkdv(q, k, v, do, lse, delta, dk_parts, dv_parts, *args)
             # The parts summed in float32 in one fixed order, rounded once into the gradients' dtype.

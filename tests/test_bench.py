@@ -203,6 +203,25 @@ def test_parse_dims_rejects_bad_shapes(text):
         harness.parse_dims(text, 2)
 
 
+def test_sweep_shapes_asked_puts_random_shapes_beside_the_named_ones():
+    # --shape picks the cases and --random adds its seeded shapes beside them; without --shape the
+    # sweep's own grid (which adds the random shapes itself).
+    from types import SimpleNamespace
+
+    def randoms(n, seed):
+        return [(seed, i) for i in range(n)]
+
+    def grid(quick, n, seed):
+        return [("grid", quick)] + randoms(n, seed)
+
+    named = SimpleNamespace(shape=["3x5", "7X11"], random=2, seed=9, quick=False)
+    assert harness.sweep_shapes_asked(named, 2, randoms, grid) == [(3, 5), (7, 11), (9, 0), (9, 1)]
+    whole = SimpleNamespace(shape=None, random=1, seed=4, quick=True)
+    assert harness.sweep_shapes_asked(whole, 2, randoms, grid) == [("grid", True), (4, 0)]
+    with pytest.raises(SystemExit, match="--shape"):
+        harness.sweep_shapes_asked(SimpleNamespace(shape=["3x5x7"], random=0, seed=0, quick=False), 2, randoms, grid)
+
+
 def test_explain_prints_the_plan_without_a_gpu(capsys):
     assert cli.main(["explain", "1x16777216", "--dtype", "bf16", "--sms", "132"]) == 0
     out = capsys.readouterr().out

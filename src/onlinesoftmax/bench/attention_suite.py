@@ -306,10 +306,7 @@ def run_sweep(args, dtypes, directions) -> int:
     keep = {"sdpa-flash", "sdpa-cudnn", "onlinesoftmax"} | (set() if args.quick else {"flex-compiled"})
     impls = {d: [i for i in impls[d] if i.name in keep] for d in impls}
     # --shape picks cells of the sweep (or others) to measure, e.g. one head dim a call, with --merge.
-    if args.shape:
-        shapes = [harness.parse_dims(t, 5) for t in args.shape] + random_shapes(args.random, args.seed)
-    else:
-        shapes = sweep_shapes(args.quick, args.random, args.seed)
+    shapes = harness.sweep_shapes_asked(args, 5, random_shapes, sweep_shapes)
     print(f"seed {args.seed}; {len(shapes)} shapes x {len(dtypes)} dtypes x 2 masks x {len(directions)} directions",
           flush=True)
     rows = []

@@ -491,6 +491,14 @@ def parse_dims(text: str, count: int) -> tuple[int, ...]:
     return dims
 
 
+def sweep_shapes_asked(args, count: int, random_shapes, grid) -> list[tuple[int, ...]]:
+    """A sweep's shapes: the --shape cases (``count`` dims each) with --random's seeded shapes beside
+    them, or, with no --shape, the sweep's ``grid(quick, n_random, seed)``."""
+    if not args.shape:
+        return grid(args.quick, args.random, args.seed)
+    return [parse_dims(t, count) for t in args.shape] + random_shapes(args.random, args.seed)
+
+
 def _progress_bar():
     try:
         from rich.progress import Progress

@@ -179,10 +179,7 @@ def heat_maps(stem: str, cells: list[dict]) -> list[str]:
 
 def run(args) -> int:
     dtypes = [DTYPES[d] for d in (args.dtype or "fp32,bf16,fp16").split(",")]
-    if args.shape:  # the cases named, and --random's shapes beside them
-        shapes = [harness.parse_dims(t, 2) for t in args.shape] + random_shapes(args.random, args.seed)
-    else:
-        shapes = grid(args.quick, args.random, args.seed)
+    shapes = harness.sweep_shapes_asked(args, 2, random_shapes, grid)
     directions = ["forward"] + ([] if args.no_backward else ["backward"])
     gen = torch.Generator().manual_seed(args.seed)
     print(f"seed {args.seed}; {len(shapes)} shapes x {len(dtypes)} dtypes x {len(OPS)} ops x {len(directions)} "

@@ -515,6 +515,37 @@ def test_dkdv_group_split(case, gen, plan_override):
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
+@needs_triton
+@pytest.mark.parametrize("mode", ["top_left", "bottom_right"])
+def test_backward_heavy_first_grid(mode, gen, plan_override):
+    # The causal backward's grid with every head's heaviest block first (axes swapped): the same
+    # gradients as the float64 reference, with the split group (partials' rows) and without.
+    # 150 keys: past the fused backward's one block, on the GPU's tables too.
+    plan_override("attention", ATTENTION_BACKWARD_HEAVY_FIRST={"backward_dkdv": 1, "backward_dq": 1})
+    for heads_q, heads_kv, split in ((6, 2, False), (4, 1, True)):
+        per_sm = 1 << 20 if split else 0  # every head its own program, or the group whole
+        plan_override("attention", ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS=(per_sm, per_sm),
+                      ATTENTION_BACKWARD_GROUP_SPLIT_BELOW=1 << 20)
+        q, k, v = make_qkv(gen, 2, heads_q, heads_kv, 70, 150, 64, torch.bfloat16, requires_grad=True)
+        check_all(q, k, v, mode, torch.bfloat16, f"heavy first {heads_q}/{heads_kv}", gen)
+        chosen = plan.last_attention_plan()
+        assert chosen.kernel == "backward_dkdv" and chosen.heavy_first
+        assert (chosen.group_split > 1) == split
+
+
+def test_backward_heavy_first_plan():
+    # The dK/dV kernel's order for causal GQA only (the default table); the dQ kernel's for none;
+    # never without a mask or past the grid's 65535 blocks on its second axis.
+    assert plan.backward_heavy_first("backward_dkdv", True, 4, 100)
+    assert not plan.backward_heavy_first("backward_dkdv", True, 1, 100)  # MHA
+    assert not plan.backward_heavy_first("backward_dkdv", False, 4, 100)
+    assert not plan.backward_heavy_first("backward_dkdv", True, 4, 65536)
+    assert not plan.backward_heavy_first("backward_dq", True, 8, 100)
+    with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_HEAVY_FIRST={"backward_dq": 1}):
+        assert plan.backward_heavy_first("backward_dq", True, 1, 100)
+        assert not plan.backward_heavy_first("backward_dkdv", True, 4, 100)
+
+
 def test_dkdv_group_split_plan():
     # Split only below ..._BELOW programs an SM; then the smallest divisor of the group that reaches
     # ..._PROGRAMS an SM (causal asks for its own count), else the whole group.

@@ -209,7 +209,7 @@ def attention_backward_dkdv_kernel(
     qk_scale, scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1, BLOCK_D2: tl.constexpr = 0,
-    GROUP_SPLIT: tl.constexpr = 1,
+    GROUP_SPLIT: tl.constexpr = 1, HEAVY_FIRST: tl.constexpr = False,
 ):
     (head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
      stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos,
@@ -217,11 +217,16 @@ def attention_backward_dkdv_kernel(
         head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
         stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos, do_head_stride, VEC)
     n_heads_kv = n_heads_q // group
-    start_n = tl.program_id(0) * BLOCK_N
+    # The grid is (key blocks, KV programs), or with HEAVY_FIRST (KV programs, key blocks): every
+    # program of the first key block (under a causal mask the one with the most queries) launches
+    # before any of the next.
+    block_axis: tl.constexpr = 1 if HEAVY_FIRST else 0
+    start_n = tl.program_id(block_axis) * BLOCK_N
     # GROUP_SPLIT programs share a key block's group, each summing group / GROUP_SPLIT query heads
     # into float32 partials of its own (row kv_bh * GROUP_SPLIT + part), which the launcher sums.
-    kv_bh = tl.program_id(1) // GROUP_SPLIT
-    part = tl.program_id(1) % GROUP_SPLIT
+    out_rows = tl.program_id(1 - block_axis)  # kv_bh, or its part's row of the partials
+    kv_bh = out_rows // GROUP_SPLIT
+    part = out_rows % GROUP_SPLIT
     heads_per_part = group // GROUP_SPLIT
     b = kv_bh // n_heads_kv
     h_kv = kv_bh % n_heads_kv
@@ -274,7 +279,6 @@ def attention_backward_dkdv_kernel(
             dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base, do_base, lse_ptr,
             delta_ptr, bh, cols, full_start, q_stop, n_queries, n_keys, head_dim, qk_scale, causal_offset,
             stride_qs, stride_qd, stride_dos, stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, False, USE_DESCRIPTOR)
-    out_rows = tl.program_id(1)  # kv_bh, or its part's row of the partials
     store_key_value_gradients(dk, dv, dk_ptr, dv_ptr, batch, n_heads_kv * GROUP_SPLIT, out_rows, start_n, n_keys,
                               head_dim, scale, 0, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     if BLOCK_D2 > 0:
@@ -326,6 +330,7 @@ def attention_backward_dq_kernel(
     qk_scale, scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1, BLOCK_D2: tl.constexpr = 0,
+    HEAVY_FIRST: tl.constexpr = False,
 ):
     (head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
      stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos,
@@ -333,7 +338,7 @@ def attention_backward_dq_kernel(
         head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
         stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos, do_head_stride, VEC)
     n_heads_kv = n_heads_q // group
-    start_m, bh, b, h, h_kv, kv_bh = query_program(n_heads_q, group, BLOCK_M, CAUSAL)
+    start_m, bh, b, h, h_kv, kv_bh = query_program(n_heads_q, group, BLOCK_M, CAUSAL, HEAVY_FIRST)
 
     desc_q, desc_k, desc_v, desc_do, desc_q2, desc_k2, desc_v2, desc_do2 = input_descriptors(
         q_ptr, k_ptr, v_ptr, do_ptr, batch, n_heads_q, n_heads_kv, n_queries, n_keys, head_dim,

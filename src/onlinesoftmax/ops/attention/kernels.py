@@ -253,13 +253,16 @@ def own_descriptor(ptr, n_heads_total, n_rows, head_dim, BLOCK_ROWS: tl.constexp
 
 
 @triton.jit
-def query_program(n_heads_q, group, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
-    """(start_m, bh, b, h, h_kv, kv_bh) of a program of a (query blocks, batch * query heads) grid."""
-    block_m = tl.program_id(0)
+def query_program(n_heads_q, group, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr, HEAVY_FIRST: tl.constexpr = False):
+    """(start_m, bh, b, h, h_kv, kv_bh) of a program of a (query blocks, batch * query heads) grid, or
+    with HEAVY_FIRST of a (batch * query heads, query blocks) grid."""
+    block_axis: tl.constexpr = 1 if HEAVY_FIRST else 0
+    block_m = tl.program_id(block_axis)
     if CAUSAL:
-        # The last query blocks have the most keys to visit: launch them first.
-        block_m = tl.num_programs(0) - 1 - block_m
-    bh = tl.program_id(1)
+        # The last query blocks have the most keys to visit: launch them first (within a head, or
+        # with HEAVY_FIRST those of every head before any head's next block).
+        block_m = tl.num_programs(block_axis) - 1 - block_m
+    bh = tl.program_id(1 - block_axis)
     b = bh // n_heads_q
     h = bh % n_heads_q
     h_kv = h // group

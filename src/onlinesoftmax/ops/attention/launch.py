@@ -105,6 +105,12 @@ _dq_launcher = Launcher(attention_backward_dq_kernel)
 _fused_launcher = Launcher(attention_backward_fused_kernel)
 
 
+def _block_grid(blocks: int, programs: int, chosen: planner.AttentionPlan) -> tuple[int, int]:
+    """A backward kernel's grid: (blocks, programs of a block), or (programs, blocks) where the plan
+    launches every head's heaviest block first."""
+    return (programs, blocks) if chosen.heavy_first else (blocks, programs)
+
+
 def _plan_meta(chosen: planner.AttentionPlan, causal: bool) -> dict:
     """The constexprs and launch options every attention kernel takes from its plan."""
     return dict(BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, BLOCK_D=chosen.block_d, CAUSAL=causal,
@@ -224,18 +230,25 @@ class _BackwardCall:
         self.delta_ints = (n_heads_q, n_queries, head_dim, *_strides(do))
         # Each kernel's plan in its key, as the forward's.
         key_blocks = triton.cdiv(n_keys, dkdv_plan.block_n)
-        split = planner.dkdv_group_split(n_heads_q // n_heads_kv, key_blocks * batch * n_heads_kv,
-                                                            causal, q.device)
+        group = n_heads_q // n_heads_kv
+        split = planner.dkdv_group_split(group, key_blocks * batch * n_heads_kv, causal, q.device)
+        dkdv_plan = self.plan = dataclasses.replace(
+            dkdv_plan, group_split=split,
+            heavy_first=planner.backward_heavy_first("backward_dkdv", causal, group, key_blocks))
+        query_blocks = triton.cdiv(n_queries, dq_plan.block_m)
+        dq_plan = dataclasses.replace(
+            dq_plan, heavy_first=planner.backward_heavy_first("backward_dq", causal, group, query_blocks))
         if split > 1:
-            self.plan = dataclasses.replace(dkdv_plan, group_split=split)
             # float32 partials of dK and dV, a part's rows after another's: (batch, KV heads, parts, keys, D).
             self.partials = _buffers.template((batch * n_heads_kv * split, n_keys, head_dim), torch.float32, q.device)
             self.partials_view = (batch, n_heads_kv, split, n_keys, head_dim)
-        self.dkdv = _dkdv_launcher.bind((key_blocks, batch * n_heads_kv * split), (key, dkdv_plan, split),
-                                        **_plan_meta(dkdv_plan, causal), VEC=vec, BLOCK_D2=dkdv_plan.block_d2,
-                                        GROUP_SPLIT=split)
-        self.dq = _dq_launcher.bind((triton.cdiv(n_queries, dq_plan.block_m), batch * n_heads_q), (key, dq_plan),
-                                    **_plan_meta(dq_plan, causal), VEC=vec, BLOCK_D2=dq_plan.block_d2)
+        self.dkdv = _dkdv_launcher.bind(_block_grid(key_blocks, batch * n_heads_kv * split, dkdv_plan),
+                                        (key, dkdv_plan), **_plan_meta(dkdv_plan, causal), VEC=vec,
+                                        BLOCK_D2=dkdv_plan.block_d2, GROUP_SPLIT=split,
+                                        HEAVY_FIRST=dkdv_plan.heavy_first)
+        self.dq = _dq_launcher.bind(_block_grid(query_blocks, batch * n_heads_q, dq_plan),
+                                    (key, dq_plan), **_plan_meta(dq_plan, causal), VEC=vec,
+                                    BLOCK_D2=dq_plan.block_d2, HEAVY_FIRST=dq_plan.heavy_first)
         self.descriptors = dkdv_plan.use_descriptor or dq_plan.use_descriptor
 
     def __call__(self, do, q, k, v, out, lse, scale):

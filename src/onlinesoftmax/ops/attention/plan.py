@@ -264,6 +264,17 @@ ATTENTION_BACKWARD_FUSED = ((64, 64, 0, 16, 4, 2),
 # programs that already filled the GPU); head dim 32 at 704 programs gained 5-11% split seven ways.
 ATTENTION_BACKWARD_GROUP_SPLIT_BELOW = 1
 ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS = (4, 8)
+# Causal backward kernels whose grid launches the heaviest block of every head before any head's
+# next one (the dK/dV kernel's first key block, the dQ kernel's last query block): the grid's axes
+# swapped, so that its last wave holds the lightest programs. By kernel, the smallest GQA group that
+# takes it (0: none). Measured (scripts/probes/probe_heavy_first.py, docs/notes/2026-11/
+# probe_heavy_first-h100.log; bf16 causal forward + backward, do_bench ms, by head -> dK/dV first):
+# GQA, whose dK/dV programs each run their group's heads, B4 H28/4 S2770 D32 1.641 -> 1.422 (FLASH
+# 1.329), B4 H32/8 S4096 D64 3.666 -> 3.452, B4 H32/8 S4096 D128 6.011 -> 5.907, B4 H40/8 S541 D128
+# 0.360 -> 0.338 (CUDA graphs), B5 H28/4 S8936 D32 15.61 -> 15.72; MHA lost where the heads' order
+# had kept their queries in L2 (B8 H16 S2048 D256 4.550 -> 5.205, B8 H16 S4096 D32 3.363 -> 3.568).
+# The dQ kernel's order gained nowhere beyond the spread.
+ATTENTION_BACKWARD_HEAVY_FIRST = {"backward_dkdv": 2, "backward_dq": 0}
 # Register caps (Triton's maxnreg) that fit one more backward program an SM, by (kernel, padded head dim, causal).
 ATTENTION_MAX_REGISTERS = {("backward_dkdv", 64, True): 168, ("backward_dq", 128, False): 128,
                            ("backward_dq", 128, True): 128}
@@ -298,6 +309,7 @@ class AttentionPlan(RegisterCap):
     num_stages: int = 0
     max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
     group_split: int = 1  # dK/dV: programs sharing a key block's GQA group (dkdv_group_split)
+    heavy_first: bool = False  # causal backward: the grid (programs, blocks), heaviest blocks first
 
     def describe(self) -> str:
         if self.path == "torch":
@@ -310,6 +322,8 @@ class AttentionPlan(RegisterCap):
         cap = f", at most {self.max_registers} registers a thread" if self.max_registers else ""
         if self.group_split > 1:
             cap += f", each GQA group over {self.group_split} programs (float32 partials, summed after)"
+        if self.heavy_first:
+            cap += ", every head's heaviest block launched first"
         dims = (f"computed as {self.block_d} + {self.block_d2}" if self.block_d2
                 else f"padded to {self.block_d}" if self.block_d != self.head_dim else "unpadded")
         return (f"attention {self.kernel}: BLOCK_M {self.block_m}, BLOCK_N {self.block_n}, head dim "
@@ -401,6 +415,14 @@ def short_config(kernel: str, head_dim: int, causal: bool, length: int) -> Optio
     tables. The GPU's plan; the interpreter keeps its own small blocks."""
     return next((r[3] if causal else r[2] for r in ATTENTION_SHORT_CONFIGS[kernel]
                  if length <= r[0] and head_dim == r[1]), None)
+
+
+def backward_heavy_first(kernel: str, causal: bool, group: int, blocks: int) -> bool:
+    """Whether a causal backward kernel's grid launches every head's heaviest block first
+    (ATTENTION_BACKWARD_HEAVY_FIRST: GQA groups of at least its entry), its ``blocks`` then on the
+    grid's second axis, which holds at most 65535."""
+    smallest = ATTENTION_BACKWARD_HEAVY_FIRST.get(kernel, 0)
+    return causal and 0 < smallest <= group and blocks <= 65535
 
 
 def dkdv_group_split(group: int, programs: int, causal: bool, device: torch.device) -> int:

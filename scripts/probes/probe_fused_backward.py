@@ -41,6 +41,14 @@ def input_sets(gen, batch, heads_q, heads_kv, seq, head_dim, count=4):
              make(heads_q)) for _ in range(count)]
 
 
+def shapes_from_argv(default):
+    """``--shapes BxHQxHKVxSxD,...`` from the command line, else ``default``."""
+    if "--shapes" not in sys.argv:
+        return default
+    text = sys.argv[sys.argv.index("--shapes") + 1]
+    return [tuple(int(v) for v in item.split("x")) for item in text.split(",")]
+
+
 def ours(causal):
     def run(q, k, v, d_out):
         return torch.autograd.grad(onlinesoftmax.attention(q, k, v, causal=causal), (q, k, v), d_out)[0]
@@ -60,6 +68,27 @@ def timings(fn, sets):
     torch.cuda.synchronize()
     graph = harness.graph_time_ms(fn, sets)
     return (harness.time_ms(fn, sets), harness.back_to_back_ms(fn, sets), graph)
+
+
+def format_times(times) -> str:
+    return "/".join("-" if t is None else f"{t:.4f}" for t in times)
+
+
+def compare_settings(sets, causal, settings, label=lambda: ""):
+    """One output line's parts: per setting (name -> attention plan tables for override_plan), dK's
+    relative difference from the first setting's, ``label()`` under it and the timings; then FLASH's."""
+    q, k, v, d_out = sets[0]
+    parts, reference = [], None
+    for name, tables in settings.items():
+        with onlinesoftmax.override_plan("attention", **tables):
+            dk = torch.autograd.grad(onlinesoftmax.attention(q, k, v, causal=causal), k, d_out)[0].float()
+            note = label()
+            times = timings(ours(causal), sets)
+        reference = dk if reference is None else reference
+        error = ((dk - reference).norm() / reference.norm()).item()
+        parts.append(f"{name} ({note}dk {error:.0e}) {format_times(times)}")
+    parts.append(f"flash {format_times(timings(flash(causal), sets))}")
+    return parts
 
 
 def main():

@@ -11,14 +11,11 @@ and GQA whose programs fill the GPU (the plan leaves them whole).
     python scripts/probes/probe_group_split.py [--shapes BxHQxHKVxSxD,...]     (GPU; bf16)
 """
 
-import sys
-
 import torch
 
-import onlinesoftmax
 from onlinesoftmax.ops.attention import plan
 
-from probe_fused_backward import flash, input_sets, ours, timings
+from probe_fused_backward import compare_settings, input_sets, shapes_from_argv
 
 SHAPES = [(4, 28, 4, 2770, 32), (5, 28, 4, 8936, 32), (11, 16, 1, 388, 80), (4, 40, 8, 541, 128),
           (5, 64, 8, 981, 96), (1, 64, 8, 12278, 64), (1, 32, 8, 8192, 128), (2, 32, 8, 4096, 128),
@@ -27,35 +24,15 @@ SETTINGS = {"whole": (0, 0), "2/4": (2, 4), "4/8": (4, 8), "8/16": (8, 16), "eve
 
 
 def main():
-    shapes = SHAPES
-    if "--shapes" in sys.argv:
-        text = sys.argv[sys.argv.index("--shapes") + 1]
-        shapes = [tuple(int(v) for v in item.split("x")) for item in text.split(",")]
+    shapes = shapes_from_argv(SHAPES)
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}; plan {plan.ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS}; "
           "ms per forward + backward (do_bench / back to back / graph)", flush=True)
+    settings = {name: {"ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS": per_sm} for name, per_sm in SETTINGS.items()}
     for shape in shapes:
         sets = input_sets(gen, *shape)
         for causal in (False, True):
-            parts = []
-            reference = None
-            for name, per_sm in SETTINGS.items():
-                with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS=per_sm):
-                    dq = ours(causal)(*sets[0])
-                    q, k, v, d_out = sets[0]
-                    dk = torch.autograd.grad(onlinesoftmax.attention(q, k, v, causal=causal), k, d_out)[0]
-                    split = plan.last_attention_plan().group_split
-                    times = timings(ours(causal), sets)
-                error = 0.0
-                if reference is None:
-                    reference = dk.float()
-                else:
-                    error = ((dk.float() - reference).norm() / reference.norm()).item()
-                parts.append(f"{name} (x{split}, dk {error:.0e}) " + "/".join(
-                    "-" if t is None else f"{t:.4f}" for t in times))
-                del dq, dk
-            times = timings(flash(causal), sets)
-            parts.append("flash " + "/".join("-" if t is None else f"{t:.4f}" for t in times))
+            parts = compare_settings(sets, causal, settings, lambda: f"x{plan.last_attention_plan().group_split}, ")
             print(shape, "causal" if causal else "full", " | ".join(parts), flush=True)
 
 

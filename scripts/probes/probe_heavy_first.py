@@ -16,13 +16,9 @@ CUDA-graph replays), dK's relative difference from the first setting, and FLASH'
     python scripts/probes/probe_heavy_first.py [--shapes BxHQxHKVxSxD,...]     (GPU; bf16)
 """
 
-import sys
-
 import torch
 
-import onlinesoftmax
-
-from probe_fused_backward import flash, input_sets, ours, timings
+from probe_fused_backward import compare_settings, input_sets, shapes_from_argv
 
 SHAPES = [(4, 28, 4, 2770, 32), (5, 28, 4, 8936, 32), (8, 16, 16, 4096, 32), (16, 16, 16, 1024, 64),
           (4, 32, 8, 4096, 64), (8, 16, 16, 1024, 128), (4, 32, 8, 4096, 128), (1, 16, 16, 16384, 128),
@@ -33,33 +29,14 @@ SETTINGS = {"by head": (0, 0), "dK/dV first": (1, 0), "dQ first": (0, 1), "both 
 
 
 def main():
-    shapes = SHAPES
-    if "--shapes" in sys.argv:
-        text = sys.argv[sys.argv.index("--shapes") + 1]
-        shapes = [tuple(int(v) for v in item.split("x")) for item in text.split(",")]
+    shapes = shapes_from_argv(SHAPES)
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}; causal forward + backward, ms "
           "(do_bench / back to back / graph)", flush=True)
     for shape in shapes:
-        sets = input_sets(gen, *shape)
-        parts = []
-        reference = None
-        for name, (dkdv, dq) in SETTINGS.items():
-            with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_HEAVY_FIRST={
-                    "backward_dkdv": dkdv, "backward_dq": dq}):
-                q, k, v, d_out = sets[0]
-                dk = torch.autograd.grad(onlinesoftmax.attention(q, k, v, causal=True), k, d_out)[0]
-                times = timings(ours(True), sets)
-            error = 0.0
-            if reference is None:
-                reference = dk.float()
-            else:
-                error = ((dk.float() - reference).norm() / reference.norm()).item()
-            parts.append(f"{name} (dk {error:.0e}) " + "/".join("-" if t is None else f"{t:.4f}" for t in times))
-            del dk
-        times = timings(flash(True), sets)
-        parts.append("flash " + "/".join("-" if t is None else f"{t:.4f}" for t in times))
-        print(shape, " | ".join(parts), flush=True)
+        settings = {name: {"ATTENTION_BACKWARD_HEAVY_FIRST": {"backward_dkdv": dkdv, "backward_dq": dq}}
+                    for name, (dkdv, dq) in SETTINGS.items()}
+        print(shape, " | ".join(compare_settings(input_sets(gen, *shape), True, settings)), flush=True)
 
 
 if __name__ == "__main__":

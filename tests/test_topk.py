@@ -12,7 +12,7 @@ from onlinesoftmax import _device, cpu, reference
 from onlinesoftmax.ops.topk import launch as topk_module, op as topk_op, plan
 from onlinesoftmax._launch import aligned
 
-from conftest import DEVICE, DTYPES, TRITON_RUNS, assert_matches, make_logits, needs_triton
+from conftest import DEVICE, DTYPES, ON_GPU, TRITON_RUNS, assert_matches, gpu_only, make_logits, needs_triton
 
 # (forced strategy, num_chunks, block, lane_keep[, second_read]): one program per row; several
 # chunks merged by the second launch; a split with a single chunk (the merge folds nothing); a block
@@ -205,7 +205,9 @@ def test_two_kept_per_lane_hold_pairs_of_the_top_k(path, gen):
 
 @needs_triton
 @pytest.mark.parametrize("k, strategy, num_chunks, second_read", [
-    (100, "split", 2, "chunk"), (100, "single", None, "lanes"), (256, "split", 2, "lanes")])
+    (100, "split", 2, "chunk"), (100, "single", None, "lanes"),
+    # k = 256 is the k = 100 cases' code at another block: the interpreter's 40 s are CI's, the GPU's.
+    pytest.param(256, "split", 2, "lanes", marks=gpu_only)])
 def test_one_kept_per_lane_with_long_lists(k, strategy, num_chunks, second_read, gen):
     # Keeping one per lane at k > 64 (forced): lanes of K_POW2 (the block, forced so that the GPU
     # runs the same plan as the interpreter), each holding two or more of a row's 600 columns, so
@@ -363,8 +365,11 @@ def test_gradient_through_public_function_any_dim(gen):
 
 @needs_triton
 def test_deterministic(gen):
+    # The interpreter runs programs one after another, so there only a read of memory no program
+    # wrote could make two calls differ: two selections there, all five on the GPU.
     x = make_logits((2, 400), torch.float32, gen)
-    for lane_keep, second_read in ((0, None), (1, "chunk"), (2, "chunk"), (1, "lanes"), (2, "lanes")):
+    selections = ((0, None), (1, "chunk"), (2, "chunk"), (1, "lanes"), (2, "lanes"))
+    for lane_keep, second_read in selections if ON_GPU else selections[::4]:
         first = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_keep, second_read)
         second = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_keep, second_read)
         for a, b in zip(first, second):

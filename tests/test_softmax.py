@@ -66,11 +66,18 @@ def layout(x: torch.Tensor, kind: str, dim: int) -> torch.Tensor:
 SHAPE = (5, 3, 37)
 
 
+# Each dim in each layout, by both ops on the GPU; in the interpreter by one op (they alternate, so
+# that each op meets every dim and every layout): the two share the kernels' row handling and differ
+# in the value they write, and both at every cell took a fifth of CI's budget there.
+LAYOUT_CASES = [(op, dim, kind) for i, (dim, kind) in enumerate(
+    (dim, kind) for dim in (-1, 0, 1) for kind in ("contiguous", "transposed", "sliced"))
+    for op in (OPS if ON_GPU else [list(OPS)[i % 2]])]
+
+
 @pytest.mark.parametrize("strategy, algorithm", strategy_params())
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
-@pytest.mark.parametrize("kind", ["contiguous", "transposed", "sliced"])
-@pytest.mark.parametrize("dim", [-1, 0, 1], ids=["last", "first", "middle"])
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op, dim, kind", LAYOUT_CASES,
+                         ids=[f"{op}-{ {-1: 'last', 0: 'first', 1: 'middle'}[dim]}-{kind}" for op, dim, kind in LAYOUT_CASES])
 def test_matches_float64(op, dim, kind, dtype, strategy, algorithm, gen):
     ours, ref = OPS[op]
     x = layout(make_logits(SHAPE, dtype, gen), kind, dim)

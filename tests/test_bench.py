@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from onlinesoftmax import cli
-from onlinesoftmax.bench import harness, softmax_suite
+from onlinesoftmax.bench import harness, shapes, softmax_suite
 from onlinesoftmax.bench.harness import Case, Implementation, Row
 
 
@@ -194,13 +194,13 @@ def test_impls_runs_only_the_implementations_named():
 
 @pytest.mark.parametrize("text, count, expected", [("16x262144", 2, (16, 262144)), ("1X25000X5", 3, (1, 25000, 5))])
 def test_parse_dims(text, count, expected):
-    assert harness.parse_dims(text, count) == expected
+    assert shapes.parse_dims(text, count) == expected
 
 
 @pytest.mark.parametrize("text", ["16", "16x0", "axb", "1x2x3"])
 def test_parse_dims_rejects_bad_shapes(text):
     with pytest.raises(SystemExit, match="--shape"):
-        harness.parse_dims(text, 2)
+        shapes.parse_dims(text, 2)
 
 
 def test_sweep_shapes_asked_puts_random_shapes_beside_the_named_ones():
@@ -215,11 +215,11 @@ def test_sweep_shapes_asked_puts_random_shapes_beside_the_named_ones():
         return [("grid", quick)] + randoms(n, seed)
 
     named = SimpleNamespace(shape=["3x5", "7X11"], random=2, seed=9, quick=False)
-    assert harness.sweep_shapes_asked(named, 2, randoms, grid) == [(3, 5), (7, 11), (9, 0), (9, 1)]
+    assert shapes.sweep_shapes_asked(named, 2, randoms, grid) == [(3, 5), (7, 11), (9, 0), (9, 1)]
     whole = SimpleNamespace(shape=None, random=1, seed=4, quick=True)
-    assert harness.sweep_shapes_asked(whole, 2, randoms, grid) == [("grid", True), (4, 0)]
+    assert shapes.sweep_shapes_asked(whole, 2, randoms, grid) == [("grid", True), (4, 0)]
     with pytest.raises(SystemExit, match="--shape"):
-        harness.sweep_shapes_asked(SimpleNamespace(shape=["3x5x7"], random=0, seed=0, quick=False), 2, randoms, grid)
+        shapes.sweep_shapes_asked(SimpleNamespace(shape=["3x5x7"], random=0, seed=0, quick=False), 2, randoms, grid)
 
 
 def test_explain_prints_the_plan_without_a_gpu(capsys):

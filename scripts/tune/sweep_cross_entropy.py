@@ -17,7 +17,8 @@ import torch
 
 import onlinesoftmax
 from onlinesoftmax.bench import cross_entropy_suite as suite
-from onlinesoftmax.bench.harness import copy_bandwidth_gbs, parse_dims, rotation_count, time_ms
+from onlinesoftmax.bench.harness import copy_bandwidth_gbs, rotation_count, time_ms
+from onlinesoftmax.bench.shapes import parse_dims
 from onlinesoftmax.ops.cross_entropy import plan as ce_plan
 
 def _two_pass(warps: int, hold_l2: bool = True, tile_bytes: int = 0) -> dict:

@@ -21,6 +21,7 @@ import torch
 
 from . import harness
 from .harness import Case, Implementation
+from .shapes import parse_dims, sweep_shapes_asked
 
 # (batch, query heads, key/value heads, sequence length, head dim), bf16, each causal and not:
 # training shapes from short to long sequences, a head dim of 64, and grouped-query attention.
@@ -247,7 +248,7 @@ def run(args) -> int:
     directions = [FORWARD] + ([] if args.no_backward else [FORWARD_BACKWARD])
     if getattr(args, "sweep", False):
         return run_sweep(args, dtypes, directions)
-    shapes = [harness.parse_dims(t, 5) for t in args.shape] if args.shape else GRID
+    shapes = [parse_dims(t, 5) for t in args.shape] if args.shape else GRID
     gen = torch.Generator().manual_seed(args.seed)
     impls, sdpa = implementations()
     # Replayed from CUDA graphs, the shortest cases (0.1 ms) show the kernels without the host's
@@ -306,7 +307,7 @@ def run_sweep(args, dtypes, directions) -> int:
     keep = {"sdpa-flash", "sdpa-cudnn", "onlinesoftmax"} | (set() if args.quick else {"flex-compiled"})
     impls = {d: [i for i in impls[d] if i.name in keep] for d in impls}
     # --shape picks cells of the sweep (or others) to measure, e.g. one head dim a call, with --merge.
-    shapes = harness.sweep_shapes_asked(args, 5, random_shapes, sweep_shapes)
+    shapes = sweep_shapes_asked(args, 5, random_shapes, sweep_shapes)
     print(f"seed {args.seed}; {len(shapes)} shapes x {len(dtypes)} dtypes x 2 masks x {len(directions)} directions",
           flush=True)
     rows = []

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from . import harness
+from .shapes import parse_dims
 from .harness import Case, Implementation
 
 # Rows x vocabulary: Llama 2 32000, GPT-2 50257 (rows that start inside 16-byte vectors), Llama 3
@@ -160,7 +161,7 @@ def run(args) -> int:
     groups = implementation_groups()
     cases, rows = [], []
     for dtype in dtypes:
-        shapes = [harness.parse_dims(t, 2) for t in args.shape] if args.shape else GRID.get(dtype, GRID[torch.float32])
+        shapes = [parse_dims(t, 2) for t in args.shape] if args.shape else GRID.get(dtype, GRID[torch.float32])
         for shape in shapes:
             cases.append((dtype, shape))
             measured = []
@@ -172,7 +173,7 @@ def run(args) -> int:
             torch.cuda.empty_cache()
     harness.finish_rows(rows, copy_gbs)
     rows, earlier_runs = harness.merge_with_previous(args, "cross_entropy", rows)
-    cases = list(dict.fromkeys((getattr(torch, r.dtype), harness.parse_dims(r.case, 2)) for r in rows))
+    cases = list(dict.fromkeys((getattr(torch, r.dtype), parse_dims(r.case, 2)) for r in rows))
     table, summary = _floor_notes(rows, cases, copy_gbs)
     notes = ("One training step of a 'mean' loss: forward, then the gradient of the logits. GB/s against the fused "
              "floor (logits read once, gradient written once); the separate floor reads the logits twice. "
@@ -272,7 +273,7 @@ def linear_implementations() -> list[Implementation]:
 def run_linear(args) -> int:
     """``onlinesoftmax bench linear_cross_entropy``: loss of h @ W.T, forward + backward, bf16 by default."""
     dtypes = [DTYPES[d] for d in (args.dtype or "bf16").split(",")]
-    shapes = [harness.parse_dims(t, 3) for t in args.shape] if args.shape else LINEAR_GRID
+    shapes = [parse_dims(t, 3) for t in args.shape] if args.shape else LINEAR_GRID
     gen = torch.Generator().manual_seed(args.seed)
     impls = linear_implementations()
     rows = []

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from . import harness
+from .shapes import parse_dims
 
 DEFAULT_SHAPES = [(64, 262144), (8, 1048576)]
 TOPK_K = 50
@@ -129,7 +130,7 @@ def run(args) -> int:
     if not _init():
         return 2
     rank, world = dist.get_rank(), dist.get_world_size()
-    shapes = [harness.parse_dims(s, 2) for s in args.shape] if args.shape else DEFAULT_SHAPES
+    shapes = [parse_dims(s, 2) for s in args.shape] if args.shape else DEFAULT_SHAPES
     dtypes = [DTYPES[d] for d in (args.dtype or "fp32,bf16").split(",")]
     rows = []
     for dtype in dtypes:

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from . import harness
+from .shapes import parse_dims
 from .harness import Case, Implementation
 
 # The standard grid. (1024, 32768) is the seed work log's shape; (4096, 4096) .. (65536, 256) are
@@ -133,7 +134,7 @@ def run(args) -> int:
     print(f"seed {args.seed}; measuring device copy bandwidth ...", flush=True)
     copy_gbs = harness.copy_bandwidth_gbs()
     impls = {"forward": forward_implementations(), "backward": backward_implementations()}
-    rows = harness.run_cases("softmax", cases([harness.parse_dims(t, 2) for t in args.shape] if args.shape else GRID, dtypes, directions), impls, gen,
+    rows = harness.run_cases("softmax", cases([parse_dims(t, 2) for t in args.shape] if args.shape else GRID, dtypes, directions), impls, gen,
                              graph_timing=not args.no_graph)
     harness.finish_rows(rows, copy_gbs)
     rows, earlier_runs = harness.merge_with_previous(args, "softmax", rows)

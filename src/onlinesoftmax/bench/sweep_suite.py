@@ -22,6 +22,7 @@ import torch
 
 from . import harness
 from .harness import Case, Implementation
+from .shapes import sweep_shapes_asked
 
 ROWS = (1, 4, 32, 256, 2048, 16384)
 COLS = (1000, 4097, 32001, 50257, 65537, 100003, 128257, 151937, 262147, 1048579)
@@ -179,7 +180,7 @@ def heat_maps(stem: str, cells: list[dict]) -> list[str]:
 
 def run(args) -> int:
     dtypes = [DTYPES[d] for d in (args.dtype or "fp32,bf16,fp16").split(",")]
-    shapes = harness.sweep_shapes_asked(args, 2, random_shapes, grid)
+    shapes = sweep_shapes_asked(args, 2, random_shapes, grid)
     directions = ["forward"] + ([] if args.no_backward else ["backward"])
     gen = torch.Generator().manual_seed(args.seed)
     print(f"seed {args.seed}; {len(shapes)} shapes x {len(dtypes)} dtypes x {len(OPS)} ops x {len(directions)} "

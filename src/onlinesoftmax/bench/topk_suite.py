@@ -10,6 +10,7 @@ import os
 import torch
 
 from . import harness
+from .shapes import parse_dims
 from .harness import Case, Implementation
 
 # (B, V, K) from the issue: decode batches over LLM vocabularies (Llama 3 128256, Qwen 151936,
@@ -107,7 +108,7 @@ def _floor_notes(rows, shapes, dtypes, copy_gbs) -> tuple[str, list]:
 def run(args) -> int:
     """The grid, fp32 and bf16, every peer; writes RESULTS/topk.{json,md,png}."""
     dtypes = [DTYPES[d] for d in (args.dtype or "fp32,bf16").split(",")]
-    shapes = [harness.parse_dims(t, 3) for t in args.shape] if args.shape else GRID
+    shapes = [parse_dims(t, 3) for t in args.shape] if args.shape else GRID
     gen = torch.Generator().manual_seed(args.seed)
     print(f"seed {args.seed}; measuring device copy bandwidth ...", flush=True)
     copy_gbs = harness.copy_bandwidth_gbs()

@@ -863,6 +863,22 @@ def test_fused_backward_at_its_lengths_gpu(heads, mode, head_dim, gen):
 
 
 @gpu_only
+@pytest.mark.parametrize("shape, causal", [((1, 16, 16, 128, 64), False), ((11, 16, 1, 388, 80), True),
+                                           ((2, 28, 4, 1000, 32), True), ((2, 8, 8, 1024, 128), False)])
+def test_explain_names_the_launched_plans_gpu(shape, causal, gen):
+    """``onlinesoftmax explain --op attention`` plans from the shape alone what the launchers plan
+    from the tensors (contiguous ones): the forward's and the backward's first kernel, as launched."""
+    batch, heads_q, heads_kv, seq, head_dim = shape
+    text = plan.explain(batch, heads_q, heads_kv, seq, seq, head_dim, torch.bfloat16, causal,
+                        sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    q, k, v = make_qkv(gen, batch, heads_q, heads_kv, seq, seq, head_dim, torch.bfloat16, requires_grad=True)
+    out = attention(q, k, v, causal=causal)
+    assert "  " + plan.last_attention_plan().describe() + "\n" in text, text
+    out.backward(torch.randn_like(out))
+    assert "  " + plan.last_attention_plan().describe() in text, text
+
+
+@gpu_only
 def test_small_backward_reads_through_pointers(gen):
     """At or below ATTENTION_BACKWARD_POINTER_MAX_WORK the backward takes pointer loads (a launch
     with device-side descriptors goes through Triton's slower Python launcher, host time a tiny step

@@ -376,6 +376,27 @@ def test_explain_prints_the_decode_plan(capsys):
     assert "float16 and bfloat16" in capsys.readouterr().err
 
 
+def test_explain_prints_the_attention_plans(capsys):
+    # MQA over 11 short causal sequences: the split backward shares each group among programs and
+    # launches the heaviest key blocks first; a short MHA sequence takes the fused backward.
+    assert cli.main(["explain", "11x16x1x388x80", "--op", "attention", "--causal", "--sms", "132"]) == 0
+    out = capsys.readouterr().out
+    assert "head dim 80 computed as 64 + 16" in out and "each GQA group over 16 programs" in out
+    assert "heaviest block launched first" in out and "backward_fused" not in out
+    assert "grid: 7 key blocks x 176 parts of KV heads' groups = 1232 programs" in out
+    assert cli.main(["explain", "1x16x16x128x64", "--op", "attention", "--sms", "132"]) == 0
+    out = capsys.readouterr().out
+    assert "backward_fused" in out and "backward_dq" not in out and "no mask" in out
+    # Queries and keys apart (BxHQxHKVxSQxSKxD); bf16 unless told.
+    assert cli.main(["explain", "2x32x8x1x8192x128", "--op", "attention"]) == 0
+    assert "queries 1 keys 8192" in capsys.readouterr().out
+    for argv in (["4x32x8x4096x128", "--op", "attention", "--dtype", "fp32"],  # 16-bit only
+                 ["4x32x6x4096x128", "--op", "attention"],  # heads not a multiple of KV heads
+                 ["4x4096", "--op", "attention"], ["4x4096", "--causal"]):
+        assert cli.main(["explain", *argv]) == 2
+    assert "--causal applies to --op attention" in capsys.readouterr().err
+
+
 def test_report_case_prints_each_implementation(capsys):
     # The per-case line is what a run cut short by a machine's time limit leaves in its log.
     from types import SimpleNamespace

@@ -204,6 +204,21 @@ SPLIT_BACKWARD_CANDIDATES["d32-causal"] = [
     ((64, 128, 4, 2), (128, 64, 4, 2), True), ((32, 128, 4, 2), (128, 32, 4, 2), True),
     ((64, 64, 4, 3), (128, 64, 4, 3), True), ((32, 64, 4, 2), (128, 64, 4, 2), True),
     ((64, 128, 8, 2), (128, 64, 8, 2), True), ((32, 64, 4, 2), (64, 64, 4, 3), False)]
+# A second round at head dim 32 causal, over more shapes (MHA, GQA, S512-S8936), around the first
+# round's best (32-query dK/dV blocks over 128 keys, 128 x 32 dQ blocks): the plan's first.
+SPLIT_BACKWARD_CANDIDATES["d32-causal-2"] = [
+    ((32, 64, 4, 2), (64, 64, 4, 3), True), ((32, 128, 4, 2), (128, 32, 4, 2), True),
+    ((32, 128, 4, 3), (128, 32, 4, 2), True), ((32, 128, 4, 2), (128, 32, 4, 3), True),
+    ((16, 128, 4, 2), (128, 32, 4, 2), True), ((32, 128, 8, 2), (128, 32, 8, 2), True),
+    ((64, 128, 4, 2), (128, 32, 4, 2), True)]
+# Head dim 32 at S128-S1024 (--round d32-short), where the second round's tables left forward +
+# backward at 0.93-0.97x FLASH: the tables' pair first, then each kernel's blocks and loads in turn.
+SPLIT_BACKWARD_CANDIDATES["d32-short"] = [
+    ((32, 128, 4, 2), (128, 32, 4, 3), True), ((32, 128, 4, 2), (128, 32, 4, 3), False),
+    ((32, 64, 4, 3), (128, 32, 4, 3), True), ((16, 64, 4, 3), (128, 32, 4, 3), True),
+    ((64, 64, 4, 3), (128, 32, 4, 3), True), ((64, 128, 4, 3), (128, 32, 4, 3), True),
+    ((32, 128, 4, 2), (64, 32, 4, 3), True), ((32, 128, 4, 2), (64, 64, 4, 3), True),
+    ((32, 128, 4, 2), (128, 64, 4, 3), True), ((32, 128, 4, 2), (64, 32, 2, 3), True)]
 SPLIT_BACKWARD_CANDIDATES[80] = SPLIT_BACKWARD_CANDIDATES[96]
 SPLIT_BACKWARD_CANDIDATES[144] = SPLIT_BACKWARD_CANDIDATES[160]
 # Head dims whose second part runs past them (136 = 128 + 16, 176 = 128 + 64), behind FLASH at S512

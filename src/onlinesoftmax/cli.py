@@ -47,9 +47,10 @@ def _parse_shape(text: str) -> tuple[int, ...]:
         dims = tuple(int(v) for v in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 16x262144, got {text!r}") from None
-    if len(dims) not in (2, 7) or min(dims[:6]) < 1:
-        raise argparse.ArgumentTypeError("expected positive ROWSxCOLS (or, with --op decode, "
-                                         "BxHQxHKVxSQxSxDxPAGE with PAGE 0 for a contiguous cache)")
+    if len(dims) not in (2, 5, 6, 7) or min(dims[:6]) < 1:
+        raise argparse.ArgumentTypeError("expected positive ROWSxCOLS (with --op attention BxHQxHKVxSxD or "
+                                         "BxHQxHKVxSQxSKxD; with --op decode BxHQxHKVxSQxSxDxPAGE, PAGE 0 for "
+                                         "a contiguous cache)")
     return dims
 
 
@@ -66,11 +67,15 @@ def cpu_check(suite: str) -> int:
 
 
 def explain(args) -> int:
-    # Decode attention runs in 16-bit only: its default is bf16, the other ops' fp32.
-    name = args.dtype or ("bf16" if args.op == "decode" else "fp32")
-    if args.op == "decode" and name == "fp32":
-        print("explain --op decode: decode attention runs in float16 and bfloat16; pass --dtype bf16 or fp16",
+    # Attention runs in 16-bit only: its default is bf16, the other ops' fp32.
+    attention = args.op in ("attention", "decode")
+    name = args.dtype or ("bf16" if attention else "fp32")
+    if attention and name == "fp32":
+        print(f"explain --op {args.op}: attention runs in float16 and bfloat16; pass --dtype bf16 or fp16",
               file=sys.stderr)
+        return 2
+    if args.causal and args.op != "attention":
+        print("explain: --causal applies to --op attention", file=sys.stderr)
         return 2
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
     if torch.cuda.is_available():
@@ -78,6 +83,24 @@ def explain(args) -> int:
     else:
         device, sms = torch.device("cuda"), args.sms
         print(f"(no GPU here: planning for a CUDA device with {sms} SMs)")
+    from ._device import sm_count
+
+    if args.op == "attention":
+        from .ops.attention import plan as attention_plan
+
+        if len(args.shape) not in (5, 6):
+            print("explain --op attention: give BxHQxHKVxSxD or BxHQxHKVxSQxSKxD, e.g. 4x32x8x4096x128",
+                  file=sys.stderr)
+            return 2
+        batch, heads_q, heads_kv, *lengths, head_dim = args.shape
+        if heads_q % heads_kv:
+            print(f"explain --op attention: query heads ({heads_q}) must be a multiple of KV heads ({heads_kv})",
+                  file=sys.stderr)
+            return 2
+        n_queries, n_keys = lengths if len(lengths) == 2 else lengths * 2
+        print(attention_plan.explain(batch, heads_q, heads_kv, n_queries, n_keys, head_dim, dtype, args.causal,
+                                     sms=sms or sm_count(device)))
+        return 0
     if args.op == "decode":
         from .ops.decode import plan as decode_plan
 
@@ -86,7 +109,7 @@ def explain(args) -> int:
             return 2
         batch, heads_q, heads_kv, n_queries, capacity, head_dim, page = args.shape
         print(decode_plan.explain(batch, heads_q, heads_kv, n_queries, head_dim, capacity, page, dtype,
-                                  sms=sms or DEFAULT_SMS))
+                                  sms=sms or sm_count(device)))
         return 0
     if len(args.shape) != 2:
         print(f"explain --op {args.op}: give ROWSxCOLS", file=sys.stderr)
@@ -197,8 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="default fp32 (decode: bf16)")
     exp.add_argument("--op", default="softmax", choices=["softmax", "log_softmax", "logsumexp",
                                                           "softmax_backward", "log_softmax_backward",
-                                                          "softmax_topk", "decode", "cross_entropy"])
+                                                          "softmax_topk", "attention", "decode", "cross_entropy"])
     exp.add_argument("--k", type=int, default=50, help="softmax_topk: k")
+    exp.add_argument("--causal", action="store_true", help="attention: a causal mask")
     exp.add_argument("--algorithm", default="auto", choices=["auto", "online", "safe"])
     exp.add_argument("--strategy", default=None, choices=["row_on_chip", "looped", "split_row", "split_row_on_chip"])
     exp.add_argument("--sms", type=int, default=DEFAULT_SMS, help="SM count to plan for when no GPU is present")

@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from ..ops.attention.plan import forward_flops
 from . import harness
 from .harness import Case, Implementation
 from .shapes import parse_dims, sweep_shapes_asked
@@ -31,11 +32,6 @@ FORWARD, FORWARD_BACKWARD = "forward", "fwd+bwd"
 # Targets from issue 5, as ratios of ours to the peer's TFLOP/s.
 TARGET_VS_CUDNN = 0.9
 TARGET_VS_FLASH = {FORWARD: 1.3, FORWARD_BACKWARD: 1.2}
-
-
-def forward_flops(batch, heads_q, n_queries, n_keys, head_dim, causal) -> int:
-    flops = 4 * batch * heads_q * n_queries * n_keys * head_dim
-    return flops // 2 if causal else flops
 
 
 def label(shape, causal) -> str:

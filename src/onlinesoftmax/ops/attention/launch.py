@@ -4,7 +4,6 @@ distributed module's context-parallel attention builds on them."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import torch
@@ -200,11 +199,9 @@ class _BackwardCall:
         whole_vectors = rows_of_whole_vectors(head_dim, vec, q, k, v, do)
         # A forced load path leaves the work out: the plan then keeps it as given.
         batch_heads = batch * n_heads_q if use_descriptor is None else None
-        fused_plan = planner.fused_backward_plan(head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok,
-                                                 batch_heads=batch_heads, programs=batch * n_heads_kv)
-        dkdv_plan = self.plan = fused_plan or planner.attention_plan(
-            "backward_dkdv", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok, batch_heads=batch_heads,
-            whole_vectors=whole_vectors)
+        dkdv_plan, dq_plan = planner.backward_plans(head_dim, q.dtype, causal, q.device, batch, n_heads_q, n_heads_kv,
+                                                    n_queries, n_keys, ok, batch_heads, whole_vectors)
+        self.plan = dkdv_plan
         self.mode = mode
         # Templates (_buffers.template) of delta and the gradients, which the kernels write contiguous.
         self.delta_buffer = _buffers.template((batch, n_heads_q, n_queries), torch.float32, q.device)
@@ -217,12 +214,10 @@ class _BackwardCall:
         self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
                      *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_head_strides(q, k, v, do))
         self.offset = _causal_offset(mode, n_queries, n_keys)
-        if fused_plan is not None:
-            self.fused = _fused_launcher.bind((batch * n_heads_kv,), (key, fused_plan),
-                                              **_plan_meta(fused_plan, causal), VEC=vec)
+        if dq_plan is None:
+            self.fused = _fused_launcher.bind((batch * n_heads_kv,), (key, dkdv_plan),
+                                              **_plan_meta(dkdv_plan, causal), VEC=vec)
             return
-        dq_plan = planner.attention_plan("backward_dq", head_dim, q.dtype, causal, q.device, n_queries, n_keys, ok,
-                                         batch_heads=batch_heads, whole_vectors=whole_vectors)
         delta_block = 64 if head_dim <= 128 else 32
         self.delta = _delta_launcher.bind(
             (triton.cdiv(n_queries, delta_block), batch * n_heads_q), key,
@@ -230,14 +225,8 @@ class _BackwardCall:
         self.delta_ints = (n_heads_q, n_queries, head_dim, *_strides(do))
         # Each kernel's plan in its key, as the forward's.
         key_blocks = triton.cdiv(n_keys, dkdv_plan.block_n)
-        group = n_heads_q // n_heads_kv
-        split = planner.dkdv_group_split(group, key_blocks * batch * n_heads_kv, causal, q.device)
-        dkdv_plan = self.plan = dataclasses.replace(
-            dkdv_plan, group_split=split,
-            heavy_first=planner.backward_heavy_first("backward_dkdv", causal, group, key_blocks))
         query_blocks = triton.cdiv(n_queries, dq_plan.block_m)
-        dq_plan = dataclasses.replace(
-            dq_plan, heavy_first=planner.backward_heavy_first("backward_dq", causal, group, query_blocks))
+        split = dkdv_plan.group_split
         if split > 1:
             # float32 partials of dK and dV, a part's rows after another's: (batch, KV heads, parts, keys, D).
             self.partials = _buffers.template((batch * n_heads_kv * split, n_keys, head_dim), torch.float32, q.device)

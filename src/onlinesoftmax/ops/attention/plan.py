@@ -92,7 +92,15 @@ ATTENTION_CONFIGS = {
 # Head dim 136's dQ kernel padded to 256 at three stages: measured beside the split dK/dV kernel
 # (B64 H16 S512 147.0 TFLOP/s, causal 86.8; sweep_attention-backward_head_dims_136_192-h100.log);
 # it pads now only where the rows are not whole 16-byte vectors (both kernels then padded).
-ATTENTION_HEAD_DIM_CONFIGS = {"backward_dq": {96: ((128, 32, 8, 3), (128, 32, 8, 3)),
+# Head dim 32 causal (D64's row before): dK/dV over 128-key blocks, dQ over 128-query blocks at
+# three stages, where a 32-wide head leaves the registers for them; backward TFLOP/s, D64's row ->
+# this (FLASH), bf16 (scripts/tune/sweep_attention.py --round d32-causal-2 --mask causal,
+# docs/notes/2026-11/sweep_attention-d32_causal_2-h100.log): B4 H28/4 S2770 116.9 -> 133.6 (140.9),
+# B5 H28/4 S8936 135.2 -> 195.3 (186.5), B8 H16 S4096 122.5 -> 164.7 (172.8), B16 H16 S1024 72.6
+# -> 95.4 (111.9), B64 H16 S512 49.1 -> 67.8 (80.4), B2 H16 S16384 143.5 -> 195.4 (202.2).
+ATTENTION_HEAD_DIM_CONFIGS = {"backward_dkdv": {32: ((32, 64, 4, 2), (32, 128, 4, 2))},
+                              "backward_dq": {32: ((64, 64, 4, 3), (128, 32, 4, 3)),
+                                              96: ((128, 32, 8, 3), (128, 32, 8, 3)),
                                               136: ((128, 32, 8, 3), (128, 32, 8, 3))}}
 # The backward reads through TMA descriptors (ATTENTION_USE_DESCRIPTOR) only where its work,
 # batch x query heads x queries x keys x head dim, is above this: a launch with device-side
@@ -334,17 +342,18 @@ class AttentionPlan(RegisterCap):
 def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device,
                    n_queries: int = 0, n_keys: int = 0, descriptor_ok: bool = True,
                    rows_ok: bool = False, batch_heads: Optional[int] = None,
-                   whole_vectors: bool = False) -> AttentionPlan:
+                   whole_vectors: bool = False, interpreting: Optional[bool] = None) -> AttentionPlan:
     """Block sizes, warps and stages for one attention kernel; ``descriptor_ok`` says whether the
     tensors' layout allows TMA, ``rows_ok`` whether it allows the forward's row descriptors (the
     launcher checks strides and alignment). ``batch_heads`` (batch x query heads) lets a backward
     kernel weigh its work against ATTENTION_BACKWARD_POINTER_MAX_WORK; None leaves
     ``descriptor_ok`` as given (a caller that forces the load path; the short rows' "pointer" then
     yields to it). ``whole_vectors``: the compiler sees the rows as whole 16-byte vectors
-    (_launch.rows_of_whole_vectors). Cached: planning is on every call's path."""
+    (_launch.rows_of_whole_vectors). ``interpreting``: plan for Triton's interpreter (None: whether
+    it is on). Cached: planning is on every call's path."""
     if kernel not in ATTENTION_CONFIGS:
         raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS}")
-    interpreting = interpreter_active()
+    interpreting = interpreter_active() if interpreting is None else interpreting
     if kernel != "forward":
         descriptor_ok = _backward_descriptor_ok(descriptor_ok, batch_heads, n_queries, n_keys, head_dim, interpreting)
     length = n_keys if kernel == "forward" else max(n_queries, n_keys)
@@ -425,17 +434,43 @@ def backward_heavy_first(kernel: str, causal: bool, group: int, blocks: int) -> 
     return causal and 0 < smallest <= group and blocks <= 65535
 
 
-def dkdv_group_split(group: int, programs: int, causal: bool, device: torch.device) -> int:
+def dkdv_group_split(group: int, programs: int, causal: bool, device: torch.device, sms: Optional[int] = None) -> int:
     """How many programs share each key block's GQA group in the dK/dV kernel: 1 where ``programs``
     (key blocks x batch x KV heads) reach ATTENTION_BACKWARD_GROUP_SPLIT_BELOW an SM, else the
     smallest divisor of ``group`` that brings them to ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS an SM
-    (the whole group where none does)."""
-    sms = sm_count(torch.device(device))
+    (the whole group where none does). ``sms``: the device's SMs (None: asked of ``device``)."""
+    sms = sms or sm_count(torch.device(device))
     per_sm = ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS[causal]
     target = per_sm * sms
     if group <= 1 or not per_sm or programs >= ATTENTION_BACKWARD_GROUP_SPLIT_BELOW * sms or programs >= target:
         return 1
     return next((split for split in range(2, group) if group % split == 0 and programs * split >= target), group)
+
+
+def backward_plans(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, batch: int,
+                   heads_q: int, heads_kv: int, n_queries: int, n_keys: int, descriptor_ok: bool,
+                   batch_heads: Optional[int], whole_vectors: bool, sms: Optional[int] = None,
+                   interpreting: Optional[bool] = None) -> tuple[AttentionPlan, Optional[AttentionPlan]]:
+    """The backward's plans for one call: (the fused kernel's, None) where an
+    ATTENTION_BACKWARD_FUSED row takes the shape; else (dK/dV, dQ), the dK/dV plan with its GQA
+    group split and both with their launch order decided; (the torch plan, None) on the torch path.
+    Arguments as attention_plan's; ``sms`` as dkdv_group_split's."""
+    fused = fused_backward_plan(head_dim, dtype, causal, device, n_queries, n_keys, descriptor_ok,
+                                batch_heads=batch_heads, programs=batch * heads_kv, interpreting=interpreting)
+    if fused is not None:
+        return fused, None
+    loads = dict(batch_heads=batch_heads, whole_vectors=whole_vectors, interpreting=interpreting)
+    dkdv = attention_plan("backward_dkdv", head_dim, dtype, causal, device, n_queries, n_keys, descriptor_ok, **loads)
+    if dkdv.path == "torch":
+        return dkdv, None
+    dq = attention_plan("backward_dq", head_dim, dtype, causal, device, n_queries, n_keys, descriptor_ok, **loads)
+    group = heads_q // heads_kv
+    key_blocks = -(-n_keys // dkdv.block_n)
+    query_blocks = -(-n_queries // dq.block_m)
+    split = dkdv_group_split(group, key_blocks * batch * heads_kv, causal, device, sms)
+    return (dataclasses.replace(dkdv, group_split=split,
+                                heavy_first=backward_heavy_first("backward_dkdv", causal, group, key_blocks)),
+            dataclasses.replace(dq, heavy_first=backward_heavy_first("backward_dq", causal, group, query_blocks)))
 
 
 def _splits(kernel: str, head_dim: int, whole_vectors: bool) -> bool:
@@ -449,11 +484,11 @@ def _splits(kernel: str, head_dim: int, whole_vectors: bool) -> bool:
 
 def fused_backward_plan(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, n_queries: int,
                         n_keys: int, descriptor_ok: bool = True, batch_heads: Optional[int] = None,
-                        programs: int = 1) -> Optional[AttentionPlan]:
+                        programs: int = 1, interpreting: Optional[bool] = None) -> Optional[AttentionPlan]:
     """The fused backward's plan (kernel "backward_fused") where an ATTENTION_BACKWARD_FUSED row
     covers the head dim, the length and ``programs`` (batch x KV heads), else None (the split
     backward runs). Other arguments as attention_plan's."""
-    interpreting = interpreter_active()
+    interpreting = interpreter_active() if interpreting is None else interpreting
     if torch.device(device).type != "cuda" and not interpreting:
         return None
     descriptor_ok = _backward_descriptor_ok(descriptor_ok, batch_heads, n_queries, n_keys, head_dim, interpreting)
@@ -490,6 +525,51 @@ def _backward_descriptor_ok(descriptor_ok: bool, batch_heads: Optional[int], n_q
 
 
 _CONFIG_FIELDS = ("block_m", "block_n", "num_warps", "num_stages")
+
+
+def forward_flops(batch: int, heads_q: int, n_queries: int, n_keys: int, head_dim: int, causal: bool) -> int:
+    """The forward's matrix-product FLOPs as FlashAttention counts them (QK^T and PV, 2 each a
+    multiply-add), halved under a causal mask; a backward counts 2.5 times these."""
+    flops = 4 * batch * heads_q * n_queries * n_keys * head_dim
+    return flops // 2 if causal else flops
+
+
+def explain(batch: int, heads_q: int, heads_kv: int, n_queries: int, n_keys: int, head_dim: int,
+            dtype: torch.dtype = torch.bfloat16, causal: bool = False, sms: int = 132) -> str:
+    """The GPU plans of an attention call on contiguous (B, H, S, D) q, k, v (and dO), on any
+    machine (``onlinesoftmax explain --op attention``): the forward's, then the backward's kernels
+    with their grids."""
+    device = torch.device("cuda")
+    # Contiguous: every stride is a multiple of the head dim, so a row of whole 16-byte vectors
+    # makes every tensor descriptor-ready and every row a run of vectors.
+    vectors = head_dim * dtype.itemsize % 16 == 0
+    rows = vectors and batch * max(heads_q, heads_kv) * max(n_queries, n_keys) < 2**31
+    mask = "causal (top left)" if causal else "no mask"
+    flops = forward_flops(batch, heads_q, n_queries, n_keys, head_dim, causal)
+    lines = [f"attention B{batch} H{heads_q}/{heads_kv} queries {n_queries} keys {n_keys} head dim {head_dim}, "
+             f"{str(dtype)[6:]}, {mask}; contiguous (B, H, S, D) tensors, {sms} SMs",
+             f"forward: {flops / 1e9:.3g} GFLOP; backward: {2.5 * flops / 1e9:.3g} GFLOP"]
+
+    def grid(blocks: int, what: str, programs: int, each: str) -> str:
+        total = blocks * programs
+        return f"    grid: {blocks} {what} x {programs} {each} = {total} programs ({total / sms:.1f} an SM)"
+
+    forward = attention_plan("forward", head_dim, dtype, causal, device, n_queries, n_keys, vectors, rows,
+                             whole_vectors=vectors, interpreting=False)
+    lines += ["  " + forward.describe(),
+              grid(-(-n_queries // forward.block_m), "query blocks", batch * heads_q, "query heads")]
+    first, dq = backward_plans(head_dim, dtype, causal, device, batch, heads_q, heads_kv, n_queries, n_keys, vectors,
+                               batch * heads_q, vectors, sms, interpreting=False)
+    if dq is None:
+        lines += ["  " + first.describe() + " (one kernel: dQ, dK and dV)",
+                  f"    grid: {batch * heads_kv} programs, one a batch and KV head"]
+    else:
+        programs = batch * heads_kv * first.group_split
+        each = "KV heads" if first.group_split == 1 else "parts of KV heads' groups"
+        lines += ["  attention backward_delta: rowsum(dO * O) of every query, a small kernel first",
+                  "  " + first.describe(), grid(-(-n_keys // first.block_n), "key blocks", programs, each),
+                  "  " + dq.describe(), grid(-(-n_queries // dq.block_m), "query blocks", batch * heads_q, "query heads")]
+    return "\n".join(lines)
 
 
 _recorded = LastPlan()

@@ -131,8 +131,14 @@ ROW_ON_CHIP_TAIL_LOGSUMEXP = True
 ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 # A held row takes at most 16 warps: 64 registers a thread, 2 programs an SM, half the warps in each cross-warp reduction.
 ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS = 16
-# row_on_chip packs short rows until a program's tile has about this many elements.
-ROW_TILE_ELEMENTS = 4096
+# row_on_chip packs short rows until a program's tile has about this many elements, by direction.
+# The forward's 4096 -> 1024 (rows of 1024 elements and more one a program, at the warps below):
+# CUDA graphs, GB/s, softmax / log_softmax (torch's kernel) (scripts/tune/tune_softmax.py --strategy
+# row_on_chip, docs/notes/2026-11/tune_softmax-row_on_chip_tile-h100.json): fp32 2048 x 1000 2272
+# -> 2696 / 2255 -> 2761 (2073 / 2554), bf16 1803 -> 1940 / 1742 -> 1952, fp32 8192 x 1000 2533 ->
+# 2674 / 2555 -> 2715 (2497 / 2662), bf16 2942 -> 3061 / 2811 -> 3068; 32768 x 1024 and 65536 x 256
+# moved within 1% either way (4096 x 4096 holds one row a program at either tile).
+ROW_TILE_ELEMENTS = {"forward": 1024, "backward": 4096}
 # ... and, in the forward, no more rows a program than leave every SM one (a power of two at most
 # rows / SMs; one row a program where the rows are fewer than the SMs). 10 x 221 had been one
 # program of 16 rows on 8 warps: under CUDA graphs, µs a call, packed -> spread (torch), bf16
@@ -527,7 +533,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         # At least 2: 16-bit tiles are widened two values a register (_triton.widen_opaque).
         block, tail = _tailed_tile(op, cols, elem, misaligned_rows)
         block = block or max(2, next_power_of_2(cols))
-        rows_per_program = min(max(1, ROW_TILE_ELEMENTS // block), next_power_of_2(rows))
+        tile = ROW_TILE_ELEMENTS["backward" if backward else "forward"]
+        rows_per_program = min(max(1, tile // block), next_power_of_2(rows))
         if ROW_TILE_SPREAD_OVER_SMS and not backward:
             rows_per_program = min(rows_per_program, 1 << max(0, (rows // sms).bit_length() - 1))
         warps = ROW_ON_CHIP_TAIL_WARPS if tail else _warps_for_tile(block * rows_per_program)

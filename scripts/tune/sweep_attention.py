@@ -213,6 +213,8 @@ SPLIT_BACKWARD_CANDIDATES["d32-causal-2"] = [
     ((64, 128, 4, 2), (128, 32, 4, 2), True)]
 # Head dim 32 at S128-S1024 (--round d32-short), where the second round's tables left forward +
 # backward at 0.93-0.97x FLASH: the tables' pair first, then each kernel's blocks and loads in turn.
+# (Its first run, sweep_attention-d32_short-h100.log, ran every candidate on head dim 32's own rows,
+# which forced() did not yet clear: only the loads differed there.)
 SPLIT_BACKWARD_CANDIDATES["d32-short"] = [
     ((32, 128, 4, 2), (128, 32, 4, 3), True), ((32, 128, 4, 2), (128, 32, 4, 3), False),
     ((32, 64, 4, 3), (128, 32, 4, 3), True), ((16, 64, 4, 3), (128, 32, 4, 3), True),
@@ -246,9 +248,11 @@ def rel(a, b):
 
 def forced(**configs):
     """override_plan's tables for one candidate: each named kernel's table replaced by one row that
-    covers every head dim, and no short-sequence rows."""
+    covers every head dim, no rows of its own for any head dim, and no short-sequence rows."""
     return dict(ATTENTION_CONFIGS=dict(plan.ATTENTION_CONFIGS, **{
         kernel: ((1 << 30, config, config),) for kernel, config in configs.items()}),
+        ATTENTION_HEAD_DIM_CONFIGS={kernel: rows for kernel, rows in plan.ATTENTION_HEAD_DIM_CONFIGS.items()
+                                    if kernel not in configs},
         ATTENTION_SHORT_CONFIGS=dict.fromkeys(plan.ATTENTION_SHORT_CONFIGS, ()))
 
 

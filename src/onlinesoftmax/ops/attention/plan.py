@@ -158,6 +158,12 @@ ATTENTION_FORWARD_POINTER_CONFIGS = {128: ((128, 128, 8, 3), None)}
 # S512 212.7 -> 225.0 / 258.2 -> 273.5 (causal 123.6 -> 128.5 / 154.8 -> 161.3), S1000 260.0 ->
 # 275.1 / 298.3 -> 298.2 (175.7 -> 187.8 / 206.6 -> 215.0), S2048 306.4 -> 326.9 / 345.7 -> 329.5
 # (242.6 -> 257.5 / 271.8 -> 279.8); from S3000 up it went both ways (-6.5% to +6.9%), so two stages stay there.
+# Head dim 32 reads through pointers at short lengths, with its own configs (ATTENTION_HEAD_DIM_CONFIGS):
+# causal up to 1024, both masks at 128; backward TFLOP/s, TMA descriptors -> pointers (FLASH), bf16
+# (scripts/tune/sweep_attention.py --round d32-short, docs/notes/2026-11/sweep_attention-d32_short-h100.log):
+# causal B64 H16 S512 67.6 -> 102.2 (79.7), B64 H32/8 S512 85.2 -> 110.6 (75.8), B16 H16 S1024 95.2
+# -> 124.8 (111.2), B256 H16 S128 22.4 -> 39.3 (26.0), non-causal 46.9 -> 67.8 (52.3); non-causal
+# from S512 descriptors stay ahead (S512 118.4 against 111.5, S1024 152.5 against 120.1).
 # The backward of the split head dims 136-192 reads through pointers, not TMA descriptors, up to
 # 2048 keys at 136-160, and at 176-192 up to 512 (causal 8192), its dK/dV kernel over 16-query
 # blocks (causal, and 176-192) or at 3 stages: backward TFLOP/s, the tables' config through
@@ -183,12 +189,16 @@ ATTENTION_SHORT_CONFIGS = {
                 (512, 160, None, (64, 32, 4, 3, "pointer")),
                 (512, 176, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (512, 192, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer"))),
-    "backward_dkdv": tuple((2048, head_dim, (32, 64, 4, 3, "pointer"), (16, 64, 4, 2, "pointer"))
-                           for head_dim in (136, 144, 152, 160))
+    "backward_dkdv": ((128, 32, (32, 64, 4, 2, "pointer"), (32, 128, 4, 2, "pointer")),
+                      (1024, 32, None, (32, 128, 4, 2, "pointer")))
+    + tuple((2048, head_dim, (32, 64, 4, 3, "pointer"), (16, 64, 4, 2, "pointer"))
+            for head_dim in (136, 144, 152, 160))
     + tuple(row for head_dim in (176, 192) for row in (
         (512, head_dim, (16, 64, 4, 2, "pointer"), (16, 64, 4, 2, "pointer")),
         (8192, head_dim, None, (16, 64, 4, 2, "pointer")))),
-    "backward_dq": ((2048, 128, (128, 32, 8, 3), (128, 32, 8, 3)),)
+    "backward_dq": ((128, 32, (64, 64, 4, 3, "pointer"), (128, 32, 4, 3, "pointer")),
+                    (1024, 32, None, (128, 32, 4, 3, "pointer")),
+                    (2048, 128, (128, 32, 8, 3), (128, 32, 8, 3)))
     + tuple((2048, head_dim, (128, 32, 8, 3, "pointer"), (128, 32, 8, 3, "pointer"))
             for head_dim in (136, 144, 152, 160))
     + tuple(row for head_dim in (176, 192) for row in (

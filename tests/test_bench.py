@@ -392,9 +392,13 @@ def test_explain_prints_the_attention_plans(capsys):
     assert "queries 1 keys 8192" in capsys.readouterr().out
     for argv in (["4x32x8x4096x128", "--op", "attention", "--dtype", "fp32"],  # 16-bit only
                  ["4x32x6x4096x128", "--op", "attention"],  # heads not a multiple of KV heads
+                 ["1x2x2x128x512", "--op", "attention"],  # a head dim attention() refuses
+                 ["4096x32x8x64x64", "--op", "attention"],  # batch x heads past the grid's axis
                  ["4x4096", "--op", "attention"], ["4x4096", "--causal"]):
         assert cli.main(["explain", *argv]) == 2
-    assert "--causal applies to --op attention" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--causal applies to --op attention" in err and "head dim 512 is not supported" in err
+    assert "must be a multiple of the key/value heads" in err and "exceeds 65535" in err
 
 
 def test_report_case_prints_each_implementation(capsys):

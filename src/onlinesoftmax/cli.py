@@ -86,18 +86,24 @@ def explain(args) -> int:
     from ._device import sm_count
 
     if args.op == "attention":
-        from .ops.attention import plan as attention_plan
+        from .ops.attention import op as attention_op, plan as attention_plan
 
         if len(args.shape) not in (5, 6):
             print("explain --op attention: give BxHQxHKVxSxD or BxHQxHKVxSQxSKxD, e.g. 4x32x8x4096x128",
                   file=sys.stderr)
             return 2
         batch, heads_q, heads_kv, *lengths, head_dim = args.shape
-        if heads_q % heads_kv:
-            print(f"explain --op attention: query heads ({heads_q}) must be a multiple of KV heads ({heads_kv})",
-                  file=sys.stderr)
-            return 2
         n_queries, n_keys = lengths if len(lengths) == 2 else lengths * 2
+
+        def stand_in(heads, seq):  # the shape alone, for the op's own checks (one element, expanded)
+            return torch.empty((), dtype=dtype).expand(batch, heads, seq, head_dim)
+
+        try:
+            attention_op.validate(stand_in(heads_q, n_queries), stand_in(heads_kv, n_keys),
+                                  stand_in(heads_kv, n_keys), args.causal, None, "explain --op attention")
+        except ValueError as exc:  # what attention() would refuse
+            print(exc, file=sys.stderr)
+            return 2
         print(attention_plan.explain(batch, heads_q, heads_kv, n_queries, n_keys, head_dim, dtype, args.causal,
                                      sms=sms or sm_count(device)))
         return 0

@@ -818,7 +818,7 @@ def test_long_sequences_gpu(n_queries, n_keys, mode, head_dim, gen, plan_overrid
     q, k, v = make_qkv(gen, 1, 4, 2, n_queries, n_keys, head_dim, torch.bfloat16, requires_grad=True)
     check_all(q, k, v, mode, torch.bfloat16, f"{n_queries}x{n_keys} D={head_dim} {mode}", gen)
     backward = plan.last_attention_plan()
-    short = plan.short_config(backward.kernel, head_dim, mode != "none", max(n_queries, n_keys))
+    short = plan.short_config(backward.kernel, head_dim, mode != "none", max(n_queries, n_keys), backward.block_d2 > 0)
     pointer_row = short is not None and short[4:] == ("pointer",)
     assert backward.use_descriptor == (head_dim * 2 % 16 == 0 and not pointer_row), backward.describe()
 

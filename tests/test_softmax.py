@@ -128,17 +128,17 @@ def test_row_on_chip_packs_short_rows(gen):
 def test_row_on_chip_spreads_few_rows_over_the_sms():
     # The forward packs no more rows a program than leave every SM one (a power of two at most
     # rows / SMs): 10 rows of 221 are ten programs on the H100, not one of 16 rows; many rows fill
-    # its tile (ROW_TILE_ELEMENTS: 1024 elements, 4096 in the backward, which keeps its tiles).
+    # its tile (ROW_TILE_ELEMENTS: 512 elements, 4096 in the backward, which keeps its tiles).
     cuda = torch.device("cuda")
-    for rows, cols, packed, spread in [(10, 221, 16, 1), (193, 1069, 2, 1), (1024, 256, 16, 4),
-                                       (32768, 1024, 4, 1), (65536, 256, 16, 4), (65536, 64, 64, 16)]:
+    for rows, cols, packed, spread in [(10, 221, 16, 1), (193, 1069, 2, 1), (1024, 256, 16, 2),
+                                       (32768, 1024, 4, 1), (65536, 256, 16, 2), (65536, 64, 64, 8)]:
         forward = plan.choose("softmax", rows, cols, torch.bfloat16, cuda, sms=132, interpreting=False)
         backward = plan.choose("softmax_backward", rows, cols, torch.bfloat16, cuda, sms=132, interpreting=False)
         assert forward.strategy == backward.strategy == "row_on_chip", (rows, cols)
         assert (forward.rows_per_program, backward.rows_per_program) == (spread, packed), (rows, cols)
         assert forward.grid == (-(-rows // spread),)
     with onlinesoftmax.override_plan("softmax", ROW_TILE_SPREAD_OVER_SMS=False):
-        assert plan.choose("softmax", 10, 221, torch.bfloat16, cuda, sms=132, interpreting=False).rows_per_program == 4
+        assert plan.choose("softmax", 10, 221, torch.bfloat16, cuda, sms=132, interpreting=False).rows_per_program == 2
 
 
 @needs_triton

@@ -50,6 +50,20 @@ def on_chip_grid_variants():
         yield dict(ROW_TILE_ELEMENTS={"forward": tile, "backward": tile}, WARPS_BY_TILE_ELEMENTS=table)
 
 
+def short_row_variants():
+    # Rows of about a hundred elements: rows packed per program (tile) and warps per tile.
+    base = plan.WARPS_BY_TILE_ELEMENTS
+    for tile, warps_scale in itertools.product((256, 512, 1024), (0.5, 1, 2)):
+        table = tuple((limit, max(1, min(32, int(w * warps_scale)))) for limit, w in base)
+        yield dict(ROW_TILE_ELEMENTS={"forward": tile, "backward": tile}, WARPS_BY_TILE_ELEMENTS=table)
+
+
+def forward_tile_variants():
+    # The forward's tile alone, at the warps table: the plan's and the one before it.
+    for tile in (512, 1024):
+        yield dict(ROW_TILE_ELEMENTS={"forward": tile, "backward": plan.ROW_TILE_ELEMENTS["backward"]})
+
+
 def split_on_chip_variants():
     for tile_bytes, warp_bytes in itertools.product((8192, 16384, 32768), (1024, 2048, 4096)):
         yield dict(SPLIT_ON_CHIP_TILE_BYTES={"forward": tile_bytes, "backward": tile_bytes},
@@ -95,6 +109,15 @@ CASES = [
     (torch.bfloat16, 32768, 1024, "row_on_chip", on_chip_grid_variants),
     (torch.float32, 65536, 256, "row_on_chip", on_chip_grid_variants),
     (torch.bfloat16, 65536, 256, "row_on_chip", on_chip_grid_variants),
+    # Rows of 101 and 125 elements (the random-shape sweep of seed 1128): 0.74-0.92x torch under CUDA graphs.
+    (torch.bfloat16, 1536, 101, "row_on_chip", short_row_variants),
+    (torch.float32, 1536, 101, "row_on_chip", short_row_variants),
+    (torch.bfloat16, 138, 125, "row_on_chip", short_row_variants),
+    (torch.bfloat16, 8192, 101, "row_on_chip", short_row_variants),
+    # The forward's tile 1024 -> 512 checked where it changes the rows a program (up to 256 elements).
+    *((dtype, rows, cols, "row_on_chip", forward_tile_variants) for dtype in (torch.bfloat16, torch.float32)
+      for rows, cols in ((65536, 256), (16384, 128), (1024, 256), (4096, 64), (2048, 300), (1536, 101),
+                         (8192, 101), (256, 200))),
 ]
 
 

@@ -8,7 +8,8 @@ instead of storing them (``P = exp(scale * Q K^T - lse)``):
   registers (the GQA sum over the group happens there, in a fixed order). Where such programs are
   too few for the GPU (GQA and MQA at small batches, causal rows whose first key blocks hold most
   of the work), ``GROUP_SPLIT`` programs share a key block, each over a slice of the group into
-  float32 partials that the launcher sums in a fixed order (``plan.dkdv_group_split``).
+  float32 partials (``plan.dkdv_group_split``), which ``attention_backward_sum_parts_kernel`` then
+  sums in a fixed order.
 * ``attention_backward_dq_kernel``: one program per query block and query head, looping over keys.
 * ``attention_backward_fused_kernel``: where a head's keys fit one block, all three in one program
   per KV head: one launch instead of three, which is most of a short sequence's backward.
@@ -284,6 +285,24 @@ def attention_backward_dkdv_kernel(
     if BLOCK_D2 > 0:
         store_key_value_gradients(dk2, dv2, dk_ptr, dv_ptr, batch, n_heads_kv * GROUP_SPLIT, out_rows, start_n,
                                   n_keys, head_dim, scale, BLOCK_D, BLOCK_N, BLOCK_D2, USE_DESCRIPTOR)
+
+
+@triton.jit
+def attention_backward_sum_parts_kernel(dk_parts_ptr, dv_parts_ptr, dk_ptr, dv_ptr, head_size,
+                                        SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    # dK and dV of one KV head (a program's BLOCK of its keys x head dim): the SPLIT float32 partials
+    # of its group's parts (rows kv_bh * SPLIT + part) added in the parts' order, rounded once.
+    kv_bh = tl.program_id(1).to(tl.int64)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < head_size
+    src = kv_bh * SPLIT * head_size + offs
+    dk = tl.zeros([BLOCK], tl.float32)
+    dv = tl.zeros([BLOCK], tl.float32)
+    for part in tl.static_range(SPLIT):
+        dk += tl.load(dk_parts_ptr + src + part * head_size, mask=mask, other=0.0)
+        dv += tl.load(dv_parts_ptr + src + part * head_size, mask=mask, other=0.0)
+    tl.store(dk_ptr + kv_bh * head_size + offs, dk.to(dk_ptr.dtype.element_ty), mask=mask)
+    tl.store(dv_ptr + kv_bh * head_size + offs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -19,6 +19,7 @@ from .backward_kernels import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
     attention_backward_fused_kernel,
+    attention_backward_sum_parts_kernel,
 )
 from .kernels import LOG2E, attention_forward_kernel
 
@@ -102,6 +103,9 @@ _delta_launcher = Launcher(attention_backward_delta_kernel)
 _dkdv_launcher = Launcher(attention_backward_dkdv_kernel)
 _dq_launcher = Launcher(attention_backward_dq_kernel)
 _fused_launcher = Launcher(attention_backward_fused_kernel)
+_sum_parts_launcher = Launcher(attention_backward_sum_parts_kernel)
+# Elements of a KV head's dK (and dV) a program of the partials' sum adds.
+SUM_PARTS_BLOCK = 1024
 
 
 def _block_grid(blocks: int, programs: int, chosen: planner.AttentionPlan) -> tuple[int, int]:
@@ -188,7 +192,7 @@ class _BackwardCall:
     keys and launch keywords cost more host time than the short sequences' kernels."""
 
     __slots__ = ("plan", "mode", "delta_buffer", "grads", "zeros", "delta", "dkdv", "dq", "fused", "delta_ints",
-                 "ints", "offset", "descriptors", "partials", "partials_view")
+                 "ints", "offset", "descriptors", "partials", "sum_parts", "head_size")
 
     def __init__(self, key, do, q, k, v, mode, use_descriptor):
         batch, n_heads_q, n_queries, head_dim = q.shape
@@ -230,7 +234,10 @@ class _BackwardCall:
         if split > 1:
             # float32 partials of dK and dV, a part's rows after another's: (batch, KV heads, parts, keys, D).
             self.partials = _buffers.template((batch * n_heads_kv * split, n_keys, head_dim), torch.float32, q.device)
-            self.partials_view = (batch, n_heads_kv, split, n_keys, head_dim)
+            self.head_size = n_keys * head_dim
+            self.sum_parts = _sum_parts_launcher.bind(
+                (triton.cdiv(self.head_size, SUM_PARTS_BLOCK), batch * n_heads_kv), (key, split),
+                SPLIT=split, BLOCK=SUM_PARTS_BLOCK, num_warps=4)
         self.dkdv = _dkdv_launcher.bind(_block_grid(key_blocks, batch * n_heads_kv * split, dkdv_plan),
                                         (key, dkdv_plan), **_plan_meta(dkdv_plan, causal), VEC=vec,
                                         BLOCK_D2=dkdv_plan.block_d2, GROUP_SPLIT=split,
@@ -258,9 +265,7 @@ class _BackwardCall:
         if self.plan.group_split > 1:
             dk_parts, dv_parts = _buffers.empty_like(self.partials), _buffers.empty_like(self.partials)
             self.dkdv(q, k, v, do, lse, delta, dk_parts, dv_parts, *args)
-            # The parts summed in float32 in one fixed order, rounded once into the gradients' dtype.
-            dk.copy_(dk_parts.view(self.partials_view).sum(2))
-            dv.copy_(dv_parts.view(self.partials_view).sum(2))
+            self.sum_parts(dk_parts, dv_parts, dk, dv, self.head_size)
         else:
             self.dkdv(q, k, v, do, lse, delta, dk, dv, *args)
         self.dq(q, k, v, do, lse, delta, dq, *args)

@@ -205,6 +205,20 @@ ATTENTION_SHORT_CONFIGS = {
         (512, head_dim, (128, 32, 8, 3, "pointer"), (128, 32, 8, 3, "pointer")),
         (8192, head_dim, None, (128, 32, 8, 3, "pointer")))),
 }
+# Head dims padded whole to a power of two (24 to 32, 40 and 48 to 64, 112 to 128; 80 in the
+# backward: no rows of their own, not split in two parts) read their padded dim's short rows, their
+# tiles being that dim's. Before, they took the long tables' configs: B16 H32 S233 D40's forward
+# ran at 0.88x FLASH on 64 x 128 blocks where D64 runs 64 x 32 (the random-shape attention sweep of
+# seed 1128). bf16, ms, long tables -> padded dim's rows (FLASH), forward / forward + backward
+# (scripts/probes/probe_padded_short_rows.py, docs/notes/2026-11/probe_padded_short_rows-h100.log):
+# B16 H32 S233 D40 forward 0.0591 -> 0.0444 (0.0549); B256 H16 S128 D48 0.2042 -> 0.0995 (0.1330),
+# causal 0.1564 -> 0.0936 (0.1332); B64 H16 S512 D48 0.3076 -> 0.2388 (0.3137); B121 H16 S373 D112
+# causal 0.5338 -> 0.3477 (0.5947); D24 causal forward + backward B64 H32/8 S300 0.8647 -> 0.5186
+# (1.0230), B16 H16 S1000 0.7157 -> 0.4354 (0.5822); D80's backward (dQ at three stages to 2048
+# keys) B64 H16 S512 1.8594 -> 1.7869, B16 H16 S2048 5.2605 -> 5.0497; the other cells level
+# within two runs' spread (D40 S233 causal forward 0.0417 -> 0.0373 in one, 0.0422 -> 0.0528 in the
+# other, whose host was slower: a 40 µs call is the host's there).
+ATTENTION_SHORT_CONFIGS_PADDED = True
 # Head dims the forward computes in two power-of-two parts (80 = 64 + 16, 96 = 64 + 32, 192 = 128 + 64:
 # head_dim_parts) instead of padding them to the next power of two, whose zero columns cost a
 # quarter to three eighths of the products at 80 and 96. The forward's row for 96 serves 80 and 96
@@ -388,7 +402,7 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
     split = _splits(kernel, head_dim, whole_vectors)
     # Rows are read by the head dim itself: a padded dim takes its power of two's row unless a row
     # of its own comes first (the forward's 96, which its split dims 80 and 96 measured with).
-    short = None if interpreting else short_config(kernel, head_dim, causal, length)
+    short = None if interpreting else short_config(kernel, head_dim, causal, length, split)
     own = None if split else ATTENTION_HEAD_DIM_CONFIGS.get(kernel, {}).get(head_dim)
     if interpreting:
         config = ATTENTION_INTERPRETER_CONFIGS[kernel]
@@ -428,12 +442,20 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
                          block_d2=second, max_registers=cap, **dict(zip(_CONFIG_FIELDS, config)))
 
 
-def short_config(kernel: str, head_dim: int, causal: bool, length: int) -> Optional[tuple]:
+def short_config(kernel: str, head_dim: int, causal: bool, length: int, split: bool = False) -> Optional[tuple]:
     """The ATTENTION_SHORT_CONFIGS config (with its loads field, if any) for this kernel, head dim,
     mask and length (the forward's keys, the backward's longer of queries and keys), or None: the
-    tables. The GPU's plan; the interpreter keeps its own small blocks."""
-    return next((r[3] if causal else r[2] for r in ATTENTION_SHORT_CONFIGS[kernel]
-                 if length <= r[0] and head_dim == r[1]), None)
+    tables. A head dim padded whole (not ``split`` in two parts) without rows of its own takes its
+    padded dim's (ATTENTION_SHORT_CONFIGS_PADDED). The GPU's plan; the interpreter keeps its own
+    small blocks."""
+    dims = (head_dim,)
+    if ATTENTION_SHORT_CONFIGS_PADDED and not split and padded_head_dim(head_dim) != head_dim:
+        dims = (head_dim, padded_head_dim(head_dim))
+    for dim in dims:
+        rows = [r for r in ATTENTION_SHORT_CONFIGS[kernel] if r[1] == dim]
+        if rows:
+            return next((r[3] if causal else r[2] for r in rows if length <= r[0]), None)
+    return None
 
 
 def backward_heavy_first(kernel: str, causal: bool, group: int, blocks: int) -> bool:

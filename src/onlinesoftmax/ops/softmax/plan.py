@@ -138,7 +138,16 @@ ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS = 16
 # -> 2696 / 2255 -> 2761 (2073 / 2554), bf16 1803 -> 1940 / 1742 -> 1952, fp32 8192 x 1000 2533 ->
 # 2674 / 2555 -> 2715 (2497 / 2662), bf16 2942 -> 3061 / 2811 -> 3068; 32768 x 1024 and 65536 x 256
 # moved within 1% either way (4096 x 4096 holds one row a program at either tile).
-ROW_TILE_ELEMENTS = {"forward": 1024, "backward": 4096}
+# Then 1024 -> 512 (it moves rows of up to 256 elements: two or more a program on one warp, where
+# 1024 put eight rows of 101 on two): CUDA graphs, GB/s, softmax / log_softmax, 1024 -> 512 (torch)
+# (scripts/tune/tune_softmax.py --strategy row_on_chip [--log], docs/notes/2026-11/
+# tune_softmax-short_rows-h100.json and tune_softmax-forward_tile_512-h100.json): bf16 1536 x 101
+# 201 -> 273 / 187 -> 265 (229 / 263), fp32 389 -> 522 / 383 -> 535 (462 / 521), bf16 8192 x 101
+# 853 -> 1002 / 763 -> 969 (851 / 972); fp32 1024 x 256 775 -> 871 / 733 -> 869, 4096 x 64 742 ->
+# 890 / 655 -> 882, 2048 x 300 1417 -> 1588; bf16 log_softmax 1024 x 256 368 -> 461, 4096 x 64 387
+# -> 483; 65536 x 256 within 1% (bf16 2701 -> 2688, fp32 2836 -> 2826); lost: bf16 16384 x 128
+# 2123 -> 1973 / 2088 -> 1930 (torch 1395 / 1547).
+ROW_TILE_ELEMENTS = {"forward": 512, "backward": 4096}
 # ... and, in the forward, no more rows a program than leave every SM one (a power of two at most
 # rows / SMs; one row a program where the rows are fewer than the SMs). 10 x 221 had been one
 # program of 16 rows on 8 warps: under CUDA graphs, µs a call, packed -> spread (torch), bf16

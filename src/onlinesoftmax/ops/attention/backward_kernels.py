@@ -33,9 +33,9 @@ from .kernels import (COUNT_ARGS, head_descriptor, key_ranges, key_value_bases, 
 
 @triton.jit
 def attention_backward_delta_kernel(
-    o_ptr, do_ptr, delta_ptr, dq_acc_ptr, n_heads, n_queries, head_dim,
+    o_ptr, do_ptr, delta_ptr, n_heads, n_queries, head_dim,
     stride_dob, stride_doh, stride_dos, stride_dod,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, VEC: tl.constexpr = 1, ZERO_DQ: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, VEC: tl.constexpr = 1,
 ):
     # delta_i = sum_d dO_id O_id = sum_j P_ij dP_ij: the softmax backward's row dot product.
     head_dim = on_vectors(head_dim, VEC)
@@ -52,9 +52,6 @@ def attention_backward_delta_kernel(
     do = tl.load(do_base + rows.to(tl.int64)[:, None] * stride_dos + cols[None, :] * stride_dod, mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(delta_ptr + bh.to(tl.int64) * n_queries + rows, delta, mask=rows < n_queries)
-    if ZERO_DQ:  # the atomic backward's float32 dQ (O's layout), zeroed before the dK/dV kernel adds into it
-        tl.store(dq_acc_ptr + bh.to(tl.int64) * n_queries * head_dim + rows.to(tl.int64)[:, None] * head_dim
-                 + cols[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=mask)
 
 
 @triton.jit
@@ -142,10 +139,10 @@ def load_row_stats(lse_ptr, delta_ptr, bh, rows, n_queries):
 
 @triton.jit
 def dkdv_step(dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base, do_base, lse_ptr,
-              delta_ptr, dq_ptr, bh, cols, block_start, n_queries, n_keys, head_dim, qk_scale, scale, causal_offset,
+              delta_ptr, bh, cols, block_start, n_queries, n_keys, head_dim, qk_scale, causal_offset,
               stride_qs, stride_qd, stride_dos, stride_dod,
               BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr,
-              MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+              MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
     # Transposed form: the key block is the tile's row dimension, so dK and dV accumulate as [N, D].
     # With BLOCK_D2 > 0 the head dim's second part (columns BLOCK_D on) is k2, v2, dk2, dv2.
     rows = block_start + tl.arange(0, BLOCK_M)
@@ -169,30 +166,19 @@ def dkdv_step(dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2
                         BLOCK_M, BLOCK_D2, USE_DESCRIPTOR)
         dv2 = mma(p_t.to(do2.dtype), do2, dv2)
         dp_t = mma(v2, tl.trans(do2), dp_t)
-    ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
-    dk = mma(ds_t, q, dk)
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk = mma(ds_t.to(q.dtype), q, dk)
     if BLOCK_D2 > 0:
-        dk2 = mma(ds_t, q2, dk2)
-    if ATOMIC_DQ:
-        # This key block's share of dQ (dS K), added in float32 into dQ's accumulator.
-        ds = tl.trans(ds_t)  # [M, N]
-        dq_rows = dq_ptr + bh.to(tl.int64) * n_queries * head_dim + rows.to(tl.int64)[:, None] * head_dim
-        d_cols = tl.arange(0, BLOCK_D)
-        tl.atomic_add(dq_rows + d_cols[None, :], mma(ds, k, None) * scale,
-                      mask=(rows < n_queries)[:, None] & (d_cols < head_dim)[None, :], sem="relaxed")
-        if BLOCK_D2 > 0:
-            d_cols2 = BLOCK_D + tl.arange(0, BLOCK_D2)
-            tl.atomic_add(dq_rows + d_cols2[None, :], mma(ds, k2, None) * scale,
-                          mask=(rows < n_queries)[:, None] & (d_cols2 < head_dim)[None, :], sem="relaxed")
+        dk2 = mma(ds_t.to(q2.dtype), q2, dk2)
     return dk, dv, dk2, dv2
 
 
 @triton.jit
 def dkdv_query_blocks(dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base, do_base, lse_ptr,
-                      delta_ptr, dq_ptr, bh, cols, start_m, stop_m, n_queries, n_keys, head_dim, qk_scale, scale,
-                      causal_offset, stride_qs, stride_qd, stride_dos, stride_dod,
+                      delta_ptr, bh, cols, start_m, stop_m, n_queries, n_keys, head_dim, qk_scale, causal_offset,
+                      stride_qs, stride_qd, stride_dos, stride_dod,
                       BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, CAUSAL: tl.constexpr,
-                      MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                      MASKED: tl.constexpr, USE_DESCRIPTOR: tl.constexpr):
     if MASKED and BLOCK_D2 == 0:
         # The diagonal's few query blocks are not software-pipelined: a second pipelined loop made
         # ptxas spill dK and dV at head dim 128 (sm_90, 8 warps). A split head dim's loop is: at one
@@ -200,23 +186,21 @@ def dkdv_query_blocks(dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, 
         # plan.ATTENTION_BACKWARD_SPLIT_HEAD_DIMS).
         for block_start in tl.range(start_m, stop_m, BLOCK_M, num_stages=1):
             dk, dv, dk2, dv2 = dkdv_step(dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base,
-                                         do_base, lse_ptr, delta_ptr, dq_ptr, bh, cols, block_start, n_queries,
-                                         n_keys, head_dim, qk_scale, scale, causal_offset, stride_qs, stride_qd,
-                                         stride_dos, stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, MASKED,
-                                         USE_DESCRIPTOR, ATOMIC_DQ)
+                                         do_base, lse_ptr, delta_ptr, bh, cols, block_start, n_queries, n_keys,
+                                         head_dim, qk_scale, causal_offset, stride_qs, stride_qd, stride_dos,
+                                         stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, MASKED, USE_DESCRIPTOR)
     else:
         for block_start in tl.range(start_m, stop_m, BLOCK_M):
             dk, dv, dk2, dv2 = dkdv_step(dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base,
-                                         do_base, lse_ptr, delta_ptr, dq_ptr, bh, cols, block_start, n_queries,
-                                         n_keys, head_dim, qk_scale, scale, causal_offset, stride_qs, stride_qd,
-                                         stride_dos, stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, MASKED,
-                                         USE_DESCRIPTOR, ATOMIC_DQ)
+                                         do_base, lse_ptr, delta_ptr, bh, cols, block_start, n_queries, n_keys,
+                                         head_dim, qk_scale, causal_offset, stride_qs, stride_qd, stride_dos,
+                                         stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, MASKED, USE_DESCRIPTOR)
     return dk, dv, dk2, dv2
 
 
 @triton.jit(do_not_specialize=COUNT_ARGS)
 def attention_backward_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     n_heads_q, group, batch, n_queries, n_keys, head_dim,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
@@ -226,7 +210,7 @@ def attention_backward_dkdv_kernel(
     qk_scale, scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, USE_DESCRIPTOR: tl.constexpr, VEC: tl.constexpr = 1, BLOCK_D2: tl.constexpr = 0,
-    GROUP_SPLIT: tl.constexpr = 1, HEAVY_FIRST: tl.constexpr = False, ATOMIC_DQ: tl.constexpr = False,
+    GROUP_SPLIT: tl.constexpr = 1, HEAVY_FIRST: tl.constexpr = False,
 ):
     (head_dim, stride_qb, stride_qh, stride_qs, q_head_stride, stride_kb, stride_kh, stride_ks, k_head_stride,
      stride_vb, stride_vh, stride_vs, v_head_stride, stride_dob, stride_doh, stride_dos,
@@ -290,14 +274,12 @@ def attention_backward_dkdv_kernel(
         if CAUSAL:
             dk, dv, dk2, dv2 = dkdv_query_blocks(
                 dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base, do_base, lse_ptr,
-                delta_ptr, dq_ptr, bh, cols, masked_start, full_start, n_queries, n_keys, head_dim, qk_scale, scale,
-                causal_offset, stride_qs, stride_qd, stride_dos, stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, True,
-                USE_DESCRIPTOR, ATOMIC_DQ)
+                delta_ptr, bh, cols, masked_start, full_start, n_queries, n_keys, head_dim, qk_scale, causal_offset,
+                stride_qs, stride_qd, stride_dos, stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, True, USE_DESCRIPTOR)
         dk, dv, dk2, dv2 = dkdv_query_blocks(
             dk, dv, dk2, dv2, k, v, k2, v2, desc_q, desc_do, desc_q2, desc_do2, q_base, do_base, lse_ptr,
-            delta_ptr, dq_ptr, bh, cols, full_start, q_stop, n_queries, n_keys, head_dim, qk_scale, scale,
-            causal_offset, stride_qs, stride_qd, stride_dos, stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, False,
-            USE_DESCRIPTOR, ATOMIC_DQ)
+            delta_ptr, bh, cols, full_start, q_stop, n_queries, n_keys, head_dim, qk_scale, causal_offset,
+            stride_qs, stride_qd, stride_dos, stride_dod, BLOCK_M, BLOCK_D, BLOCK_D2, CAUSAL, False, USE_DESCRIPTOR)
     store_key_value_gradients(dk, dv, dk_ptr, dv_ptr, batch, n_heads_kv * GROUP_SPLIT, out_rows, start_n, n_keys,
                               head_dim, scale, 0, BLOCK_N, BLOCK_D, USE_DESCRIPTOR)
     if BLOCK_D2 > 0:

@@ -192,9 +192,9 @@ class _BackwardCall:
     keys and launch keywords cost more host time than the short sequences' kernels."""
 
     __slots__ = ("plan", "mode", "delta_buffer", "grads", "zeros", "delta", "dkdv", "dq", "fused", "delta_ints",
-                 "ints", "offset", "descriptors", "partials", "sum_parts", "head_size", "dq_sum")
+                 "ints", "offset", "descriptors", "partials", "sum_parts", "head_size")
 
-    def __init__(self, key, do, q, k, v, mode, use_descriptor, deterministic=True):
+    def __init__(self, key, do, q, k, v, mode, use_descriptor):
         batch, n_heads_q, n_queries, head_dim = q.shape
         n_heads_kv, n_keys = k.shape[1], k.shape[2]
         causal = mode != "none"
@@ -211,7 +211,7 @@ class _BackwardCall:
         self.delta_buffer = _buffers.template((batch, n_heads_q, n_queries), torch.float32, q.device)
         self.grads = tuple(_buffers.template(t.shape, t.dtype, t.device) for t in (q, k, v))
         self.zeros = q.numel() == 0 or k.numel() == 0
-        self.delta = self.dkdv = self.dq = self.fused = self.dq_sum = None
+        self.delta = self.dkdv = self.dq = self.fused = None
         self.descriptors = dkdv_plan.use_descriptor
         if dkdv_plan.path == "torch" or self.zeros:
             return
@@ -223,12 +223,9 @@ class _BackwardCall:
                                               **_plan_meta(dkdv_plan, causal), VEC=vec)
             return
         delta_block = 64 if head_dim <= 128 else 32
-        atomic = not deterministic  # dQ added by the dK/dV kernel into a float32 sum the delta kernel zeroes
-        if atomic:
-            self.dq_sum = _buffers.template(q.shape, torch.float32, q.device)
         self.delta = _delta_launcher.bind(
             (triton.cdiv(n_queries, delta_block), batch * n_heads_q), key,
-            BLOCK_M=delta_block, BLOCK_D=next_power_of_2(head_dim), VEC=vec, ZERO_DQ=atomic, num_warps=4)
+            BLOCK_M=delta_block, BLOCK_D=next_power_of_2(head_dim), VEC=vec, num_warps=4)
         self.delta_ints = (n_heads_q, n_queries, head_dim, *_strides(do))
         # Each kernel's plan in its key, as the forward's.
         key_blocks = triton.cdiv(n_keys, dkdv_plan.block_n)
@@ -244,9 +241,7 @@ class _BackwardCall:
         self.dkdv = _dkdv_launcher.bind(_block_grid(key_blocks, batch * n_heads_kv * split, dkdv_plan),
                                         (key, dkdv_plan), **_plan_meta(dkdv_plan, causal), VEC=vec,
                                         BLOCK_D2=dkdv_plan.block_d2, GROUP_SPLIT=split,
-                                        HEAVY_FIRST=dkdv_plan.heavy_first, ATOMIC_DQ=atomic)
-        if atomic:
-            return
+                                        HEAVY_FIRST=dkdv_plan.heavy_first)
         self.dq = _dq_launcher.bind(_block_grid(query_blocks, batch * n_heads_q, dq_plan),
                                     (key, dq_plan), **_plan_meta(dq_plan, causal), VEC=vec,
                                     BLOCK_D2=dq_plan.block_d2, HEAVY_FIRST=dq_plan.heavy_first)
@@ -266,18 +261,14 @@ class _BackwardCall:
             self.fused(q, k, v, out, do, lse, dq, dk, dv, *args)
             return dq, dk, dv
         delta = _buffers.empty_like(self.delta_buffer)
-        dq_sum = dk if self.dq_sum is None else _buffers.empty_like(self.dq_sum)  # dk: a pointer never used
-        self.delta(out, do, delta, dq_sum, *self.delta_ints)
+        self.delta(out, do, delta, *self.delta_ints)
         if self.plan.group_split > 1:
             dk_parts, dv_parts = _buffers.empty_like(self.partials), _buffers.empty_like(self.partials)
-            self.dkdv(q, k, v, do, lse, delta, dk_parts, dv_parts, dq_sum, *args)
+            self.dkdv(q, k, v, do, lse, delta, dk_parts, dv_parts, *args)
             self.sum_parts(dk_parts, dv_parts, dk, dv, self.head_size)
         else:
-            self.dkdv(q, k, v, do, lse, delta, dk, dv, dq_sum, *args)
-        if self.dq is None:
-            dq.copy_(dq_sum)
-        else:
-            self.dq(q, k, v, do, lse, delta, dq, *args)
+            self.dkdv(q, k, v, do, lse, delta, dk, dv, *args)
+        self.dq(q, k, v, do, lse, delta, dq, *args)
         return dq, dk, dv
 
 
@@ -286,14 +277,13 @@ _device_plan_cache(_BACKWARD_CALLS.clear)
 
 
 def launch_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                    lse: torch.Tensor, mode: str, scale: float, deterministic: bool = True,
-                    use_descriptor: Optional[bool] = None):
+                    lse: torch.Tensor, mode: str, scale: float, use_descriptor: Optional[bool] = None):
     """(dq, dk, dv) from the saved forward (out, lse) and the upstream gradient ``do``."""
     # out and lse are the forward's own outputs (contiguous, from the allocator): their layout
     # follows from q's, and only the caller-owned tensors' alignment enters the key.
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype, q.device, aligned(q),
-           aligned(k), aligned(v), aligned(do), mode, use_descriptor, deterministic, interpreter_active())
+           aligned(k), aligned(v), aligned(do), mode, use_descriptor, interpreter_active())
     call = _BACKWARD_CALLS.get(key)
     if call is None:
-        call = remember(_BACKWARD_CALLS, key, _BackwardCall(key, do, q, k, v, mode, use_descriptor, deterministic))
+        call = remember(_BACKWARD_CALLS, key, _BackwardCall(key, do, q, k, v, mode, use_descriptor))
     return call(do, q, k, v, out, lse, scale)

@@ -31,13 +31,12 @@ def _(q, k, v, mode, scale):
 
 @torch.library.custom_op("onlinesoftmax::attention_backward", mutates_args=())
 def _backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                 lse: torch.Tensor, mode: str, scale: float,
-                 deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return launch_backward(do, q, k, v, out, lse, mode, scale, deterministic)
+                 lse: torch.Tensor, mode: str, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch_backward(do, q, k, v, out, lse, mode, scale)
 
 
 @_backward_op.register_fake
-def _(do, q, k, v, out, lse, mode, scale, deterministic):
+def _(do, q, k, v, out, lse, mode, scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -52,10 +51,10 @@ _backward = op_when_compiling(_backward_op, launch_backward)
 
 class _AttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mode, scale, deterministic):
+    def forward(ctx, q, k, v, mode, scale):
         out, lse = _forward(q, k, v, mode, scale)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.config = (mode, scale, deterministic)
+        ctx.config = (mode, scale)
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # else autograd allocates and fills zeros for lse's gradient every backward
         return out, lse
@@ -63,9 +62,9 @@ class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out, d_lse):
         q, k, v, out, lse = ctx.saved_tensors
-        mode, scale, deterministic = ctx.config
-        dq, dk, dv = _backward(d_out, q, k, v, out, lse, mode, scale, deterministic)
-        return dq, dk, dv, None, None, None
+        mode, scale = ctx.config
+        dq, dk, dv = _backward(d_out, q, k, v, out, lse, mode, scale)
+        return dq, dk, dv, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,7 +142,7 @@ def validate(q, k, v, causal, scale, name: str = "attention"):
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
-              scale: Optional[float] = None, return_lse: bool = False, deterministic: bool = True):
+              scale: Optional[float] = None, return_lse: bool = False):
     """Scaled dot-product attention in one pass over the keys (FlashAttention, Dao et al., 2022, arXiv:2205.14135).
 
     ``out = softmax(scale * q @ k^T + mask) @ v`` without forming the score matrix.
@@ -215,7 +214,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             remember(_CHECKED, key, checked)
     mode, scale = checked
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _AttentionFunction.apply(q, k, v, mode, scale, deterministic)
+        out, lse = _AttentionFunction.apply(q, k, v, mode, scale)
     else:
         out, lse = _forward(q, k, v, mode, scale)
     return (out, lse) if return_lse else out

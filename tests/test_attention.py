@@ -705,6 +705,28 @@ def test_short_sequences_take_their_own_configs(monkeypatch):
             assert ((chosen.block_m, chosen.block_n) == (64, 32)) == (not causal and length == 256)
 
 
+def test_padded_head_dims_read_their_padded_dims_short_rows():
+    # A head dim padded whole (40 to 64, 24 to 32) without rows of its own takes its padded dim's
+    # short rows; one with rows of its own (80's forward), one split in two parts, and any with
+    # ATTENTION_SHORT_CONFIGS_PADDED off do not.
+    rows = {"forward": ((512, 64, (64, 32, 4, 3, "pointer"), None), (512, 80, None, (16, 16, 4, 1))),
+            "backward_dkdv": ((128, 32, (32, 64, 4, 2, "pointer"), None),), "backward_dq": ()}
+    with onlinesoftmax.override_plan("attention", ATTENTION_SHORT_CONFIGS=rows):
+        assert plan.short_config("forward", 40, False, 233) == (64, 32, 4, 3, "pointer")
+        assert plan.short_config("forward", 64, False, 233) == (64, 32, 4, 3, "pointer")
+        assert plan.short_config("forward", 40, False, 513) is None
+        assert plan.short_config("forward", 40, True, 233) is None  # the padded dim's row has no causal config
+        assert plan.short_config("backward_dkdv", 24, False, 128) == (32, 64, 4, 2, "pointer")
+        assert plan.short_config("forward", 40, False, 233, split=True) is None
+        assert plan.short_config("forward", 80, False, 233) is None  # 80's own row (causal only), not 128's
+        assert plan.short_config("forward", 80, True, 233) == (16, 16, 4, 1)
+        chosen = plan.attention_plan("forward", 40, torch.bfloat16, False, torch.device("cuda"), 233, 233, False)
+        assert (chosen.block_m, chosen.block_n, chosen.use_descriptor) == (64, 32, False)
+    with onlinesoftmax.override_plan("attention", ATTENTION_SHORT_CONFIGS=rows, ATTENTION_SHORT_CONFIGS_PADDED=False):
+        assert plan.short_config("forward", 40, False, 233) is None
+        assert plan.short_config("forward", 64, False, 233) == (64, 32, 4, 3, "pointer")
+
+
 def test_fused_backward_plan(monkeypatch):
     """Among the rows of the first head-dim bound >= D, the first whose length (the longer of
     queries and keys) and program count (batch x KV heads; 0: any) fit gives the fused plan, with

@@ -720,7 +720,8 @@ def test_padded_head_dims_read_their_padded_dims_short_rows():
         assert plan.short_config("forward", 40, False, 233, split=True) is None
         assert plan.short_config("forward", 80, False, 233) is None  # 80's own row (causal only), not 128's
         assert plan.short_config("forward", 80, True, 233) == (16, 16, 4, 1)
-        chosen = plan.attention_plan("forward", 40, torch.bfloat16, False, torch.device("cuda"), 233, 233, False)
+        chosen = plan.attention_plan("forward", 40, torch.bfloat16, False, torch.device("cuda"), 233, 233, False,
+                                     interpreting=False)
         assert (chosen.block_m, chosen.block_n, chosen.use_descriptor) == (64, 32, False)
     with onlinesoftmax.override_plan("attention", ATTENTION_SHORT_CONFIGS=rows, ATTENTION_SHORT_CONFIGS_PADDED=False):
         assert plan.short_config("forward", 40, False, 233) is None

@@ -11,54 +11,31 @@ H16/1 S1334 D160 causal), eager back to back, do_bench and CUDA-graph replays, m
 """
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import onlinesoftmax
 from onlinesoftmax.bench import harness
 from onlinesoftmax.bench.host_suite import host_us, print_profile
 from onlinesoftmax.ops.attention import plan
+from probe_fused_backward import flash, input_sets, ours
 
 HOST_SHAPES = [((1, 2, 2, 146, 136), False), ((1, 16, 1, 300, 160), True), ((1, 2, 2, 300, 64), False),
                ((1, 2, 2, 128, 64), False)]
 CELLS = [((22, 12, 12, 146, 136), False), ((2, 16, 1, 1334, 160), True)]
 
 
-def qkv(batch, heads_q, heads_kv, seq, head_dim):
-    return [torch.randn(batch, h, seq, head_dim, device="cuda", dtype=torch.bfloat16).requires_grad_()
-            for h in (heads_q, heads_kv, heads_kv)]
-
-
-def ours(causal):
-    def run(q, k, v, d_out):
-        return torch.autograd.grad(onlinesoftmax.attention(q, k, v, causal=causal), (q, k, v), d_out)
-    return run
-
-
-def flash(causal):
-    def run(q, k, v, d_out):
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
-        return torch.autograd.grad(out, (q, k, v), d_out)
-    return run
-
-
 def main():
+    gen = torch.Generator(device="cuda").manual_seed(0)
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}", flush=True)
     for shape, causal in HOST_SHAPES:
-        q, k, v = qkv(*shape)
-        d_out = torch.randn_like(q)
-        ours_us = host_us(lambda: ours(causal)(q, k, v, d_out))
+        (inputs,) = input_sets(gen, *shape, count=1)
+        ours_us = host_us(lambda: ours(causal)(*inputs))
         backward = plan.last_attention_plan().describe()
-        flash_us = host_us(lambda: flash(causal)(q, k, v, d_out))
+        flash_us = host_us(lambda: flash(causal)(*inputs))
         print(shape, "causal" if causal else "full", f"host us a forward + backward: ours {ours_us:.1f}, "
               f"flash {flash_us:.1f}; {backward[:90]}", flush=True)
-    q, k, v = qkv(1, 16, 1, 300, 160)
-    d_out = torch.randn_like(q)
-    print_profile(lambda: ours(True)(q, k, v, d_out), 25)
+    (inputs,) = input_sets(gen, 1, 16, 1, 300, 160, count=1)
+    print_profile(lambda: ours(True)(*inputs), 25)
     for shape, causal in CELLS:
-        sets = [(*qkv(*shape), None) for _ in range(3)]
-        sets = [(q, k, v, torch.randn_like(q)) for q, k, v, _ in sets]
+        sets = input_sets(gen, *shape, count=3)
         for name, fn in (("ours", ours(causal)), ("flash", flash(causal))):
             print(shape, "causal" if causal else "full", name, f"eager {harness.back_to_back_ms(fn, sets):.4f}",
                   f"do_bench {harness.time_ms(fn, sets):.4f}", f"graph {harness.graph_time_ms(fn, sets):.4f}",

@@ -55,11 +55,19 @@ def ours(causal):
     return run
 
 
-def flash(causal):
+def sdpa_forward(causal):
+    """SDPA's FLASH backend, forward alone (GQA through enable_gqa)."""
     def run(q, k, v, d_out):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
-        return torch.autograd.grad(out, (q, k, v), d_out)[0]
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+    return run
+
+
+def flash(causal):
+    forward = sdpa_forward(causal)
+
+    def run(q, k, v, d_out):
+        return torch.autograd.grad(forward(q, k, v, d_out), (q, k, v), d_out)[0]
     return run
 
 

@@ -13,12 +13,10 @@ input sets) of the forward and of forward + backward through autograd, with the 
 """
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import onlinesoftmax
 from onlinesoftmax.bench import harness
-from probe_fused_backward import input_sets, shapes_from_argv
+from probe_fused_backward import flash, input_sets, ours, shapes_from_argv, sdpa_forward
 
 SHAPES = [(16, 32, 32, 233, 40), (64, 16, 16, 512, 40), (32, 16, 16, 1000, 40), (256, 16, 16, 128, 48),
           (64, 16, 16, 512, 48), (64, 32, 8, 300, 24), (16, 16, 16, 1000, 24), (121, 16, 16, 373, 112),
@@ -28,20 +26,6 @@ SETTINGS = {"padded rows": True, "long tables": False}
 
 def forward(causal):
     return lambda q, k, v, d_out: onlinesoftmax.attention(q, k, v, causal=causal)
-
-
-def training(causal):
-    def run(q, k, v, d_out):
-        return torch.autograd.grad(onlinesoftmax.attention(q, k, v, causal=causal), (q, k, v), d_out)
-    return run
-
-
-def flash(causal, backward):
-    def run(q, k, v, d_out):
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
-        return torch.autograd.grad(out, (q, k, v), d_out) if backward else out
-    return run
 
 
 def main():
@@ -55,9 +39,9 @@ def main():
             for name, padded in SETTINGS.items():
                 with onlinesoftmax.override_plan("attention", ATTENTION_SHORT_CONFIGS_PADDED=padded):
                     parts.append(f"{name} {harness.time_ms(forward(causal), sets):.4f} / "
-                                 f"{harness.time_ms(training(causal), sets):.4f}")
-            parts.append(f"flash {harness.time_ms(flash(causal, False), sets):.4f} / "
-                         f"{harness.time_ms(flash(causal, True), sets):.4f}")
+                                 f"{harness.time_ms(ours(causal), sets):.4f}")
+            parts.append(f"flash {harness.time_ms(sdpa_forward(causal), sets):.4f} / "
+                         f"{harness.time_ms(flash(causal), sets):.4f}")
             print(shape, "causal" if causal else "full", " | ".join(parts), flush=True)
         del sets
         torch.cuda.empty_cache()

@@ -33,29 +33,31 @@ def looped_variants():
         yield dict(STREAM_WARPS=warps, STREAM_BLOCK={4: 4096 * block_scale, 2: 8192 * block_scale})
 
 
+def scaled_warps(scale):
+    """plan.WARPS_BY_TILE_ELEMENTS with every entry times ``scale`` (1-32 warps)."""
+    return tuple((limit, max(1, min(32, int(w * scale)))) for limit, w in plan.WARPS_BY_TILE_ELEMENTS)
+
+
 def on_chip_variants(max_cols):
     # Rows long enough for a program each: the row length held on chip and the warps per tile.
-    base = plan.WARPS_BY_TILE_ELEMENTS
     for warps_scale in (0.5, 1, 2):
-        table = tuple((limit, max(1, min(32, int(w * warps_scale)))) for limit, w in base)
-        yield dict(WARPS_BY_TILE_ELEMENTS=table, ROW_ON_CHIP_MAX_COLS=max_cols)
+        yield dict(WARPS_BY_TILE_ELEMENTS=scaled_warps(warps_scale), ROW_ON_CHIP_MAX_COLS=max_cols)
 
 
-def on_chip_grid_variants():
-    # Short rows: rows packed per program (tile) and warps per tile. (The 2026-11-25 runs also
-    # crossed these with a persistent grid, since removed: docs/notes/2026-11/tune_softmax-row_on_chip-h100.json.)
-    base = plan.WARPS_BY_TILE_ELEMENTS
-    for tile, warps_scale in itertools.product((1024, 2048, 4096), (0.5, 1)):
-        table = tuple((limit, max(1, min(32, int(w * warps_scale)))) for limit, w in base)
-        yield dict(ROW_TILE_ELEMENTS={"forward": tile, "backward": tile}, WARPS_BY_TILE_ELEMENTS=table)
+def tile_variants(tiles, warps_scales):
+    """Short rows: rows packed per program (the tile, both directions) and warps per tile."""
+    def variants():
+        for tile, warps_scale in itertools.product(tiles, warps_scales):
+            yield dict(ROW_TILE_ELEMENTS={"forward": tile, "backward": tile},
+                       WARPS_BY_TILE_ELEMENTS=scaled_warps(warps_scale))
+    return variants
 
 
-def short_row_variants():
-    # Rows of about a hundred elements: rows packed per program (tile) and warps per tile.
-    base = plan.WARPS_BY_TILE_ELEMENTS
-    for tile, warps_scale in itertools.product((256, 512, 1024), (0.5, 1, 2)):
-        table = tuple((limit, max(1, min(32, int(w * warps_scale)))) for limit, w in base)
-        yield dict(ROW_TILE_ELEMENTS={"forward": tile, "backward": tile}, WARPS_BY_TILE_ELEMENTS=table)
+# (The 2026-11-25 runs also crossed these tiles with a persistent grid, since removed:
+# docs/notes/2026-11/tune_softmax-row_on_chip-h100.json.)
+on_chip_grid_variants = tile_variants((1024, 2048, 4096), (0.5, 1))
+# Rows of about a hundred elements.
+short_row_variants = tile_variants((256, 512, 1024), (0.5, 1, 2))
 
 
 def forward_tile_variants():

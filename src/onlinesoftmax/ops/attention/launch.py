@@ -228,8 +228,6 @@ class _BackwardCall:
             BLOCK_M=delta_block, BLOCK_D=next_power_of_2(head_dim), VEC=vec, num_warps=4)
         self.delta_ints = (n_heads_q, n_queries, head_dim, *_strides(do))
         # Each kernel's plan in its key, as the forward's.
-        key_blocks = triton.cdiv(n_keys, dkdv_plan.block_n)
-        query_blocks = triton.cdiv(n_queries, dq_plan.block_m)
         split = dkdv_plan.group_split
         if split > 1:
             # float32 partials of dK and dV, a part's rows after another's: (batch, KV heads, parts, keys, D).
@@ -238,11 +236,11 @@ class _BackwardCall:
             self.sum_parts = _sum_parts_launcher.bind(
                 (triton.cdiv(self.head_size, SUM_PARTS_BLOCK), batch * n_heads_kv), (key, split),
                 SPLIT=split, BLOCK=SUM_PARTS_BLOCK, num_warps=4)
-        self.dkdv = _dkdv_launcher.bind(_block_grid(key_blocks, batch * n_heads_kv * split, dkdv_plan),
+        self.dkdv = _dkdv_launcher.bind(_block_grid(dkdv_plan.blocks, batch * n_heads_kv * split, dkdv_plan),
                                         (key, dkdv_plan), **_plan_meta(dkdv_plan, causal), VEC=vec,
                                         BLOCK_D2=dkdv_plan.block_d2, GROUP_SPLIT=split,
                                         HEAVY_FIRST=dkdv_plan.heavy_first)
-        self.dq = _dq_launcher.bind(_block_grid(query_blocks, batch * n_heads_q, dq_plan),
+        self.dq = _dq_launcher.bind(_block_grid(dq_plan.blocks, batch * n_heads_q, dq_plan),
                                     (key, dq_plan), **_plan_meta(dq_plan, causal), VEC=vec,
                                     BLOCK_D2=dq_plan.block_d2, HEAVY_FIRST=dq_plan.heavy_first)
         self.descriptors = dkdv_plan.use_descriptor or dq_plan.use_descriptor

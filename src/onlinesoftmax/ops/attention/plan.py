@@ -342,6 +342,7 @@ class AttentionPlan(RegisterCap):
     max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
     group_split: int = 1  # dK/dV: programs sharing a key block's GQA group (dkdv_group_split)
     heavy_first: bool = False  # causal backward: the grid (programs, blocks), heaviest blocks first
+    blocks: int = 0  # split backward: the grid's key blocks (dK/dV) or query blocks (dQ); 0 where not planned
 
     def describe(self) -> str:
         if self.path == "torch":
@@ -500,9 +501,10 @@ def backward_plans(head_dim: int, dtype: torch.dtype, causal: bool, device: torc
     key_blocks = -(-n_keys // dkdv.block_n)
     query_blocks = -(-n_queries // dq.block_m)
     split = dkdv_group_split(group, key_blocks * batch * heads_kv, causal, device, sms)
-    return (dataclasses.replace(dkdv, group_split=split,
+    return (dataclasses.replace(dkdv, group_split=split, blocks=key_blocks,
                                 heavy_first=backward_heavy_first("backward_dkdv", causal, group, key_blocks)),
-            dataclasses.replace(dq, heavy_first=backward_heavy_first("backward_dq", causal, group, query_blocks)))
+            dataclasses.replace(dq, blocks=query_blocks,
+                                heavy_first=backward_heavy_first("backward_dq", causal, group, query_blocks)))
 
 
 def _splits(kernel: str, head_dim: int, whole_vectors: bool) -> bool:
@@ -599,8 +601,8 @@ def explain(batch: int, heads_q: int, heads_kv: int, n_queries: int, n_keys: int
         programs = batch * heads_kv * first.group_split
         each = "KV heads" if first.group_split == 1 else "parts of KV heads' groups"
         lines += ["  attention backward_delta: rowsum(dO * O) of every query, a small kernel first",
-                  "  " + first.describe(), grid(-(-n_keys // first.block_n), "key blocks", programs, each),
-                  "  " + dq.describe(), grid(-(-n_queries // dq.block_m), "query blocks", batch * heads_q, "query heads")]
+                  "  " + first.describe(), grid(first.blocks, "key blocks", programs, each),
+                  "  " + dq.describe(), grid(dq.blocks, "query blocks", batch * heads_q, "query heads")]
     return "\n".join(lines)
 
 

@@ -224,7 +224,7 @@ def attention_backward_dkdv_kernel(
     block_axis: tl.constexpr = 1 if HEAVY_FIRST else 0
     start_n = tl.program_id(block_axis) * BLOCK_N
     # GROUP_SPLIT programs share a key block's group, each summing group / GROUP_SPLIT query heads
-    # into float32 partials of its own (row kv_bh * GROUP_SPLIT + part), which the launcher sums.
+    # into float32 partials of its own (row kv_bh * GROUP_SPLIT + part): attention_backward_sum_parts_kernel sums them.
     out_rows = tl.program_id(1 - block_axis)  # kv_bh, or its part's row of the partials
     kv_bh = out_rows // GROUP_SPLIT
     part = out_rows % GROUP_SPLIT

@@ -40,11 +40,11 @@ def _every_bound_launch_through_its_launcher(monkeypatch):
 @needs_triton
 def test_equal_keys_mean_equal_specializations(gen, monkeypatch):
     seen = collections.defaultdict(set)
-    launch = _launch.Launcher.__call__
 
     def recording(self, grid, key, *args, **meta):
+        # The keys and Triton's specializations are the question, not the results: the launches
+        # are recorded, not made (no host code of these ops reads a kernel's output).
         seen[(id(self), key)].add((specialization(args), tuple(sorted(meta.items()))))
-        return launch(self, grid, key, *args, **meta)
 
     monkeypatch.setattr(_launch.Launcher, "__call__", recording)
     _every_bound_launch_through_its_launcher(monkeypatch)

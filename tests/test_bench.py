@@ -303,6 +303,20 @@ def test_deadline_stops_handing_out_cases_and_says_how_many_were_left(capsys):
     assert "--deadline applies to the sweeps" in capsys.readouterr().err
 
 
+def test_no_forward_times_the_backward_direction_alone(capsys):
+    from argparse import Namespace
+
+    from onlinesoftmax.bench import harness
+
+    assert harness.directions(Namespace(no_forward=True, no_backward=False), "forward", "backward") == ["backward"]
+    assert harness.directions(Namespace(no_forward=False, no_backward=True), "forward", "backward") == ["forward"]
+    assert harness.directions(Namespace(no_backward=False), "forward", "backward") == ["forward", "backward"]
+    for argv in (["bench", "sweep", "--no-forward", "--no-backward"], ["bench", "topk", "--no-forward"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        assert "--no-forward applies to" in capsys.readouterr().err
+
+
 def test_merge_is_refused_for_suites_that_do_not_merge(capsys):
     # The bench grids and the sweeps merge; elsewhere the flag would be ignored silently.
     for argv in (["bench", "ladder", "--merge"], ["bench", "host", "--merge"]):
@@ -336,6 +350,33 @@ def test_sweep_merges_runs_of_other_dtypes_into_one_set_of_cells(tmp_path, monke
     assert "come from earlier runs (--merge)" in (tmp_path / "sweep.md").read_text()
     for name in ("sweep-bfloat16-forward.png", "sweep-float32-backward.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_inputs_are_drawn_on_their_device_from_the_runs_seed():
+    # Each input set is drawn by a generator on the inputs' device seeded from the run's generator:
+    # the same seed gives the same inputs, another seed others, and each set of a run is fresh.
+    from onlinesoftmax.bench import cross_entropy_suite
+
+    make = cross_entropy_suite.case((8, 50), torch.float32, "cpu").make_inputs
+    first, again, other = (make(torch.Generator().manual_seed(seed)) for seed in (3, 3, 4))
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert not torch.equal(first[0], other[0])
+    gen = torch.Generator().manual_seed(3)
+    assert not torch.equal(make(gen)[0], make(gen)[0])
+    drawn = harness.device_generator(torch.Generator().manual_seed(3), "cpu")
+    assert drawn.device.type == "cpu" and drawn.initial_seed() != 3
+
+
+def test_sweep_summary_says_when_torch_compile_was_not_run():
+    # --impls onlinesoftmax,torch: no compile column; the summary says so instead of "nanx".
+    from onlinesoftmax.bench import sweep_suite
+
+    cell = dict(direction="forward", dtype="bfloat16", op="softmax", shape="1x1000", ours_ms=0.5, torch_ms=1.0,
+                vs_torch=2.0, status="ok", vs_compile=None, graph_vs_torch=None)
+    text = sweep_suite.summary_markdown([cell])
+    assert "torch.compile not run" in text and "nan" not in text
+    text = sweep_suite.summary_markdown([dict(cell, vs_compile=0.8)])
+    assert "0.80x torch.compile" in text and "1 below 0.9x torch.compile" in text
 
 
 def test_heat_maps_leave_out_panels_a_deadline_left_empty(tmp_path):

@@ -90,6 +90,11 @@ FORWARD_ROUNDS = {
     "ragged": [(128, 128, 8, 3, "rows"), (128, 128, 8, 3, "pointer"), (128, 128, 8, 2, "rows"),
                (128, 64, 4, 3, "rows"), (128, 64, 8, 3, "rows"), (128, 64, 4, 2, "rows"), (64, 64, 4, 3, "rows"),
                (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer"), (64, 128, 4, 2, "rows")],
+    # Sequences of up to 128 keys where memory is faster (the H200): the short rows' config first,
+    # then more stages, wider key blocks, larger query blocks on 8 warps and smaller ones.
+    "short": [(64, 32, 4, 3, "pointer"), (64, 32, 4, 4, "pointer"), (64, 64, 4, 2, "pointer"),
+              (64, 64, 4, 3, "pointer"), (128, 32, 8, 3, "pointer"), (128, 64, 8, 2, "pointer"),
+              (64, 128, 4, 1, "pointer"), (32, 32, 4, 3, "pointer"), (64, 32, 8, 3, "pointer")],
 }
 # Short sequences. plan.ATTENTION_SHORT_CONFIGS came from three rounds (docs/notes/2026-11/
 # sweep_attention-short-h100.log): the tables' configs, smaller tiles that fit more programs an SM
@@ -275,7 +280,8 @@ def backward_split(variant=None):
 
 
 def forced_forward(config, loads, variant=None):
-    return dict(forced(forward=config),
+    # ATTENTION_FORWARD_POINTER_CONFIGS emptied: its row would replace a pointer candidate's config.
+    return dict(forced(forward=config), ATTENTION_FORWARD_POINTER_CONFIGS={},
                 ATTENTION_USE_DESCRIPTOR=dict(plan.ATTENTION_USE_DESCRIPTOR, forward=loads == "descriptor"),
                 ATTENTION_FORWARD_ROW_DESCRIPTORS=(64, 128, 256) if loads in ("rows", "ws") else (),
                 ATTENTION_FORWARD_WARP_SPECIALIZED={d: (config, config) for d in (64, 128, 256)} if loads == "ws" else {},

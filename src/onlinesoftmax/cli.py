@@ -200,7 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", default=None, help="comma-separated: fp32,bf16,fp16 (default: the suite's)")
     bench.add_argument("--shape", action="append",
                        help="one case, dims joined by x as the suite takes them (softmax: ROWSxCOLS); repeatable")
-    bench.add_argument("--no-backward", action="store_true")
+    bench.add_argument("--no-backward", action="store_true", help="the forward timings only")
+    bench.add_argument("--no-forward", action="store_true",
+                       help="softmax, sweep, attention: the backward (attention: forward + backward) timings only; "
+                            "with --merge the forward rows stay")
     bench.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replay timings")
     bench.add_argument("--out", default=None,
                        help="results folder (default: benchmarks/results/<device>, e.g. benchmarks/results/h100)")
@@ -247,6 +250,8 @@ def main(argv=None) -> int:
     if args.command == "bench":
         if args.merge and args.suite not in MERGING_SUITES:
             parser.error(f"--merge applies to the {', '.join(MERGING_SUITES)} suites only, not {args.suite!r}")
+        if args.no_forward and (args.no_backward or args.suite not in ("softmax", "sweep", "attention")):
+            parser.error("--no-forward applies to the softmax, sweep and attention suites, without --no-backward")
         if args.deadline is not None and not (args.suite == "sweep" or (args.suite == "attention" and args.sweep)):
             parser.error("--deadline applies to the sweeps only (bench sweep, bench attention --sweep)")
         if not torch.cuda.is_available() and args.suite not in ("distributed",):

@@ -66,11 +66,12 @@ def make_case(shape, dtype, causal, direction, device="cuda") -> Case:
     kv_bytes = batch * heads_kv * seq * head_dim * element
 
     def make(gen):
-        tensors = [torch.randn((batch, h, seq, head_dim), generator=gen).to(device=device, dtype=dtype)
+        drawn = harness.device_generator(gen, device)
+        tensors = [torch.randn((batch, h, seq, head_dim), generator=drawn, device=device).to(dtype)
                    for h in (heads_q, heads_kv, heads_kv)]
         if direction == FORWARD:
             return (*tensors, causal)
-        d_out = torch.randn((batch, heads_q, seq, head_dim), generator=gen).to(device=device, dtype=dtype)
+        d_out = torch.randn((batch, heads_q, seq, head_dim), generator=drawn, device=device).to(dtype)
         return (*[t.requires_grad_() for t in tensors], d_out, causal)
 
     def reference(inputs):
@@ -241,7 +242,7 @@ def summary_text(result: dict, sdpa) -> str:
 def run(args) -> int:
     """``onlinesoftmax bench attention``: the grid, causal and not, forward and forward+backward."""
     dtypes = harness.half_dtypes(args, "attention")
-    directions = [FORWARD] + ([] if args.no_backward else [FORWARD_BACKWARD])
+    directions = harness.directions(args, FORWARD, FORWARD_BACKWARD)
     if getattr(args, "sweep", False):
         return run_sweep(args, dtypes, directions)
     shapes = [parse_dims(t, 5) for t in args.shape] if args.shape else GRID
@@ -330,15 +331,15 @@ def run_sweep(args, dtypes, directions) -> int:
     notes = _sweep_notes(cells, sdpa)
     stem = harness.write_results(args, "attention_sweep", rows, None, notes, {"cells": cells}, earlier_runs,
                                  table=False, bars=False)
-    sweep_heat_maps(stem, cells, directions)
+    sweep_heat_maps(stem, cells)
     return harness.exit_code(rows)
 
 
-def sweep_heat_maps(stem: str, cells: list[dict], directions) -> None:
+def sweep_heat_maps(stem: str, cells: list[dict]) -> None:
     """``{stem}-{dtype}-{direction}.png``: ours over FLASH and over cuDNN per cell, rows by sequence
     length (merged runs list their cells in any order)."""
     for dtype in dict.fromkeys(c["dtype"] for c in cells):
-        for direction in directions:
+        for direction in dict.fromkeys(c["direction"] for c in cells):
             sel = [c for c in cells if c["dtype"] == dtype and c["direction"] == direction]
             panels = []
             for peer in ("sdpa-flash", "sdpa-cudnn"):

@@ -67,8 +67,9 @@ def case(shape, dtype, device="cuda") -> Case:
     rows, vocab = shape
 
     def make(gen):
-        x = (torch.randn(shape, generator=gen, dtype=torch.float32) * 2.0).to(device=device, dtype=dtype)
-        target = torch.randint(0, vocab, (rows,), generator=gen).to(device)
+        drawn = harness.device_generator(gen, device)
+        x = (torch.randn(shape, generator=drawn, device=device) * 2.0).to(dtype)
+        target = torch.randint(0, vocab, (rows,), generator=drawn, device=device)
         return x.requires_grad_(), target
 
     def reference(inputs):
@@ -195,9 +196,10 @@ def linear_case(shape, dtype, device="cuda") -> Case:
     rows, hidden, vocab = shape
 
     def make(gen):
-        h = torch.randn((rows, hidden), generator=gen).to(device=device, dtype=dtype)
-        w = (torch.randn((vocab, hidden), generator=gen) / hidden ** 0.5 * 2).to(device=device, dtype=dtype)
-        target = torch.randint(0, vocab, (rows,), generator=gen).to(device)
+        drawn = harness.device_generator(gen, device)
+        h = torch.randn((rows, hidden), generator=drawn, device=device).to(dtype)
+        w = (torch.randn((vocab, hidden), generator=drawn, device=device) / hidden ** 0.5 * 2).to(dtype)
+        target = torch.randint(0, vocab, (rows,), generator=drawn, device=device)
         return h.requires_grad_(), w.requires_grad_(), target
 
     def reference(inputs):

@@ -134,7 +134,7 @@ def make_case(shape: Shape, dtype: torch.dtype, device="cuda") -> Case:
     lens_list = shape.lens()
 
     def make(gen):
-        cuda_gen = torch.Generator(device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+        cuda_gen = harness.device_generator(gen, device)
         randn = lambda *size: torch.randn(size, generator=cuda_gen, device=device, dtype=dtype)  # noqa: E731
         q = randn(shape.batch, shape.n_queries, shape.heads_q, shape.head_dim)
         lens = torch.tensor(lens_list, dtype=torch.int32, device=device)

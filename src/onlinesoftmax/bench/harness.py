@@ -74,6 +74,13 @@ def gbs(bytes_moved: int, ms: float) -> float:
     return bytes_moved / (ms * 1e-3) / 1e9
 
 
+def device_generator(gen: torch.Generator, device) -> torch.Generator:
+    """A generator on ``device`` seeded from ``gen`` (the run's seed): inputs drawn where they are
+    used. Drawn on the CPU and copied, a gigabyte of logits took seconds a set, and the
+    cross-entropy bench makes two sets for each of its three groups of implementations a row."""
+    return torch.Generator(device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+
+
 def rotation_count(bytes_per_set: int, rotation_bytes: int = ROTATION_BYTES) -> int:
     """How many input sets to cycle so that at least ``rotation_bytes`` are touched."""
     return max(2, math.ceil(rotation_bytes / max(bytes_per_set, 1)))
@@ -465,6 +472,11 @@ def half_dtypes(args, what: str) -> list[torch.dtype]:
     if dropped:
         print(f"{what} runs in fp16 and bf16; not benchmarking {', '.join(dropped)}")
     return [names[d] for d in asked if d in names] or [torch.bfloat16]
+
+
+def directions(args, forward: str, backward: str) -> list[str]:
+    """The directions a suite times: both, or one of them under ``--no-backward`` / ``--no-forward``."""
+    return ([] if getattr(args, "no_forward", False) else [forward]) + ([] if args.no_backward else [backward])
 
 
 def until_deadline(items: list, deadline_s: Optional[float], clock: Callable[[], float] = time.monotonic):

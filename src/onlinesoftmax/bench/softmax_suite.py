@@ -26,8 +26,8 @@ def _label(shape) -> str:
 
 def forward_case(shape, dtype, device="cuda") -> Case:
     def make(gen):
-        x = torch.randn(shape, generator=gen, dtype=torch.float32) * 2.0
-        return (x.to(device=device, dtype=dtype),)
+        x = torch.randn(shape, generator=harness.device_generator(gen, device), device=device) * 2.0
+        return (x.to(dtype),)
 
     def reference(inputs):
         return torch.softmax(inputs[0].double(), -1)
@@ -38,9 +38,10 @@ def forward_case(shape, dtype, device="cuda") -> Case:
 
 def backward_case(shape, dtype, device="cuda") -> Case:
     def make(gen):
-        x = torch.randn(shape, generator=gen, dtype=torch.float32) * 2.0
-        dy = torch.randn(shape, generator=gen, dtype=torch.float32)
-        return (torch.softmax(x, -1).to(device=device, dtype=dtype), dy.to(device=device, dtype=dtype))
+        drawn = harness.device_generator(gen, device)
+        x = torch.randn(shape, generator=drawn, device=device) * 2.0
+        dy = torch.randn(shape, generator=drawn, device=device)
+        return (torch.softmax(x, -1).to(dtype), dy.to(dtype))
 
     def reference(inputs):
         y, dy = inputs[0].double(), inputs[1].double()
@@ -129,7 +130,7 @@ def cases(shapes, dtypes, directions, device="cuda") -> list[Case]:
 def run(args) -> int:
     """``onlinesoftmax bench softmax``: the grid, every peer, forward and backward; writes the results."""
     dtypes = [DTYPES[d] for d in (args.dtype or "fp32,bf16").split(",")]
-    directions = ["forward"] + ([] if args.no_backward else ["backward"])
+    directions = harness.directions(args, "forward", "backward")
     gen = torch.Generator().manual_seed(args.seed)
     print(f"seed {args.seed}; measuring device copy bandwidth ...", flush=True)
     copy_gbs = harness.copy_bandwidth_gbs()

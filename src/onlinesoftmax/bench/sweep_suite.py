@@ -59,10 +59,11 @@ def _case(op: str, direction: str, shape, dtype) -> Case:
     ref_fn = torch.log_softmax if op == "log_softmax" else torch.softmax
 
     def make(gen):
-        x = (torch.randn(shape, generator=gen) * 2.0).to(device="cuda", dtype=dtype)
+        drawn = harness.device_generator(gen, "cuda")
+        x = (torch.randn(shape, generator=drawn, device="cuda") * 2.0).to(dtype)
         if direction == "forward":
             return (x,)
-        dy = torch.randn(shape, generator=gen).to(device="cuda", dtype=dtype)
+        dy = torch.randn(shape, generator=drawn, device="cuda").to(dtype)
         return (x.requires_grad_(), dy)
 
     def reference(inputs):
@@ -143,9 +144,13 @@ def summary_markdown(cells: list[dict]) -> str:
         graph_text = (f"{graph:.2f}x torch under CUDA graphs" if graph == graph else
                       "no CUDA-graph timings" + (" (autograd's backward is timed eagerly only)"
                                                  if direction == "backward" else ""))
+        compiled = _geomean(c['vs_compile'] for c in sel)
+        # (--impls without torch.compile: no column to average or count against)
+        compile_text, below_compile_text = ((f"{compiled:.2f}x torch.compile", f", {len(below_compile)} below 0.9x torch.compile")
+                                            if compiled == compiled else ("torch.compile not run", ""))
         lines.append(f"- {direction}: {len(sel)} cells; geometric mean {_geomean(c['vs_torch'] for c in sel):.2f}x "
-                     f"torch eager, {_geomean(c['vs_compile'] for c in sel):.2f}x torch.compile, {graph_text}; "
-                     f"{len(below)} cells below 1.0x torch eager, {len(below_compile)} below 0.9x torch.compile")
+                     f"torch eager, {compile_text}, {graph_text}; "
+                     f"{len(below)} cells below 1.0x torch eager{below_compile_text}")
     lines += ["", "Worst cells first (eager, ours over torch eager):", "",
               "| direction | dtype | op | shape | ours ms | torch ms | vs torch | vs compile | graph vs torch | status |",
               "|---|---|---|---|---|---|---|---|---|---|"]
@@ -181,7 +186,7 @@ def heat_maps(stem: str, cells: list[dict]) -> list[str]:
 def run(args) -> int:
     dtypes = [DTYPES[d] for d in (args.dtype or "fp32,bf16,fp16").split(",")]
     shapes = sweep_shapes_asked(args, 2, random_shapes, grid)
-    directions = ["forward"] + ([] if args.no_backward else ["backward"])
+    directions = harness.directions(args, "forward", "backward")
     gen = torch.Generator().manual_seed(args.seed)
     print(f"seed {args.seed}; {len(shapes)} shapes x {len(dtypes)} dtypes x {len(OPS)} ops x {len(directions)} "
           "directions; measuring device copy bandwidth ...", flush=True)

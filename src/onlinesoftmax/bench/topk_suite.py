@@ -32,8 +32,8 @@ def case(shape, dtype, device="cuda") -> Case:
     rows, cols, k = shape
 
     def make(gen):
-        x = torch.randn((rows, cols), generator=gen, dtype=torch.float32) * 2.0
-        return x.to(device=device, dtype=dtype), k
+        x = torch.randn((rows, cols), generator=harness.device_generator(gen, device), device=device) * 2.0
+        return x.to(dtype), k
 
     def reference(inputs):
         return torch.topk(torch.softmax(inputs[0].double(), -1), k).values

@@ -146,8 +146,9 @@ def summary_markdown(cells: list[dict]) -> str:
                                                  if direction == "backward" else ""))
         compiled = _geomean(c['vs_compile'] for c in sel)
         # (--impls without torch.compile: no column to average or count against)
-        compile_text, below_compile_text = ((f"{compiled:.2f}x torch.compile", f", {len(below_compile)} below 0.9x torch.compile")
-                                            if compiled == compiled else ("torch.compile not run", ""))
+        compile_text, below_compile_text = (
+            (f"{compiled:.2f}x torch.compile", f", {len(below_compile)} below 0.9x torch.compile")
+            if compiled == compiled else ("torch.compile not run", ""))
         lines.append(f"- {direction}: {len(sel)} cells; geometric mean {_geomean(c['vs_torch'] for c in sel):.2f}x "
                      f"torch eager, {compile_text}, {graph_text}; "
                      f"{len(below)} cells below 1.0x torch eager{below_compile_text}")

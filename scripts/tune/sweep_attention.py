@@ -253,12 +253,14 @@ def rel(a, b):
 
 def forced(**configs):
     """override_plan's tables for one candidate: each named kernel's table replaced by one row that
-    covers every head dim, no rows of its own for any head dim, and no short-sequence rows."""
+    covers every head dim, no rows of its own for any head dim (for the forward, none for pointer
+    loads either: ATTENTION_FORWARD_POINTER_CONFIGS), and no short-sequence rows."""
     return dict(ATTENTION_CONFIGS=dict(plan.ATTENTION_CONFIGS, **{
         kernel: ((1 << 30, config, config),) for kernel, config in configs.items()}),
         ATTENTION_HEAD_DIM_CONFIGS={kernel: rows for kernel, rows in plan.ATTENTION_HEAD_DIM_CONFIGS.items()
                                     if kernel not in configs},
-        ATTENTION_SHORT_CONFIGS=dict.fromkeys(plan.ATTENTION_SHORT_CONFIGS, ()))
+        ATTENTION_SHORT_CONFIGS=dict.fromkeys(plan.ATTENTION_SHORT_CONFIGS, ()),
+        **({"ATTENTION_FORWARD_POINTER_CONFIGS": {}} if "forward" in configs else {}))
 
 
 def padding(variant):
@@ -280,8 +282,7 @@ def backward_split(variant=None):
 
 
 def forced_forward(config, loads, variant=None):
-    # ATTENTION_FORWARD_POINTER_CONFIGS emptied: its row would replace a pointer candidate's config.
-    return dict(forced(forward=config), ATTENTION_FORWARD_POINTER_CONFIGS={},
+    return dict(forced(forward=config),
                 ATTENTION_USE_DESCRIPTOR=dict(plan.ATTENTION_USE_DESCRIPTOR, forward=loads == "descriptor"),
                 ATTENTION_FORWARD_ROW_DESCRIPTORS=(64, 128, 256) if loads in ("rows", "ws") else (),
                 ATTENTION_FORWARD_WARP_SPECIALIZED={d: (config, config) for d in (64, 128, 256)} if loads == "ws" else {},

@@ -48,7 +48,7 @@ def tile_variants(tiles, warps_scales):
     """Short rows: rows packed per program (the tile, both directions) and warps per tile."""
     def variants():
         for tile, warps_scale in itertools.product(tiles, warps_scales):
-            yield dict(ROW_TILE_ELEMENTS={"forward": tile, "backward": tile},
+            yield dict(ROW_TILE_ELEMENTS={"forward": tile, "backward": tile}, ROW_TILE_MANY_ROWS_PER_SM=1 << 62,
                        WARPS_BY_TILE_ELEMENTS=scaled_warps(warps_scale))
     return variants
 
@@ -58,12 +58,20 @@ def tile_variants(tiles, warps_scales):
 on_chip_grid_variants = tile_variants((1024, 2048, 4096), (0.5, 1))
 # Rows of about a hundred elements.
 short_row_variants = tile_variants((256, 512, 1024), (0.5, 1, 2))
+# Rows of 257-512 elements (one a program on one warp at the forward's tile of 512).
+mid_row_variants = tile_variants((512, 1024, 2048), (1, 2, 4))
 
 
 def forward_tile_variants():
     # The forward's tile alone, at the warps table: the plan's and the one before it.
     for tile in (512, 1024):
-        yield dict(ROW_TILE_ELEMENTS={"forward": tile, "backward": plan.ROW_TILE_ELEMENTS["backward"]})
+        yield dict(ROW_TILE_ELEMENTS={"forward": tile, "backward": plan.ROW_TILE_ELEMENTS["backward"]},
+                   ROW_TILE_MANY_ROWS_PER_SM=1 << 62)
+
+
+def many_rows_variants():
+    # The forward's larger tile from many rows an SM off (the tile of 512 at every row count).
+    yield dict(ROW_TILE_MANY_ROWS_PER_SM=1 << 62)
 
 
 def split_on_chip_variants():
@@ -116,6 +124,14 @@ CASES = [
     (torch.float32, 1536, 101, "row_on_chip", short_row_variants),
     (torch.bfloat16, 138, 125, "row_on_chip", short_row_variants),
     (torch.bfloat16, 8192, 101, "row_on_chip", short_row_variants),
+    # Rows of 257-512 elements: bf16 log_softmax 8583 x 288 and 43 x 147 ran at 0.87x and 0.93x torch under
+    # CUDA graphs in the H200's random-shape sweep (docs/perf-h200.md).
+    *((dtype, rows, cols, "row_on_chip", mid_row_variants) for dtype in (torch.bfloat16, torch.float32)
+      for rows, cols in ((8583, 288), (43, 147), (2048, 300), (16384, 384), (4096, 500), (600, 400))),
+    # The larger tile from 64 rows an SM, against the tile of 512, where it changes the rows a program.
+    *((dtype, rows, cols, "row_on_chip", many_rows_variants) for dtype in (torch.bfloat16, torch.float32)
+      for rows, cols in ((65536, 256), (16384, 128), (65536, 64), (16384, 101), (32768, 200), (8448, 300),
+                         (100000, 480))),
     # The forward's tile 1024 -> 512 checked where it changes the rows a program (up to 256 elements).
     *((dtype, rows, cols, "row_on_chip", forward_tile_variants) for dtype in (torch.bfloat16, torch.float32)
       for rows, cols in ((65536, 256), (16384, 128), (1024, 256), (4096, 64), (2048, 300), (1536, 101),

@@ -69,6 +69,18 @@ def forward_tile_variants():
                    ROW_TILE_MANY_ROWS_PER_SM=1 << 62)
 
 
+def spread_variants():
+    # The forward's rows a program capped to leave each SM this many programs (the plan: 1).
+    for programs in (2, 4, 8, 16):
+        yield dict(ROW_TILE_SPREAD_PROGRAMS_PER_SM=programs)
+
+
+def many_rows_threshold_variants():
+    # Rows of 257-512 elements two a program from this many rows an SM (2**62: never).
+    for per_sm in (16, 32, 1 << 62):
+        yield dict(ROW_TILE_MANY_ROWS_PER_SM=per_sm)
+
+
 def many_rows_variants():
     # The forward's larger tile from many rows an SM off (the tile of 512 at every row count).
     yield dict(ROW_TILE_MANY_ROWS_PER_SM=1 << 62)
@@ -128,7 +140,18 @@ CASES = [
     # CUDA graphs in the H200's random-shape sweep (docs/perf-h200.md).
     *((dtype, rows, cols, "row_on_chip", mid_row_variants) for dtype in (torch.bfloat16, torch.float32)
       for rows, cols in ((8583, 288), (43, 147), (2048, 300), (16384, 384), (4096, 500), (600, 400))),
-    # The larger tile from 64 rows an SM, against the tile of 512, where it changes the rows a program.
+    # The H200's random-shape sweeps (seeds 2811-2813): fp16 1207 x 143 at 0.75-0.83x torch and fp32
+    # 7230 x 273 at 0.92x under CUDA graphs.
+    *((dtype, 1207, 143, "row_on_chip", short_row_variants) for dtype in (torch.float16, torch.bfloat16, torch.float32)),
+    *((dtype, rows, cols, "row_on_chip", mid_row_variants) for dtype in (torch.float32, torch.bfloat16)
+      for rows, cols in ((7230, 273), (6000, 400), (5000, 300))),
+    *((dtype, rows, cols, "row_on_chip", spread_variants) for dtype in (torch.bfloat16, torch.float32)
+      for rows, cols in ((1207, 143), (1536, 101), (1024, 256), (2048, 200), (4096, 64), (3000, 150), (8192, 101),
+                         (600, 200), (2500, 120))),
+    *((dtype, rows, cols, "row_on_chip", many_rows_threshold_variants) for dtype in (torch.bfloat16, torch.float32)
+      for rows, cols in ((7230, 273), (5000, 300), (4096, 500), (6000, 400), (2048, 300), (3000, 450))),
+    # A first form of the rule for many rows (a tile of 1024 from 64 rows an SM at every row length),
+    # against the tile of 512, where it changes the rows a program.
     *((dtype, rows, cols, "row_on_chip", many_rows_variants) for dtype in (torch.bfloat16, torch.float32)
       for rows, cols in ((65536, 256), (16384, 128), (65536, 64), (16384, 101), (32768, 200), (8448, 300),
                          (100000, 480))),

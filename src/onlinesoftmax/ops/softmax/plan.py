@@ -161,19 +161,19 @@ ROW_TILE_SPREAD_OVER_SMS = True
 # (1207 x 143 on the H200: 220 -> 287 GB/s, fp32 429 -> 571; torch 280, 556) and others slower
 # (bf16 4096 x 64 500 -> 386, 2048 x 200 700 -> 578 at 8; tune_softmax-spread-h200.json).
 ROW_TILE_SPREAD_PROGRAMS_PER_SM = 1
-# ... and rows it holds one a program (257-512 elements) go two a program on two warps, not one on
-# one, from this many rows an SM: more than one wave of one-warp programs (Hopper runs at most 32
-# programs an SM, which fill half its warps at one warp each). CUDA graphs on the H200, GB/s,
-# softmax / log_softmax (torch), one -> two rows a program (scripts/tune/tune_softmax.py --strategy
-# row_on_chip [--log], docs/notes/2026-11/tune_softmax-mid_rows-h200.json and
+# ... and rows the forward's tile holds one a program (257-512 elements) go two a program on two
+# warps, not one on one, from this many rows an SM: more than one wave of one-warp programs (Hopper
+# runs at most 32 programs an SM, which fill half its warps at one warp each). CUDA graphs on the
+# H200, GB/s, softmax / log_softmax (torch), one -> two rows a program (scripts/tune/tune_softmax.py
+# --strategy row_on_chip [--log], docs/notes/2026-11/tune_softmax-mid_rows-h200.json and
 # tune_softmax-spread-h200.json): bf16 8583 x 288 1417 -> 1809 (1265) / 1408 -> 1742 (1573), 16384 x
 # 384 2127 -> 2986 (1869) / 2127 -> 2853 (2407), 7230 x 273 1209 -> 1375 (1192) / 1213 -> 1319
 # (1349); fp32 8583 x 288 2709 -> 3265 (2694) / 2740 -> 3264 (3063), 7230 x 273 2358 -> 2557 (2532)
-# / 2392 -> 2471 (2607), 5000 x 300 2455 -> 2602 (2223) / 2471 -> 2570 (2664). At 16 rows an SM
-# fp32 lost (4096 x 500 3143 -> 3024, 3000 x 450 2579 -> 2482) and bf16 gained (4096 x 500 1893 ->
-# 2068); at fewer, one a program was as fast or faster (fp32 2048 x 300 1647 against 1547, bf16 600
-# x 400 427 against 387). Shorter rows keep the tile of 512 at any count: a tile of 1024 made fp32
-# 16384 x 101 2760 -> 2121 (2395), 32768 x 200 3788 -> 3137 (3347) (tune_softmax-many_rows-h200.json).
+# / 2392 -> 2471 (2607), 5000 x 300 2455 -> 2602 (2223) / 2471 -> 2570 (2664). At 16 rows an SM fp32
+# lost (4096 x 500 3143 -> 3024, 3000 x 450 2579 -> 2482) and bf16 gained (4096 x 500 1893 -> 2068);
+# at fewer, one a program was as fast or faster (fp32 2048 x 300 1647 against 1547, bf16 600 x 400
+# 427 against 387). Shorter rows keep the tile of 512 at any count: a tile of 1024 made fp32 16384 x
+# 101 2760 -> 2121 (2395), 32768 x 200 3788 -> 3137 (3347) (tune_softmax-many_rows-h200.json).
 ROW_TILE_MANY_ROWS_PER_SM = 32
 ROW_TILE_MANY_ROWS_ELEMENTS = 1024
 # (tile elements up to, num_warps): about 16 elements a thread, four 16-byte loads of fp32.

@@ -6,31 +6,17 @@ A small eager softmax runs torch's kernel through the route (ops/softmax/op.py, 
 so such a call costs torch's own call plus what the route adds. This times, on CUDA tensors, torch's
 call, the public call, a bare Python function around torch's call (what any Python wrapper adds at
 least), and the route's pieces alone: the signature key, the lookup, the check that the host
-decides (not compiling, not capturing) and the plan record. Median of 5 runs of 20000 calls, µs;
-the calls queue on the GPU faster than it runs them, so each is the host's time.
+decides (not compiling, not capturing) and the plan record. µs a call, timed as ``bench host``
+times (host_suite.host_us); the calls queue on the GPU faster than it runs them, so each is the
+host's time. (The recorded run, docs/notes/2026-11/probe_route_host-h200.log, timed with a copy of
+that loop: 5 runs of 20000 calls, the garbage collector not held off.)
 """
-import statistics
-import time
-
 import torch
 
 import onlinesoftmax
+from onlinesoftmax.bench.host_suite import host_us
 from onlinesoftmax.ops.softmax import op as softmax_op
 from onlinesoftmax.ops.softmax import plan
-
-
-def us(fn, calls=20000):
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
 
 
 def wrapper(x, dim=-1):
@@ -58,7 +44,7 @@ def main():
     ]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16 26 x 411 softmax")
     for name, fn in rows:
-        print(f"  {name:42s} {us(fn):6.2f} us")
+        print(f"  {name:42s} {host_us(fn):6.2f} us")
 
 
 if __name__ == "__main__":

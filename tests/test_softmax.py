@@ -1010,6 +1010,62 @@ def test_row_on_chip_head_and_tail(op, cols, dtype, plan_override, gen):
     assert_matches(lse, torch.logsumexp(x.detach().double(), -1), dtype, "logsumexp head + tail")
 
 
+def test_short_half_empty_rows_take_a_head_and_tail():
+    # Forward rows a little past a power of two of up to 4096 elements take a head and a tail
+    # (ROW_ON_CHIP_SHORT_TAIL_*): one row a program below 16 rows an SM, the width's packing up to 32,
+    # then four rows of 256 (eight of 128) on one warp; fp32 only up to a head of 128; tails of at
+    # most 64 (fp32 32), and of a quarter of the head where the rows are few; not the backward, not logsumexp,
+    # not rows whose tail would be as wide as the head.
+    cuda = torch.device("cuda")
+    def launch(op, rows, cols, dtype=torch.bfloat16):
+        c = plan.choose(op, rows, cols, dtype, cuda, sms=132, interpreting=False)
+        return c.strategy, c.block_cols, c.tail_cols, c.rows_per_program, c.num_warps
+    assert launch("softmax", 1207, 143) == ("row_on_chip", 128, 16, 1, 1)
+    assert launch("log_softmax", 2111, 143)[3] == 1
+    assert launch("log_softmax", 2112, 143, torch.float32) == ("row_on_chip", 128, 16, 2, 1)  # 16 rows an SM
+    assert launch("softmax", 4223, 150)[3] == 2
+    assert launch("softmax", 4224, 150) == ("row_on_chip", 128, 32, 4, 1)  # 32 rows an SM
+    assert launch("softmax", 20000, 70, torch.float32) == ("row_on_chip", 64, 16, 8, 1)
+    assert launch("log_softmax", 7230, 273) == ("row_on_chip", 256, 32, 2, 2)  # the many-rows rule as without a tail
+    assert launch("log_softmax", 7230, 273, torch.float32) == ("row_on_chip", 512, 0, 2, 2)
+    assert launch("softmax", 2048, 1100)[2] == 0  # a head of 1024
+    assert launch("softmax", 8192, 193)[2] == 0  # a tail of 128 would be no narrower than the tile
+    assert launch("softmax", 8192, 192)[1:3] == (128, 64)
+    assert launch("softmax", 8192, 200)[2] == 0  # 78% of its tile
+    assert launch("softmax", 16384, 350)[1:3] == (512, 0)  # a tail of 128
+    assert launch("softmax", 16384, 320)[1:3] == (256, 64)
+    assert launch("softmax", 1207, 180) == ("row_on_chip", 256, 0, 2, 1)  # few rows: a tail of 64 is too wide
+    assert launch("softmax", 2112, 180)[1:4] == (128, 64, 2)
+    assert launch("softmax", 6000, 180, torch.float32)[1:3] == (256, 0)  # fp32: tails of at most 32
+    assert launch("logsumexp", 1207, 143)[2] == 0
+    assert launch("softmax_backward", 1207, 143)[2] == 0
+    assert launch("softmax", 4096, 64)[2] == 0  # a power of two
+    assert launch("softmax", 4096, 4097)[1:] == (4096, 16, 1, plan.ROW_ON_CHIP_TAIL_WARPS)  # the long rows' rule
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("rows_per_program", [1, 4])
+def test_short_rows_head_and_tail(op, rows_per_program, dtype, plan_override, gen):
+    # The short rows' head (32) and tail (16), forced at one and at four rows a program (the last
+    # program ragged), on a strided view with -inf, an all -inf row and NaN in the tail.
+    plan_override(ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL={4: 1.0, 2: 1.0}, ROW_ON_CHIP_SHORT_TAIL_MIN_COLS=16,
+                  ROW_ON_CHIP_SHORT_TAIL_SPREAD_ROWS_PER_SM=0 if rows_per_program > 1 else 1 << 20,
+                  ROW_ON_CHIP_SHORT_TAIL_FEW_ROWS_MAX_TAIL_SHARE=1.0,
+                  ROW_TILE_ELEMENTS={"forward": 64 * rows_per_program, "backward": 4096}, ROW_TILE_SPREAD_OVER_SMS=False)
+    ours, ref = OPS[op]
+    x = layout(make_logits((7, 3, 41), dtype, gen, scale=2.0, outliers=False), "sliced", -1)
+    x[0, 0, 39] = float("-inf")
+    x[1, 1] = float("-inf")
+    x[2, 2, 40] = float("nan")
+    x[4, 1, 40] = 60.0  # the maximum in the tail
+    out = ours(x, -1, strategy="row_on_chip", temperature=0.7)
+    chosen = plan.last_plan()
+    assert (chosen.block_cols, chosen.tail_cols, chosen.rows_per_program) == (32, 16, rows_per_program)
+    assert_matches(out, ref(x.double() / 0.7, -1), dtype, f"{op} short head + tail")
+
+
 # Compiles two row_on_chip launches for sm_90 without a GPU (scripts/probes/kernel_resources.py):
 # the backward of rows held as a 32-column head and a 16-column tail, and logsumexp over bf16 rows
 # of 8604 elements (every row on an 8-byte boundary, none on a 16-byte one).

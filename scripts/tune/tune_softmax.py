@@ -2,7 +2,7 @@
 is in doubt, under alternative values of the tables (onlinesoftmax.override_plan), in one process.
 
     python scripts/tune/tune_softmax.py [--out tune.json] [--strategy split_row_on_chip] [--backward] [--log]
-        [--shapes 4096x4096]
+        [--shapes 4096x4096] [--variants short_tail]
 
 Each line is one shape and one constant set; GB/s counts x read once and y written once (backward:
 y and dy read, dx written). Times are
@@ -86,6 +86,27 @@ def many_rows_variants():
     yield dict(ROW_TILE_MANY_ROWS_PER_SM=1 << 62)
 
 
+def short_tail_variants():
+    # Forward rows of up to 4096 elements under 76% of their power-of-two tile held as a head and a
+    # tail (the plan: never), at the table's warps and at twice them.
+    for warps_scale in (1, 2):
+        yield dict(ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL={4: 0.76, 2: 0.76},
+                   WARPS_BY_TILE_ELEMENTS=scaled_warps(warps_scale))
+
+
+def short_row_grid_variants():
+    # Rows of 129-255 elements: rows a program (the tile over 256), warps a program (one count for
+    # every tile) and the head and tail, crossed.
+    for tile, warps, fill in itertools.product((256, 512, 1024, 2048), (1, 2, 4), (0.0, 0.76)):
+        yield dict(ROW_TILE_ELEMENTS={"forward": tile, "backward": plan.ROW_TILE_ELEMENTS["backward"]},
+                   WARPS_BY_TILE_ELEMENTS=((1 << 20, warps),), ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL={4: fill, 2: fill})
+
+
+def short_tail_off_variants():
+    # The plan before short rows took a head and a tail (ROW_ON_CHIP_SHORT_TAIL_*).
+    yield dict(ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL={4: 0.0, 2: 0.0})
+
+
 def split_on_chip_variants():
     for tile_bytes, warp_bytes in itertools.product((8192, 16384, 32768), (1024, 2048, 4096)):
         yield dict(SPLIT_ON_CHIP_TILE_BYTES={"forward": tile_bytes, "backward": tile_bytes},
@@ -159,6 +180,25 @@ CASES = [
     *((dtype, rows, cols, "row_on_chip", forward_tile_variants) for dtype in (torch.bfloat16, torch.float32)
       for rows, cols in ((65536, 256), (16384, 128), (1024, 256), (4096, 64), (2048, 300), (1536, 101),
                          (8192, 101), (256, 200))),
+    # Rows just past a power of two (a quarter of the tile or more idle): fp16 1207 x 143 at
+    # 0.75-0.83x torch under CUDA graphs in the H200's fp16 sweep (seed 2811), bf16 3000 x 150 0.78x
+    # in tuning, log_softmax 7230 x 273 0.96x.
+    *((dtype, rows, cols, "row_on_chip", short_tail_variants)
+      for dtype in (torch.float16, torch.bfloat16, torch.float32)
+      for rows, cols in ((1207, 143), (3000, 150), (43, 147), (2500, 130), (8192, 160), (600, 150), (16384, 136),
+                         (4096, 70), (20000, 180), (7230, 273), (5000, 300), (8583, 288), (2048, 1100), (4096, 600),
+                         (1024, 2100), (512, 3000))),
+    # log_softmax over rows of 136-180 elements at 8192-20000 rows: 0.87-0.92x torch under CUDA graphs
+    # (tune_softmax-short_tail-h200.json); the rows of a program, its warps and the tail crossed.
+    *((dtype, rows, cols, "row_on_chip", short_row_grid_variants) for dtype, rows, cols in (
+        (torch.float16, 8192, 160), (torch.float32, 8192, 160), (torch.bfloat16, 16384, 136),
+        (torch.float32, 20000, 180), (torch.bfloat16, 3000, 150), (torch.float32, 1207, 143),
+        (torch.bfloat16, 600, 150), (torch.float16, 5000, 140))),
+    # The plan's short heads and tails against the plan before them, across row counts and lengths.
+    *((dtype, rows, cols, "row_on_chip", short_tail_off_variants)
+      for dtype in (torch.bfloat16, torch.float32, torch.float16)
+      for rows in (600, 1207, 3000, 6000, 16384, 50000) for cols in (70, 143, 180, 273, 350)
+      if dtype != torch.float16 or rows in (1207, 16384)),
 ]
 
 
@@ -182,6 +222,7 @@ def main():
     parser.add_argument("--backward", action="store_true", help="time softmax backward instead")
     parser.add_argument("--log", action="store_true", help="log_softmax (forward or backward) instead of softmax")
     parser.add_argument("--shapes", default=None, help="only these ROWSxCOLS, comma-separated")
+    parser.add_argument("--variants", default=None, help="only the cases of this variants function (short_tail)")
     args = parser.parse_args()
     copy = copy_bandwidth_gbs()
     print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
@@ -190,6 +231,8 @@ def main():
         if args.strategy and strategy != args.strategy:
             continue
         if args.shapes and f"{rows}x{cols}" not in args.shapes.split(","):
+            continue
+        if args.variants and getattr(variants, "__name__", "") != f"{args.variants}_variants":
             continue
         nbytes = (3 if args.backward else 2) * rows * cols * dtype.itemsize
         count = rotation_count(nbytes)

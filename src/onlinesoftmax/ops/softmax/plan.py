@@ -127,6 +127,38 @@ ROW_ON_CHIP_TAIL_WARPS = 8
 # -> 0.0235, fp32 4096 x 4097 0.0618 -> 0.0458; rows fuller than the table's 55% were mixed (bf16
 # 8192 x 5000, 61%: 0.0753 -> 0.0521; 4096 x 6001, 73%: 0.0611 -> 0.0695) and keep their plan.
 ROW_ON_CHIP_TAIL_LOGSUMEXP = True
+# Shorter rows, softmax and log_softmax forward: rows of ROW_ON_CHIP_SHORT_TAIL_MIN_COLS to
+# ROW_ON_CHIP_TAIL_MIN_COLS elements that fill less than ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL of their
+# power-of-two tile (the width) take a head and a tail too, up to a head of
+# ROW_ON_CHIP_SHORT_TAIL_MAX_HEAD and a tail of ROW_ON_CHIP_SHORT_TAIL_MAX_TAIL (by element size).
+# They pack as the width would, except: below ROW_ON_CHIP_SHORT_TAIL_SPREAD_ROWS_PER_SM rows an SM,
+# one row a program (and no tail wider than ROW_ON_CHIP_SHORT_TAIL_FEW_ROWS_MAX_TAIL_SHARE of the
+# head: such rows keep the plan without); rows narrower than the forward's tile, from
+# ROW_TILE_MANY_ROWS_PER_SM rows an SM, ROW_TILE_MANY_ROWS_ELEMENTS // width rows a program on
+# ROW_ON_CHIP_SHORT_TAIL_MANY_ROWS_WARPS warps. H200, CUDA graphs, ratio to torch's kernel,
+# softmax / log_softmax, plan before -> with them (scripts/tune/tune_softmax.py --variants
+# short_tail_off [--log]: docs/notes/2026-11/tune_softmax-short_tail_off-h200.json; the tables'
+# choices from tune_softmax-short_tail-h200.json and tune_softmax-short_row_grid-h200.json): fp32
+# 1207 x 143 0.77 / 0.70 -> 1.07 / 0.98, bf16 600 x 70 0.81 / 0.76 -> 1.20 / 1.05, 3000 x 143 0.85 /
+# 0.76 -> 1.02 / 0.90 (two rows a program), 16384 x 143 0.94 / 0.83 -> 1.32 / 1.16, 50000 x 180 1.12
+# / 0.91 -> 1.69 / 1.33 (four a program, one warp), 6000 x 273 1.30 / 1.07 -> 1.44 / 1.21; over the
+# 70 shapes softmax 1.15x and log_softmax 1.15x the plan before (geometric means), behind torch at
+# 1 and 19 of them in that run (before: 21 and 35). Not taken where they measured slower (that run,
+# its first form's tune_softmax-short_tail_off-first-h200.json, the tables' runs): bf16 16384 x 350 (a
+# tail of 128) 1.45 / 1.10 -> 1.19 / 0.95, 1207 x 180 at one row a program 1.16 / 1.01 -> 1.12 /
+# 0.98, fp32 6000 x 180 1.11 / 1.00 -> 1.07 / 0.95, fp32 8583 x 288 (a head of 256) 1.18 / 1.06 ->
+# 1.01 / 0.88, rows of 512 and more (fp16 2048 x 1100 2.06 / 1.51 -> 1.86 / 1.37), and two fp32 rows
+# a program at many rows (8192 x 160 1.02 -> 0.90; four: 1.05). logsumexp keeps its plan: its
+# head-and-tail launch of two rows of 256 + 32 on two warps put three rows' results on other rows
+# (H200, 7230 x 273, fp32 and bf16; one warp, or 128 + 32 on two, were right:
+# docs/notes/2026-11/check_short_tail-h200.log).
+ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL = {4: 0.76, 2: 0.76}
+ROW_ON_CHIP_SHORT_TAIL_MIN_COLS = 64
+ROW_ON_CHIP_SHORT_TAIL_MAX_HEAD = {4: 128, 2: 256}
+ROW_ON_CHIP_SHORT_TAIL_MAX_TAIL = {4: 32, 2: 64}
+ROW_ON_CHIP_SHORT_TAIL_FEW_ROWS_MAX_TAIL_SHARE = 0.25
+ROW_ON_CHIP_SHORT_TAIL_SPREAD_ROWS_PER_SM = 16
+ROW_ON_CHIP_SHORT_TAIL_MANY_ROWS_WARPS = 1
 # bf16 rows at least this long wait in registers at 16 bits (widened for each use): half the registers, 2 programs an SM.
 ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 # A held row takes at most 16 warps: 64 registers a thread, 2 programs an SM, half the warps in each cross-warp reduction.
@@ -381,8 +413,16 @@ def _tailed_tile(op: str, cols: int, elem: int, misaligned_rows: bool) -> tuple[
     backward = op in BACKWARD_OPS
     direction = "backward" if backward else "forward"
     head = next_power_of_2(cols) // 2
+    if op == "logsumexp" and not ROW_ON_CHIP_TAIL_LOGSUMEXP:
+        return 0, 0
+    if cols <= ROW_ON_CHIP_TAIL_MIN_COLS:
+        if (backward or op == "logsumexp" or head > ROW_ON_CHIP_SHORT_TAIL_MAX_HEAD[elem]
+                or not _half_empty_tile(cols, ROW_ON_CHIP_SHORT_TAIL_MIN_COLS, ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL[elem])):
+            return 0, 0
+        tail = max(ROW_ON_CHIP_MIN_TAIL, next_power_of_2(cols - head))
+        return (head, tail) if tail < head and tail <= ROW_ON_CHIP_SHORT_TAIL_MAX_TAIL[elem] else (0, 0)
     fill = ROW_ON_CHIP_TAIL_BELOW_FILL[direction][elem]
-    if ((op == "logsumexp" and not ROW_ON_CHIP_TAIL_LOGSUMEXP) or not _half_empty_tile(cols, ROW_ON_CHIP_TAIL_MIN_COLS, fill)
+    if (not _half_empty_tile(cols, ROW_ON_CHIP_TAIL_MIN_COLS, fill)
             or head > ROW_ON_CHIP_TAIL_MAX_HEAD[direction][elem]
             or (misaligned_rows and head > ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD[direction][elem])):
         return 0, 0
@@ -561,15 +601,28 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         # At least 2: 16-bit tiles are widened two values a register (_triton.widen_opaque).
         block, tail = _tailed_tile(op, cols, elem, misaligned_rows)
         block = block or max(2, next_power_of_2(cols))
+        # A short row's head and tail pack as its power-of-two tile would (ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL).
+        short_tail = tail and cols <= ROW_ON_CHIP_TAIL_MIN_COLS
+        few_rows = rows < ROW_ON_CHIP_SHORT_TAIL_SPREAD_ROWS_PER_SM * sms
+        if short_tail and few_rows and tail > block * ROW_ON_CHIP_SHORT_TAIL_FEW_ROWS_MAX_TAIL_SHARE:
+            block, tail, short_tail = 2 * block, 0, False
+        width = 2 * block if short_tail else block
         tile = ROW_TILE_ELEMENTS["backward" if backward else "forward"]
-        rows_per_program = min(max(1, tile // block), next_power_of_2(rows))
-        if (not backward and rows_per_program == 1 and block < ROW_TILE_MANY_ROWS_ELEMENTS
-                and rows >= ROW_TILE_MANY_ROWS_PER_SM * sms):
-            rows_per_program = ROW_TILE_MANY_ROWS_ELEMENTS // block
+        rows_per_program = min(max(1, tile // width), next_power_of_2(rows))
+        many_rows = not backward and rows >= ROW_TILE_MANY_ROWS_PER_SM * sms and width < ROW_TILE_MANY_ROWS_ELEMENTS
+        warps = 0
+        if short_tail and few_rows:
+            rows_per_program = 1
+        elif short_tail and many_rows and width < tile:
+            rows_per_program, warps = ROW_TILE_MANY_ROWS_ELEMENTS // width, ROW_ON_CHIP_SHORT_TAIL_MANY_ROWS_WARPS
+        elif many_rows and rows_per_program == 1:
+            rows_per_program = ROW_TILE_MANY_ROWS_ELEMENTS // width
         if ROW_TILE_SPREAD_OVER_SMS and not backward:
             rows_per_program = min(rows_per_program,
                                    1 << max(0, (rows // (ROW_TILE_SPREAD_PROGRAMS_PER_SM * sms)).bit_length() - 1))
-        warps = ROW_ON_CHIP_TAIL_WARPS if tail else _warps_for_tile(block * rows_per_program)
+        if tail and not short_tail:
+            warps = ROW_ON_CHIP_TAIL_WARPS
+        warps = warps or _warps_for_tile(width * rows_per_program)
         hold_input = not tail and not backward and block >= ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, block + 1)
         if hold_input:
             warps = min(warps, ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS)

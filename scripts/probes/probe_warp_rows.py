@@ -1,20 +1,26 @@
-"""A warp-per-row layout for short rows, timed beside torch's kernel and ours (GPU).
+"""Warp-per-row layouts for short rows, timed beside torch's kernel and ours (GPU).
 
-    python scripts/probes/probe_warp_rows.py [--shapes fp32:3000x273,...]
+    python scripts/probes/probe_warp_rows.py [--shapes fp32:3000x273,...] [--kernels rows_first,chunks_first]
 
 torch's log_softmax over rows of up to 1024 elements gives each row one warp and puts four warps
 in a block; ours (row_on_chip) holds a [rows, width] tile, on which Triton's layout spreads a row
 across the warps of a program where there are several (a reduction through shared memory), so the
 plan gives short rows one-warp programs: as many warps as torch, four times the programs
-(docs/notes/2026-11/ncu_short_rows-h200.txt). This probe's kernel holds a [chunks, rows, 32] tile
-(element (c, r, l) is column 32 c + l of row r), meant to leave Triton's layout nowhere to put warps
-but the rows: one row a warp, several warps a program. It prints the layout Triton chose (on the
-H200 with Triton 3.6: warps on the chunks, warpsPerCTA = [4, 1, 1], order [2, 0, 1], so rows were
-split across warps after all: docs/notes/2026-11/probe_warp_rows-h200.log). Contiguous rows only;
-CUDA-graph replays over rotated inputs, µs a call; its output is checked against torch's.
+(docs/notes/2026-11/ncu_short_rows-h200.txt). Two tiles meant to leave Triton's layout nowhere to
+put warps but the rows, element (., ., l) of chunk c being column 32 c + l:
+
+- chunks_first, a [chunks, rows, 32] tile: on the H200 with Triton 3.6 its warps went on the
+  chunks (warpsPerCTA = [4, 1, 1], order [2, 0, 1]), splitting rows after all, 0.38-1.12x torch
+  (docs/notes/2026-11/probe_warp_rows-h200.log);
+- rows_first, a [rows, chunks, 32] tile: compiled for sm_90 (no GPU), warpsPerCTA = [4, 1, 1] on
+  the rows, with no layout conversion and no shared memory: one row a warp. Not timed yet.
+
+The script prints each kernel's layouts. Contiguous rows only; CUDA-graph replays over rotated
+inputs, µs a call; each output is checked against torch's.
 """
 
 import argparse
+import itertools
 
 import torch
 import triton
@@ -30,7 +36,27 @@ CONFIGS = ((1, 1), (2, 2), (4, 4), (8, 8), (8, 4), (16, 8))  # (rows a program, 
 
 
 @triton.jit
-def warp_rows_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, CHUNKS: tl.constexpr, ROWS: tl.constexpr,
+def rows_first_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, CHUNKS: tl.constexpr, ROWS: tl.constexpr,
+                      LOG: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None, None]
+    c = tl.arange(0, CHUNKS)[None, :, None]
+    lane = tl.arange(0, 32)[None, None, :]
+    col = c * 32 + lane
+    mask = (r < n_rows) & (col < n_cols)
+    offsets = r.to(tl.int64) * stride + col
+    x = tl.load(x_ptr + offsets, mask=mask, other=float("-inf")).to(tl.float32)
+    m = tl.max(tl.max(x, 2), 1)[:, None, None]
+    e = tl.exp(x - m)
+    d = tl.sum(tl.sum(e, 2), 1)[:, None, None]
+    if LOG:
+        y = (x - m) - tl.log(d)
+    else:
+        y = e * (1.0 / d)
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def chunks_first_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, CHUNKS: tl.constexpr, ROWS: tl.constexpr,
                      LOG: tl.constexpr):
     c = tl.arange(0, CHUNKS)[:, None, None]
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[None, :, None]
@@ -49,31 +75,37 @@ def warp_rows_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, CHUNKS: tl.constexpr,
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def warp_rows(x, log, rows_per_program, warps, compiled=None):
+KERNELS = {"rows_first": rows_first_kernel, "chunks_first": chunks_first_kernel}
+
+
+def warp_rows(kernel, x, log, rows_per_program, warps, compiled=None):
     y = torch.empty_like(x)
     chunks = triton.next_power_of_2(triton.cdiv(x.shape[1], 32))
-    kernel = warp_rows_kernel[(triton.cdiv(x.shape[0], rows_per_program),)](
+    handle = KERNELS[kernel][(triton.cdiv(x.shape[0], rows_per_program),)](
         x, y, x.shape[0], x.shape[1], x.stride(0), CHUNKS=chunks, ROWS=rows_per_program, LOG=log, num_warps=warps)
     if compiled is not None:
-        compiled.append(kernel)
+        compiled.append(handle)
     return y
 
 
-def print_layouts(x):
-    """The blocked layouts Triton chose for four rows on four warps (the rows across the warps?)."""
+def print_layouts(kernel, x):
+    """The blocked layouts Triton chose for four rows on four warps (a row a warp, or rows split?)."""
     compiled = []
-    warp_rows(x, True, 4, 4, compiled)
+    warp_rows(kernel, x, True, 4, 4, compiled)
     for line in compiled[0].asm["ttgir"].splitlines():
-        if line.startswith("#blocked") or line.startswith("#ttg.blocked") or "blocked<" in line[:60]:
-            print("  layout:", line.strip(), flush=True)
+        if "ttg.blocked<" in line:
+            print(f"  {kernel} layout:", line.strip(), flush=True)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--kernels", default="rows_first,chunks_first")
     args = parser.parse_args()
+    kernels = args.kernels.split(",")
     torch.manual_seed(0)
-    print_layouts(torch.randn(64, 143, device="cuda"))
+    for kernel in kernels:
+        print_layouts(kernel, torch.randn(64, 143, device="cuda"))
     for spec in args.shapes.split(","):
         name, shape = spec.split(":")
         rows, cols = (int(v) for v in shape.split("x"))
@@ -86,11 +118,11 @@ def main():
             ours_fn = onlinesoftmax.log_softmax if log else onlinesoftmax.softmax
             times = {"torch": graph_time_ms(lambda t: ref_fn(t, -1), sets),
                      "ours": graph_time_ms(lambda t: ours_fn(t, -1, strategy="row_on_chip"), sets)}
-            for rpp, warps in CONFIGS:
+            for kernel, (rpp, warps) in itertools.product(kernels, CONFIGS):
                 x = sets[0][0]
-                err = (warp_rows(x, log, rpp, warps).float() - ref_fn(x.float(), -1)).abs().max().item()
-                ms = graph_time_ms(lambda t: warp_rows(t, log, rpp, warps), sets)
-                times[f"warp_rows {rpp}r/{warps}w (err {err:.0e})"] = ms
+                err = (warp_rows(kernel, x, log, rpp, warps).float() - ref_fn(x.float(), -1)).abs().max().item()
+                ms = graph_time_ms(lambda t: warp_rows(kernel, t, log, rpp, warps), sets)
+                times[f"{kernel} {rpp}r/{warps}w (err {err:.0e})"] = ms
             base = times["torch"]
             line = " | ".join(f"{k} {v * 1e3:.2f} ({base / v:.2f}x)" for k, v in times.items())
             print(f"{name} {rows}x{cols} {op}: {line}", flush=True)

@@ -12,8 +12,11 @@ put warps but the rows, element (., ., l) of chunk c being column 32 c + l:
 - chunks_first, a [chunks, rows, 32] tile: on the H200 with Triton 3.6 its warps went on the
   chunks (warpsPerCTA = [4, 1, 1], order [2, 0, 1]), splitting rows after all, 0.38-1.12x torch
   (docs/notes/2026-11/probe_warp_rows-h200.log);
-- rows_first, a [rows, chunks, 32] tile: compiled for sm_90 (no GPU), warpsPerCTA = [4, 1, 1] on
-  the rows, with no layout conversion and no shared memory: one row a warp. Not timed yet.
+- rows_first, a [rows, chunks, 32] tile: compiled for sm_90 (no GPU), rows off 16-byte boundaries
+  (fp32 273, bf16 143 elements: one element a load) get warpsPerCTA = [4, 1, 1] on the rows, with no
+  layout conversion and no shared memory: one row a warp. 16-byte aligned rows (fp32 256 and 1024,
+  bf16 256) are read 16 bytes a load and their warps go on the chunks again ([1, 4, 1]). Not
+  timed yet.
 
 The script prints each kernel's layouts. Contiguous rows only; CUDA-graph replays over rotated
 inputs, µs a call; each output is checked against torch's.

@@ -161,8 +161,8 @@ ROW_ON_CHIP_SHORT_TAIL_SPREAD_ROWS_PER_SM = 16
 ROW_ON_CHIP_SHORT_TAIL_MANY_ROWS_WARPS = 1
 # warp_rows: forward rows of up to WARP_ROWS_MAX_COLS elements one a warp,
 # WARP_ROWS_ROWS_PER_PROGRAM warps a program, as torch's kernel for short rows holds them (a
-# [rows, chunks, 32] tile: kernels.warp_rows_softmax_kernel). The forward of rows off 16-byte
-# boundaries of at most WARP_ROWS_AUTO_MAX_COLS elements takes it (by element size; 0: never). Not
+# [rows, chunks, 32] tile: kernels.warp_rows_softmax_kernel). softmax and log_softmax over rows off
+# 16-byte boundaries of at most WARP_ROWS_AUTO_MAX_COLS elements take it (by element size; 0: never). Not
 # timed yet: Nsight Compute put the rows where torch's log_softmax stays ahead in one-warp programs,
 # four times torch's blocks for as many warps (docs/notes/2026-11/ncu_short_rows-h200.txt), and this
 # tile compiles for sm_90 to one row a warp on such rows (scripts/probes/probe_warp_rows.py); an

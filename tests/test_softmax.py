@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import onlinesoftmax
 from onlinesoftmax import _buffers, _device, _launch
-from onlinesoftmax.ops.softmax import launch as softmax_launch, op as softmax_op, plan
+from onlinesoftmax.ops.softmax import eager_route, launch as softmax_launch, op as softmax_op, plan
 
 from conftest import (DEVICE, DTYPES, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, compiled_for_sm90, gpu_only,
                       make_logits, needs_triton, strategies_here)
@@ -865,7 +865,7 @@ def test_opaque_widening_is_exact_for_every_16_bit_pattern(dtype, copy):
 def test_eager_torch_route_weighs_torchs_kernel_against_our_host_time(plan_override):
     def route(rows, cols, dtype=torch.bfloat16, train=False):
         chosen = plan.choose("softmax", rows, cols, dtype, torch.device("cuda"), sms=132, interpreting=False)
-        return plan.eager_torch(chosen, train, sms=132)
+        return eager_route.eager_torch(chosen, train, sms=132)
 
     assert route(4, 1000) and route(64, 32001)  # torch's kernel finishes within our host time
     assert not route(16384, 65536)  # the GPU's time decides: ours
@@ -873,23 +873,23 @@ def test_eager_torch_route_weighs_torchs_kernel_against_our_host_time(plan_overr
     assert not route(16, 128257)
     # Differentiated, our two Python autograd steps cost more host time: torch's kernels up to larger sizes.
     assert route(4096, 4097, train=True) and not route(4096, 4097)
-    assert plan.torch_kernel_us(16, 128257, 0, 132) == pytest.approx(plan.TORCH_ROW_US + 128257 * 0.2e-3)
+    assert eager_route.torch_kernel_us(16, 128257, 0, 132) == pytest.approx(plan.TORCH_ROW_US + 128257 * 0.2e-3)
     # A training step of few long rows: the rows side by side slow one another. torch's fp32 step at
     # 32 x 262147 took 294 us on the H100 (the forward's model of a row alone: 136), longer than our
     # host's: ours. At 8 rows it took 166: torch's.
     assert not route(32, 262147, torch.float32, train=True) and route(8, 262147, torch.float32, train=True)
     step = plan.choose("softmax", 32, 262147, torch.float32, torch.device("cuda"), sms=132, interpreting=False)
-    assert 250 < plan.torch_step_us(step) < 300
+    assert 250 < eager_route.torch_step_us(step) < 300
     # torch's softmax backward streams long rows slower than its log_softmax backward (1230 against
     # 2000 GB/s): a training step of softmax that torch would finish in our host time as log_softmax is ours.
     log = plan.choose("log_softmax", 5576, 4941, torch.bfloat16, torch.device("cuda"), sms=132, interpreting=False)
-    assert not route(5576, 4941, train=True) and plan.eager_torch(log, True, sms=132)
+    assert not route(5576, 4941, train=True) and eager_route.eager_torch(log, True, sms=132)
     # torch.logsumexp's forward is several launches: never routed there, differentiated it is.
     lse = plan.choose("logsumexp", 4, 1000, torch.bfloat16, torch.device("cuda"), sms=132, interpreting=False)
-    assert not plan.eager_torch(lse, False, sms=132) and plan.eager_torch(lse, True, sms=132)
+    assert not eager_route.eager_torch(lse, False, sms=132) and eager_route.eager_torch(lse, True, sms=132)
     plan_override(EAGER_HOST_US=plan.EAGER_ROUTE_OFF)
     assert not route(1, 8) and not route(1, 8, train=True)
-    assert plan.eager_torch_note(plan.choose("softmax", 1, 8, torch.float32, torch.device("cuda"), sms=132,
+    assert eager_route.eager_torch_note(plan.choose("softmax", 1, 8, torch.float32, torch.device("cuda"), sms=132,
                                              interpreting=False), sms=132) == ""
 
 

@@ -1,6 +1,6 @@
 """The eager route's model of torch's softmax backward, at the shapes it decides (GPU).
 
-``plan.eager_torch`` gives a differentiated eager call to torch's kernels where its model of
+``eager_route.eager_torch`` gives a differentiated eager call to torch's kernels where its model of
 torch's forward + backward finishes within our host time. The model streamed torch's long-row
 softmax backward at 2000 GB/s (``TORCH_LONG_ROW_GBS``); the sweeps measured 1224-1233 GB/s. At the
 shapes where the two models disagree (the bench sweeps' grids and their random shapes, planned

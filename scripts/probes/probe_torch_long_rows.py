@@ -1,6 +1,6 @@
 """What torch's softmax-family kernels take on the GPU for long rows, against the eager route's model (GPU).
 
-``plan.torch_kernel_us`` models torch's kernel so that ``plan.eager_torch`` can give an eager call to
+``eager_route.torch_kernel_us`` models torch's kernel so that ``eager_route.eager_torch`` can give an eager call to
 torch where torch's kernel finishes within our host time. For rows longer than
 ``TORCH_SHORT_ROW_COLS`` torch runs a block a row; the model charges ``TORCH_ROW_US`` plus a cost
 an element. This times torch's forward and backward kernels alone (CUDA-graph replays of calls over
@@ -27,6 +27,7 @@ import torch
 import onlinesoftmax
 from onlinesoftmax._device import sm_count
 from onlinesoftmax.bench.harness import back_to_back_ms, graph_time_ms
+from onlinesoftmax.ops.softmax import eager_route
 from onlinesoftmax.ops.softmax import plan as softmax_plan
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 132, 264, 528, 1056)
@@ -73,7 +74,7 @@ def main():
     rows_list, cols_list = (ROWS[::3], COLS[::3]) if args.quick else (ROWS, COLS)
     sms = sm_count(torch.device("cuda"))
     print(f"# {torch.cuda.get_device_name()} ({sms} SMs), torch {torch.__version__}; torch's kernels replayed "
-          f"from a CUDA graph, us a call; model: plan.torch_kernel_us; ns/el: (us - TORCH_ROW_US) / waves / cols")
+          f"from a CUDA graph, us a call; model: eager_route.torch_kernel_us; ns/el: (us - TORCH_ROW_US) / waves / cols")
     print("dtype op rows cols | forward us model ns/el | backward us model ns/el")
     for dtype in (torch.float32, torch.bfloat16):
         for op in ("softmax", "log_softmax"):
@@ -93,10 +94,10 @@ def main():
                     bwd = 1e3 * graph_time_ms(lambda dy, y: backward(dy, y, -1, dtype), list(zip(dys, ys)))
                     waves = -(-rows // (sms * softmax_plan.TORCH_ROWS_PER_SM))
                     plan = softmax_plan.choose(op, rows, cols, dtype, torch.device("cuda"), "auto")
-                    model_f = softmax_plan.torch_kernel_us(rows, cols, plan.bytes_moved(None), sms)
+                    model_f = eager_route.torch_kernel_us(rows, cols, plan.bytes_moved(None), sms)
                     gbs = (softmax_plan.TORCH_SOFTMAX_BACKWARD_LONG_ROW_GBS if op == "softmax"
                            else softmax_plan.TORCH_LONG_ROW_GBS)
-                    model_b = softmax_plan.torch_kernel_us(rows, cols, rows * cols * 3 * dtype.itemsize, sms, gbs)
+                    model_b = eager_route.torch_kernel_us(rows, cols, rows * cols * 3 * dtype.itemsize, sms, gbs)
                     per = [(t - softmax_plan.TORCH_ROW_US) / waves / cols * 1e3 for t in (fwd, bwd)]
                     print(f"{str(dtype)[6:]} {op} {rows} {cols} | {fwd:.1f} {model_f:.1f} {per[0]:.3f} | "
                           f"{bwd:.1f} {model_b:.1f} {per[1]:.3f}", flush=True)

@@ -128,7 +128,7 @@ def explain(args) -> int:
         rows, cols = args.shape
         print(plan.topk_plan(rows, cols, args.k, dtype, device, sms=sms).describe(args.bandwidth))
         return 0
-    from .ops.softmax import plan
+    from .ops.softmax import eager_route, plan
 
     rows, cols = args.shape
     # The GPU's plan, also where TRITON_INTERPRET=1 would give the interpreter's (one chunk a row).
@@ -138,7 +138,7 @@ def explain(args) -> int:
                          misaligned_rows=(cols * dtype.itemsize) % 16 != 0 and rows > 1, granule_rows=cols % 16 != 0)
     print(chosen.describe(args.bandwidth))
     if args.strategy is None:
-        note = plan.eager_torch_note(chosen, sms=sms)
+        note = eager_route.eager_torch_note(chosen, sms=sms)
         if note:
             print(note)
     return 0

@@ -178,10 +178,7 @@ def warp_rows_softmax_kernel(
         tl.store(lse_ptr + rows, finish_lse(b_m, b_s), mask=rows < n_rows)
     if WRITE_Y:
         b_d = tl.sum(tl.sum(b_e, 2), 1)[:, None, None]  # an all -inf row gives NaN, as torch.softmax does
-        if LOG:
-            b_y = (b_x - b_m[:, None, None]) - tl.log(b_d)
-        else:
-            b_y = b_e * (1.0 / b_d)
+        b_y = normalized(b_x, b_m[:, None, None], b_d, LOG)  # its exp is b_e's (the same expression)
         y_row = row_offset(rows, inner, y_stride_outer, y_stride_inner)[:, None, None]
         tl.store(y_ptr + y_row + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :, :],
                  b_y.to(y_ptr.dtype.element_ty), mask=mask)

@@ -19,6 +19,7 @@ import torch
 from ... import _validate
 from ..._device import interpreter_active, plan_cache, remember
 from ..._launch import op_when_compiling
+from . import eager_route
 from . import plan as planner
 from .launch import forward_call, launch_backward, launch_forward, torch_forward
 
@@ -173,7 +174,7 @@ def _eager_torch(name, x, dim, strategy, algorithm, dtype, out_dtype) -> tuple[b
     cols = x.shape[dim] if x.dim() else 1
     rows = x.numel() // cols if cols else 0
     chosen = planner.choose(name, rows, cols, dtype, x.device, algorithm)
-    return planner.eager_torch(chosen, False, out_dtype), planner.eager_torch(chosen, True, out_dtype)
+    return eager_route.eager_torch(chosen, False, out_dtype), eager_route.eager_torch(chosen, True, out_dtype)
 
 
 # torch's binding itself: torch.cuda.is_current_stream_capturing() wraps it in 0.5 us of checks.

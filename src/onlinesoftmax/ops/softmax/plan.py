@@ -128,30 +128,21 @@ ROW_ON_CHIP_TAIL_WARPS = 8
 # 8192 x 5000, 61%: 0.0753 -> 0.0521; 4096 x 6001, 73%: 0.0611 -> 0.0695) and keep their plan.
 ROW_ON_CHIP_TAIL_LOGSUMEXP = True
 # Shorter rows, softmax and log_softmax forward: rows of ROW_ON_CHIP_SHORT_TAIL_MIN_COLS to
-# ROW_ON_CHIP_TAIL_MIN_COLS elements that fill less than ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL of their
-# power-of-two tile (the width) take a head and a tail too, up to a head of
-# ROW_ON_CHIP_SHORT_TAIL_MAX_HEAD and a tail of ROW_ON_CHIP_SHORT_TAIL_MAX_TAIL (by element size).
-# They pack as the width would, except: below ROW_ON_CHIP_SHORT_TAIL_SPREAD_ROWS_PER_SM rows an SM,
-# one row a program (and no tail wider than ROW_ON_CHIP_SHORT_TAIL_FEW_ROWS_MAX_TAIL_SHARE of the
-# head: such rows keep the plan without); rows narrower than the forward's tile, from
+# ROW_ON_CHIP_TAIL_MIN_COLS elements under ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL of their power-of-two
+# tile (the width) take a head and a tail too, heads up to ROW_ON_CHIP_SHORT_TAIL_MAX_HEAD, tails up to
+# ROW_ON_CHIP_SHORT_TAIL_MAX_TAIL. They pack as the width would, except: below
+# ROW_ON_CHIP_SHORT_TAIL_SPREAD_ROWS_PER_SM rows an SM one row a program (with a tail of at most
+# ROW_ON_CHIP_SHORT_TAIL_FEW_ROWS_MAX_TAIL_SHARE of the head, else no tail); from
 # ROW_TILE_MANY_ROWS_PER_SM rows an SM, ROW_TILE_MANY_ROWS_ELEMENTS // width rows a program on
-# ROW_ON_CHIP_SHORT_TAIL_MANY_ROWS_WARPS warps. H200, CUDA graphs, ratio to torch's kernel,
-# softmax / log_softmax, plan before -> with them (scripts/tune/tune_softmax.py --variants
-# short_tail_off [--log]: docs/notes/2026-11/tune_softmax-short_tail_off-h200.json; the tables'
-# choices from tune_softmax-short_tail-h200.json and tune_softmax-short_row_grid-h200.json): fp32
-# 1207 x 143 0.77 / 0.70 -> 1.07 / 0.98, bf16 600 x 70 0.81 / 0.76 -> 1.20 / 1.05, 3000 x 143 0.85 /
-# 0.76 -> 1.02 / 0.90 (two rows a program), 16384 x 143 0.94 / 0.83 -> 1.32 / 1.16, 50000 x 180 1.12
-# / 0.91 -> 1.69 / 1.33 (four a program, one warp), 6000 x 273 1.30 / 1.07 -> 1.44 / 1.21; over the
-# 70 shapes softmax 1.15x and log_softmax 1.15x the plan before (geometric means), behind torch at
-# 1 and 19 of them in that run (before: 21 and 35). Not taken where they measured slower (that run,
-# its first form's tune_softmax-short_tail_off-first-h200.json, the tables' runs): bf16 16384 x 350 (a
-# tail of 128) 1.45 / 1.10 -> 1.19 / 0.95, 1207 x 180 at one row a program 1.16 / 1.01 -> 1.12 /
-# 0.98, fp32 6000 x 180 1.11 / 1.00 -> 1.07 / 0.95, fp32 8583 x 288 (a head of 256) 1.18 / 1.06 ->
-# 1.01 / 0.88, rows of 512 and more (fp16 2048 x 1100 2.06 / 1.51 -> 1.86 / 1.37), and two fp32 rows
-# a program at many rows (8192 x 160 1.02 -> 0.90; four: 1.05). logsumexp keeps its plan: its
-# head-and-tail launch of two rows of 256 + 32 on two warps put three rows' results on other rows
-# (H200, 7230 x 273, fp32 and bf16; one warp, or 128 + 32 on two, were right:
-# docs/notes/2026-11/check_short_tail-h200.log).
+# ROW_ON_CHIP_SHORT_TAIL_MANY_ROWS_WARPS warps. H200, CUDA graphs, over 70 shapes of 600-50000 rows
+# of 70-350 elements (scripts/tune/tune_softmax.py --variants short_tail_off [--log],
+# docs/notes/2026-11/tune_softmax-short_tail_off-h200.json): softmax 1.08x -> 1.24x torch, behind it
+# at 21 -> 1 shapes, log_softmax 0.94x -> 1.08x, 35 -> 19 (fp32 1207 x 143 0.77 / 0.70 -> 1.07 /
+# 0.98, bf16 16384 x 143 0.94 / 0.83 -> 1.32 / 1.16). The caps are where it measured slower: bf16
+# 16384 x 350 with a tail of 128 1.45 -> 1.19x, fp32 heads of 256 (8583 x 288 1.18 -> 1.01x), rows
+# of 512 and more (fp16 2048 x 1100 2.06 -> 1.86x); docs/perf-h200.md has the rest. logsumexp keeps
+# its plan: its head and tail of 256 + 32, two rows a program on two warps, put three rows' results on
+# other rows (H200, 7230 x 273; docs/notes/2026-11/check_short_tail-h200.log).
 ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL = {4: 0.76, 2: 0.76}
 ROW_ON_CHIP_SHORT_TAIL_MIN_COLS = 64
 ROW_ON_CHIP_SHORT_TAIL_MAX_HEAD = {4: 128, 2: 256}
@@ -159,14 +150,10 @@ ROW_ON_CHIP_SHORT_TAIL_MAX_TAIL = {4: 32, 2: 64}
 ROW_ON_CHIP_SHORT_TAIL_FEW_ROWS_MAX_TAIL_SHARE = 0.25
 ROW_ON_CHIP_SHORT_TAIL_SPREAD_ROWS_PER_SM = 16
 ROW_ON_CHIP_SHORT_TAIL_MANY_ROWS_WARPS = 1
-# warp_rows: forward rows of up to WARP_ROWS_MAX_COLS elements one a warp,
-# WARP_ROWS_ROWS_PER_PROGRAM warps a program, as torch's kernel for short rows holds them (a
-# [rows, chunks, 32] tile: kernels.warp_rows_softmax_kernel). softmax and log_softmax over rows off
-# 16-byte boundaries of at most WARP_ROWS_AUTO_MAX_COLS elements take it (by element size; 0: never). Not
-# timed yet: Nsight Compute put the rows where torch's log_softmax stays ahead in one-warp programs,
-# four times torch's blocks for as many warps (docs/notes/2026-11/ncu_short_rows-h200.txt), and this
-# tile compiles for sm_90 to one row a warp on such rows (scripts/probes/probe_warp_rows.py); an
-# explicit strategy="warp_rows" runs it, its backward row_on_chip's.
+# warp_rows: forward rows of up to WARP_ROWS_MAX_COLS elements one a warp, WARP_ROWS_ROWS_PER_PROGRAM
+# warps a program, as torch's kernel for short rows holds them (kernels.warp_rows_softmax_kernel).
+# softmax and log_softmax over rows off 16-byte boundaries of at most WARP_ROWS_AUTO_MAX_COLS take it
+# (0: never): not timed yet (docs/perf-h200.md, scripts/tune/tune_softmax.py --variants warp_rows).
 WARP_ROWS_MAX_COLS = 1024
 WARP_ROWS_ROWS_PER_PROGRAM = 4
 WARP_ROWS_AUTO_MAX_COLS = {4: 0, 2: 0}
@@ -298,6 +285,7 @@ SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM = 6
 # measured on the H100 machine (docs/perf-softmax.md, "The eager torch route"); a model of torch's
 # kernel that errs short sends the calls it misjudges to torch's kernel, level with torch.
 #
+# The route's model of torch's kernels is eager_route.py, from the tables here.
 # Our host time an eager call, µs: "forward" by the plan's launches; "train", a forward and its
 # backward through autograd (bench host's kernel path, bf16 64 x 4096: a forward 16.0 µs, a step
 # 168.4; the step's line is drawn at 180 from the sweeps' training steps: "The eager route's model
@@ -331,59 +319,6 @@ TORCH_SOFTMAX_BACKWARD_LONG_ROW_GBS = 1230.0
 # a short model sends those ties to torch's kernel, level with torch.
 TORCH_STEP_NS_PER_ELEMENT = {"softmax": {4: 0.25, 2: 0.23}, "log_softmax": {4: 0.22, 2: 0.15},
                              "softmax_backward": {4: 0.27, 2: 0.18}, "log_softmax_backward": {4: 0.34, 2: 0.24}}
-
-
-def torch_kernel_us(rows: int, cols: int, bytes_moved: int, sms: int,
-                    long_row_gbs: float = TORCH_LONG_ROW_GBS) -> float:
-    """What torch's softmax-family kernel takes on the GPU for ``rows`` x ``cols`` moving ``bytes_moved``
-    (rows longer than TORCH_SHORT_ROW_COLS streaming at ``long_row_gbs`` at best)."""
-    if cols <= TORCH_SHORT_ROW_COLS:
-        return bytes_moved / TORCH_STREAM_GBS / 1e3
-    waves = cdiv(rows, sms * TORCH_ROWS_PER_SM)
-    return max(bytes_moved / long_row_gbs / 1e3, waves * (TORCH_ROW_US + cols * TORCH_ROW_NS_PER_ELEMENT / 1e3))
-
-
-def eager_torch(chosen: "Plan", train: bool = False, out_dtype: torch.dtype | None = None,
-                sms: int | None = None) -> bool:
-    """Whether an eager CUDA call planned as ``chosen`` runs torch's kernel instead (see EAGER_HOST_US)."""
-    if chosen.strategy not in TRITON_STRATEGIES:
-        return False
-    if train:
-        return torch_step_us(chosen, out_dtype) < EAGER_HOST_US["train"]
-    forward = torch_kernel_us(chosen.rows, chosen.cols, chosen.bytes_moved(out_dtype), sms or sm_count(torch.device("cuda")))
-    return chosen.op not in EAGER_ROUTE_FORWARD_OFF and forward < EAGER_HOST_US["forward"][chosen.launches]
-
-
-def torch_step_us(chosen: "Plan", out_dtype: torch.dtype | None = None) -> float:
-    """What torch's kernels take on the GPU for a forward and backward step planned as ``chosen``
-    (TORCH_STEP_NS_PER_ELEMENT; rows up to TORCH_SHORT_ROW_COLS stream at TORCH_STREAM_GBS)."""
-    out_size = 4 if chosen.op == "logsumexp" else (out_dtype or chosen.dtype).itemsize
-    # torch.logsumexp's kernels were not fitted: log_softmax's costs stand in.
-    op = "log_softmax" if chosen.op == "logsumexp" else chosen.op
-    backward_gbs = TORCH_SOFTMAX_BACKWARD_LONG_ROW_GBS if op == "softmax" else TORCH_LONG_ROW_GBS
-    steps = ((op, chosen.dtype.itemsize, chosen.bytes_moved(out_dtype), TORCH_LONG_ROW_GBS),
-             (op + "_backward", min(out_size, 4), chosen.rows * chosen.cols * (2 * out_size + chosen.dtype.itemsize),
-              backward_gbs))
-    if chosen.cols <= TORCH_SHORT_ROW_COLS:
-        return sum(bytes_moved for _, _, bytes_moved, _ in steps) / TORCH_STREAM_GBS / 1e3
-    return sum(TORCH_ROW_US + chosen.cols * TORCH_STEP_NS_PER_ELEMENT[kernel][size] / 1e3 + bytes_moved / gbs / 1e3
-               for kernel, size, bytes_moved, gbs in steps)
-
-
-def eager_torch_note(chosen: "Plan", sms: int | None = None) -> str:
-    """What ``explain`` adds where eager calls planned as ``chosen`` run torch's kernel ("" where none does)."""
-    forward = chosen if not chosen.op.endswith("_backward") else dataclasses.replace(
-        chosen, op=chosen.op.replace("_backward", ""))
-    when = []
-    if forward is chosen and eager_torch(chosen, sms=sms):
-        when.append("without autograd")
-    if eager_torch(forward, train=True, sms=sms):
-        when.append("differentiated (forward and backward)")
-    if not when:
-        return ""
-    return (f"eager calls: torch's own kernel when {' or '.join(when)}: torch's kernel would finish within "
-            "our host time (EAGER_HOST_US), so torch's leaner dispatch decides; CUDA-graph capture and "
-            "torch.compile run the plan above")
 
 
 def _split_on_chip_max_chunks(sms: int) -> int:

@@ -194,7 +194,7 @@ def test_special_values_match_torch(op, strategy):
         out = onlinesoftmax.logsumexp(x, -1, strategy=strategy)
         ref = torch.logsumexp(x.double(), -1)
     else:
-        one_pass = strategy.endswith("on_chip") or strategy == "warp_rows"
+        one_pass = strategy.endswith("on_chip")
         out = OPS[op][0](x, -1, strategy=strategy, algorithm="auto" if one_pass else "online")
         ref = OPS[op][1](x.double(), -1)
     assert plan.last_plan().strategy == strategy
@@ -298,9 +298,8 @@ def test_gradients_match_float64_autograd(op, dtype, strategy, dim, kind, gen):
     dy = make_logits(SHAPE, dtype, gen, scale=1.0)
     out = ours(x, dim, temperature=1.5, strategy=strategy)
     (dx,) = torch.autograd.grad(out, x, dy)
-    # The "torch" strategy's backward is torch's own autograd: no plan of ours runs for it;
-    # warp_rows is a forward layout, whose backward is row_on_chip's.
-    assert plan.last_plan().strategy == ("row_on_chip" if strategy == "warp_rows" else strategy)
+    # The "torch" strategy's backward is torch's own autograd: no plan of ours runs for it.
+    assert plan.last_plan().strategy == strategy
     assert plan.last_plan().op == (op if strategy == "torch" else f"{op}_backward")
     if dtype == torch.float32:
         # End to end: the gradient of the float64 function of the same input.
@@ -1066,72 +1065,6 @@ def test_short_rows_head_and_tail(op, rows_per_program, dtype, plan_override, ge
     chosen = plan.last_plan()
     assert (chosen.block_cols, chosen.tail_cols, chosen.rows_per_program) == (32, 16, rows_per_program)
     assert_matches(out, ref(x.double() / 0.7, -1), dtype, f"{op} short head + tail")
-
-
-@needs_triton
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
-@pytest.mark.parametrize("op, dim, kind", LAYOUT_CASES,
-                         ids=[f"{op}-{ {-1: 'last', 0: 'first', 1: 'middle'}[dim]}-{kind}" for op, dim, kind in LAYOUT_CASES])
-def test_warp_rows_matches_float64(op, dim, kind, dtype, gen):
-    # The one-row-a-warp layout, forced: every dim in every layout, four rows a program with a
-    # ragged last one, a temperature.
-    ours, ref = OPS[op]
-    x = layout(make_logits(SHAPE, dtype, gen), kind, dim)
-    out = ours(x, dim, strategy="warp_rows", temperature=0.7)
-    chosen = plan.last_plan()
-    assert (chosen.strategy, chosen.rows_per_program, chosen.num_warps) == ("warp_rows", 4, 4)
-    assert out.dtype == dtype and out.shape == x.shape
-    assert_matches(out, ref(x.double() / 0.7, dim), dtype, f"{op} warp_rows {kind} dim={dim}")
-
-
-@needs_triton
-@pytest.mark.parametrize("op", list(OPS))
-def test_warp_rows_special_values_and_gradient(op, gen):
-    # -inf, an all -inf row, NaN, +inf, a value far above the rest, rows of 1 and 65 elements (one
-    # chunk of 32 and a ragged third); the backward of a forced warp_rows forward is row_on_chip's.
-    ours, ref = OPS[op]
-    for cols in (1, 65):
-        x = make_logits((9, cols), torch.float32, gen, scale=2.0, outliers=False)
-        x[0, -1] = float("-inf")
-        x[1] = float("-inf")
-        x[2, cols // 2] = float("nan")
-        x[3, 0] = float("inf")
-        x[4, -1] = 80.0
-        x = x.requires_grad_()
-        out = ours(x, -1, strategy="warp_rows")
-        assert plan.last_plan().strategy == "warp_rows"
-        assert_matches(out, ref(x.detach().double(), -1), torch.float32, f"{op} warp_rows specials, {cols} cols")
-        lse = onlinesoftmax.logsumexp(x.detach(), -1, strategy="warp_rows")
-        assert_matches(lse, torch.logsumexp(x.detach().double(), -1), torch.float32, f"logsumexp warp_rows, {cols} cols")
-    dy = make_logits(x.shape, torch.float32, gen, scale=1.0)
-    (dx,) = torch.autograd.grad(out, x, dy)
-    assert plan.last_plan().strategy == "row_on_chip"
-    x64 = x.detach().double().requires_grad_()
-    (dx64,) = torch.autograd.grad(ref(x64, -1), x64, dy.double())
-    finite = torch.isfinite(dx64).all(-1)
-    assert_matches(dx[finite], dx64[finite], torch.float32, f"d{op} after warp_rows")
-
-
-def test_warp_rows_plan():
-    # Forward rows of up to 1024 elements, longer ones refused; the backward of a forced warp_rows is
-    # row_on_chip's; the plan takes it by itself only for softmax and log_softmax rows off 16-byte
-    # boundaries up to WARP_ROWS_AUTO_MAX_COLS (0 as committed: not timed yet).
-    cuda = torch.device("cuda")
-    def choose(op, rows, cols, strategy=None, misaligned=True, dtype=torch.bfloat16):
-        return plan._choose(op, rows, cols, dtype, cuda, "auto", strategy, 132, False, misaligned)
-    chosen = choose("log_softmax", 3000, 143, "warp_rows")
-    assert (chosen.block_cols, chosen.rows_per_program, chosen.num_warps, chosen.grid) == (256, 4, 4, (750,))
-    assert choose("softmax", 2, 20, "warp_rows").rows_per_program == 2
-    assert choose("softmax_backward", 3000, 143, "warp_rows").strategy == "row_on_chip"
-    assert choose("logsumexp", 3000, 1024, "warp_rows").block_cols == 1024
-    with pytest.raises(ValueError, match="warp_rows"):
-        choose("softmax", 3000, 1025, "warp_rows")
-    assert choose("softmax", 3000, 143).strategy == "row_on_chip"
-    with onlinesoftmax.override_plan("softmax", WARP_ROWS_AUTO_MAX_COLS={4: 512, 2: 512}):
-        assert choose("log_softmax", 3000, 143).strategy == "warp_rows"
-        assert choose("log_softmax", 3000, 144, misaligned=False).strategy == "row_on_chip"
-        assert choose("log_softmax", 3000, 600).strategy == "row_on_chip"
-        assert choose("logsumexp", 3000, 143).strategy == "row_on_chip"
 
 
 # Compiles two row_on_chip launches for sm_90 without a GPU (scripts/probes/kernel_resources.py):

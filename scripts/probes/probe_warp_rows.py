@@ -12,12 +12,14 @@ put warps but the rows, element (., ., l) of chunk c being column 32 c + l:
 - chunks_first, a [chunks, rows, 32] tile: on the H200 with Triton 3.6 its warps went on the
   chunks (warpsPerCTA = [4, 1, 1], order [2, 0, 1]), splitting rows after all, 0.38-1.12x torch
   (docs/notes/2026-11/probe_warp_rows-h200.log);
-- rows_first, a [rows, chunks, 32] tile, the library's strategy="warp_rows" (one warp a row, so
-  only the configs with as many warps as rows): compiled for sm_90 (no GPU), rows off 16-byte boundaries
-  (fp32 273, bf16 143 elements: one element a load) get warpsPerCTA = [4, 1, 1] on the rows, with no
-  layout conversion and no shared memory: one row a warp. 16-byte aligned rows (fp32 256 and 1024,
-  bf16 256) are read 16 bytes a load and their warps go on the chunks again ([1, 4, 1]). Not
-  timed yet.
+- rows_first, a [rows, chunks, 32] tile (one warp a row, so only the configs with as many warps
+  as rows): compiled for sm_90, rows off 16-byte boundaries (fp32 273, bf16 143 elements: one
+  element a load) get warpsPerCTA = [4, 1, 1] on the rows, with no layout conversion and no shared
+  memory: one row a warp. 16-byte aligned rows (fp32 256 and 1024, bf16 256) are read 16 bytes a
+  load and their warps go on the chunks again ([1, 4, 1]). The library carried it as the strategy
+  warp_rows (every layout, the three forward ops) until timed against the plan on the H200: 0.63-0.99x
+  row_on_chip at 2, 4 and 8 rows a program over 18 shapes, softmax and log_softmax
+  (docs/notes/2026-11/tune_softmax-warp_rows-h200.json); it was removed.
 
 The script prints each kernel's layouts. Contiguous rows only; CUDA-graph replays over rotated
 inputs, µs a call; each output is checked against torch's.
@@ -59,12 +61,28 @@ def chunks_first_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, CHUNKS: tl.constex
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-KERNELS = {"chunks_first": chunks_first_kernel}
+@triton.jit
+def rows_first_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, CHUNKS: tl.constexpr, ROWS: tl.constexpr,
+                      LOG: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None, None]
+    col = tl.arange(0, CHUNKS)[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+    mask = (r < n_rows) & (col < n_cols)
+    offsets = r.to(tl.int64) * stride + col
+    x = tl.load(x_ptr + offsets, mask=mask, other=float("-inf")).to(tl.float32)
+    m = tl.max(tl.max(x, 2), 1)[:, None, None]
+    e = tl.exp(x - m)
+    d = tl.sum(tl.sum(e, 2), 1)[:, None, None]
+    if LOG:
+        y = (x - m) - tl.log(d)
+    else:
+        y = e * (1.0 / d)
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+KERNELS = {"chunks_first": chunks_first_kernel, "rows_first": rows_first_kernel}
 
 
 def warp_rows(kernel, x, log, rows_per_program, warps, compiled=None):
-    if kernel == "rows_first":  # the library's strategy, at plan.WARP_ROWS_ROWS_PER_PROGRAM (see main)
-        return (onlinesoftmax.log_softmax if log else onlinesoftmax.softmax)(x, -1, strategy="warp_rows")
     y = torch.empty_like(x)
     chunks = triton.next_power_of_2(triton.cdiv(x.shape[1], 32))
     handle = KERNELS[kernel][(triton.cdiv(x.shape[0], rows_per_program),)](
@@ -108,9 +126,8 @@ def main():
                 if kernel == "rows_first" and warps != rpp:
                     continue  # one warp a row
                 x = sets[0][0]
-                with onlinesoftmax.override_plan("softmax", WARP_ROWS_ROWS_PER_PROGRAM=rpp):
-                    err = (warp_rows(kernel, x, log, rpp, warps).float() - ref_fn(x.float(), -1)).abs().max().item()
-                    ms = graph_time_ms(lambda t: warp_rows(kernel, t, log, rpp, warps), sets)
+                err = (warp_rows(kernel, x, log, rpp, warps).float() - ref_fn(x.float(), -1)).abs().max().item()
+                ms = graph_time_ms(lambda t: warp_rows(kernel, t, log, rpp, warps), sets)
                 times[f"{kernel} {rpp}r/{warps}w (err {err:.0e})"] = ms
             base = times["torch"]
             line = " | ".join(f"{k} {v * 1e3:.2f} ({base / v:.2f}x)" for k, v in times.items())

@@ -2,7 +2,7 @@
 is in doubt, under alternative values of the tables (onlinesoftmax.override_plan), in one process.
 
     python scripts/tune/tune_softmax.py [--out tune.json] [--strategy split_row_on_chip] [--backward] [--log]
-        [--shapes 4096x4096] [--variants short_tail|warp_rows]
+        [--shapes 4096x4096] [--variants short_tail]
 
 Each line is one shape and one constant set; GB/s counts x read once and y written once (backward:
 y and dy read, dx written). Times are
@@ -107,13 +107,6 @@ def short_tail_off_variants():
     yield dict(ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL={4: 0.0, 2: 0.0})
 
 
-def warp_rows_variants():
-    # Rows off 16-byte boundaries of up to 1024 elements one a warp (the plan: never), at 2, 4 and 8
-    # rows (warps) a program.
-    for rows in (2, 4, 8):
-        yield dict(WARP_ROWS_AUTO_MAX_COLS={4: 1024, 2: 1024}, WARP_ROWS_ROWS_PER_PROGRAM=rows)
-
-
 def split_on_chip_variants():
     for tile_bytes, warp_bytes in itertools.product((8192, 16384, 32768), (1024, 2048, 4096)):
         yield dict(SPLIT_ON_CHIP_TILE_BYTES={"forward": tile_bytes, "backward": tile_bytes},
@@ -206,15 +199,6 @@ CASES = [
       for dtype in (torch.bfloat16, torch.float32, torch.float16)
       for rows in (600, 1207, 3000, 6000, 16384, 50000) for cols in (70, 143, 180, 273, 350)
       if dtype != torch.float16 or rows in (1207, 16384)),
-    # Rows off 16-byte boundaries where torch's log_softmax stayed ahead under CUDA graphs, one row a
-    # warp (the plan's own choice, strategy None), against the plan.
-    *((dtype, rows, cols, None, warp_rows_variants) for dtype, rows, cols in (
-        (torch.float32, 1207, 143), (torch.float32, 3000, 143), (torch.float32, 6000, 143),
-        (torch.float32, 50000, 143), (torch.float32, 600, 273), (torch.float32, 3000, 273),
-        (torch.float32, 6000, 273), (torch.float32, 6000, 350), (torch.bfloat16, 1207, 143),
-        (torch.bfloat16, 3000, 143), (torch.bfloat16, 6000, 143), (torch.bfloat16, 3000, 180),
-        (torch.bfloat16, 3000, 273), (torch.bfloat16, 43, 147), (torch.bfloat16, 8192, 101),
-        (torch.float16, 1207, 143), (torch.bfloat16, 16384, 143), (torch.float32, 16384, 1001))),
 ]
 
 

@@ -147,44 +147,6 @@ def row_on_chip_softmax_kernel(
 
 
 @triton.jit
-def warp_rows_softmax_kernel(
-    x_ptr, y_ptr, lse_ptr,
-    n_rows, n_cols, inner,
-    x_stride_outer, x_stride_col, x_stride_inner,
-    y_stride_outer, y_stride_col, y_stride_inner,
-    inv_temperature,
-    CHUNKS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr,
-    LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
-):
-    # row_on_chip's arithmetic on a [rows, chunks, 32] tile, element (r, c, l) being column 32 c + l
-    # of row r: where Triton reads one element a load (rows off 16-byte boundaries), its layout puts
-    # the 32 lanes on the last axis and the warps on the rows, one row a warp, as torch's kernel for
-    # short rows does; a [rows, cols] tile on several warps splits each row across them
-    # (scripts/probes/probe_warp_rows.py).
-    rows = tl.program_id(0) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
-    cols = tl.arange(0, CHUNKS)[:, None] * 32 + tl.arange(0, 32)[None, :]  # [C, 32]
-    mask = (rows < n_rows)[:, None, None] & (cols < n_cols)[None, :, :]
-    x_row = row_offset(rows, inner, x_stride_outer, x_stride_inner)[:, None, None]
-    b_x = tl.load(x_ptr + x_row + col_offset(cols, x_stride_col, CONTIGUOUS)[None, :, :], mask=mask,
-                  other=NEG_INF).to(tl.float32) * inv_temperature
-    if WRITE_LSE:
-        b_m = max_keep_nan(max_keep_nan(b_x, 2), 1)  # [R]
-    else:
-        # A NaN turns the sum, and so the whole row, into NaN: the plain max will do (row_on_chip).
-        b_m = tl.max(tl.max(b_x, 2), 1)
-    b_e = tl.exp(b_x - b_m[:, None, None])
-    if WRITE_LSE:
-        b_s = tl.sum(tl.sum(tl.where(mask, b_e, 0.0), 2), 1)
-        tl.store(lse_ptr + rows, finish_lse(b_m, b_s), mask=rows < n_rows)
-    if WRITE_Y:
-        b_d = tl.sum(tl.sum(b_e, 2), 1)[:, None, None]  # an all -inf row gives NaN, as torch.softmax does
-        b_y = normalized(b_x, b_m[:, None, None], b_d, LOG)  # its exp is b_e's (the same expression)
-        y_row = row_offset(rows, inner, y_stride_outer, y_stride_inner)[:, None, None]
-        tl.store(y_ptr + y_row + col_offset(cols, y_stride_col, CONTIGUOUS)[None, :, :],
-                 b_y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def looped_softmax_kernel(
     x_ptr, y_ptr, lse_ptr,
     n_cols, inner,

@@ -28,7 +28,6 @@ from .kernels import (
     looped_softmax_kernel,
     row_on_chip_backward_kernel,
     row_on_chip_softmax_kernel,
-    warp_rows_softmax_kernel,
     split_row_backward_apply_kernel,
     split_row_backward_dot_kernel,
     split_row_normalize_kernel,
@@ -152,7 +151,6 @@ _split_row_normalize = Launcher(split_row_normalize_kernel)
 _split_row_on_chip_softmax = Launcher(split_row_on_chip_softmax_kernel)
 _split_row_on_chip_backward = Launcher(split_row_on_chip_backward_kernel)
 _row_on_chip_backward = Launcher(row_on_chip_backward_kernel)
-_warp_rows_softmax = Launcher(warp_rows_softmax_kernel)
 _looped_backward = Launcher(looped_backward_kernel)
 _split_row_backward_dot = Launcher(split_row_backward_dot_kernel)
 _split_row_backward_apply = Launcher(split_row_backward_apply_kernel)
@@ -254,11 +252,6 @@ class ForwardCall:
                 BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program, HOLD_INPUT=chosen.hold_input,
                 OPAQUE_WIDEN=recipe.opaque_widen, ROW_ALIGN=_row_align(recipe, align), TAIL_COLS=chosen.tail_cols,
                 num_warps=chosen.num_warps, **common))
-            return _one_launch(bound, (chosen.rows, n_cols, inner, *strides))
-        if chosen.strategy == "warp_rows":
-            bound = _by_alignment(_warp_rows_softmax, chosen.grid, recipe, lambda align: dict(
-                CHUNKS=chosen.block_cols // 32, ROWS_PER_PROGRAM=chosen.rows_per_program, num_warps=chosen.num_warps,
-                **common))
             return _one_launch(bound, (chosen.rows, n_cols, inner, *strides))
         if chosen.strategy == "looped":
             bound = _by_alignment(_looped_softmax, chosen.grid, recipe, lambda align: dict(

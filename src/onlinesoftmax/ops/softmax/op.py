@@ -281,8 +281,7 @@ def softmax(x: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None,
         one pass when the row fits on chip.
     strategy : str, optional
         Expert/testing override (see ``onlinesoftmax/ops/softmax/plan.py``): the Triton strategies
-        ``"row_on_chip"``, ``"warp_rows"`` (rows of up to 1024 elements one a warp; its backward is
-        row_on_chip's), ``"looped"``, ``"split_row"``, ``"split_row_on_chip"``; ``"torch"``
+        ``"row_on_chip"``, ``"looped"``, ``"split_row"``, ``"split_row_on_chip"``; ``"torch"``
         (torch's kernel); ``"vectorized"`` (the online split-and-merge algorithm in torch ops).
 
     Returns
@@ -378,7 +377,7 @@ def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]] = -1, keepdim: boo
         Keep the reduced dims with size 1.
     strategy : str, optional
         As in :func:`softmax` (the Triton strategies that write a log-sum-exp: ``"row_on_chip"``,
-        ``"warp_rows"``, ``"looped"``, ``"split_row"``).
+        ``"looped"``, ``"split_row"``).
 
     Returns
     -------

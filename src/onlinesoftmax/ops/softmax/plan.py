@@ -51,8 +51,8 @@ import torch
 from ..._device import LastPlan, cdiv, interpreter_active, next_power_of_2, plan_cache, sm_count
 from ..._launch import RegisterCap
 
-STRATEGIES = ("row_on_chip", "warp_rows", "looped", "split_row", "split_row_on_chip", "torch", "vectorized")
-TRITON_STRATEGIES = ("row_on_chip", "warp_rows", "looped", "split_row", "split_row_on_chip")
+STRATEGIES = ("row_on_chip", "looped", "split_row", "split_row_on_chip", "torch", "vectorized")
+TRITON_STRATEGIES = ("row_on_chip", "looped", "split_row", "split_row_on_chip")
 ALGORITHMS = ("auto", "online", "safe")
 FORWARD_OPS = ("softmax", "log_softmax", "logsumexp")
 BACKWARD_OPS = ("softmax_backward", "log_softmax_backward")
@@ -150,13 +150,6 @@ ROW_ON_CHIP_SHORT_TAIL_MAX_TAIL = {4: 32, 2: 64}
 ROW_ON_CHIP_SHORT_TAIL_FEW_ROWS_MAX_TAIL_SHARE = 0.25
 ROW_ON_CHIP_SHORT_TAIL_SPREAD_ROWS_PER_SM = 16
 ROW_ON_CHIP_SHORT_TAIL_MANY_ROWS_WARPS = 1
-# warp_rows: forward rows of up to WARP_ROWS_MAX_COLS elements one a warp, WARP_ROWS_ROWS_PER_PROGRAM
-# warps a program, as torch's kernel for short rows holds them (kernels.warp_rows_softmax_kernel).
-# softmax and log_softmax over rows off 16-byte boundaries of at most WARP_ROWS_AUTO_MAX_COLS take it
-# (0: never): not timed yet (docs/perf-h200.md, scripts/tune/tune_softmax.py --variants warp_rows).
-WARP_ROWS_MAX_COLS = 1024
-WARP_ROWS_ROWS_PER_PROGRAM = 4
-WARP_ROWS_AUTO_MAX_COLS = {4: 0, 2: 0}
 # bf16 rows at least this long wait in registers at 16 bits (widened for each use): half the registers, 2 programs an SM.
 ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 # A held row takes at most 16 warps: 64 registers a thread, 2 programs an SM, half the warps in each cross-warp reduction.
@@ -407,7 +400,7 @@ class Plan(RegisterCap):
     @property
     def passes(self) -> int:
         """Passes over the input in device memory (reads of x, or of y and dy for backward)."""
-        if self.strategy in ("row_on_chip", "warp_rows", "split_row_on_chip", "torch") or (
+        if self.strategy in ("row_on_chip", "split_row_on_chip", "torch") or (
                 self.op == "logsumexp" and self.algorithm == "online"):
             return 1
         if self.op in BACKWARD_OPS:
@@ -515,10 +508,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
     on_chip_max = (BACKWARD_ROW_ON_CHIP_MAX_COLS if backward else ROW_ON_CHIP_MAX_COLS)[elem]
     if strategy is None:
         on_chip = algorithm == "auto" and next_power_of_2(cols) <= on_chip_max
-        if (algorithm == "auto" and op in ("softmax", "log_softmax") and misaligned_rows
-                and cols <= min(WARP_ROWS_AUTO_MAX_COLS[elem], WARP_ROWS_MAX_COLS)):
-            strategy = "warp_rows"
-        elif on_chip and _tailed_tile(op, cols, elem, misaligned_rows)[0]:
+        if on_chip and _tailed_tile(op, cols, elem, misaligned_rows)[0]:
             strategy = "row_on_chip"
         elif on_chip and op != "logsumexp" and _half_empty_tile(cols, STREAM_BLOCK[elem], ROW_ON_CHIP_MIN_FILL[elem]):
             if backward:
@@ -543,19 +533,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         else:
             strategy = "looped"
 
-    if strategy == "warp_rows" and backward:
-        strategy = "row_on_chip"  # a forward layout: its backward is row_on_chip's
-    if strategy in ("row_on_chip", "split_row_on_chip", "warp_rows") and algorithm != "auto" and not backward:
+    if strategy in ("row_on_chip", "split_row_on_chip") and algorithm != "auto" and not backward:
         raise ValueError(f"algorithm={algorithm!r} asks for {algorithm} passes over memory, but strategy "
                          f"{strategy!r} reads the row once; use algorithm='auto'")
-    if strategy == "warp_rows":
-        if cols > WARP_ROWS_MAX_COLS:
-            raise ValueError(f"strategy 'warp_rows' holds rows of at most {WARP_ROWS_MAX_COLS} elements one a warp; "
-                             f"got rows of {cols}. Use strategy=None or 'row_on_chip'")
-        rows_per_program = min(WARP_ROWS_ROWS_PER_PROGRAM, next_power_of_2(rows))
-        return Plan(op, strategy, "one_pass", rows, cols, dtype, max(32, next_power_of_2(cols)), rows_per_program,
-                    rows_per_program, (cdiv(rows, rows_per_program),))
-
     if strategy == "row_on_chip":
         # At least 2: 16-bit tiles are widened two values a register (_triton.widen_opaque).
         block, tail = _tailed_tile(op, cols, elem, misaligned_rows)

@@ -728,6 +728,21 @@ def test_padded_head_dims_read_their_padded_dims_short_rows():
         assert plan.short_config("forward", 64, False, 233) == (64, 32, 4, 3, "pointer")
 
 
+def test_short_rows_of_split_head_dims():
+    # Non-causal D80 and D96 (computed in two parts) at a few key blocks take the short rows' pointer
+    # configs (measured on the H200): D80 up to 256 keys at 64 x 32 and up to 512 at 64 x 64, D96 up
+    # to 256; past those the tables' row (128 x 64, row descriptors where the layout allows).
+    cuda = torch.device("cuda")
+    for head_dim, keys, blocks in ((80, 135, (64, 32)), (80, 256, (64, 32)), (80, 384, (64, 64)),
+                                   (80, 512, (64, 64)), (80, 513, (128, 64)), (96, 135, (64, 32)),
+                                   (96, 256, (64, 32)), (96, 257, (128, 64))):
+        chosen = plan.attention_plan("forward", head_dim, torch.bfloat16, False, cuda, keys, keys, True, rows_ok=True,
+                                     interpreting=False)
+        assert (chosen.block_m, chosen.block_n) == blocks, (head_dim, keys)
+        assert chosen.row_descriptors == (blocks == (128, 64)), (head_dim, keys)
+        assert (chosen.block_d, chosen.block_d2) == (64, head_dim - 64)
+
+
 def test_fused_backward_plan(monkeypatch):
     """Among the rows of the first head-dim bound >= D, the first whose length (the longer of
     queries and keys) and program count (batch x KV heads; 0: any) fit gives the fused plan, with

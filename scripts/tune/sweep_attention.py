@@ -94,7 +94,15 @@ FORWARD_ROUNDS = {
     # then more stages, wider key blocks, larger query blocks on 8 warps and smaller ones.
     "short": [(64, 32, 4, 3, "pointer"), (64, 32, 4, 4, "pointer"), (64, 64, 4, 2, "pointer"),
               (64, 64, 4, 3, "pointer"), (128, 32, 8, 3, "pointer"), (128, 64, 8, 2, "pointer"),
-              (64, 128, 4, 1, "pointer"), (32, 32, 4, 3, "pointer"), (64, 32, 8, 3, "pointer")],
+              (64, 128, 4, 1, "pointer"), (32, 32, 4, 3, "pointer"), (64, 32, 8, 3, "pointer"),
+              # the tables' row for head dims 80 and 96 (computed in two parts), which takes their
+              # non-causal rows of a few key blocks (D80 S135: 0.80x FLASH on the H200)
+              (128, 64, 4, 3, "rows")],
+    # Head dims 80 and 96 (two parts) non-causal at 135-512 keys: where the short rows' config gives
+    # way to the tables' (the first three, from "short", won at D80 S135 on the H200, where (64,
+    # 128, 4, 1) made an illegal memory access: docs/notes/2026-11/sweep_attention-short_split-h200.log).
+    "short_split": [(64, 32, 4, 3, "pointer"), (64, 32, 4, 4, "pointer"), (64, 64, 4, 3, "pointer"),
+                    (128, 64, 4, 3, "rows")],
 }
 # Short sequences. plan.ATTENTION_SHORT_CONFIGS came from three rounds (docs/notes/2026-11/
 # sweep_attention-short-h100.log): the tables' configs, smaller tiles that fit more programs an SM

@@ -177,12 +177,20 @@ ATTENTION_FORWARD_POINTER_CONFIGS = {128: ((128, 128, 8, 3), None)}
 # 200.4, D192 S2048 200.2 -> 222.2, B4 S8191 D176 242.1 -> 242.6, D192 263.8 -> 267.0. Descriptors
 # kept their lead at D144 S8191 (292.7 / 265.7 against 289.8 / 244.4) and non-causal at D176-D192
 # from S2048 (D176 238.9 against 220.9, D192 267.4 against 246.8; S8191 292.5 against 256.1).
+# Non-causal D80 and D96 (two parts) up to 256 keys, and D80 up to 512, take short rows too,
+# measured on the H200 only (scripts/tune/sweep_attention.py --forward-round short_split, bf16
+# forward TFLOP/s, the tables' row -> this, FLASH; docs/notes/2026-11/sweep_attention-short_split-h200.log):
+# D80 B206 H8 S135 56.0 -> 102.0 (69.9), S197 101.5 -> 132.9 (112.0), S256 167.2 -> 199.4 (172.4),
+# at 64 x 64 S384 212.7 -> 242.8 (194.9), S512 245.5 -> 269.0 (211.1); D96 S135 62.0 -> 102.6
+# (87.2), S256 184.4 -> 205.7 (219.3); at D96 S512 the table's row stays (268.7 against 260.8).
 ATTENTION_SHORT_CONFIGS = {
     "forward": ((512, 64, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (1024, 64, (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (128, 128, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (512, 128, None, (64, 32, 4, 3, "pointer")),
-                (512, 80, None, (64, 32, 4, 3, "pointer")),
+                (256, 80, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
+                (512, 80, (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
+                (256, 96, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (512, 96, None, (64, 32, 4, 3, "pointer")),
                 (512, 144, None, (64, 64, 4, 2, "pointer")),
                 (512, 152, None, (64, 32, 4, 3, "pointer")),

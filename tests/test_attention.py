@@ -728,6 +728,68 @@ def test_padded_head_dims_read_their_padded_dims_short_rows():
         assert plan.short_config("forward", 64, False, 233) == (64, 32, 4, 3, "pointer")
 
 
+# (batch, query heads, KV heads, queries, keys, head dim): groups of 2 and 4, queries beyond and
+# below the keys (bottom-right rows that see no key), keys that end mid-block, a padded head dim.
+KV_STATIONARY_SHAPES = ((2, 4, 2, 13, 13, 32), (1, 8, 2, 20, 9, 16), (2, 8, 2, 5, 30, 32), (1, 4, 1, 17, 17, 24))
+
+
+@pytest.mark.skipif(not TRITON_RUNS, reason="the Triton kernels (interpreter or GPU)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape", KV_STATIONARY_SHAPES, ids=["x".join(map(str, s)) for s in KV_STATIONARY_SHAPES])
+def test_kv_stationary_forward(shape, dtype, gen, plan_override):
+    """The forward with one program a KV head (ATTENTION_FORWARD_KV_STATIONARY, here taking every
+    short GQA call) against float64 in every mask, on (B, S, H, D) views; the backward of its out
+    and lse (the split kernels, unchanged) under one mask."""
+    batch, heads_q, heads_kv, n_queries, n_keys, head_dim = shape
+    plan_override("attention", ATTENTION_FORWARD_KV_STATIONARY=((32, 1, (16, 24, 32), 2, 0, (16, 4, 2)),))
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+               for t in make_qkv(gen, batch, heads_q, heads_kv, n_queries, n_keys, head_dim, dtype))
+    d_out = make_logits(q.shape, dtype, gen, scale=1.0, outliers=False)
+    for mode in MODES:
+        what = f"{shape} {mode}"
+        out, lse = attention(q, k, v, causal=CAUSAL_ARG[mode], return_lse=True)
+        chosen = plan.last_attention_plan()
+        assert chosen.kv_stationary and chosen.block_d == (32 if head_dim == 24 else head_dim), what
+        ref_out, ref_lse = reference(q, k, v, mode)
+        assert_matches(out, ref_out, dtype, f"{what} out")
+        assert_matches(lse, ref_lse, torch.float32, f"{what} lse")
+        if mode == "bottom_right":
+            grads = torch.autograd.grad(out, (q, k, v), d_out)
+            for name, got, want in zip("qkv", grads, reference_grads(q, k, v, d_out, mode)):
+                assert_grad_matches(got, want, dtype, f"{what} d{name}")
+
+
+@gpu_only
+@pytest.mark.parametrize("n_keys, head_dim", [(128, 128), (100, 64)])
+def test_kv_stationary_at_its_sizes_gpu(n_keys, head_dim, gen):
+    """The committed table's row on the GPU: just enough KV heads for it, every mask."""
+    per_sm = plan.ATTENTION_FORWARD_KV_STATIONARY[0][4]
+    batch = math.ceil(per_sm * onlinesoftmax._device.sm_count(DEVICE) / 8)
+    q, k, v = make_qkv(gen, batch, 32, 8, n_keys, n_keys, head_dim, torch.bfloat16)
+    for mode in MODES:
+        out, lse = attention(q, k, v, causal=CAUSAL_ARG[mode], return_lse=True)
+        assert plan.last_attention_plan().kv_stationary, mode
+        ref_out, ref_lse = reference(q, k, v, mode)
+        assert_matches(out, ref_out, torch.bfloat16, f"B{batch} S{n_keys} D{head_dim} {mode} out")
+        assert_matches(lse, ref_lse, torch.float32, f"B{batch} S{n_keys} D{head_dim} {mode} lse")
+
+
+def test_kv_stationary_plan():
+    # Grouped-query forwards of 65-128 keys at head dims 64 and 128, groups of 4 or more, with at
+    # least 1.9 KV heads an SM (251 on 132 SMs); anything else keeps the tables' plan.
+    cuda = torch.device("cuda")
+
+    def stationary(keys=128, head_dim=128, group=4, kv_heads=2048):
+        return plan.kv_stationary_plan(head_dim, torch.bfloat16, False, cuda, keys, group, kv_heads, sms=132)
+
+    chosen = stationary()
+    assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages) == (64, 128, 4, 2)
+    assert stationary(keys=65).block_n == 128 and stationary(head_dim=64).block_d == 64
+    for off in (dict(keys=129), dict(keys=64), dict(head_dim=96), dict(group=2), dict(kv_heads=250)):
+        assert stationary(**off) is None, off
+    assert "one program a KV head" in plan.explain(256, 32, 8, 128, 128, 128)
+
+
 def test_short_rows_of_split_head_dims():
     # Non-causal D80 and D96 (computed in two parts) at a few key blocks take the short rows' pointer
     # configs (measured on the H200): D80 up to 256 keys at 64 x 32 and up to 512 at 64 x 64, D96 up

@@ -390,3 +390,57 @@ def attention_forward_kernel(
         out2 = (acc2 * inv_l[:, None]).to(o_ptr.dtype.element_ty)
         store_part(desc_o2, o_base, bh, start_m, n_queries, head_dim, head_dim, out2, BLOCK_D, BLOCK_M, BLOCK_D2,
                    USE_DESCRIPTOR)
+
+
+@triton.jit(do_not_specialize=COUNT_ARGS)
+def attention_forward_kv_stationary_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+    n_heads_q, group, batch, n_queries, n_keys, head_dim,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    qk_scale, causal_offset,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    # Short sequences of grouped-query attention: one program a KV head holds all its keys and
+    # values (one block of BLOCK_N >= n_keys) and loops over its group's query heads and their
+    # query blocks, where the forward above gives each query block a program that reads K and V
+    # again. Each tile is the whole softmax of its rows at once (no running rescale); Triton
+    # pipelines the next tile's query loads (STAGES). Pointer loads, any strides.
+    kv_bh = tl.program_id(0)
+    n_heads_kv = n_heads_q // group
+    b = kv_bh // n_heads_kv
+    h_kv = kv_bh % n_heads_kv
+    keys = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < head_dim
+    key_ok = keys < n_keys
+    k_base, v_base = key_value_bases(k_ptr, v_ptr, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh)
+    kv_mask = key_ok[:, None] & dim_ok[None, :]
+    k = tl.load(k_base + keys[:, None] * stride_ks + dims[None, :] * stride_kd, mask=kv_mask, other=0.0)
+    v = tl.load(v_base + keys[:, None] * stride_vs + dims[None, :] * stride_vd, mask=kv_mask, other=0.0)
+    q_blocks = tl.cdiv(n_queries, BLOCK_M)
+    for tile in tl.range(0, group * q_blocks, num_stages=STAGES):
+        h = h_kv * group + tile // q_blocks
+        rows = (tile % q_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < n_queries
+        q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        q = tl.load(q_base + rows[:, None] * stride_qs + dims[None, :] * stride_qd,
+                    mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+        qk = mma(q, tl.trans(k), None)  # [M, N]
+        qk = tl.where(visible(rows, keys, n_keys, causal_offset, CAUSAL, False), qk, NEG_INF)
+        m = tl.max(qk, 1) * qk_scale
+        # A row that sees no key (bottom-right causal with more queries than keys) keeps m = -inf:
+        # measuring from 0 keeps exp2(-inf - -inf) = NaN out of p; it gives 0 and lse -inf.
+        m_ref = tl.where(m == NEG_INF, 0.0, m)
+        p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
+        l_i = tl.sum(p, 1)
+        acc = mma(p.to(v.dtype), v, None)
+        has_keys = l_i > 0.0
+        bh = b.to(tl.int64) * n_heads_q + h
+        out = (acc * tl.where(has_keys, 1.0 / l_i, 0.0)[:, None]).to(o_ptr.dtype.element_ty)
+        tl.store(o_ptr + (bh * n_queries + rows[:, None]) * head_dim + dims[None, :], out,
+                 mask=row_ok[:, None] & dim_ok[None, :])
+        tl.store(lse_ptr + bh * n_queries + rows, tl.where(has_keys, (m + tl.math.log2(l_i)) * LN2, NEG_INF),
+                 mask=row_ok)

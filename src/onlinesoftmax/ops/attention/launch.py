@@ -21,7 +21,7 @@ from .backward_kernels import (
     attention_backward_fused_kernel,
     attention_backward_sum_parts_kernel,
 )
-from .kernels import LOG2E, attention_forward_kernel
+from .kernels import LOG2E, attention_forward_kernel, attention_forward_kv_stationary_kernel
 
 
 
@@ -99,6 +99,7 @@ def _causal_offset(mode: str, n_queries: int, n_keys: int) -> int:
 # B1 H2 S128 took 1.0 ms of host time per step through Triton's path on the H100 machine's host,
 # more than the GPU needs for B8 H16 S1024 (0.93 ms).
 _forward_launcher = Launcher(attention_forward_kernel)
+_kv_stationary_launcher = Launcher(attention_forward_kv_stationary_kernel)
 _delta_launcher = Launcher(attention_backward_delta_kernel)
 _dkdv_launcher = Launcher(attention_backward_dkdv_kernel)
 _dq_launcher = Launcher(attention_backward_dq_kernel)
@@ -147,7 +148,15 @@ class _ForwardCall:
                      *_strides(q), *_strides(k), *_strides(v), *_head_strides(q, k, v))
         self.offset = _causal_offset(mode, n_queries, n_keys)
         self.launch = None
-        if chosen.path != "torch":
+        stationary = None if chosen.path == "torch" or use_descriptor else planner.kv_stationary_plan(
+            head_dim, q.dtype, mode != "none", q.device, n_keys, n_heads_q // n_heads_kv, batch * n_heads_kv)
+        if stationary is not None:
+            chosen = self.plan = stationary
+            self.ints = self.ints[:-3]  # no head strides: it reads through pointers
+            self.launch = _kv_stationary_launcher.bind(
+                (batch * n_heads_kv,), (key, chosen), BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n,
+                BLOCK_D=chosen.block_d, CAUSAL=mode != "none", STAGES=chosen.num_stages, num_warps=chosen.num_warps)
+        elif chosen.path != "torch":
             grid = (triton.cdiv(n_queries, chosen.block_m), batch * n_heads_q)
             # The plan completes the compiled-kernel key: the call signature alone would launch a kernel
             # compiled under other tables (override_plan) on this plan's grid.

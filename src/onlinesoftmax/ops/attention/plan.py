@@ -126,6 +126,19 @@ ATTENTION_FORWARD_ROW_DESCRIPTORS_DIVISOR = 16
 # BLOCK_N = 64 and D64 with 3 stages computed NaN in Triton 3.6 (D256's was checked at every swept shape).
 ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
                                       256: ((128, 64, 4, 2), (128, 64, 4, 2))}
+# Grouped-query forwards of few keys: one program a KV head holds its keys and values in one block
+# and loops over its query heads' query blocks (kernels.attention_forward_kv_stationary_kernel), where
+# the forward above reads them again for each query block. Rows: (most keys, fewest keys, head dims,
+# smallest GQA group, fewest KV heads (batch x heads) an SM, (BLOCK_M, warps, stages)). bf16 TFLOP/s on
+# the H200, this -> the plan before (FLASH), scripts/probes/probe_kv_stationary.py
+# (docs/notes/2026-11/probe_kv_stationary-h200.log): B256 H32/8 S128 D128 264.8 -> 201.7 (215.8),
+# causal 128.4 -> 116.0 (96.2); B267 H40/8 S125 D128 255.5 -> 189.4 (203.8); B256 H32/8 S128 D64
+# 263.2 -> 196.7 (179.3); S100 D128 170.1 (140.9), S77 108.0 (86.6). Fewer KV heads, H32/8 S128
+# D128 under CUDA graphs: B60 217.1 -> 178.5 (FLASH 192.8 eager), B48 181.9 -> 171.5 (183.3), B32
+# 200.0 -> 157.9 (166.2), but B16 (128 KV heads) 126.7 -> 133.8 (140.2). Groups of 2 (B256 H16/8
+# S128 D128 175.0 at 3 stages against 195.3, causal 81.6 against 108.7) and MHA (192.3 against
+# 190.0, causal 93.6 against 103.7) keep the tables.
+ATTENTION_FORWARD_KV_STATIONARY = ((128, 65, (64, 128), 4, 1.9, (64, 4, 2)),)
 # Forwards that read through pointers (the layout allows no row descriptors: heads that do not
 # merge, such as BSHD views at batch > 1), by padded head dim: (non-causal, causal) config, None
 # for the table's. The 128 row's non-causal config was measured with row descriptors only
@@ -351,6 +364,7 @@ class AttentionPlan(RegisterCap):
     group_split: int = 1  # dK/dV: programs sharing a key block's GQA group (dkdv_group_split)
     heavy_first: bool = False  # causal backward: the grid (programs, blocks), heaviest blocks first
     blocks: int = 0  # split backward: the grid's key blocks (dK/dV) or query blocks (dQ); 0 where not planned
+    kv_stationary: bool = False  # forward: one program a KV head (ATTENTION_FORWARD_KV_STATIONARY)
 
     def describe(self) -> str:
         if self.path == "torch":
@@ -365,6 +379,8 @@ class AttentionPlan(RegisterCap):
             cap += f", each GQA group over {self.group_split} programs (float32 partials, summed after)"
         if self.heavy_first:
             cap += ", every head's heaviest block launched first"
+        if self.kv_stationary:
+            loads = f"{loads}, one program a KV head holding its keys and values, over its query heads' blocks"
         dims = (f"computed as {self.block_d} + {self.block_d2}" if self.block_d2
                 else f"padded to {self.block_d}" if self.block_d != self.head_dim else "unpadded")
         return (f"attention {self.kernel}: BLOCK_M {self.block_m}, BLOCK_N {self.block_n}, head dim "
@@ -449,6 +465,19 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
         config = (*config[:3], 2)  # a one-stage split dK/dV loop faults (above ATTENTION_BACKWARD_SPLIT_HEAD_DIMS)
     return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, rows, False, block_d=first,
                          block_d2=second, max_registers=cap, **dict(zip(_CONFIG_FIELDS, config)))
+
+
+def kv_stationary_plan(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, n_keys: int,
+                       group: int, kv_heads: int, sms: Optional[int] = None) -> Optional[AttentionPlan]:
+    """The forward's plan with one program a KV head (ATTENTION_FORWARD_KV_STATIONARY) where a row
+    takes the keys, head dim, GQA group and KV heads (batch x KV heads) of the call; else None."""
+    sms = sms or sm_count(torch.device(device))
+    for most, fewest, head_dims, smallest_group, per_sm, (block_m, warps, stages) in ATTENTION_FORWARD_KV_STATIONARY:
+        if fewest <= n_keys <= most and head_dim in head_dims and group >= smallest_group and kv_heads >= per_sm * sms:
+            return AttentionPlan("forward", "triton", head_dim, dtype, causal, block_m=block_m,
+                                 block_n=max(16, next_power_of_2(n_keys)), block_d=next_power_of_2(head_dim),
+                                 num_warps=warps, num_stages=stages, kv_stationary=True)
+    return None
 
 
 def short_config(kernel: str, head_dim: int, causal: bool, length: int, split: bool = False) -> Optional[tuple]:
@@ -598,8 +627,12 @@ def explain(batch: int, heads_q: int, heads_kv: int, n_queries: int, n_keys: int
 
     forward = attention_plan("forward", head_dim, dtype, causal, device, n_queries, n_keys, vectors, rows,
                              whole_vectors=vectors, interpreting=False)
-    lines += ["  " + forward.describe(),
-              grid(-(-n_queries // forward.block_m), "query blocks", batch * heads_q, "query heads")]
+    stationary = kv_stationary_plan(head_dim, dtype, causal, device, n_keys, heads_q // heads_kv, batch * heads_kv, sms)
+    if stationary is not None:
+        lines += ["  " + stationary.describe(), f"    grid: {batch * heads_kv} programs, one a batch and KV head"]
+    else:
+        lines += ["  " + forward.describe(),
+                  grid(-(-n_queries // forward.block_m), "query blocks", batch * heads_q, "query heads")]
     first, dq = backward_plans(head_dim, dtype, causal, device, batch, heads_q, heads_kv, n_queries, n_keys, vectors,
                                batch * heads_q, vectors, sms, interpreting=False)
     if dq is None:

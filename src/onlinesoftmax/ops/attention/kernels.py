@@ -178,6 +178,14 @@ def visible(rows, cols, n_keys, causal_offset, CAUSAL: tl.constexpr, KEYS_FILL_B
 # Forward
 # --------------------------------------------------------------------------------------------
 
+@triton.jit
+def finished_rows(m_i, l_i):
+    """(1 / l, lse) of query rows from their maximum (log2 units) and sum; a row that saw no key
+    (l = 0: bottom-right causal with Sq > Sk, or Sk = 0) gives 0 and lse -inf."""
+    has_keys = l_i > 0.0
+    return tl.where(has_keys, 1.0 / l_i, 0.0), tl.where(has_keys, (m_i + tl.math.log2(l_i)) * LN2, NEG_INF)
+
+
 # Lengths, head counts and the causal offset are not specialized by value: Triton would otherwise
 # compile a separate kernel for each of them equal to 1 (decoding, MQA, batch 1) and for each
 # divisibility by 16, while the tiles are bounded by masks and TMA bounds either way.
@@ -378,10 +386,7 @@ def attention_forward_kernel(
                                                  stride_ks, stride_kd, stride_vs, stride_vd,
                                                  BLOCK_N, BLOCK_D, BLOCK_D2, CAUSAL, True, USE_DESCRIPTOR, False,
                                                  False)
-    # A row that saw no key (l = 0: bottom-right causal with Sq > Sk, or Sk = 0) gives 0 and lse -inf.
-    has_keys = l_i > 0.0
-    inv_l = tl.where(has_keys, 1.0 / l_i, 0.0)
-    lse = tl.where(has_keys, (m_i + tl.math.log2(l_i)) * LN2, NEG_INF)
+    inv_l, lse = finished_rows(m_i, l_i)
     tl.store(lse_ptr + bh.to(tl.int64) * n_queries + rows, lse, mask=rows < n_queries)
     out = (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty)
     store_tile(desc_o, o_base, bh, start_m, n_queries, head_dim, head_dim, out, BLOCK_M, BLOCK_D,
@@ -437,10 +442,9 @@ def attention_forward_kv_stationary_kernel(
         p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
         l_i = tl.sum(p, 1)
         acc = mma(p.to(v.dtype), v, None)
-        has_keys = l_i > 0.0
+        inv_l, lse = finished_rows(m, l_i)
         bh = b.to(tl.int64) * n_heads_q + h
-        out = (acc * tl.where(has_keys, 1.0 / l_i, 0.0)[:, None]).to(o_ptr.dtype.element_ty)
+        out = (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty)
         tl.store(o_ptr + (bh * n_queries + rows[:, None]) * head_dim + dims[None, :], out,
                  mask=row_ok[:, None] & dim_ok[None, :])
-        tl.store(lse_ptr + bh * n_queries + rows, tl.where(has_keys, (m + tl.math.log2(l_i)) * LN2, NEG_INF),
-                 mask=row_ok)
+        tl.store(lse_ptr + bh * n_queries + rows, lse, mask=row_ok)

@@ -775,17 +775,18 @@ def test_kv_stationary_at_its_sizes_gpu(n_keys, head_dim, gen):
 
 
 def test_kv_stationary_plan():
-    # Grouped-query forwards of 65-128 keys at head dims 64 and 128, groups of 4 or more, with at
-    # least 1.9 KV heads an SM (251 on 132 SMs); anything else keeps the tables' plan.
+    # Grouped-query forwards of 65-128 keys and at most 128 queries at head dims 64 and 128, groups
+    # of 4 or more, with at least 1.9 KV heads an SM (251 on 132 SMs); anything else keeps the tables' plan.
     cuda = torch.device("cuda")
 
-    def stationary(keys=128, head_dim=128, group=4, kv_heads=2048):
-        return plan.kv_stationary_plan(head_dim, torch.bfloat16, False, cuda, keys, group, kv_heads, sms=132)
+    def stationary(keys=128, head_dim=128, group=4, kv_heads=2048, queries=128):
+        return plan.kv_stationary_plan(head_dim, torch.bfloat16, False, cuda, queries, keys, group, kv_heads, sms=132)
 
     chosen = stationary()
     assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages) == (64, 128, 4, 2)
     assert stationary(keys=65).block_n == 128 and stationary(head_dim=64).block_d == 64
-    for off in (dict(keys=129), dict(keys=64), dict(head_dim=96), dict(group=2), dict(kv_heads=250)):
+    assert stationary(queries=1).block_m == 64
+    for off in (dict(keys=129), dict(keys=64), dict(head_dim=96), dict(group=2), dict(kv_heads=250), dict(queries=129)):
         assert stationary(**off) is None, off
     assert "one program a KV head" in plan.explain(256, 32, 8, 128, 128, 128)
 

@@ -423,15 +423,16 @@ def attention_forward_kv_stationary_kernel(
     key_ok = keys < n_keys
     k_base, v_base = key_value_bases(k_ptr, v_ptr, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh)
     kv_mask = key_ok[:, None] & dim_ok[None, :]
-    k = tl.load(k_base + keys[:, None] * stride_ks + dims[None, :] * stride_kd, mask=kv_mask, other=0.0)
-    v = tl.load(v_base + keys[:, None] * stride_vs + dims[None, :] * stride_vd, mask=kv_mask, other=0.0)
+    # Row offsets in int64, as load_part's: a sequence-first view's row stride is batch x heads x head dim.
+    k = tl.load(k_base + keys.to(tl.int64)[:, None] * stride_ks + dims[None, :] * stride_kd, mask=kv_mask, other=0.0)
+    v = tl.load(v_base + keys.to(tl.int64)[:, None] * stride_vs + dims[None, :] * stride_vd, mask=kv_mask, other=0.0)
     q_blocks = tl.cdiv(n_queries, BLOCK_M)
     for tile in tl.range(0, group * q_blocks, num_stages=STAGES):
         h = h_kv * group + tile // q_blocks
         rows = (tile % q_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < n_queries
         q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-        q = tl.load(q_base + rows[:, None] * stride_qs + dims[None, :] * stride_qd,
+        q = tl.load(q_base + rows.to(tl.int64)[:, None] * stride_qs + dims[None, :] * stride_qd,
                     mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
         qk = mma(q, tl.trans(k), None)  # [M, N]
         qk = tl.where(visible(rows, keys, n_keys, causal_offset, CAUSAL, False), qk, NEG_INF)

@@ -149,7 +149,7 @@ class _ForwardCall:
         self.offset = _causal_offset(mode, n_queries, n_keys)
         self.launch = None
         stationary = None if chosen.path == "torch" or use_descriptor else planner.kv_stationary_plan(
-            head_dim, q.dtype, mode != "none", q.device, n_keys, n_heads_q // n_heads_kv, batch * n_heads_kv)
+            head_dim, q.dtype, mode != "none", q.device, n_queries, n_keys, n_heads_q // n_heads_kv, batch * n_heads_kv)
         if stationary is not None:
             chosen = self.plan = stationary
             self.ints = self.ints[:-3]  # no head strides: it reads through pointers

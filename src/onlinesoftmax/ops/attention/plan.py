@@ -128,7 +128,7 @@ ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
                                       256: ((128, 64, 4, 2), (128, 64, 4, 2))}
 # Grouped-query forwards of few keys: one program a KV head holds its keys and values in one block
 # and loops over its query heads' query blocks (kernels.attention_forward_kv_stationary_kernel), where
-# the forward above reads them again for each query block. Rows: (most keys, fewest keys, head dims,
+# the forward above reads them again for each query block. Rows: (most keys and queries, fewest keys, head dims,
 # smallest GQA group, fewest KV heads (batch x heads) an SM, (BLOCK_M, warps, stages)). bf16 TFLOP/s on
 # the H200, this -> the plan before (FLASH), scripts/probes/probe_kv_stationary.py
 # (docs/notes/2026-11/probe_kv_stationary-h200.log): B256 H32/8 S128 D128 264.8 -> 201.7 (215.8),
@@ -467,13 +467,16 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
                          block_d2=second, max_registers=cap, **dict(zip(_CONFIG_FIELDS, config)))
 
 
-def kv_stationary_plan(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, n_keys: int,
-                       group: int, kv_heads: int, sms: Optional[int] = None) -> Optional[AttentionPlan]:
+def kv_stationary_plan(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, n_queries: int,
+                       n_keys: int, group: int, kv_heads: int, sms: Optional[int] = None) -> Optional[AttentionPlan]:
     """The forward's plan with one program a KV head (ATTENTION_FORWARD_KV_STATIONARY) where a row
-    takes the keys, head dim, GQA group and KV heads (batch x KV heads) of the call; else None."""
+    takes the keys, head dim, GQA group and KV heads (batch x KV heads) of the call and the queries
+    are no more than its keys bound (each program's loop is the group's query blocks: longer query
+    sequences were not timed); else None."""
     sms = sms or sm_count(torch.device(device))
     for most, fewest, head_dims, smallest_group, per_sm, (block_m, warps, stages) in ATTENTION_FORWARD_KV_STATIONARY:
-        if fewest <= n_keys <= most and head_dim in head_dims and group >= smallest_group and kv_heads >= per_sm * sms:
+        if (fewest <= n_keys <= most and n_queries <= most and head_dim in head_dims and group >= smallest_group
+                and kv_heads >= per_sm * sms):
             return AttentionPlan("forward", "triton", head_dim, dtype, causal, block_m=block_m,
                                  block_n=max(16, next_power_of_2(n_keys)), block_d=next_power_of_2(head_dim),
                                  num_warps=warps, num_stages=stages, kv_stationary=True)
@@ -627,7 +630,8 @@ def explain(batch: int, heads_q: int, heads_kv: int, n_queries: int, n_keys: int
 
     forward = attention_plan("forward", head_dim, dtype, causal, device, n_queries, n_keys, vectors, rows,
                              whole_vectors=vectors, interpreting=False)
-    stationary = kv_stationary_plan(head_dim, dtype, causal, device, n_keys, heads_q // heads_kv, batch * heads_kv, sms)
+    stationary = kv_stationary_plan(head_dim, dtype, causal, device, n_queries, n_keys, heads_q // heads_kv,
+                                    batch * heads_kv, sms)
     if stationary is not None:
         lines += ["  " + stationary.describe(), f"    grid: {batch * heads_kv} programs, one a batch and KV head"]
     else:

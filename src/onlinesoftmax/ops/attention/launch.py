@@ -145,18 +145,18 @@ class _ForwardCall:
         self.out = _buffers.template(q.shape, q.dtype, q.device)
         self.lse = _buffers.template((batch, n_heads_q, n_queries), torch.float32, q.device)
         self.ints = (n_heads_q, n_heads_q // n_heads_kv, batch, n_queries, n_keys, head_dim,
-                     *_strides(q), *_strides(k), *_strides(v), *_head_strides(q, k, v))
+                     *_strides(q), *_strides(k), *_strides(v))
         self.offset = _causal_offset(mode, n_queries, n_keys)
         self.launch = None
         stationary = None if chosen.path == "torch" or use_descriptor else planner.kv_stationary_plan(
             head_dim, q.dtype, mode != "none", q.device, n_queries, n_keys, n_heads_q // n_heads_kv, batch * n_heads_kv)
         if stationary is not None:
             chosen = self.plan = stationary
-            self.ints = self.ints[:-3]  # no head strides: it reads through pointers
             self.launch = _kv_stationary_launcher.bind(
                 (batch * n_heads_kv,), (key, chosen), BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n,
                 BLOCK_D=chosen.block_d, CAUSAL=mode != "none", STAGES=chosen.num_stages, num_warps=chosen.num_warps)
         elif chosen.path != "torch":
+            self.ints += _head_strides(q, k, v)  # the merged (batch x heads) strides of its descriptors
             grid = (triton.cdiv(n_queries, chosen.block_m), batch * n_heads_q)
             # The plan completes the compiled-kernel key: the call signature alone would launch a kernel
             # compiled under other tables (override_plan) on this plan's grid.

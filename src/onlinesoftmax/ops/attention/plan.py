@@ -128,16 +128,11 @@ ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
                                       256: ((128, 64, 4, 2), (128, 64, 4, 2))}
 # Grouped-query forwards of few keys: one program a KV head holds its keys and values in one block
 # and loops over its query heads' query blocks (kernels.attention_forward_kv_stationary_kernel), where
-# the forward above reads them again for each query block. Rows: (most keys and queries, fewest keys, head dims,
-# smallest GQA group, fewest KV heads (batch x heads) an SM, (BLOCK_M, warps, stages)). bf16 TFLOP/s on
-# the H200, this -> the plan before (FLASH), scripts/probes/probe_kv_stationary.py
-# (docs/notes/2026-11/probe_kv_stationary-h200.log): B256 H32/8 S128 D128 264.8 -> 201.7 (215.8),
-# causal 128.4 -> 116.0 (96.2); B267 H40/8 S125 D128 255.5 -> 189.4 (203.8); B256 H32/8 S128 D64
-# 263.2 -> 196.7 (179.3); S100 D128 170.1 (140.9), S77 108.0 (86.6). Fewer KV heads, H32/8 S128
-# D128 under CUDA graphs: B60 217.1 -> 178.5 (FLASH 192.8 eager), B48 181.9 -> 171.5 (183.3), B32
-# 200.0 -> 157.9 (166.2), but B16 (128 KV heads) 126.7 -> 133.8 (140.2). Groups of 2 (B256 H16/8
-# S128 D128 175.0 at 3 stages against 195.3, causal 81.6 against 108.7) and MHA (192.3 against
-# 190.0, causal 93.6 against 103.7) keep the tables.
+# the forward above reads them again for each query block. Rows: (most keys and queries, fewest keys,
+# head dims, smallest GQA group, fewest KV heads (batch x heads) an SM, (BLOCK_M, warps, stages)).
+# H200, bf16 TFLOP/s, the tables -> this (FLASH): B256 H32/8 S128 D128 201.7 -> 264.8 (215.8), D64
+# 196.7 -> 263.2 (179.3); at B16 (128 KV heads) 133.8 -> 126.7, groups of 2 and MHA no gain
+# (docs/perf-h200.md, docs/notes/2026-11/probe_kv_stationary-h200.log).
 ATTENTION_FORWARD_KV_STATIONARY = ((128, 65, (64, 128), 4, 1.9, (64, 4, 2)),)
 # Forwards that read through pointers (the layout allows no row descriptors: heads that do not
 # merge, such as BSHD views at batch > 1), by padded head dim: (non-causal, causal) config, None
@@ -191,11 +186,9 @@ ATTENTION_FORWARD_POINTER_CONFIGS = {128: ((128, 128, 8, 3), None)}
 # kept their lead at D144 S8191 (292.7 / 265.7 against 289.8 / 244.4) and non-causal at D176-D192
 # from S2048 (D176 238.9 against 220.9, D192 267.4 against 246.8; S8191 292.5 against 256.1).
 # Non-causal D80 and D96 (two parts) up to 256 keys, and D80 up to 512, take short rows too,
-# measured on the H200 only (scripts/tune/sweep_attention.py --forward-round short_split, bf16
-# forward TFLOP/s, the tables' row -> this, FLASH; docs/notes/2026-11/sweep_attention-short_split-h200.log):
-# D80 B206 H8 S135 56.0 -> 102.0 (69.9), S197 101.5 -> 132.9 (112.0), S256 167.2 -> 199.4 (172.4),
-# at 64 x 64 S384 212.7 -> 242.8 (194.9), S512 245.5 -> 269.0 (211.1); D96 S135 62.0 -> 102.6
-# (87.2), S256 184.4 -> 205.7 (219.3); at D96 S512 the table's row stays (268.7 against 260.8).
+# measured on the H200 only (bf16 TFLOP/s, the tables' row -> this (FLASH): D80 S135 56.0 -> 102.0
+# (69.9), S512 at 64 x 64 245.5 -> 269.0 (211.1); D96 S256 184.4 -> 205.7 (219.3), at S512 the
+# table's row stays; docs/notes/2026-11/sweep_attention-short_split-h200.log, docs/perf-h200.md).
 ATTENTION_SHORT_CONFIGS = {
     "forward": ((512, 64, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (1024, 64, (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),

@@ -736,12 +736,17 @@ KV_STATIONARY_SHAPES = ((2, 4, 2, 13, 13, 32), (1, 8, 2, 20, 9, 16), (2, 8, 2, 5
 @pytest.mark.skipif(not TRITON_RUNS, reason="the Triton kernels (interpreter or GPU)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("shape", KV_STATIONARY_SHAPES, ids=["x".join(map(str, s)) for s in KV_STATIONARY_SHAPES])
-def test_kv_stationary_forward(shape, dtype, gen, plan_override):
-    """The forward with one program a KV head (ATTENTION_FORWARD_KV_STATIONARY, here taking every
-    short GQA call) against float64 in every mask, on (B, S, H, D) views; the backward of its out
-    and lse (the split kernels, unchanged) under one mask."""
+@pytest.mark.parametrize("per_sm", [1, 4], ids=["few_slots", "many_slots"])
+def test_kv_stationary_forward(shape, per_sm, dtype, gen, plan_override):
+    """The forward with one program a KV head, or its tiles over several (ATTENTION_FORWARD_KV_STATIONARY,
+    here taking every short GQA call; ``per_sm`` programs an SM of the interpreter's 4 set the
+    split), against float64 in every mask, on (B, S, H, D) views; the backward of its out and lse
+    (the split kernels, unchanged) under one mask."""
     batch, heads_q, heads_kv, n_queries, n_keys, head_dim = shape
-    plan_override("attention", ATTENTION_FORWARD_KV_STATIONARY=((32, 1, (16, 24, 32), 2, 0, (16, 4, 2)),))
+    plan_override("attention", ATTENTION_FORWARD_KV_STATIONARY=(
+        (32, 1, dict.fromkeys((16, 24, 32), per_sm), (2, 2), 0, (16, 4, 2), False),))
+    tiles = heads_q // heads_kv * -(-n_queries // 16)
+    split = plan.kv_stationary_split(batch * heads_kv, tiles, per_sm * onlinesoftmax._device.sm_count(DEVICE))
     q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
                for t in make_qkv(gen, batch, heads_q, heads_kv, n_queries, n_keys, head_dim, dtype))
     d_out = make_logits(q.shape, dtype, gen, scale=1.0, outliers=False)
@@ -750,6 +755,7 @@ def test_kv_stationary_forward(shape, dtype, gen, plan_override):
         out, lse = attention(q, k, v, causal=CAUSAL_ARG[mode], return_lse=True)
         chosen = plan.last_attention_plan()
         assert chosen.kv_stationary and chosen.block_d == (32 if head_dim == 24 else head_dim), what
+        assert chosen.group_split == split and (split > 1 or per_sm == 1), what
         ref_out, ref_lse = reference(q, k, v, mode)
         assert_matches(out, ref_out, dtype, f"{what} out")
         assert_matches(lse, ref_lse, torch.float32, f"{what} lse")
@@ -760,45 +766,64 @@ def test_kv_stationary_forward(shape, dtype, gen, plan_override):
 
 
 @gpu_only
-@pytest.mark.parametrize("n_keys, head_dim", [(128, 128), (100, 64)])
-def test_kv_stationary_at_its_sizes_gpu(n_keys, head_dim, gen):
-    """The committed table's row on the GPU: just enough KV heads for it, every mask."""
-    per_sm = plan.ATTENTION_FORWARD_KV_STATIONARY[0][4]
-    batch = math.ceil(per_sm * onlinesoftmax._device.sm_count(DEVICE) / 8)
+@pytest.mark.parametrize("n_keys, head_dim", [(128, 128), (100, 64), (126, 256)])
+@pytest.mark.parametrize("kv_heads", ["fewest", "one_wave"])
+def test_kv_stationary_at_its_sizes_gpu(n_keys, head_dim, kv_heads, gen):
+    """The committed table's rows on the GPU, every mask: just enough KV heads for them (each one's
+    tiles over several programs, at head dims 64 and 128) and as many as the SMs hold at once (one
+    program each, the wave model's choice there)."""
+    row = next(row for row in plan.ATTENTION_FORWARD_KV_STATIONARY if head_dim in row[2])
+    sms = onlinesoftmax._device.sm_count(DEVICE)
+    batch = math.ceil(row[4] * sms / 8) if kv_heads == "fewest" else row[2][head_dim] * sms // 8
     q, k, v = make_qkv(gen, batch, 32, 8, n_keys, n_keys, head_dim, torch.bfloat16)
     for mode in MODES:
         out, lse = attention(q, k, v, causal=CAUSAL_ARG[mode], return_lse=True)
-        assert plan.last_attention_plan().kv_stationary, mode
+        chosen = plan.last_attention_plan()
+        # (head dim 256: one program an SM, 4 tiles a KV head, which the model keeps whole)
+        split = kv_heads == "fewest" and head_dim < 256
+        assert chosen.kv_stationary and (chosen.group_split > 1) == split, (mode, chosen)
         ref_out, ref_lse = reference(q, k, v, mode)
         assert_matches(out, ref_out, torch.bfloat16, f"B{batch} S{n_keys} D{head_dim} {mode} out")
         assert_matches(lse, ref_lse, torch.float32, f"B{batch} S{n_keys} D{head_dim} {mode} lse")
 
 
 def test_kv_stationary_plan():
-    # Grouped-query forwards of 65-128 keys and at most 128 queries at head dims 64 and 128, groups
-    # of 4 or more, with at least 1.9 KV heads an SM (251 on 132 SMs); anything else keeps the tables' plan.
+    # Grouped-query forwards of 65-128 keys and at most 128 queries at head dims 64 and 128 (groups
+    # of 2 or more, causal 4) and 256 (groups of 4), with at least 0.9 KV heads an SM (119 on 132
+    # SMs), their tiles split over programs where KV heads are few; anything else keeps the tables' plan.
     cuda = torch.device("cuda")
 
-    def stationary(keys=128, head_dim=128, group=4, kv_heads=2048, queries=128):
-        return plan.kv_stationary_plan(head_dim, torch.bfloat16, False, cuda, queries, keys, group, kv_heads, sms=132)
+    def stationary(keys=128, head_dim=128, group=4, kv_heads=2048, queries=128, causal=False, tables_specialized=False):
+        return plan.kv_stationary_plan(head_dim, torch.bfloat16, causal, cuda, queries, keys, group, kv_heads, sms=132,
+                                       tables_specialized=tables_specialized)
 
     chosen = stationary()
     assert (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages) == (64, 128, 4, 2)
     assert stationary(keys=65).block_n == 128 and stationary(head_dim=64).block_d == 64
     assert stationary(queries=1).block_m == 64
-    for off in (dict(keys=129), dict(keys=64), dict(head_dim=96), dict(group=2), dict(kv_heads=250), dict(queries=129)):
+    assert stationary(group=2) is not None and stationary(group=2, causal=True) is None
+    assert stationary(head_dim=256).block_m == 128 and stationary(head_dim=256, group=2) is None
+    assert stationary(tables_specialized=True) is not None and stationary(head_dim=256, tables_specialized=True) is None
+    for off in (dict(keys=129), dict(keys=64), dict(head_dim=96), dict(group=1), dict(kv_heads=118), dict(queries=129)):
         assert stationary(**off) is None, off
+    # The measured splits (B x 32/8 heads at S128 D128: 8 tiles a KV head, two programs an SM).
+    for batch, split in ((16, 2), (32, 1), (48, 2), (60, 1), (256, 1)):
+        assert stationary(kv_heads=batch * 8).group_split == split, batch
+    assert stationary(kv_heads=2048, group=2).group_split == 1
     assert "one program a KV head" in plan.explain(256, 32, 8, 128, 128, 128)
+    assert "2 programs a KV head" in plan.explain(16, 32, 8, 128, 128, 128)
 
 
 def test_short_rows_of_split_head_dims():
     # Non-causal D80 and D96 (computed in two parts) at a few key blocks take the short rows' pointer
     # configs (measured on the H200): D80 up to 256 keys at 64 x 32 and up to 512 at 64 x 64, D96 up
-    # to 256; past those the tables' row (128 x 64, row descriptors where the layout allows).
+    # to 160 at 64 x 32 and up to 512 at 128 x 32; past those the tables' row (128 x 64, row
+    # descriptors where the layout allows).
     cuda = torch.device("cuda")
     for head_dim, keys, blocks in ((80, 135, (64, 32)), (80, 256, (64, 32)), (80, 384, (64, 64)),
                                    (80, 512, (64, 64)), (80, 513, (128, 64)), (96, 135, (64, 32)),
-                                   (96, 256, (64, 32)), (96, 257, (128, 64))):
+                                   (96, 160, (64, 32)), (96, 161, (128, 32)), (96, 512, (128, 32)),
+                                   (96, 513, (128, 64))):
         chosen = plan.attention_plan("forward", head_dim, torch.bfloat16, False, cuda, keys, keys, True, rows_ok=True,
                                      interpreting=False)
         assert (chosen.block_m, chosen.block_n) == blocks, (head_dim, keys)

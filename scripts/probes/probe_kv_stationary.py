@@ -2,6 +2,7 @@
 heads' query blocks, timed beside the library's forward and SDPA (GPU).
 
     python scripts/probes/probe_kv_stationary.py [--shapes 256x32x8x128x128,...] [--configs 64x4x2,...] [--tables]
+        [--graphs]
 
 At 125-128 keys the forward's short rows (64 x 32 blocks, 4 warps, 3 stages) give each program one
 query block of one head, and every program of a GQA group reads the group's K and V again (from
@@ -16,7 +17,9 @@ The kernel is the library's (kernels.attention_forward_kv_stationary_kernel), la
 config; its first runs used a copy of it in this file. Since the library took it
 (ops/attention/plan.py ATTENTION_FORWARD_KV_STATIONARY), "ours" is this kernel wherever the plan's
 row applies; --tables adds the library with that row off. Configs:
-BLOCK_M x warps x stages. Each output is checked against SDPA's math backend (float32),
+BLOCK_M x warps x stages [x split: programs a KV head, each taking every split-th tile, for calls
+of too few KV heads to fill the SMs]. --graphs times CUDA-graph replays (every column; the host's
+time out of small calls). Each output is checked against SDPA's math backend (float32),
 times are do_bench medians (L2 flushed), TFLOP/s at 4 B Hq S^2 D (half for causal).
 """
 
@@ -33,12 +36,12 @@ SHAPES = "256x32x8x128x128,267x40x8x125x128,256x16x16x128x128,256x32x8x128x64,51
 CONFIGS = "64x4x2,64x4x3,64x8x2,128x8x2,128x8x1"
 
 
-def kv_stationary(q, k, v, causal, block_m, warps, stages):
+def kv_stationary(q, k, v, causal, block_m, warps, stages, split=1):
     batch, heads_q, n_queries, head_dim = q.shape
     heads_kv, n_keys = k.shape[1], k.shape[2]
     out = torch.empty((batch, heads_q, n_queries, head_dim), device=q.device, dtype=q.dtype)
     lse = torch.empty((batch, heads_q, n_queries), device=q.device, dtype=torch.float32)
-    attention_forward_kv_stationary_kernel[(batch * heads_kv,)](
+    attention_forward_kv_stationary_kernel[(batch * heads_kv, split)](
         q, k, v, out, lse, heads_q, heads_q // heads_kv, batch, n_queries, n_keys, head_dim,
         *q.stride(), *k.stride(), *v.stride(), head_dim ** -0.5 * LOG2E, 0,
         BLOCK_M=block_m, BLOCK_N=max(16, triton.next_power_of_2(n_keys)), BLOCK_D=triton.next_power_of_2(head_dim),
@@ -53,7 +56,9 @@ def tflops(ms, batch, heads_q, seq, head_dim, causal):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default=SHAPES, help="BxHQxHKVxSxD, comma-separated")
-    parser.add_argument("--configs", default=CONFIGS, help="BLOCK_MxWARPSxSTAGES, comma-separated ('' for none)")
+    parser.add_argument("--configs", default=CONFIGS,
+                        help="BLOCK_MxWARPSxSTAGES[xSPLIT], comma-separated ('' for none)")
+    parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays instead of eager calls")
     parser.add_argument("--tables", action="store_true",
                         help="also the library with its KV-stationary rule off (the tables' forward)")
     args = parser.parse_args()
@@ -83,13 +88,14 @@ def main():
                         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                                                 enable_gqa=True)
                 peers[name] = sdpa
-            for block_m, warps, stages in configs:
-                peers[f"kv {block_m}x{warps}w{stages}s"] = (
-                    lambda c=(block_m, warps, stages): kv_stationary(q, k, v, causal, *c))
+            for config in configs:
+                name = "kv {}x{}w{}s".format(*config) + (f" split{config[3]}" if len(config) > 3 else "")
+                peers[name] = lambda c=config: kv_stationary(q, k, v, causal, *c)
             for name, fn in peers.items():
                 try:
                     err = (fn().float() - ref).abs().max().item()
-                    ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    ms = (triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") if args.graphs
+                          else triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
                 except Exception as exc:  # a config that does not fit (registers, shared memory)
                     line.append(f"{name} {type(exc).__name__}")
                     continue

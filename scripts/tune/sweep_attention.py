@@ -103,6 +103,18 @@ FORWARD_ROUNDS = {
     # 128, 4, 1) made an illegal memory access: docs/notes/2026-11/sweep_attention-short_split-h200.log).
     "short_split": [(64, 32, 4, 3, "pointer"), (64, 32, 4, 4, "pointer"), (64, 64, 4, 3, "pointer"),
                     (128, 64, 4, 3, "rows")],
+    # Head dim 96 at 256-512 keys, behind FLASH on the H200 after short_split (S256 0.94x, S512 the
+    # tables' row 0.99x): the short rows' config, the same and larger tiles padded whole to 128, more
+    # query rows on 8 warps, key blocks of 16 and 128, and the tables' row.
+    "d96_short": [(64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer", "padded"),
+                  (64, 64, 4, 3, "pointer", "padded"), (128, 64, 8, 3, "pointer", "padded"),
+                  (128, 32, 8, 3, "pointer"), (64, 16, 4, 4, "pointer"), (64, 128, 4, 2, "pointer"),
+                  (128, 64, 4, 3, "rows")],
+    # Its second round, after 128 x 32 on 8 warps led at S256-S512 (218.6 against FLASH's 219.4 at
+    # S256): where it overtakes 64 x 32 from S135 up, its stages and key blocks, through row
+    # descriptors, and the same at D80 (64 x 64 there up to S512).
+    "d96_short_2": [(64, 32, 4, 3, "pointer"), (128, 32, 8, 3, "pointer"), (128, 32, 8, 4, "pointer"),
+                    (128, 64, 8, 3, "pointer"), (128, 32, 8, 3, "rows"), (64, 64, 4, 3, "pointer")],
 }
 # Short sequences. plan.ATTENTION_SHORT_CONFIGS came from three rounds (docs/notes/2026-11/
 # sweep_attention-short-h100.log): the tables' configs, smaller tiles that fit more programs an SM
@@ -294,7 +306,7 @@ def forced_forward(config, loads, variant=None):
                 ATTENTION_USE_DESCRIPTOR=dict(plan.ATTENTION_USE_DESCRIPTOR, forward=loads == "descriptor"),
                 ATTENTION_FORWARD_ROW_DESCRIPTORS=(64, 128, 256) if loads in ("rows", "ws") else (),
                 ATTENTION_FORWARD_WARP_SPECIALIZED={d: (config, config) for d in (64, 128, 256)} if loads == "ws" else {},
-                **padding(variant))
+                ATTENTION_FORWARD_KV_STATIONARY=(), **padding(variant))
 
 
 def sdpa(q, k, v, causal, backend):

@@ -412,7 +412,9 @@ def attention_forward_kv_stationary_kernel(
     # values (one block of BLOCK_N >= n_keys) and loops over its group's query heads and their
     # query blocks, where the forward above gives each query block a program that reads K and V
     # again. Each tile is the whole softmax of its rows at once (no running rescale); Triton
-    # pipelines the next tile's query loads (STAGES). Pointer loads, any strides.
+    # pipelines the next tile's query loads (STAGES). Pointer loads, any strides. Where KV heads
+    # are too few to fill the SMs, the grid's second axis splits a KV head's tiles over that many
+    # programs, each reading K and V once (tile i to program i mod the split).
     kv_bh = tl.program_id(0)
     n_heads_kv = n_heads_q // group
     b = kv_bh // n_heads_kv
@@ -427,7 +429,7 @@ def attention_forward_kv_stationary_kernel(
     k = tl.load(k_base + keys.to(tl.int64)[:, None] * stride_ks + dims[None, :] * stride_kd, mask=kv_mask, other=0.0)
     v = tl.load(v_base + keys.to(tl.int64)[:, None] * stride_vs + dims[None, :] * stride_vd, mask=kv_mask, other=0.0)
     q_blocks = tl.cdiv(n_queries, BLOCK_M)
-    for tile in tl.range(0, group * q_blocks, num_stages=STAGES):
+    for tile in tl.range(tl.program_id(1), group * q_blocks, tl.num_programs(1), num_stages=STAGES):
         h = h_kv * group + tile // q_blocks
         rows = (tile % q_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < n_queries

@@ -149,11 +149,12 @@ class _ForwardCall:
         self.offset = _causal_offset(mode, n_queries, n_keys)
         self.launch = None
         stationary = None if chosen.path == "torch" or use_descriptor else planner.kv_stationary_plan(
-            head_dim, q.dtype, mode != "none", q.device, n_queries, n_keys, n_heads_q // n_heads_kv, batch * n_heads_kv)
+            head_dim, q.dtype, mode != "none", q.device, n_queries, n_keys, n_heads_q // n_heads_kv, batch * n_heads_kv,
+            tables_specialized=chosen.warp_specialize)
         if stationary is not None:
             chosen = self.plan = stationary
             self.launch = _kv_stationary_launcher.bind(
-                (batch * n_heads_kv,), (key, chosen), BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n,
+                (batch * n_heads_kv, chosen.group_split), (key, chosen), BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n,
                 BLOCK_D=chosen.block_d, CAUSAL=mode != "none", STAGES=chosen.num_stages, num_warps=chosen.num_warps)
         elif chosen.path != "torch":
             self.ints += _head_strides(q, k, v)  # the merged (batch x heads) strides of its descriptors

@@ -42,30 +42,16 @@ def head_dim_parts(head_dim: int) -> tuple[int, int]:
     return (first, second) if 0 < second and first + second < padded else (padded, 0)
 
 
-# The best of sweeps on the H100 (scripts/tune/sweep_attention.py; head dim 256:
-# docs/notes/2026-11/sweep_attention-d256-h100.log, where the first table, 64 x 64 blocks on 4
-# warps, ran the forward at 0.63-0.92x SDPA FLASH: a 64 x 256 fp32 accumulator on 4 warps is 128
-# registers a thread). The causal D256 dK/dV kernel runs one stage: a third round, causal only
-# (sweep_attention-d256_causal-h100.log), measured 2 -> 1 stage 94.8 -> 100.9 TFLOP/s at S512,
-# 128.5 -> 136.2 at S1000, 171.8 -> 178.0 at S2048, 217.4 -> 219.7 at S8191 (backward alone).
-# The forward's 160 row serves the head dims it computes in two parts up to 160 (136 = 128 + 16
-# past it, 144, 152, 160), which had read the 256 row: bf16 forward TFLOP/s, (128, 64, 8, 2) ->
-# (128, 32, 4, 3) (scripts/tune/sweep_attention.py --forward-only, docs/notes/2026-11/
-# sweep_attention-head_dims_136_192-h100.log): D144 B64 H16 S512 220.4 -> 294.9 (causal 138.9 ->
-# 167.0; FLASH 191.8 / 139.8), S1000 267.0 -> 344.9 (193.6 -> 232.5), S2048 339.5 -> 407.6 (259.0
-# -> 314.1), S8191 412.5 -> 441.4 (360.8 -> 405.0); D160 S512 237.5 -> 308.9, S2048 372.9 -> 412.8
-# (291.6 -> 331.5); D136 S512 215.8 -> 292.9 (95.9 -> 181.4: 0.74x FLASH before); D152 S512 228.7
-# -> 265.1. Causal rows up to 512 keys take pointer loads instead (ATTENTION_SHORT_CONFIGS).
-# The forward's 128 row, non-causal: keys that end mid-block (the warp-specialized loop takes whole
-# blocks only) and head dims padded to 128 that row descriptors read (112, 128), 128 x 128 blocks on
-# 8 warps at 3 stages -> 128 x 64 on 4 warps at 2 with row descriptors (through pointers the one
-# before stays: ATTENTION_FORWARD_POINTER_CONFIGS), bf16 TFLOP/s (scripts/tune/sweep_attention.py
-# --forward-round ragged, docs/notes/2026-11/sweep_attention-ragged-h100.log; FLASH): D112 B121 H16
-# S373 192.7 -> 250.0 (231.6), D128 B4 H40/8 S541 189.9 -> 245.5 (215.3), B16 H16 S1000 329.1 ->
-# 397.8 (320.8), B10 H16 S3000 424.9 -> 482.3 (348.0).
-# The dK/dV kernel's 136 row: D136 computed as 128 + 16 at 3 stages (2 -> 3 stages with both kernels
-# split, B16 H16 S2048 224.6 -> 223.6, B4 S8191 265.5 -> 273.0; docs/notes/2026-11/
-# sweep_attention-backward_head_dims_136_192-h100.log).
+# The best of sweeps on the H100 (scripts/tune/sweep_attention.py; the numbers are in
+# docs/perf-attention.md and the logs named here). Head dim 256: 128 x 64 blocks on 8 warps, where
+# 64 x 64 on 4 had run the forward at 0.63-0.92x FLASH (sweep_attention-d256-h100.log); its causal
+# dK/dV kernel at one stage (S512 94.8 -> 100.9 TFLOP/s: sweep_attention-d256_causal-h100.log). The
+# forward's 160 row serves the head dims computed in two parts up to 160 (136 past it, 144, 152),
+# which had read the 256 row: 1.1-1.9x faster (sweep_attention-head_dims_136_192-h100.log); causal
+# rows up to 512 keys take pointer loads instead (ATTENTION_SHORT_CONFIGS). The forward's 128 row,
+# non-causal: keys that end mid-block and head dims 112 and 128 read by row descriptors, 128 x 64
+# on 4 warps at 2 stages (D128 B16 H16 S1000 329.1 -> 397.8: sweep_attention-ragged-h100.log). The
+# dK/dV kernel's 136 row: 128 + 16 at 3 stages (sweep_attention-backward_head_dims_136_192-h100.log).
 ATTENTION_CONFIGS = {
     "forward": ((64, (64, 128, 4, 3), (64, 64, 4, 4)),
                 (96, (128, 64, 4, 3), (128, 64, 4, 3)),
@@ -84,20 +70,12 @@ ATTENTION_CONFIGS = {
                     (256, (128, 32, 8, 2), (128, 32, 8, 2))),
 }
 # Padded head dims measured on their own, by kernel: {head dim: (non-causal config, causal config)},
-# taken before the rows above (which a padded head dim reads by its padded dim). Head dim 96 (padded
-# to 128 in the backward): its dQ kernel at three stages, backward TFLOP/s, table -> this
-# (scripts/tune/sweep_attention.py --split-backward, docs/notes/2026-11/sweep_attention-split_backward-h100.log):
-# B64 H16 S512 164.7 -> 173.3 (causal 96.1 -> 100.1), B16 H16 S2048 238.2 -> 250.7 (182.1 ->
-# 192.0), B4 H16 S8191 266.8 -> 264.5 (240.5 -> 250.7), B64 H32/8 S512 197.6 -> 213.8 (121.3 -> 126.2).
-# Head dim 136's dQ kernel padded to 256 at three stages: measured beside the split dK/dV kernel
-# (B64 H16 S512 147.0 TFLOP/s, causal 86.8; sweep_attention-backward_head_dims_136_192-h100.log);
-# it pads now only where the rows are not whole 16-byte vectors (both kernels then padded).
-# Head dim 32 causal (D64's row before): dK/dV over 128-key blocks, dQ over 128-query blocks at
-# three stages, where a 32-wide head leaves the registers for them; backward TFLOP/s, D64's row ->
-# this (FLASH), bf16 (scripts/tune/sweep_attention.py --round d32-causal-2 --mask causal,
-# docs/notes/2026-11/sweep_attention-d32_causal_2-h100.log): B4 H28/4 S2770 116.9 -> 133.6 (140.9),
-# B5 H28/4 S8936 135.2 -> 195.3 (186.5), B8 H16 S4096 122.5 -> 164.7 (172.8), B16 H16 S1024 72.6
-# -> 95.4 (111.9), B64 H16 S512 49.1 -> 67.8 (80.4), B2 H16 S16384 143.5 -> 195.4 (202.2).
+# taken before the rows above (which a padded head dim reads by its padded dim): head dim 96's dQ
+# kernel at three stages (B64 H32/8 S512 197.6 -> 213.8 TFLOP/s: sweep_attention-split_backward-h100.log);
+# 136's padded to 256 where its rows are not whole 16-byte vectors (the split dK/dV kernel's
+# partner: sweep_attention-backward_head_dims_136_192-h100.log); head dim 32 causal over 128-key
+# dK/dV and 128-query dQ blocks, which a 32-wide head leaves registers for (B5 H28/4 S8936 135.2 ->
+# 195.3, FLASH 186.5: sweep_attention-d32_causal_2-h100.log). docs/perf-attention.md has the rest.
 ATTENTION_HEAD_DIM_CONFIGS = {"backward_dkdv": {32: ((32, 64, 4, 2), (32, 128, 4, 2))},
                               "backward_dq": {32: ((64, 64, 4, 3), (128, 32, 4, 3)),
                                               96: ((128, 32, 8, 3), (128, 32, 8, 3)),
@@ -128,12 +106,18 @@ ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
                                       256: ((128, 64, 4, 2), (128, 64, 4, 2))}
 # Grouped-query forwards of few keys: one program a KV head holds its keys and values in one block
 # and loops over its query heads' query blocks (kernels.attention_forward_kv_stationary_kernel), where
-# the forward above reads them again for each query block. Rows: (most keys and queries, fewest keys,
-# head dims, smallest GQA group, fewest KV heads (batch x heads) an SM, (BLOCK_M, warps, stages)).
-# H200, bf16 TFLOP/s, the tables -> this (FLASH): B256 H32/8 S128 D128 201.7 -> 264.8 (215.8), D64
-# 196.7 -> 263.2 (179.3); at B16 (128 KV heads) 133.8 -> 126.7, groups of 2 and MHA no gain
-# (docs/perf-h200.md, docs/notes/2026-11/probe_kv_stationary-h200.log).
-ATTENTION_FORWARD_KV_STATIONARY = ((128, 65, (64, 128), 4, 1.9, (64, 4, 2)),)
+# the forward above reads them again for each query block; where KV heads are few, each one's tiles
+# go to several programs (kv_stationary_split). Rows: (most keys and queries, fewest keys, {head
+# dim: programs an SM}, smallest GQA group (non-causal, causal), fewest KV heads (batch x heads) an
+# SM, (BLOCK_M, warps, stages), whether it yields to the warp-specialized forward). H200, bf16
+# TFLOP/s, tables -> this (FLASH): B256 H32/8 S128 D128 201.7 -> 264.8 (215.8); B16 H32/8 170.7 ->
+# 237.9 (174.3, CUDA graphs); D256 B308 H64/8 S126 167.3 -> 231.7 (207.9), but at S128 (the
+# warp-specialized forward) 206.3 -> 201.0 (docs/perf-h200.md, notes/2026-11/probe_kv_stationary-h200.log).
+ATTENTION_FORWARD_KV_STATIONARY = ((128, 65, {64: 3, 128: 2}, (2, 4), 0.9, (64, 4, 2), False),
+                                   (128, 65, {256: 1}, (4, 4), 0.9, (128, 8, 1), True))
+# A program's load of its K and V in tiles (one query block of one head): B32 H32/8 S128 D128 ran one
+# program a KV head (8 tiles, one wave) at 218.0 TFLOP/s and two (4 tiles, two waves) at 205.4.
+KV_STATIONARY_LOAD_TILES = 0.5
 # Forwards that read through pointers (the layout allows no row descriptors: heads that do not
 # merge, such as BSHD views at batch > 1), by padded head dim: (non-causal, causal) config, None
 # for the table's. The 128 row's non-causal config was measured with row descriptors only
@@ -174,21 +158,14 @@ ATTENTION_FORWARD_POINTER_CONFIGS = {128: ((128, 128, 8, 3), None)}
 # from S512 descriptors stay ahead (S512 118.4 against 111.5, S1024 152.5 against 120.1).
 # The backward of the split head dims 136-192 reads through pointers, not TMA descriptors, up to
 # 2048 keys at 136-160, and at 176-192 up to 512 (causal 8192), its dK/dV kernel over 16-query
-# blocks (causal, and 176-192) or at 3 stages: backward TFLOP/s, the tables' config through
-# descriptors -> this, non-causal / causal (scripts/tune/sweep_attention.py --split-backward --round
-# loads, docs/notes/2026-11/sweep_attention-split_loads-h100.log): B64 H16 S512 D136 138.2 -> 178.2 /
-# 80.8 -> 115.0 (FLASH 114.9 / 80.4), D160 161.1 -> 187.5 / 91.5 -> 120.8 (132.8 / 92.3), D176 155.0
-# -> 170.0 / 91.3 -> 117.3 (144.2 / 98.7), D192 168.9 -> 189.1 / 98.6 -> 126.7 (155.0 / 108.5); B64
-# H32/8 S512 D160 195.8 -> 218.1 / 111.8 -> 127.4; B256 H16 S128 D160 62.8 -> 77.9 / 29.0 -> 42.8;
-# B16 H16 S2048 D136 227.9 -> 246.6 / 170.8 -> 191.4, D144 247.2 -> 265.0 / 189.8 -> 202.4, D160
-# 263.5 -> 278.9 / 196.3 -> 209.2; causal D176 B32 S1000 132.0 -> 159.3 (FLASH 135.7), S2048 181.8 ->
-# 200.4, D192 S2048 200.2 -> 222.2, B4 S8191 D176 242.1 -> 242.6, D192 263.8 -> 267.0. Descriptors
-# kept their lead at D144 S8191 (292.7 / 265.7 against 289.8 / 244.4) and non-causal at D176-D192
-# from S2048 (D176 238.9 against 220.9, D192 267.4 against 246.8; S8191 292.5 against 256.1).
-# Non-causal D80 and D96 (two parts) up to 256 keys, and D80 up to 512, take short rows too,
-# measured on the H200 only (bf16 TFLOP/s, the tables' row -> this (FLASH): D80 S135 56.0 -> 102.0
-# (69.9), S512 at 64 x 64 245.5 -> 269.0 (211.1); D96 S256 184.4 -> 205.7 (219.3), at S512 the
-# table's row stays; docs/notes/2026-11/sweep_attention-short_split-h200.log, docs/perf-h200.md).
+# blocks (causal, and 176-192) or at 3 stages: B64 H16 S512 D136 138.2 -> 178.2 TFLOP/s, causal
+# 80.8 -> 115.0 (FLASH 114.9 / 80.4); descriptors kept their lead at D144 S8191 and non-causal
+# D176-D192 from S2048 (every shape: docs/notes/2026-11/sweep_attention-split_loads-h100.log).
+# Non-causal D80 and D96 (two parts) take short rows too, measured on the H200 only, bf16 TFLOP/s,
+# the tables' row -> this (FLASH): D80 S135 56.0 -> 102.0 (69.9), S512 at 64 x 64 245.5 -> 269.0
+# (211.1); D96 S135 62.0 -> 102.6 (87.2) at 64 x 32, S256 184.4 -> 218.1 (218.8) and S512 270.7 ->
+# 277.7 (271.4) at 128 x 32 on 8 warps (notes/2026-11/sweep_attention-short_split-h200.log and
+# sweep_attention-d96_short-h200.log, docs/perf-h200.md).
 ATTENTION_SHORT_CONFIGS = {
     "forward": ((512, 64, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (1024, 64, (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
@@ -196,8 +173,8 @@ ATTENTION_SHORT_CONFIGS = {
                 (512, 128, None, (64, 32, 4, 3, "pointer")),
                 (256, 80, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (512, 80, (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
-                (256, 96, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
-                (512, 96, None, (64, 32, 4, 3, "pointer")),
+                (160, 96, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
+                (512, 96, (128, 32, 8, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (512, 144, None, (64, 64, 4, 2, "pointer")),
                 (512, 152, None, (64, 32, 4, 3, "pointer")),
                 (512, 160, None, (64, 32, 4, 3, "pointer")),
@@ -354,7 +331,7 @@ class AttentionPlan(RegisterCap):
     num_warps: int = 0
     num_stages: int = 0
     max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
-    group_split: int = 1  # dK/dV: programs sharing a key block's GQA group (dkdv_group_split)
+    group_split: int = 1  # dK/dV, KV-stationary forward: programs sharing a KV head's GQA group
     heavy_first: bool = False  # causal backward: the grid (programs, blocks), heaviest blocks first
     blocks: int = 0  # split backward: the grid's key blocks (dK/dV) or query blocks (dQ); 0 where not planned
     kv_stationary: bool = False  # forward: one program a KV head (ATTENTION_FORWARD_KV_STATIONARY)
@@ -368,12 +345,13 @@ class AttentionPlan(RegisterCap):
         elif self.row_descriptors:
             loads = f"TMA row descriptors for whole key blocks, {loads} on the diagonal and past the last key"
         cap = f", at most {self.max_registers} registers a thread" if self.max_registers else ""
-        if self.group_split > 1:
+        if self.group_split > 1 and not self.kv_stationary:
             cap += f", each GQA group over {self.group_split} programs (float32 partials, summed after)"
         if self.heavy_first:
             cap += ", every head's heaviest block launched first"
         if self.kv_stationary:
-            loads = f"{loads}, one program a KV head holding its keys and values, over its query heads' blocks"
+            each = "one program" if self.group_split == 1 else f"{self.group_split} programs"
+            loads = f"{loads}, {each} a KV head holding its keys and values, over its query heads' blocks"
         dims = (f"computed as {self.block_d} + {self.block_d2}" if self.block_d2
                 else f"padded to {self.block_d}" if self.block_d != self.head_dim else "unpadded")
         return (f"attention {self.kernel}: BLOCK_M {self.block_m}, BLOCK_N {self.block_n}, head dim "
@@ -454,25 +432,44 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
                              **dict(zip(_CONFIG_FIELDS, config if interpreting else specialized)))
     cap = 0 if interpreting else ATTENTION_MAX_REGISTERS.get((kernel, block_d, causal), 0)
     first, second = head_dim_parts(head_dim) if split else (block_d, 0)
-    if second and kernel == "backward_dkdv" and not interpreting and config[3] < 2:
-        config = (*config[:3], 2)  # a one-stage split dK/dV loop faults (above ATTENTION_BACKWARD_SPLIT_HEAD_DIMS)
+    if second and not interpreting and config[3] < 2:
+        # A one-stage loop over a split head dim faults (the dK/dV kernel, above
+        # ATTENTION_BACKWARD_SPLIT_HEAD_DIMS) or computes wrong outputs (the forward at D80 and D96,
+        # 64 x 128 blocks on the H200: docs/notes/2026-11/probe_split_head_dims-one_stage-h200.log).
+        config = (*config[:3], 2)
     return AttentionPlan(kernel, "triton", head_dim, dtype, causal, use_descriptor, rows, False, block_d=first,
                          block_d2=second, max_registers=cap, **dict(zip(_CONFIG_FIELDS, config)))
 
 
+def kv_stationary_split(kv_heads: int, tiles: int, slots: int) -> int:
+    """Programs a KV head for the KV-stationary forward, each loading K and V once and taking every
+    split-th of the head's ``tiles``, ``slots`` programs at once: the fewest waves x (tiles a
+    program + its load), the smallest split on a tie. B x H32/8 S128 D128 (8 tiles, 264 slots):
+    B16 and B48 take 2 (measured 237.9 against 186.7 TFLOP/s at 1, 211.9 against 196.6), B32 1."""
+    def cost(split: int) -> float:
+        return -(-kv_heads * split // slots) * (-(-tiles // split) + KV_STATIONARY_LOAD_TILES)
+    return min(range(1, tiles + 1), key=cost)
+
+
 def kv_stationary_plan(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, n_queries: int,
-                       n_keys: int, group: int, kv_heads: int, sms: Optional[int] = None) -> Optional[AttentionPlan]:
-    """The forward's plan with one program a KV head (ATTENTION_FORWARD_KV_STATIONARY) where a row
-    takes the keys, head dim, GQA group and KV heads (batch x KV heads) of the call and the queries
-    are no more than its keys bound (each program's loop is the group's query blocks: longer query
-    sequences were not timed); else None."""
+                       n_keys: int, group: int, kv_heads: int, sms: Optional[int] = None,
+                       tables_specialized: bool = False) -> Optional[AttentionPlan]:
+    """The forward's plan with one program a KV head, or a few (group_split), holding its keys and
+    values (ATTENTION_FORWARD_KV_STATIONARY) where a row takes the keys, head dim, GQA group and KV
+    heads (batch x KV heads) of the call and the queries are no more than its keys bound (each
+    program's loop is the group's query blocks: longer query sequences were not timed), unless the
+    row yields to the tables' plan being warp-specialized (``tables_specialized``); else None."""
     sms = sms or sm_count(torch.device(device))
-    for most, fewest, head_dims, smallest_group, per_sm, (block_m, warps, stages) in ATTENTION_FORWARD_KV_STATIONARY:
-        if (fewest <= n_keys <= most and n_queries <= most and head_dim in head_dims and group >= smallest_group
-                and kv_heads >= per_sm * sms):
+    for most, fewest, head_dims, smallest_group, per_sm, (block_m, warps, stages), yields in (
+            ATTENTION_FORWARD_KV_STATIONARY):
+        if (fewest <= n_keys <= most and n_queries <= most and head_dim in head_dims
+                and group >= smallest_group[causal] and kv_heads >= per_sm * sms
+                and not (yields and tables_specialized)):
+            tiles = group * -(-n_queries // block_m)
             return AttentionPlan("forward", "triton", head_dim, dtype, causal, block_m=block_m,
                                  block_n=max(16, next_power_of_2(n_keys)), block_d=next_power_of_2(head_dim),
-                                 num_warps=warps, num_stages=stages, kv_stationary=True)
+                                 num_warps=warps, num_stages=stages, kv_stationary=True,
+                                 group_split=kv_stationary_split(kv_heads, tiles, head_dims[head_dim] * sms))
     return None
 
 
@@ -624,9 +621,11 @@ def explain(batch: int, heads_q: int, heads_kv: int, n_queries: int, n_keys: int
     forward = attention_plan("forward", head_dim, dtype, causal, device, n_queries, n_keys, vectors, rows,
                              whole_vectors=vectors, interpreting=False)
     stationary = kv_stationary_plan(head_dim, dtype, causal, device, n_queries, n_keys, heads_q // heads_kv,
-                                    batch * heads_kv, sms)
+                                    batch * heads_kv, sms, forward.warp_specialize)
     if stationary is not None:
-        lines += ["  " + stationary.describe(), f"    grid: {batch * heads_kv} programs, one a batch and KV head"]
+        lines += ["  " + stationary.describe(),
+                  grid(stationary.group_split, "parts of each group", batch * heads_kv, "KV heads")
+                  if stationary.group_split > 1 else f"    grid: {batch * heads_kv} programs, one a batch and KV head"]
     else:
         lines += ["  " + forward.describe(),
                   grid(-(-n_queries // forward.block_m), "query blocks", batch * heads_q, "query heads")]

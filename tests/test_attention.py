@@ -740,11 +740,13 @@ KV_STATIONARY_SHAPES = ((2, 4, 2, 13, 13, 32), (1, 8, 2, 20, 9, 16), (2, 8, 2, 5
 def test_kv_stationary_forward(shape, per_sm, dtype, gen, plan_override):
     """The forward with one program a KV head, or its tiles over several (ATTENTION_FORWARD_KV_STATIONARY,
     here taking every short GQA call; ``per_sm`` programs an SM of the interpreter's 4 set the
-    split), against float64 in every mask, on (B, S, H, D) views; the backward of its out and lse
-    (the split kernels, unchanged) under one mask."""
+    split, and with many the causal tiles take the keys in two halves, skipping the second where
+    their rows end before it), against float64 in every mask, on (B, S, H, D) views; the backward
+    of its out and lse (the split kernels, unchanged) under one mask."""
     batch, heads_q, heads_kv, n_queries, n_keys, head_dim = shape
+    halves = per_sm > 1
     plan_override("attention", ATTENTION_FORWARD_KV_STATIONARY=(
-        (32, 1, dict.fromkeys((16, 24, 32), per_sm), (2, 2), 0, (16, 4, 2), False),))
+        (32, 1, dict.fromkeys((16, 24, 32), per_sm), (2, 2), 0, (16, 4, 2, False), (16, 4, 2, halves), False),))
     tiles = heads_q // heads_kv * -(-n_queries // 16)
     split = plan.kv_stationary_split(batch * heads_kv, tiles, per_sm * onlinesoftmax._device.sm_count(DEVICE))
     q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
@@ -756,6 +758,7 @@ def test_kv_stationary_forward(shape, per_sm, dtype, gen, plan_override):
         chosen = plan.last_attention_plan()
         assert chosen.kv_stationary and chosen.block_d == (32 if head_dim == 24 else head_dim), what
         assert chosen.group_split == split and (split > 1 or per_sm == 1), what
+        assert chosen.key_halves == (halves and mode != "none" and n_keys > 16), what
         ref_out, ref_lse = reference(q, k, v, mode)
         assert_matches(out, ref_out, dtype, f"{what} out")
         assert_matches(lse, ref_lse, torch.float32, f"{what} lse")
@@ -803,6 +806,8 @@ def test_kv_stationary_plan():
     assert stationary(queries=1).block_m == 64
     assert stationary(group=2) is not None and stationary(group=2, causal=True) is None
     assert stationary(head_dim=256).block_m == 128 and stationary(head_dim=256, group=2) is None
+    assert stationary(causal=True).key_halves and not chosen.key_halves
+    assert stationary(head_dim=256, causal=True).block_m == 128 and not stationary(head_dim=256, causal=True).key_halves
     assert stationary(tables_specialized=True) is not None and stationary(head_dim=256, tables_specialized=True) is None
     for off in (dict(keys=129), dict(keys=64), dict(head_dim=96), dict(group=1), dict(kv_heads=118), dict(queries=129)):
         assert stationary(**off) is None, off
@@ -810,6 +815,7 @@ def test_kv_stationary_plan():
     for batch, split in ((16, 2), (32, 1), (48, 2), (60, 1), (256, 1)):
         assert stationary(kv_heads=batch * 8).group_split == split, batch
     assert stationary(kv_heads=2048, group=2).group_split == 1
+    assert stationary(kv_heads=2048, head_dim=64).group_split == 1 and stationary(kv_heads=128, head_dim=64).group_split == 3
     assert "one program a KV head" in plan.explain(256, 32, 8, 128, 128, 128)
     assert "2 programs a KV head" in plan.explain(16, 32, 8, 128, 128, 128)
 

@@ -18,7 +18,8 @@ config; its first runs used a copy of it in this file. Since the library took it
 (ops/attention/plan.py ATTENTION_FORWARD_KV_STATIONARY), "ours" is this kernel wherever the plan's
 row applies; --tables adds the library with that row off. Configs:
 BLOCK_M x warps x stages [x split: programs a KV head, each taking every split-th tile, for calls
-of too few KV heads to fill the SMs]. --graphs times CUDA-graph replays (every column; the host's
+of too few KV heads to fill the SMs [x 1: causal tiles over the keys in two halves, skipping the
+second where their rows end before it]]. --graphs times CUDA-graph replays (every column; the host's
 time out of small calls). Each output is checked against SDPA's math backend (float32),
 times are do_bench medians (L2 flushed), TFLOP/s at 4 B Hq S^2 D (half for causal).
 """
@@ -36,7 +37,7 @@ SHAPES = "256x32x8x128x128,267x40x8x125x128,256x16x16x128x128,256x32x8x128x64,51
 CONFIGS = "64x4x2,64x4x3,64x8x2,128x8x2,128x8x1"
 
 
-def kv_stationary(q, k, v, causal, block_m, warps, stages, split=1):
+def kv_stationary(q, k, v, causal, block_m, warps, stages, split=1, halves=0):
     batch, heads_q, n_queries, head_dim = q.shape
     heads_kv, n_keys = k.shape[1], k.shape[2]
     out = torch.empty((batch, heads_q, n_queries, head_dim), device=q.device, dtype=q.dtype)
@@ -45,7 +46,7 @@ def kv_stationary(q, k, v, causal, block_m, warps, stages, split=1):
         q, k, v, out, lse, heads_q, heads_q // heads_kv, batch, n_queries, n_keys, head_dim,
         *q.stride(), *k.stride(), *v.stride(), head_dim ** -0.5 * LOG2E, 0,
         BLOCK_M=block_m, BLOCK_N=max(16, triton.next_power_of_2(n_keys)), BLOCK_D=triton.next_power_of_2(head_dim),
-        CAUSAL=causal, STAGES=stages, num_warps=warps)
+        CAUSAL=causal, STAGES=stages, KEY_HALVES=bool(halves) and causal, num_warps=warps)
     return out
 
 
@@ -57,7 +58,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default=SHAPES, help="BxHQxHKVxSxD, comma-separated")
     parser.add_argument("--configs", default=CONFIGS,
-                        help="BLOCK_MxWARPSxSTAGES[xSPLIT], comma-separated ('' for none)")
+                        help="BLOCK_MxWARPSxSTAGES[xSPLIT[x1 for key halves]], comma-separated ('' for none)")
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays instead of eager calls")
     parser.add_argument("--tables", action="store_true",
                         help="also the library with its KV-stationary rule off (the tables' forward)")
@@ -89,7 +90,8 @@ def main():
                                                                                 enable_gqa=True)
                 peers[name] = sdpa
             for config in configs:
-                name = "kv {}x{}w{}s".format(*config) + (f" split{config[3]}" if len(config) > 3 else "")
+                name = ("kv {}x{}w{}s".format(*config) + (f" split{config[3]}" if len(config) > 3 else "")
+                        + (" halves" if config[4:] == (1,) else ""))
                 peers[name] = lambda c=config: kv_stationary(q, k, v, causal, *c)
             for name, fn in peers.items():
                 try:

@@ -397,6 +397,17 @@ def attention_forward_kernel(
                    USE_DESCRIPTOR)
 
 
+@triton.jit
+def _key_value_part(k_base, v_base, keys, dims, n_keys, dim_ok, stride_ks, stride_kd, stride_vs, stride_vd):
+    """A KV head's K and V rows ``keys`` (masked past n_keys and the head dim), offsets in int64 as
+    load_part's: a sequence-first view's row stride is batch x heads x head dim."""
+    mask = (keys < n_keys)[:, None] & dim_ok[None, :]
+    rows = keys.to(tl.int64)[:, None]
+    k = tl.load(k_base + rows * stride_ks + dims[None, :] * stride_kd, mask=mask, other=0.0)
+    v = tl.load(v_base + rows * stride_vs + dims[None, :] * stride_vd, mask=mask, other=0.0)
+    return k, v
+
+
 @triton.jit(do_not_specialize=COUNT_ARGS)
 def attention_forward_kv_stationary_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
@@ -406,7 +417,7 @@ def attention_forward_kv_stationary_kernel(
     stride_vb, stride_vh, stride_vs, stride_vd,
     qk_scale, causal_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, KEY_HALVES: tl.constexpr,
 ):
     # Short sequences of grouped-query attention: one program a KV head holds all its keys and
     # values (one block of BLOCK_N >= n_keys) and loops over its group's query heads and their
@@ -414,20 +425,23 @@ def attention_forward_kv_stationary_kernel(
     # again. Each tile is the whole softmax of its rows at once (no running rescale); Triton
     # pipelines the next tile's query loads (STAGES). Pointer loads, any strides. Where KV heads
     # are too few to fill the SMs, the grid's second axis splits a KV head's tiles over that many
-    # programs, each reading K and V once (tile i to program i mod the split).
+    # programs, each reading K and V once (tile i to program i mod the split). KEY_HALVES (causal):
+    # the keys as two halves, and a tile whose rows all end before the second skips it, merging
+    # it online otherwise: the first query block of a 128-key call then does half the products.
     kv_bh = tl.program_id(0)
     n_heads_kv = n_heads_q // group
     b = kv_bh // n_heads_kv
     h_kv = kv_bh % n_heads_kv
-    keys = tl.arange(0, BLOCK_N)
+    PART: tl.constexpr = BLOCK_N // 2 if KEY_HALVES else BLOCK_N
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
-    key_ok = keys < n_keys
     k_base, v_base = key_value_bases(k_ptr, v_ptr, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh)
-    kv_mask = key_ok[:, None] & dim_ok[None, :]
-    # Row offsets in int64, as load_part's: a sequence-first view's row stride is batch x heads x head dim.
-    k = tl.load(k_base + keys.to(tl.int64)[:, None] * stride_ks + dims[None, :] * stride_kd, mask=kv_mask, other=0.0)
-    v = tl.load(v_base + keys.to(tl.int64)[:, None] * stride_vs + dims[None, :] * stride_vd, mask=kv_mask, other=0.0)
+    keys = tl.arange(0, PART)
+    k, v = _key_value_part(k_base, v_base, keys, dims, n_keys, dim_ok, stride_ks, stride_kd, stride_vs, stride_vd)
+    if KEY_HALVES:
+        keys2 = PART + tl.arange(0, PART)
+        k2, v2 = _key_value_part(k_base, v_base, keys2, dims, n_keys, dim_ok, stride_ks, stride_kd, stride_vs,
+                                 stride_vd)
     q_blocks = tl.cdiv(n_queries, BLOCK_M)
     for tile in tl.range(tl.program_id(1), group * q_blocks, tl.num_programs(1), num_stages=STAGES):
         h = h_kv * group + tile // q_blocks
@@ -445,6 +459,19 @@ def attention_forward_kv_stationary_kernel(
         p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
         l_i = tl.sum(p, 1)
         acc = mma(p.to(v.dtype), v, None)
+        if KEY_HALVES:
+            last_row = tl.minimum((tile % q_blocks + 1) * BLOCK_M, n_queries) - 1
+            if (last_row + causal_offset >= PART) & (n_keys > PART):
+                qk2 = mma(q, tl.trans(k2), None)
+                qk2 = tl.where(visible(rows, keys2, n_keys, causal_offset, CAUSAL, False), qk2, NEG_INF)
+                m_new = tl.maximum(m, tl.max(qk2, 1) * qk_scale)
+                m_new_ref = tl.where(m_new == NEG_INF, 0.0, m_new)
+                # (a row that saw no key of the first half has l = 0 and acc = 0: its factor is 0, not exp2(inf))
+                alpha = tl.where(m == NEG_INF, 0.0, tl.math.exp2(m - m_new_ref))
+                p2 = tl.math.exp2(qk2 * qk_scale - m_new_ref[:, None])
+                l_i = l_i * alpha + tl.sum(p2, 1)
+                acc = acc * alpha[:, None] + mma(p2.to(v2.dtype), v2, None)
+                m = m_new
         inv_l, lse = finished_rows(m, l_i)
         bh = b.to(tl.int64) * n_heads_q + h
         out = (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty)

@@ -155,7 +155,8 @@ class _ForwardCall:
             chosen = self.plan = stationary
             self.launch = _kv_stationary_launcher.bind(
                 (batch * n_heads_kv, chosen.group_split), (key, chosen), BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n,
-                BLOCK_D=chosen.block_d, CAUSAL=mode != "none", STAGES=chosen.num_stages, num_warps=chosen.num_warps)
+                BLOCK_D=chosen.block_d, CAUSAL=mode != "none", STAGES=chosen.num_stages, KEY_HALVES=chosen.key_halves,
+                num_warps=chosen.num_warps)
         elif chosen.path != "torch":
             self.ints += _head_strides(q, k, v)  # the merged (batch x heads) strides of its descriptors
             grid = (triton.cdiv(n_queries, chosen.block_m), batch * n_heads_q)

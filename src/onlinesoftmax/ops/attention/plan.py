@@ -80,12 +80,10 @@ ATTENTION_HEAD_DIM_CONFIGS = {"backward_dkdv": {32: ((32, 64, 4, 2), (32, 128, 4
                               "backward_dq": {32: ((64, 64, 4, 3), (128, 32, 4, 3)),
                                               96: ((128, 32, 8, 3), (128, 32, 8, 3)),
                                               136: ((128, 32, 8, 3), (128, 32, 8, 3))}}
-# The backward reads through TMA descriptors (ATTENTION_USE_DESCRIPTOR) only where its work,
-# batch x query heads x queries x keys x head dim, is above this: a launch with device-side
-# descriptors goes through Triton's Python launcher (scratch memory a launch), and an eager training
-# step of a tiny attention cost 393.6 µs of host time with them against 287.2 with pointer loads
-# (SDPA 228.3; B1 H2 S128 D64 causal, H100 host, docs/notes/2026-11/host_attention_descriptors-h100.log).
-# 2^31 is about 21 GFLOP of backward, some 100 µs of GPU time; the sweep's smallest cell is 4.3e9.
+# The backward reads through TMA descriptors (ATTENTION_USE_DESCRIPTOR) only where its work (batch x
+# query heads x queries x keys x head dim) is above this, about 100 µs of GPU time: device-side
+# descriptors launch through Triton's Python launcher, and an eager step of a tiny attention took
+# 393.6 µs of host time with them, 287.2 with pointers (SDPA 228.3; notes/2026-11/host_attention_descriptors-h100.log).
 ATTENTION_BACKWARD_POINTER_MAX_WORK = 1 << 31
 # TMA descriptors where the layout allows: both backward kernels ran fastest with them, the generic forward with pointers.
 ATTENTION_USE_DESCRIPTOR = {"forward": False, "backward_dkdv": True, "backward_dq": True}
@@ -109,15 +107,18 @@ ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
 # the forward above reads them again for each query block; where KV heads are few, each one's tiles
 # go to several programs (kv_stationary_split). Rows: (most keys and queries, fewest keys, {head
 # dim: programs an SM}, smallest GQA group (non-causal, causal), fewest KV heads (batch x heads) an
-# SM, (BLOCK_M, warps, stages), whether it yields to the warp-specialized forward). H200, bf16
-# TFLOP/s, tables -> this (FLASH): B256 H32/8 S128 D128 201.7 -> 264.8 (215.8); B16 H32/8 170.7 ->
-# 237.9 (174.3, CUDA graphs); D256 B308 H64/8 S126 167.3 -> 231.7 (207.9), but at S128 (the
-# warp-specialized forward) 206.3 -> 201.0 (docs/perf-h200.md, notes/2026-11/probe_kv_stationary-h200.log).
-ATTENTION_FORWARD_KV_STATIONARY = ((128, 65, {64: 3, 128: 2}, (2, 4), 0.9, (64, 4, 2), False),
-                                   (128, 65, {256: 1}, (4, 4), 0.9, (128, 8, 1), True))
-# A program's load of its K and V in tiles (one query block of one head): B32 H32/8 S128 D128 ran one
-# program a KV head (8 tiles, one wave) at 218.0 TFLOP/s and two (4 tiles, two waves) at 205.4.
-KV_STATIONARY_LOAD_TILES = 0.5
+# SM, non-causal and causal (BLOCK_M, warps, stages, keys in two halves), whether it yields to the
+# warp-specialized forward). H200, bf16 TFLOP/s, tables -> this (FLASH): B256 H32/8 S128 D128
+# 201.7 -> 264.8 (215.8); B16 H32/8 170.7 -> 237.9 (174.3, CUDA graphs); key halves, causal D64
+# 112.2 -> 121.1; D256 B308 H64/8 S126 167.3 -> 231.7 (207.9), at S128 (warp-specialized) 206.3 ->
+# 201.0 (docs/perf-h200.md, notes/2026-11/probe_kv_stationary-h200.log).
+ATTENTION_FORWARD_KV_STATIONARY = (
+    (128, 65, {64: 3, 128: 2}, (2, 4), 0.9, (64, 4, 2, False), (64, 4, 2, True), False),
+    (128, 65, {256: 1}, (4, 4), 0.9, (128, 8, 1, False), (128, 8, 1, False), True))
+# A program's load of its K and V in tiles (one query block of one head), about one: B32 H32/8 S128
+# D128 ran one program a KV head (8 tiles, one wave) at 218.0 TFLOP/s and two (4 tiles, two waves)
+# at 205.4; B256 H32/8 S128 D64 one (6 waves of 8) at 238.3 and two (11 of 4) at 219.9.
+KV_STATIONARY_LOAD_TILES = 1.0
 # Forwards that read through pointers (the layout allows no row descriptors: heads that do not
 # merge, such as BSHD views at batch > 1), by padded head dim: (non-causal, causal) config, None
 # for the table's. The 128 row's non-causal config was measured with row descriptors only
@@ -335,6 +336,7 @@ class AttentionPlan(RegisterCap):
     heavy_first: bool = False  # causal backward: the grid (programs, blocks), heaviest blocks first
     blocks: int = 0  # split backward: the grid's key blocks (dK/dV) or query blocks (dQ); 0 where not planned
     kv_stationary: bool = False  # forward: one program a KV head (ATTENTION_FORWARD_KV_STATIONARY)
+    key_halves: bool = False  # KV-stationary causal: a tile whose rows end before the keys' second half skips it
 
     def describe(self) -> str:
         if self.path == "torch":
@@ -352,6 +354,8 @@ class AttentionPlan(RegisterCap):
         if self.kv_stationary:
             each = "one program" if self.group_split == 1 else f"{self.group_split} programs"
             loads = f"{loads}, {each} a KV head holding its keys and values, over its query heads' blocks"
+            if self.key_halves:
+                loads += ", keys in two halves (a block whose rows end before the second skips it)"
         dims = (f"computed as {self.block_d} + {self.block_d2}" if self.block_d2
                 else f"padded to {self.block_d}" if self.block_d != self.head_dim else "unpadded")
         return (f"attention {self.kernel}: BLOCK_M {self.block_m}, BLOCK_N {self.block_n}, head dim "
@@ -445,7 +449,8 @@ def kv_stationary_split(kv_heads: int, tiles: int, slots: int) -> int:
     """Programs a KV head for the KV-stationary forward, each loading K and V once and taking every
     split-th of the head's ``tiles``, ``slots`` programs at once: the fewest waves x (tiles a
     program + its load), the smallest split on a tie. B x H32/8 S128 D128 (8 tiles, 264 slots):
-    B16 and B48 take 2 (measured 237.9 against 186.7 TFLOP/s at 1, 211.9 against 196.6), B32 1."""
+    B16 and B48 take 2 (measured 237.9 against 186.7 TFLOP/s at 1, 211.9 against 196.6), B32 and
+    B256 1; at D64 (396 slots) B256 takes 1 (238.3 against 219.9 at 2) and B16 3."""
     def cost(split: int) -> float:
         return -(-kv_heads * split // slots) * (-(-tiles // split) + KV_STATIONARY_LOAD_TILES)
     return min(range(1, tiles + 1), key=cost)
@@ -454,21 +459,21 @@ def kv_stationary_split(kv_heads: int, tiles: int, slots: int) -> int:
 def kv_stationary_plan(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, n_queries: int,
                        n_keys: int, group: int, kv_heads: int, sms: Optional[int] = None,
                        tables_specialized: bool = False) -> Optional[AttentionPlan]:
-    """The forward's plan with one program a KV head, or a few (group_split), holding its keys and
-    values (ATTENTION_FORWARD_KV_STATIONARY) where a row takes the keys, head dim, GQA group and KV
-    heads (batch x KV heads) of the call and the queries are no more than its keys bound (each
-    program's loop is the group's query blocks: longer query sequences were not timed), unless the
-    row yields to the tables' plan being warp-specialized (``tables_specialized``); else None."""
+    """The forward's plan with one program a KV head, or a few (group_split), holding K and V
+    (ATTENTION_FORWARD_KV_STATIONARY), where a row takes the call's keys, queries (longer query
+    sequences were not timed), head dim, group and KV heads (batch x KV heads), unless it yields to
+    the tables' plan being warp-specialized (``tables_specialized``); else None."""
     sms = sms or sm_count(torch.device(device))
-    for most, fewest, head_dims, smallest_group, per_sm, (block_m, warps, stages), yields in (
-            ATTENTION_FORWARD_KV_STATIONARY):
+    for most, fewest, head_dims, smallest_group, per_sm, *configs, yields in ATTENTION_FORWARD_KV_STATIONARY:
         if (fewest <= n_keys <= most and n_queries <= most and head_dim in head_dims
                 and group >= smallest_group[causal] and kv_heads >= per_sm * sms
                 and not (yields and tables_specialized)):
-            tiles = group * -(-n_queries // block_m)
+            block_m, warps, stages, halves = configs[causal]
+            tiles, block_n = group * -(-n_queries // block_m), max(16, next_power_of_2(n_keys))
+            # (halves are for causal tiles; under 16 keys, narrower than tl.dot takes, they failed the GPU tests)
             return AttentionPlan("forward", "triton", head_dim, dtype, causal, block_m=block_m,
-                                 block_n=max(16, next_power_of_2(n_keys)), block_d=next_power_of_2(head_dim),
-                                 num_warps=warps, num_stages=stages, kv_stationary=True,
+                                 block_n=block_n, block_d=next_power_of_2(head_dim), num_warps=warps, num_stages=stages,
+                                 kv_stationary=True, key_halves=halves and causal and block_n >= 32,
                                  group_split=kv_stationary_split(kv_heads, tiles, head_dims[head_dim] * sms))
     return None
 

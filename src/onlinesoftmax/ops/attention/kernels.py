@@ -397,17 +397,6 @@ def attention_forward_kernel(
                    USE_DESCRIPTOR)
 
 
-@triton.jit
-def _key_value_part(k_base, v_base, keys, dims, n_keys, dim_ok, stride_ks, stride_kd, stride_vs, stride_vd):
-    """A KV head's K and V rows ``keys`` (masked past n_keys and the head dim), offsets in int64 as
-    load_part's: a sequence-first view's row stride is batch x heads x head dim."""
-    mask = (keys < n_keys)[:, None] & dim_ok[None, :]
-    rows = keys.to(tl.int64)[:, None]
-    k = tl.load(k_base + rows * stride_ks + dims[None, :] * stride_kd, mask=mask, other=0.0)
-    v = tl.load(v_base + rows * stride_vs + dims[None, :] * stride_vd, mask=mask, other=0.0)
-    return k, v
-
-
 @triton.jit(do_not_specialize=COUNT_ARGS)
 def attention_forward_kv_stationary_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
@@ -437,19 +426,20 @@ def attention_forward_kv_stationary_kernel(
     dim_ok = dims < head_dim
     k_base, v_base = key_value_bases(k_ptr, v_ptr, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh)
     keys = tl.arange(0, PART)
-    k, v = _key_value_part(k_base, v_base, keys, dims, n_keys, dim_ok, stride_ks, stride_kd, stride_vs, stride_vd)
+    k = load_part(None, k_base, 0, 0, n_keys, stride_ks, stride_kd, head_dim, 0, PART, BLOCK_D, False)
+    v = load_part(None, v_base, 0, 0, n_keys, stride_vs, stride_vd, head_dim, 0, PART, BLOCK_D, False)
     if KEY_HALVES:
-        keys2 = PART + tl.arange(0, PART)
-        k2, v2 = _key_value_part(k_base, v_base, keys2, dims, n_keys, dim_ok, stride_ks, stride_kd, stride_vs,
-                                 stride_vd)
+        keys2 = PART + keys
+        k2 = load_part(None, k_base, 0, PART, n_keys, stride_ks, stride_kd, head_dim, 0, PART, BLOCK_D, False)
+        v2 = load_part(None, v_base, 0, PART, n_keys, stride_vs, stride_vd, head_dim, 0, PART, BLOCK_D, False)
     q_blocks = tl.cdiv(n_queries, BLOCK_M)
     for tile in tl.range(tl.program_id(1), group * q_blocks, tl.num_programs(1), num_stages=STAGES):
         h = h_kv * group + tile // q_blocks
         rows = (tile % q_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < n_queries
         q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-        q = tl.load(q_base + rows.to(tl.int64)[:, None] * stride_qs + dims[None, :] * stride_qd,
-                    mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+        q = load_part(None, q_base, 0, (tile % q_blocks) * BLOCK_M, n_queries, stride_qs, stride_qd, head_dim, 0,
+                      BLOCK_M, BLOCK_D, False)
         qk = mma(q, tl.trans(k), None)  # [M, N]
         qk = tl.where(visible(rows, keys, n_keys, causal_offset, CAUSAL, False), qk, NEG_INF)
         m = tl.max(qk, 1) * qk_scale

@@ -115,9 +115,7 @@ ATTENTION_FORWARD_WARP_SPECIALIZED = {128: ((128, 128, 4, 2), (128, 128, 4, 2)),
 ATTENTION_FORWARD_KV_STATIONARY = (
     (128, 65, {64: 3, 128: 2}, (2, 4), 0.9, (64, 4, 2, False), (64, 4, 2, True), False),
     (128, 65, {256: 1}, (4, 4), 0.9, (128, 8, 1, False), (128, 8, 1, False), True))
-# A program's load of its K and V in tiles (one query block of one head), about one: B32 H32/8 S128
-# D128 ran one program a KV head (8 tiles, one wave) at 218.0 TFLOP/s and two (4 tiles, two waves)
-# at 205.4; B256 H32/8 S128 D64 one (6 waves of 8) at 238.3 and two (11 of 4) at 219.9.
+# A program's K and V load in tiles (one query block of one head): kv_stationary_split's measurements.
 KV_STATIONARY_LOAD_TILES = 1.0
 # Forwards that read through pointers (the layout allows no row descriptors: heads that do not
 # merge, such as BSHD views at batch > 1), by padded head dim: (non-causal, causal) config, None
@@ -162,11 +160,9 @@ ATTENTION_FORWARD_POINTER_CONFIGS = {128: ((128, 128, 8, 3), None)}
 # blocks (causal, and 176-192) or at 3 stages: B64 H16 S512 D136 138.2 -> 178.2 TFLOP/s, causal
 # 80.8 -> 115.0 (FLASH 114.9 / 80.4); descriptors kept their lead at D144 S8191 and non-causal
 # D176-D192 from S2048 (every shape: docs/notes/2026-11/sweep_attention-split_loads-h100.log).
-# Non-causal D80 and D96 (two parts) take short rows too, measured on the H200 only, bf16 TFLOP/s,
-# the tables' row -> this (FLASH): D80 S135 56.0 -> 102.0 (69.9), S512 at 64 x 64 245.5 -> 269.0
-# (211.1); D96 S135 62.0 -> 102.6 (87.2) at 64 x 32, S256 184.4 -> 218.1 (218.8) and S512 270.7 ->
-# 277.7 (271.4) at 128 x 32 on 8 warps (notes/2026-11/sweep_attention-short_split-h200.log and
-# sweep_attention-d96_short-h200.log, docs/perf-h200.md).
+# Non-causal D80 and D96 (two parts) take short rows too, H200 only, bf16 TFLOP/s, tables -> this
+# (FLASH): D80 S135 56.0 -> 102.0 (69.9); D96 S256 184.4 -> 218.1 (218.8) at 128 x 32 on 8 warps
+# (notes/2026-11/sweep_attention-short_split-h200.log, sweep_attention-d96_short-h200.log).
 ATTENTION_SHORT_CONFIGS = {
     "forward": ((512, 64, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (1024, 64, (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),

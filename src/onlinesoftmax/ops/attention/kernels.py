@@ -422,6 +422,7 @@ def attention_forward_kv_stationary_kernel(
     b = kv_bh // n_heads_kv
     h_kv = kv_bh % n_heads_kv
     PART: tl.constexpr = BLOCK_N // 2 if KEY_HALVES else BLOCK_N
+    tl.static_assert(PART >= 16, "key halves of fewer than 16 keys: narrower than tl.dot takes")
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
     k_base, v_base = key_value_bases(k_ptr, v_ptr, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh)

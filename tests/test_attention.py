@@ -15,7 +15,7 @@ import torch
 import onlinesoftmax
 from onlinesoftmax import cpu
 from onlinesoftmax.bench import attention_suite
-from onlinesoftmax.ops.attention import launch as attention_module, op as attention_op, plan
+from onlinesoftmax.ops.attention import explain as attention_explain, launch as attention_module, op as attention_op, plan
 
 from conftest import (DEVICE, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, gpu_only, make_logits,
                       needs_triton, relative_error)
@@ -510,7 +510,9 @@ def test_dkdv_group_split(case, gen, plan_override):
     assert chosen.kernel == "backward_dkdv"
     group = heads_q // heads_kv
     programs = -(-n_keys // chosen.block_n) * batch * heads_kv
-    assert chosen.group_split == plan.dkdv_group_split(group, programs, mode != "none", q.device)
+    assert chosen.group_split == plan.dkdv_group_split(group, programs, mode != "none", q.device,
+                                                       n_queries=n_queries, block_d=chosen.block_d,
+                                                       blocks=chosen.blocks)
     assert chosen.group_split == {0: 1, 1 << 20: group}.get(per_sm, chosen.group_split)
     if TRITON_RUNS and not ON_GPU and per_sm == 2:
         assert chosen.group_split == 2
@@ -565,6 +567,33 @@ def test_dkdv_group_split_plan():
         assert plan.dkdv_group_split(8, 2 * sms, False, DEVICE) == 2  # (4, 8) an SM: 2 of 8 reach 4
     with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS=(0, 0)):
         assert plan.dkdv_group_split(16, 1, True, DEVICE) == 1
+
+
+def test_dkdv_wave_split_plan():
+    # Past one program an SM, long calls split their group where a model of the dK/dV kernel's time
+    # gains: non-causal, its waves of programs (the divisor with the fewest a split, if it saves 8%);
+    # causal, the heaviest program's path against the work spread over the slots (every head, if 34%).
+    def split(group, programs, causal=False, n_queries=6432, block_d=64, blocks=101):
+        return plan.dkdv_group_split(group, programs, causal, DEVICE, 132, n_queries, block_d, blocks)
+    # B1 H28/4 S6432 D48 (404 programs, 396 slots at 3 an SM): 2 waves whole, 8 of a seventh split 7 ways.
+    assert split(7, 404) == 7
+    assert split(7, 396) == 1  # one full wave
+    assert split(7, 300) == 1  # one wave, part full: fewer programs an SM run faster (not modelled)
+    assert split(7, 404, n_queries=2047) == 1  # short rows: the partials would cost more
+    assert split(8, 512, blocks=128) == 8  # 512 programs: 2 waves whole, 11 of an eighth (1.375)
+    assert split(4, 376, block_d=128, blocks=47) == 2  # 2 an SM: 2 waves whole, 3 of a half
+    assert split(8, 1024, block_d=128, blocks=128) == 1  # 3.9 waves: full enough
+    assert split(7, 404, block_d=80) == 1  # no programs-an-SM entry: no waves to count
+    # Causal: 4 KV heads of 101 key blocks, a group of 7: the first block's 707 units against 364
+    # spread over the slots; every head its own program, 101.
+    assert split(7, 404, causal=True) == 7
+    assert split(8, 632, causal=True, blocks=79) == 1  # B1 H64/8 S5000 D64: 511 spread against 632
+    assert split(8, 256, causal=True, block_d=128, blocks=64) == 8  # B2 H16/2 S4096 D128: 252 against 512
+    with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_WAVE_SPLIT_COST=(0.5, 0.52)):
+        assert split(7, 404) == 1  # 8/7 waves against 2: 0.57, above the cost asked
+        assert split(7, 404, causal=True) == 7  # 364 / 707 = 0.515
+    with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_WAVE_SPLIT_COST=(0.5, 0.5)):
+        assert split(7, 404, causal=True) == 1
 
 
 def test_backward_is_deterministic(gen):
@@ -790,6 +819,24 @@ def test_kv_stationary_at_its_sizes_gpu(n_keys, head_dim, kv_heads, gen):
         assert_matches(lse, ref_lse, torch.float32, f"B{batch} S{n_keys} D{head_dim} {mode} lse")
 
 
+@gpu_only
+@pytest.mark.parametrize("mode", ["none", "top_left"])
+def test_dkdv_wave_split_gpu(mode, gen):
+    """The dK/dV group split the plan takes past one program an SM (ATTENTION_BACKWARD_WAVE_SPLIT_*)
+    on long GQA rows at a head dim padded to 64: gradients against float64, bit for bit again."""
+    sms = onlinesoftmax._device.sm_count(DEVICE)
+    # 2048 queries, 32 key blocks a KV head: a KV head's programs more than the slots hold (a second wave).
+    heads_kv = plan.ATTENTION_BACKWARD_DKDV_PER_SM[64] * sms // 32 + 1
+    q, k, v = make_qkv(gen, 1, 7 * heads_kv, heads_kv, 2048, 2048, 48, torch.bfloat16, requires_grad=True)
+    check_all(q, k, v, mode, torch.bfloat16, f"H{7 * heads_kv}/{heads_kv} S2048 D48 {mode}", gen)
+    chosen = plan.last_attention_plan()
+    assert chosen.kernel == "backward_dkdv" and chosen.group_split == 7, chosen
+    d_out = torch.randn(q.shape, generator=gen).to(torch.bfloat16).to(DEVICE)
+    first = torch.autograd.grad(attention(q, k, v, causal=CAUSAL_ARG[mode]), (k, v), d_out)
+    second = torch.autograd.grad(attention(q, k, v, causal=CAUSAL_ARG[mode]), (k, v), d_out)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
 def test_kv_stationary_plan():
     # Grouped-query forwards of 65-128 keys and at most 128 queries at head dims 64 and 128 (groups
     # of 2 or more, causal 4) and 256 (groups of 4), with at least 0.9 KV heads an SM (119 on 132
@@ -816,8 +863,8 @@ def test_kv_stationary_plan():
         assert stationary(kv_heads=batch * 8).group_split == split, batch
     assert stationary(kv_heads=2048, group=2).group_split == 1
     assert stationary(kv_heads=2048, head_dim=64).group_split == 1 and stationary(kv_heads=128, head_dim=64).group_split == 3
-    assert "one program a KV head" in plan.explain(256, 32, 8, 128, 128, 128)
-    assert "2 programs a KV head" in plan.explain(16, 32, 8, 128, 128, 128)
+    assert "one program a KV head" in attention_explain.explain(256, 32, 8, 128, 128, 128)
+    assert "2 programs a KV head" in attention_explain.explain(16, 32, 8, 128, 128, 128)
 
 
 def test_short_rows_of_split_head_dims():
@@ -1001,7 +1048,7 @@ def test_explain_names_the_launched_plans_gpu(shape, causal, gen):
     """``onlinesoftmax explain --op attention`` plans from the shape alone what the launchers plan
     from the tensors (contiguous ones): the forward's and the backward's first kernel, as launched."""
     batch, heads_q, heads_kv, seq, head_dim = shape
-    text = plan.explain(batch, heads_q, heads_kv, seq, seq, head_dim, torch.bfloat16, causal,
+    text = attention_explain.explain(batch, heads_q, heads_kv, seq, seq, head_dim, torch.bfloat16, causal,
                         sms=torch.cuda.get_device_properties(0).multi_processor_count)
     q, k, v = make_qkv(gen, batch, heads_q, heads_kv, seq, seq, head_dim, torch.bfloat16, requires_grad=True)
     out = attention(q, k, v, causal=causal)

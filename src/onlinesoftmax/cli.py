@@ -86,7 +86,7 @@ def explain(args) -> int:
     from ._device import sm_count
 
     if args.op == "attention":
-        from .ops.attention import op as attention_op, plan as attention_plan
+        from .ops.attention import explain as attention_explain, op as attention_op
 
         if len(args.shape) not in (5, 6):
             print("explain --op attention: give BxHQxHKVxSxD or BxHQxHKVxSQxSKxD, e.g. 4x32x8x4096x128",
@@ -104,8 +104,8 @@ def explain(args) -> int:
         except ValueError as exc:  # what attention() would refuse
             print(exc, file=sys.stderr)
             return 2
-        print(attention_plan.explain(batch, heads_q, heads_kv, n_queries, n_keys, head_dim, dtype, args.causal,
-                                     sms=sms or sm_count(device)))
+        print(attention_explain.explain(batch, heads_q, heads_kv, n_queries, n_keys, head_dim, dtype, args.causal,
+                                        sms=sms or sm_count(device)))
         return 0
     if args.op == "decode":
         from .ops.decode import plan as decode_plan

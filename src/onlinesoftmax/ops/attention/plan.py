@@ -284,6 +284,20 @@ ATTENTION_BACKWARD_FUSED = ((64, 64, 0, 16, 4, 2),
 # programs that already filled the GPU); head dim 32 at 704 programs gained 5-11% split seven ways.
 ATTENTION_BACKWARD_GROUP_SPLIT_BELOW = 1
 ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS = (4, 8)
+# Past that, a dK/dV kernel over at least ATTENTION_BACKWARD_WAVE_SPLIT_QUERIES queries (its partials
+# then cost a few % of its work) splits the group where a model of its time gives at most
+# ATTENTION_BACKWARD_WAVE_SPLIT_COST (non-causal, causal) of one program a group's, with programs an
+# SM from ATTENTION_BACKWARD_DKDV_PER_SM (by padded head dim: sm_90 compiles of the long tables'
+# configs, scripts/probes/kernel_resources.py). Non-causal: waves / split, at the divisor with the
+# fewest, past one wave. Causal, every head its own program: the longer of the heaviest program (a head's first key
+# block, over every query) and the work spread over the slots. H200, ms, whole -> split (FLASH):
+# B1 H28/4 S6432 D48 4.349 -> 3.380 (4.252), causal 2.428 -> 1.874 (2.381); B1 H32/4 S8192 D64 6.970
+# -> 5.955 (6.709), causal 3.751 -> 3.414 (3.797); B2 H16/2 S4096 D128 causal 1.988 -> 1.604 (1.958);
+# B2 H32/8 S2048 D64 0.981 -> 0.891 (0.974). Left whole: B1 H64/8 S5000 D64 causal (2.630, 2.701
+# split), B1 H32/8 S8192 D128 (10.05, 10.99 split); docs/notes/2026-11/probe_group_split-h200.log.
+ATTENTION_BACKWARD_WAVE_SPLIT_QUERIES = 2048
+ATTENTION_BACKWARD_WAVE_SPLIT_COST = (0.92, 0.66)
+ATTENTION_BACKWARD_DKDV_PER_SM = {32: 2, 64: 3, 128: 2, 256: 1}
 # Causal backward kernels whose grid launches the heaviest block of every head before any head's
 # next one (the dK/dV kernel's first key block, the dQ kernel's last query block): the grid's axes
 # swapped, so that its last wave holds the lightest programs. By kernel, the smallest GQA group that
@@ -498,17 +512,35 @@ def backward_heavy_first(kernel: str, causal: bool, group: int, blocks: int) -> 
     return causal and 0 < smallest <= group and blocks <= 65535
 
 
-def dkdv_group_split(group: int, programs: int, causal: bool, device: torch.device, sms: Optional[int] = None) -> int:
+def dkdv_group_split(group: int, programs: int, causal: bool, device: torch.device, sms: Optional[int] = None,
+                     n_queries: int = 0, block_d: int = 0, blocks: int = 1) -> int:
     """How many programs share each key block's GQA group in the dK/dV kernel: 1 where ``programs``
-    (key blocks x batch x KV heads) reach ATTENTION_BACKWARD_GROUP_SPLIT_BELOW an SM, else the
-    smallest divisor of ``group`` that brings them to ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS an SM
-    (the whole group where none does). ``sms``: the device's SMs (None: asked of ``device``)."""
+    (``blocks`` key blocks x batch x KV heads) reach ATTENTION_BACKWARD_GROUP_SPLIT_BELOW an SM, else
+    the smallest divisor of ``group`` that brings them to ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS an
+    SM (the whole group where none does); past that, calls of ``n_queries`` at the padded head dim
+    ``block_d`` split where the model of ATTENTION_BACKWARD_WAVE_SPLIT_COST gains.
+    ``sms``: the device's SMs (None: asked of ``device``)."""
     sms = sms or sm_count(torch.device(device))
     per_sm = ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS[causal]
     target = per_sm * sms
-    if group <= 1 or not per_sm or programs >= ATTENTION_BACKWARD_GROUP_SPLIT_BELOW * sms or programs >= target:
+    if group <= 1:
         return 1
-    return next((split for split in range(2, group) if group % split == 0 and programs * split >= target), group)
+    if per_sm and programs < ATTENTION_BACKWARD_GROUP_SPLIT_BELOW * sms and programs < target:
+        return next((split for split in range(2, group) if group % split == 0 and programs * split >= target), group)
+    slots = ATTENTION_BACKWARD_DKDV_PER_SM.get(block_d, 0) * sms
+    if not slots or n_queries < ATTENTION_BACKWARD_WAVE_SPLIT_QUERIES:
+        return 1
+    if causal:  # key block i of n runs n - i query blocks' worth (units below: one key block's of one head)
+        spread = programs * (blocks + 1) / 2 * group / slots
+        whole, split = max(blocks * group, spread), max(blocks, spread)
+        return group if split <= ATTENTION_BACKWARD_WAVE_SPLIT_COST[causal] * whole else 1
+
+    def waves(split: int) -> float:
+        return -(-programs * split // slots) / split
+    best = min((split for split in range(1, group + 1) if group % split == 0), key=waves)
+    # (within one wave, fewer programs an SM run faster: B2 H16/2 S4096 D128, 256 for 264 slots, lost 2% split)
+    gains = programs > slots and waves(best) <= ATTENTION_BACKWARD_WAVE_SPLIT_COST[causal] * waves(1)
+    return best if gains else 1
 
 
 def backward_plans(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, batch: int,
@@ -531,7 +563,8 @@ def backward_plans(head_dim: int, dtype: torch.dtype, causal: bool, device: torc
     group = heads_q // heads_kv
     key_blocks = -(-n_keys // dkdv.block_n)
     query_blocks = -(-n_queries // dq.block_m)
-    split = dkdv_group_split(group, key_blocks * batch * heads_kv, causal, device, sms)
+    split = dkdv_group_split(group, key_blocks * batch * heads_kv, causal, device, sms, n_queries, dkdv.block_d,
+                             key_blocks)
     return (dataclasses.replace(dkdv, group_split=split, blocks=key_blocks,
                                 heavy_first=backward_heavy_first("backward_dkdv", causal, group, key_blocks)),
             dataclasses.replace(dq, blocks=query_blocks,
@@ -597,51 +630,6 @@ def forward_flops(batch: int, heads_q: int, n_queries: int, n_keys: int, head_di
     multiply-add), halved under a causal mask; a backward counts 2.5 times these."""
     flops = 4 * batch * heads_q * n_queries * n_keys * head_dim
     return flops // 2 if causal else flops
-
-
-def explain(batch: int, heads_q: int, heads_kv: int, n_queries: int, n_keys: int, head_dim: int,
-            dtype: torch.dtype = torch.bfloat16, causal: bool = False, sms: int = 132) -> str:
-    """The GPU plans of an attention call on contiguous (B, H, S, D) q, k, v (and dO), on any
-    machine (``onlinesoftmax explain --op attention``): the forward's, then the backward's kernels
-    with their grids."""
-    device = torch.device("cuda")
-    # Contiguous: every stride is a multiple of the head dim, so a row of whole 16-byte vectors
-    # makes every tensor descriptor-ready and every row a run of vectors.
-    vectors = head_dim * dtype.itemsize % 16 == 0
-    rows = vectors and batch * max(heads_q, heads_kv) * max(n_queries, n_keys) < 2**31
-    mask = "causal (top left)" if causal else "no mask"
-    flops = forward_flops(batch, heads_q, n_queries, n_keys, head_dim, causal)
-    lines = [f"attention B{batch} H{heads_q}/{heads_kv} queries {n_queries} keys {n_keys} head dim {head_dim}, "
-             f"{str(dtype)[6:]}, {mask}; contiguous (B, H, S, D) tensors, {sms} SMs",
-             f"forward: {flops / 1e9:.3g} GFLOP; backward: {2.5 * flops / 1e9:.3g} GFLOP"]
-
-    def grid(blocks: int, what: str, programs: int, each: str) -> str:
-        total = blocks * programs
-        return f"    grid: {blocks} {what} x {programs} {each} = {total} programs ({total / sms:.1f} an SM)"
-
-    forward = attention_plan("forward", head_dim, dtype, causal, device, n_queries, n_keys, vectors, rows,
-                             whole_vectors=vectors, interpreting=False)
-    stationary = kv_stationary_plan(head_dim, dtype, causal, device, n_queries, n_keys, heads_q // heads_kv,
-                                    batch * heads_kv, sms, forward.warp_specialize)
-    if stationary is not None:
-        lines += ["  " + stationary.describe(),
-                  grid(stationary.group_split, "parts of each group", batch * heads_kv, "KV heads")
-                  if stationary.group_split > 1 else f"    grid: {batch * heads_kv} programs, one a batch and KV head"]
-    else:
-        lines += ["  " + forward.describe(),
-                  grid(-(-n_queries // forward.block_m), "query blocks", batch * heads_q, "query heads")]
-    first, dq = backward_plans(head_dim, dtype, causal, device, batch, heads_q, heads_kv, n_queries, n_keys, vectors,
-                               batch * heads_q, vectors, sms, interpreting=False)
-    if dq is None:
-        lines += ["  " + first.describe() + " (one kernel: dQ, dK and dV)",
-                  f"    grid: {batch * heads_kv} programs, one a batch and KV head"]
-    else:
-        programs = batch * heads_kv * first.group_split
-        each = "KV heads" if first.group_split == 1 else "parts of KV heads' groups"
-        lines += ["  attention backward_delta: rowsum(dO * O) of every query, a small kernel first",
-                  "  " + first.describe(), grid(first.blocks, "key blocks", programs, each),
-                  "  " + dq.describe(), grid(dq.blocks, "query blocks", batch * heads_q, "query heads")]
-    return "\n".join(lines)
 
 
 _recorded = LastPlan()

@@ -578,11 +578,17 @@ def test_dkdv_wave_split_plan():
     # B1 H28/4 S6432 D48 (404 programs, 396 slots at 3 an SM): 2 waves whole, 8 of a seventh split 7 ways.
     assert split(7, 404) == 7
     assert split(7, 396) == 1  # one full wave
-    assert split(7, 300) == 1  # one wave, part full: fewer programs an SM run faster (not modelled)
+    # Within one wave the SMs count: 256 programs are two an SM split or not; 144 leave 12 SMs two
+    # (B1 H28/4 S2276 D72), split 7 ways 8 programs on the busiest SMs, a seventh each.
+    assert split(8, 256, block_d=128, blocks=64) == 1
+    assert split(7, 144, block_d=128, blocks=36, n_queries=2276) == 7
     assert split(7, 404, n_queries=2047) == 1  # short rows: the partials would cost more
     assert split(8, 512, blocks=128) == 8  # 512 programs: 2 waves whole, 11 of an eighth (1.375)
     assert split(4, 376, block_d=128, blocks=47) == 2  # 2 an SM: 2 waves whole, 3 of a half
     assert split(8, 1024, block_d=128, blocks=128) == 1  # 3.9 waves: full enough
+    assert split(8, 2784, blocks=58) == 1  # 7.03 waves: past ATTENTION_BACKWARD_WAVE_SPLIT_WAVES
+    with onlinesoftmax.override_plan("attention", ATTENTION_BACKWARD_WAVE_SPLIT_WAVES=8):
+        assert split(8, 2784, blocks=58) == 8  # 8 waves whole, 57 of an eighth
     assert split(7, 404, block_d=80) == 1  # no programs-an-SM entry: no waves to count
     # Causal: 4 KV heads of 101 key blocks, a group of 7: the first block's 707 units against 364
     # spread over the slots; every head its own program, 101.

@@ -9,10 +9,12 @@ cells where GQA and MQA trailed FLASH (head dims 32 and 80), GQA at batch 1 and 
 and GQA whose programs fill the GPU (the plan leaves them whole). "plan" is the library's own split
 (ATTENTION_BACKWARD_WAVE_SPLIT_* included).
 
-    python scripts/probes/probe_group_split.py [--shapes BxHQxHKVxSxD,...] [--settings plan,whole,...]   (GPU; bf16)
+    python scripts/probes/probe_group_split.py [--shapes BxHQxHKVxSxD,...] [--settings plan,whole,...]
+        [--splits 2,4]   (GPU; bf16)
 """
 
 import sys
+from unittest import mock
 
 import torch
 
@@ -38,10 +40,16 @@ def main():
           "ms per forward + backward (do_bench / back to back / graph)", flush=True)
     names = sys.argv[sys.argv.index("--settings") + 1].split(",") if "--settings" in sys.argv else list(SETTINGS)
     settings = {name: SETTINGS[name] for name in names}
+    # --splits 2,4: also each of these splits forced (where it divides the group), FLASH's column left out
+    forced = [int(v) for v in sys.argv[sys.argv.index("--splits") + 1].split(",")] if "--splits" in sys.argv else []
+    label = lambda: f"x{plan.last_attention_plan().group_split}, "  # noqa: E731
     for shape in shapes:
         sets = input_sets(gen, *shape)
         for causal in (False, True):
-            parts = compare_settings(sets, causal, settings, lambda: f"x{plan.last_attention_plan().group_split}, ")
+            parts = compare_settings(sets, causal, settings, label)
+            for split in (s for s in forced if (shape[1] // shape[2]) % s == 0):
+                with mock.patch.object(plan, "dkdv_group_split", lambda *args, split=split, **kwargs: split):
+                    parts[-1:-1] = compare_settings(sets, causal, {"forced": {}}, label)[:-1]
             print(shape, "causal" if causal else "full", " | ".join(parts), flush=True)
 
 

@@ -289,7 +289,7 @@ ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS = (4, 8)
 # ATTENTION_BACKWARD_WAVE_SPLIT_COST (non-causal, causal) of one program a group's, with programs an
 # SM from ATTENTION_BACKWARD_DKDV_PER_SM (by padded head dim: sm_90 compiles of the long tables'
 # configs, scripts/probes/kernel_resources.py). Non-causal: waves / split, at the divisor with the
-# fewest, past one wave. Causal, every head its own program: the longer of the heaviest program (a head's first key
+# fewest (within one wave, rounds of programs an SM; over at most 3 waves). Causal, every head its own program: the longer of the heaviest program (a head's first key
 # block, over every query) and the work spread over the slots. H200, ms, whole -> split (FLASH):
 # B1 H28/4 S6432 D48 4.349 -> 3.380 (4.252), causal 2.428 -> 1.874 (2.381); B1 H32/4 S8192 D64 6.970
 # -> 5.955 (6.709), causal 3.751 -> 3.414 (3.797); B2 H16/2 S4096 D128 causal 1.988 -> 1.604 (1.958);
@@ -297,6 +297,7 @@ ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS = (4, 8)
 # split), B1 H32/8 S8192 D128 (10.05, 10.99 split); docs/notes/2026-11/probe_group_split-h200.log.
 ATTENTION_BACKWARD_WAVE_SPLIT_QUERIES = 2048
 ATTENTION_BACKWARD_WAVE_SPLIT_COST = (0.92, 0.66)
+ATTENTION_BACKWARD_WAVE_SPLIT_WAVES = 3  # non-causal: at most this many waves of whole programs
 ATTENTION_BACKWARD_DKDV_PER_SM = {32: 2, 64: 3, 128: 2, 256: 1}
 # Causal backward kernels whose grid launches the heaviest block of every head before any head's
 # next one (the dK/dV kernel's first key block, the dQ kernel's last query block): the grid's axes
@@ -535,12 +536,18 @@ def dkdv_group_split(group: int, programs: int, causal: bool, device: torch.devi
         whole, split = max(blocks * group, spread), max(blocks, spread)
         return group if split <= ATTENTION_BACKWARD_WAVE_SPLIT_COST[causal] * whole else 1
 
+    # Within one wave, programs sharing an SM share its throughput: the SMs count, not the slots
+    # (B2 H16/2 S4096 D128, 256 programs for 264 slots, two an SM, lost 2% split 8 ways). Past a
+    # few waves the last one's gaps were not what the model says (B6 H64/8 S3708, 7.03 waves: D64
+    # level split 8 ways, D40 13% slower).
+    if programs > ATTENTION_BACKWARD_WAVE_SPLIT_WAVES * slots:
+        return 1
+    units = slots if programs > slots else sms
+
     def waves(split: int) -> float:
-        return -(-programs * split // slots) / split
+        return -(-programs * split // units) / split
     best = min((split for split in range(1, group + 1) if group % split == 0), key=waves)
-    # (within one wave, fewer programs an SM run faster: B2 H16/2 S4096 D128, 256 for 264 slots, lost 2% split)
-    gains = programs > slots and waves(best) <= ATTENTION_BACKWARD_WAVE_SPLIT_COST[causal] * waves(1)
-    return best if gains else 1
+    return best if waves(best) <= ATTENTION_BACKWARD_WAVE_SPLIT_COST[causal] * waves(1) else 1
 
 
 def backward_plans(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, batch: int,

@@ -115,7 +115,12 @@ def test_matches_float64(shape, mode, dtype, use_descriptor, gen, monkeypatch, p
     chosen = plan.last_attention_plan()
     assert chosen.path == expected_path()
     if TRITON_RUNS:
-        assert chosen.use_descriptor == use_descriptor and chosen.kernel == expected_backward(SHAPES[shape])
+        # A short row that reads through pointers keeps them on the GPU (D32 causal up to 1024 keys).
+        short = (chosen.kernel == "backward_dkdv" and ON_GPU
+                 and plan.short_config(chosen.kernel, SHAPES[shape][5], mode != "none", max(SHAPES[shape][3:5])))
+        pointers = bool(short) and short[4:] == ("pointer",)
+        assert chosen.use_descriptor == (use_descriptor and not pointers)
+        assert chosen.kernel == expected_backward(SHAPES[shape])
 
 
 def expected_backward(shape) -> str:

@@ -288,13 +288,15 @@ ATTENTION_BACKWARD_GROUP_SPLIT_PROGRAMS = (4, 8)
 # then cost a few % of its work) splits the group where a model of its time gives at most
 # ATTENTION_BACKWARD_WAVE_SPLIT_COST (non-causal, causal) of one program a group's, with programs an
 # SM from ATTENTION_BACKWARD_DKDV_PER_SM (by padded head dim: sm_90 compiles of the long tables'
-# configs, scripts/probes/kernel_resources.py). Non-causal: waves / split, at the divisor with the
-# fewest (within one wave, rounds of programs an SM; over at most 3 waves). Causal, every head its own program: the longer of the heaviest program (a head's first key
-# block, over every query) and the work spread over the slots. H200, ms, whole -> split (FLASH):
-# B1 H28/4 S6432 D48 4.349 -> 3.380 (4.252), causal 2.428 -> 1.874 (2.381); B1 H32/4 S8192 D64 6.970
-# -> 5.955 (6.709), causal 3.751 -> 3.414 (3.797); B2 H16/2 S4096 D128 causal 1.988 -> 1.604 (1.958);
-# B2 H32/8 S2048 D64 0.981 -> 0.891 (0.974). Left whole: B1 H64/8 S5000 D64 causal (2.630, 2.701
-# split), B1 H32/8 S8192 D128 (10.05, 10.99 split); docs/notes/2026-11/probe_group_split-h200.log.
+# configs, scripts/probes/kernel_resources.py). Non-causal, over at most
+# ATTENTION_BACKWARD_WAVE_SPLIT_WAVES waves: waves / split at the divisor with the fewest (within one
+# wave, rounds of programs an SM). Causal, every head its own program: the longer of the heaviest
+# program (a head's first key block, over every query) and the work spread over the slots. H200,
+# CUDA-graph ms, whole -> split (FLASH): B1 H28/4 S6432 D48 4.357 -> 3.366 (4.244), causal 2.424 ->
+# 1.890 (2.372); B1 H16/2 S10000 D128 9.729 -> 7.830 (9.228), causal 5.163 -> 4.249 (5.121); B1 H28/4
+# S2276 D72 0.989 -> 0.784 (0.842). Left whole: B1 H64/8 S5000 D64 causal (2.669; 2.706 split), B1
+# H32/8 S8192 D128 (10.05; 10.24), B6 H64/8 S3708 D40 (18.10; 20.45)
+# (docs/notes/2026-11/probe_group_split-h200.log).
 ATTENTION_BACKWARD_WAVE_SPLIT_QUERIES = 2048
 ATTENTION_BACKWARD_WAVE_SPLIT_COST = (0.92, 0.66)
 ATTENTION_BACKWARD_WAVE_SPLIT_WAVES = 3  # non-causal: at most this many waves of whole programs

@@ -42,7 +42,9 @@ def main():
     settings = {name: SETTINGS[name] for name in names}
     # --splits 2,4: also each of these splits forced (where it divides the group), FLASH's column left out
     forced = [int(v) for v in sys.argv[sys.argv.index("--splits") + 1].split(",")] if "--splits" in sys.argv else []
-    label = lambda: f"x{plan.last_attention_plan().group_split}, "  # noqa: E731
+
+    def label():
+        return f"x{plan.last_attention_plan().group_split}, "
     for shape in shapes:
         sets = input_sets(gen, *shape)
         for causal in (False, True):

@@ -186,6 +186,24 @@ def finished_rows(m_i, l_i):
     return tl.where(has_keys, 1.0 / l_i, 0.0), tl.where(has_keys, (m_i + tl.math.log2(l_i)) * LN2, NEG_INF)
 
 
+@triton.jit
+def online_scores(qk, m_i, l_i, qk_scale, MASKED: tl.constexpr):
+    """A block of raw scores [M, N] into the rows' running maximum m_i (log2 units) and sum l_i:
+    (p, alpha, l, m) with p the block's exp2 weights and alpha the factor of what came before.
+    scale > 0, so the scaled maximum is the maximum scaled, and the scaling and the subtraction
+    fuse into one FMA per score."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    if MASKED:
+        # A row with no visible key so far keeps m = -inf; measuring from 0 keeps
+        # exp2(-inf - -inf) = NaN out of p and alpha (both become 0).
+        m_ref = tl.where(m_new == NEG_INF, 0.0, m_new)
+    else:
+        m_ref = m_new
+    p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
+    alpha = tl.math.exp2(m_i - m_ref)
+    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
+
+
 # Lengths, head counts and the causal offset are not specialized by value: Triton would otherwise
 # compile a separate kernel for each of them equal to 1 (decoding, MQA, batch 1) and for each
 # divisibility by 16, while the tiles are bounded by masks and TMA bounds either way.
@@ -214,18 +232,7 @@ def forward_key_blocks(acc, acc2, l_i, m_i, q, q2, desc_k, desc_v, desc_k2, desc
             cols = block_start + tl.arange(0, BLOCK_N)
             # Warp-specialized, every block comes here when causal, and its keys fill whole blocks.
             qk = tl.where(visible(rows, cols, n_keys, causal_offset, CAUSAL, WARP_SPECIALIZE), qk, NEG_INF)
-        # scale > 0, so the scaled maximum is the maximum scaled, and the scaling and the
-        # subtraction fuse into one FMA per score.
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        if MASKED:
-            # A row with no visible key so far keeps m = -inf; measuring from 0 keeps
-            # exp2(-inf - -inf) = NaN out of p and alpha (both become 0).
-            m_ref = tl.where(m_new == NEG_INF, 0.0, m_new)
-        else:
-            m_ref = m_new
-        p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
-        alpha = tl.math.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, l_i, m_new = online_scores(qk, m_i, l_i, qk_scale, MASKED)
         v = load_key_tile(desc_v, v_base, kv_bh, block_start, n_keys, stride_vs, stride_vd, head_dim, 0,
                           BLOCK_N, BLOCK_D, USE_DESCRIPTOR, ROW_DESCRIPTORS)
         acc = mma(p.to(v.dtype), v, acc * alpha[:, None])
@@ -443,6 +450,8 @@ def attention_forward_kv_stationary_kernel(
                       BLOCK_M, BLOCK_D, False)
         qk = mma(q, tl.trans(k), None)  # [M, N]
         qk = tl.where(visible(rows, keys, n_keys, causal_offset, CAUSAL, False), qk, NEG_INF)
+        # The first block's whole softmax, written out: online_scores from m = -inf and l = 0 took
+        # 4-6 more registers (sm_90) and at D256 a 56-byte spill instead of 32.
         m = tl.max(qk, 1) * qk_scale
         # A row that sees no key (bottom-right causal with more queries than keys) keeps m = -inf:
         # measuring from 0 keeps exp2(-inf - -inf) = NaN out of p; it gives 0 and lse -inf.
@@ -455,14 +464,8 @@ def attention_forward_kv_stationary_kernel(
             if (last_row + causal_offset >= PART) & (n_keys > PART):
                 qk2 = mma(q, tl.trans(k2), None)
                 qk2 = tl.where(visible(rows, keys2, n_keys, causal_offset, CAUSAL, False), qk2, NEG_INF)
-                m_new = tl.maximum(m, tl.max(qk2, 1) * qk_scale)
-                m_new_ref = tl.where(m_new == NEG_INF, 0.0, m_new)
-                # (a row that saw no key of the first half has l = 0 and acc = 0: its factor is 0, not exp2(inf))
-                alpha = tl.where(m == NEG_INF, 0.0, tl.math.exp2(m - m_new_ref))
-                p2 = tl.math.exp2(qk2 * qk_scale - m_new_ref[:, None])
-                l_i = l_i * alpha + tl.sum(p2, 1)
-                acc = acc * alpha[:, None] + mma(p2.to(v2.dtype), v2, None)
-                m = m_new
+                p2, alpha, l_i, m = online_scores(qk2, m, l_i, qk_scale, True)
+                acc = mma(p2.to(v2.dtype), v2, acc * alpha[:, None])
         inv_l, lse = finished_rows(m, l_i)
         bh = b.to(tl.int64) * n_heads_q + h
         out = (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty)

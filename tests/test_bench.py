@@ -317,6 +317,40 @@ def test_no_forward_times_the_backward_direction_alone(capsys):
         assert "--no-forward applies to" in capsys.readouterr().err
 
 
+def test_host_bench_alternates_our_runs_with_the_peers(monkeypatch):
+    # Host time drifts over seconds: ours and the peer's runs take turns, the context (the route
+    # turned off) around ours alone, and the warm-up run is not kept.
+    import contextlib
+
+    from onlinesoftmax.bench import host_suite
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(host_suite, "CALLS", 3)
+    monkeypatch.setattr(host_suite, "WARMUP_CALLS", 2)
+    monkeypatch.setattr(host_suite, "RUN_WARMUP_CALLS", 1)
+    calls, inside = [], []
+
+    @contextlib.contextmanager
+    def route_off():
+        inside.append(True)
+        yield
+        inside.pop()
+
+    def ours():
+        assert inside, "ours ran outside its context"
+        calls.append("ours")
+
+    def theirs():
+        assert not inside, "the peer ran inside our context"
+        calls.append("theirs")
+
+    ours_us, theirs_us = host_suite.host_us(ours, theirs, route_off)
+    runs = [calls[0]] + [b for a, b in zip(calls, calls[1:]) if a != b]
+    assert runs == ["ours", "theirs"] * (host_suite.REPEATS + 1)
+    assert len(calls) == 2 * (2 + 1 + host_suite.REPEATS * (3 + 1))
+    assert ours_us > 0 and theirs_us > 0
+
+
 def test_merge_is_refused_for_suites_that_do_not_merge(capsys):
     # The bench grids and the sweeps merge; elsewhere the flag would be ignored silently.
     for argv in (["bench", "ladder", "--merge"], ["bench", "host", "--merge"]):

@@ -519,6 +519,30 @@ def test_misaligned_rows_of_a_large_tile_split(plan_override):
     assert strategy("logsumexp", 32076) == "row_on_chip"
 
 
+def test_misaligned_backward_rows_of_large_tiles_loop(plan_override):
+    # BACKWARD_MISALIGNED_LOOPED_MIN_TILE: backward rows off 16-byte boundaries whose row_on_chip tile
+    # is at least that size take looped, however full, but for the full large tiles that split;
+    # aligned rows, the forward, smaller tiles, fp32 and few rows stay.
+    plan_override(BACKWARD_MISALIGNED_LOOPED_MIN_TILE={4: None, 2: 8192}, BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM=32768,
+                  ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7}, ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS=16384)
+    cuda = torch.device("cuda")
+
+    def strategy(op, cols, dtype=torch.bfloat16, misaligned=True, rows=3077):
+        return plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False, misaligned).strategy
+
+    for op in ("softmax_backward", "log_softmax_backward"):
+        # From 32768 elements of tiles an SM: 264 rows of 16384, 528 of 8192.
+        assert strategy(op, 12867, rows=264) == "looped" and strategy(op, 12867, rows=263) == "row_on_chip", op
+        assert strategy(op, 7001, rows=528) == "looped" and strategy(op, 7001, rows=527) == "row_on_chip", op
+        assert strategy(op, 12867) == strategy(op, 16383) == strategy(op, 12867, torch.float16) == "looped", op
+        assert strategy(op, 12867, misaligned=False) == "row_on_chip", op
+        assert strategy(op, 12867, torch.float32) == "row_on_chip", op
+        assert strategy(op, 7001) == strategy(op, 21001) == "looped", op  # tiles of 8192 and 32768
+        assert strategy(op, 4001) == "row_on_chip", op  # a tile of 4096
+        assert strategy(op, 32076) == "split_row_on_chip", op  # 98% of a tile of 32768
+    assert strategy("softmax", 12867) == strategy("log_softmax", 12867) == strategy("logsumexp", 12867) == "row_on_chip"
+
+
 def test_split_row_chunks_by_rows(plan_override):
     # SPLIT_PROGRAMS_PER_SM by rows: one row aims at 2 programs an SM, more rows at 8.
     plan_override(SPLIT_PROGRAMS_PER_SM=((1, 2), (1 << 62, 8)))
@@ -966,7 +990,8 @@ def test_padded_two_byte_rows_leave_row_on_chip():
     assert strategy("softmax", 1024, 9500) == "split_row_on_chip"  # 58%, off 16-byte boundaries
     assert strategy("logsumexp", 9682, 8604) == "row_on_chip 8192+512"  # as the forwards (ROW_ON_CHIP_TAIL_LOGSUMEXP)
     assert strategy("logsumexp", 4096, 10001) == "row_on_chip"
-    assert strategy("softmax_backward", 5576, 4941) == "row_on_chip"  # 60% of the tile
+    assert strategy("softmax_backward", 5576, 4944) == "row_on_chip"  # 60% of the tile
+    assert strategy("softmax_backward", 5576, 4941) == "looped"  # off 16-byte boundaries (BACKWARD_MISALIGNED_LOOPED_MIN_TILE)
     assert strategy("softmax", 2048, 4097, torch.float32) == "row_on_chip 4096+16"
     assert strategy("softmax_backward", 2048, 4097, torch.float32) == "row_on_chip 4096+16"
     assert strategy("softmax_backward", 474, 23612, torch.float32) == "row_on_chip 16384+8192"  # 72%

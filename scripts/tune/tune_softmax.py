@@ -115,6 +115,18 @@ def split_on_chip_variants():
                    SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM=1.0)
 
 
+def current_only_variants():
+    # The strategy's plan as the tables give it, nothing else.
+    return iter(())
+
+
+def mid_long_row_variants():
+    # Rows of 8193-16384 elements held whole: the tile of 16384 on fewer warps than the table's 32
+    # (two or four programs an SM in place of one).
+    for warps_scale in (0.25, 0.5):
+        yield dict(WARPS_BY_TILE_ELEMENTS=scaled_warps(warps_scale))
+
+
 CASES = [
     # (dtype, rows, cols, strategy, variants)
     (torch.float32, 64, 128256, "split_row_on_chip", split_on_chip_variants),
@@ -199,6 +211,23 @@ CASES = [
         (torch.float16, 8192, 160), (torch.float32, 8192, 160), (torch.bfloat16, 16384, 136),
         (torch.float32, 20000, 180), (torch.bfloat16, 3000, 150), (torch.float32, 1207, 143),
         (torch.bfloat16, 600, 150), (torch.float16, 5000, 140))),
+    # Rows of 8193-16384 elements, backward: bf16 log_softmax 3077 x 12867 at 0.66x torch eager in the
+    # H200's random-shape sweep (seed 3008; softmax 1.13x), held whole on 32 warps; the other strategies beside.
+    *((torch.bfloat16, rows, cols, strategy, variants) for rows, cols in (
+        (3077, 12867), (4096, 10007), (2048, 12800), (8192, 13001), (1024, 12867), (3077, 16384))
+      for strategy, variants in (("row_on_chip", mid_long_row_variants), ("looped", looped_variants),
+                                 ("split_row_on_chip", split_on_chip_variants))),
+    # Then the strategies' plans alone around it: misaligned tiles of 8192 and 32768, a row on 16-byte
+    # boundaries read in granules (12872), fp16 and fp32.
+    *((dtype, rows, cols, strategy, current_only_variants) for dtype, rows, cols in (
+        (torch.bfloat16, 4096, 7001), (torch.bfloat16, 2048, 6007), (torch.bfloat16, 1024, 21001),
+        (torch.bfloat16, 512, 20011), (torch.bfloat16, 3077, 12872), (torch.float16, 3077, 12867),
+        (torch.float32, 3077, 12867), (torch.float32, 4096, 10007), (torch.bfloat16, 262, 32076),
+        (torch.bfloat16, 1000, 32076), (torch.bfloat16, 8143, 8187), (torch.bfloat16, 64, 12867),
+        (torch.float16, 2, 16364), (torch.float16, 5, 10421), (torch.bfloat16, 132, 12867),
+        (torch.bfloat16, 264, 12867), (torch.bfloat16, 396, 12867), (torch.bfloat16, 264, 21001),
+        (torch.bfloat16, 264, 7001))
+      for strategy in ("row_on_chip", "looped", "split_row_on_chip")),
     # The plan's short heads and tails against the plan before them, across row counts and lengths.
     *((dtype, rows, cols, "row_on_chip", short_tail_off_variants)
       for dtype in (torch.bfloat16, torch.float32, torch.float16)
@@ -278,6 +307,8 @@ def main():
                 best = (gbs, describe(values) or "current")
             if not values:
                 print(f"{str(dtype)[6:]} {rows}x{cols} {strategy}: current {gbs:.0f} GB/s", flush=True)
+            else:
+                print(f"  {describe(values)}: {gbs:.0f} GB/s", flush=True)
         print(f"  best {best[0]:.0f} GB/s with {best[1]}", flush=True)
         del xs
     if args.out:

@@ -88,6 +88,26 @@ ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS = 16384
 # 1767. Aligned rows stay on chip (bf16 262x20000, 61% of its tile: 1548 on chip, 1114 split;
 # 1024x32768 on chip 2533 in the bench grid). fp32 was not measured.
 ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
+# Backward rows that start off 16-byte boundaries whose row_on_chip tile is at least this many
+# elements (by element size; None: never) take looped, however full the tile (but tiles that
+# _full_large_tile splits): held whole, a misaligned 2-byte row is read in granules with its edges
+# apart and ran at 0.58-0.89x of looped. H200, scripts/tune/tune_softmax.py --backward [--log], CUDA
+# graphs, GB/s, row_on_chip -> looped (docs/notes/2026-11/tune_softmax-misaligned_backward-h200.log),
+# bf16 log_softmax: 3077 x 12867 2303 -> 3459 (torch 3436; 0.66x torch eager in the random-shape
+# sweep of seed 3008), 4096 x 10007 2124 -> 3416 (torch 2853), 8192 x 13001 2397 -> 3710 (3575),
+# 1024 x 12867 2191 -> 3123 (3080), tiles of 8192: 4096 x 7001 2812 -> 3353, 2048 x 6007 2492 ->
+# 2820, 8143 x 8187 3056 -> 3595, of 32768: 1024 x 21001 1974 -> 3154, 512 x 20011 1846 -> 3178;
+# fp16 3077 x 12867 2727 -> 3485; softmax 3077 x 12867 2039 -> 3398, 4096 x 10007 1970 -> 3509.
+# Rows on 16-byte boundaries stay (2048 x 12800: 3596 on chip, 3611 looped, softmax 3941 / 3406;
+# 3077 x 12872, read in granules: 3599 / 3477), and so does fp32 (3077 x 12867: 3433 / 3441;
+# 4096 x 10007: 4125 / 3682).
+BACKWARD_MISALIGNED_LOOPED_MIN_TILE = {4: None, 2: 8192}
+# ... where the rows' tiles hold at least this many elements an SM: fewer wait on each row's
+# latency, where one read beats two. bf16 log_softmax (softmax), on chip / looped: 64 x 12867 1101 /
+# 763, 132 x 12867 1944 / 1513 (1669 / 1761), 264 x 12867 2243 / 2381 (1924 / 2565), 396 x 12867
+# 2310 / 2846; 264 x 7001 (a tile of 8192) 2163 / 2031, 264 x 21001 (32768) 1850 / 2756; fp16
+# 2 x 16364 55 / 33, 5 x 10421 86 / 62.
+BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM = 32768
 # float32 log_softmax rows longer than ROW_ON_CHIP_LOG_SPLIT_MIN_COLS that fill less than this share
 # of row_on_chip's power-of-two tile (by element size) take split_row_on_chip, forward: the 32-warp
 # log_softmax tile lost to it where softmax's did not. H100, ms, row_on_chip -> split_row_on_chip
@@ -342,6 +362,11 @@ def _full_large_tile(cols: int, elem: int) -> bool:
     return fill is not None and tile > ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and cols >= fill * tile
 
 
+def _tile_at_least(cols: int, tile: int | None) -> bool:
+    """Whether row_on_chip's power-of-two tile for ``cols`` is at least ``tile`` (None: never)."""
+    return tile is not None and next_power_of_2(cols) >= tile
+
+
 def _half_empty_tile(cols: int, longer_than: int, min_fill: float) -> bool:
     """Rows longer than ``longer_than`` that fill less than ``min_fill`` of row_on_chip's power-of-two tile."""
     return cols > longer_than and cols < min_fill * next_power_of_2(cols)
@@ -519,6 +544,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 strategy = "row_on_chip"
         elif on_chip and misaligned_rows and op != "logsumexp" and _full_large_tile(cols, elem):
             strategy = "split_row_on_chip"
+        elif (on_chip and backward and misaligned_rows and _tile_at_least(cols, BACKWARD_MISALIGNED_LOOPED_MIN_TILE[elem])
+              and rows * next_power_of_2(cols) >= BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM * sms):
+            strategy = "looped"
         elif (on_chip and op == "log_softmax"
               and _half_empty_tile(cols, ROW_ON_CHIP_LOG_SPLIT_MIN_COLS, ROW_ON_CHIP_LOG_MIN_FILL[elem])):
             strategy = "split_row_on_chip"

@@ -91,7 +91,9 @@ ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
 # Backward rows that start off 16-byte boundaries whose row_on_chip tile is at least this many
 # elements (by element size; None: never) take looped, however full the tile (but tiles that
 # _full_large_tile splits): held whole, a misaligned 2-byte row is read in granules with its edges
-# apart and ran at 0.58-0.89x of looped. H200, scripts/tune/tune_softmax.py --backward [--log], CUDA
+# apart, whose registers (bf16 3077 x 12867 on 32 warps: 50 a thread, 12800 32; ptxas for sm_90,
+# docs/notes/2026-11/kernel_resources-misaligned_backward-sm90.txt) leave one program an SM instead
+# of two, and ran at 0.56-0.88x of looped. H200, scripts/tune/tune_softmax.py --backward [--log], CUDA
 # graphs, GB/s, row_on_chip -> looped (docs/notes/2026-11/tune_softmax-misaligned_backward-h200.log),
 # bf16 log_softmax: 3077 x 12867 2303 -> 3459 (torch 3436; 0.66x torch eager in the random-shape
 # sweep of seed 3008), 4096 x 10007 2124 -> 3416 (torch 2853), 8192 x 13001 2397 -> 3710 (3575),

@@ -1060,7 +1060,7 @@ def test_explain_names_the_launched_plans_gpu(shape, causal, gen):
     from the tensors (contiguous ones): the forward's and the backward's first kernel, as launched."""
     batch, heads_q, heads_kv, seq, head_dim = shape
     text = attention_explain.explain(batch, heads_q, heads_kv, seq, seq, head_dim, torch.bfloat16, causal,
-                        sms=torch.cuda.get_device_properties(0).multi_processor_count)
+                                     sms=torch.cuda.get_device_properties(0).multi_processor_count)
     q, k, v = make_qkv(gen, batch, heads_q, heads_kv, seq, seq, head_dim, torch.bfloat16, requires_grad=True)
     out = attention(q, k, v, causal=causal)
     assert "  " + plan.last_attention_plan().describe() + "\n" in text, text

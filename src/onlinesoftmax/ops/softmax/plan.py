@@ -88,27 +88,17 @@ ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS = 16384
 # 1767. Aligned rows stay on chip (bf16 262x20000, 61% of its tile: 1548 on chip, 1114 split;
 # 1024x32768 on chip 2533 in the bench grid). fp32 was not measured.
 ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
-# Backward rows that start off 16-byte boundaries whose row_on_chip tile is at least this many
-# elements (by element size; None: never) take looped, however full the tile (but tiles that
-# _full_large_tile splits): held whole, a misaligned 2-byte row is read in granules with its edges
-# apart, whose registers (bf16 3077 x 12867 on 32 warps: 50 a thread, 12800 32; ptxas for sm_90,
-# docs/notes/2026-11/kernel_resources-misaligned_backward-sm90.txt) leave one program an SM instead
-# of two, and ran at 0.56-0.88x of looped. H200, scripts/tune/tune_softmax.py --backward [--log], CUDA
-# graphs, GB/s, row_on_chip -> looped (docs/notes/2026-11/tune_softmax-misaligned_backward-h200.log),
-# bf16 log_softmax: 3077 x 12867 2303 -> 3459 (torch 3436; 0.66x torch eager in the random-shape
-# sweep of seed 3008), 4096 x 10007 2124 -> 3416 (torch 2853), 8192 x 13001 2397 -> 3710 (3575),
-# 1024 x 12867 2191 -> 3123 (3080), tiles of 8192: 4096 x 7001 2812 -> 3353, 2048 x 6007 2492 ->
-# 2820, 8143 x 8187 3056 -> 3595, of 32768: 1024 x 21001 1974 -> 3154, 512 x 20011 1846 -> 3178;
-# fp16 3077 x 12867 2727 -> 3485; softmax 3077 x 12867 2039 -> 3398, 4096 x 10007 1970 -> 3509.
-# Rows on 16-byte boundaries stay (2048 x 12800: 3596 on chip, 3611 looped, softmax 3941 / 3406;
-# 3077 x 12872, read in granules: 3599 / 3477), and so does fp32 (3077 x 12867: 3433 / 3441;
-# 4096 x 10007: 4125 / 3682).
+# Backward rows off 16-byte boundaries whose row_on_chip tile is at least MIN_TILE elements (by
+# element size; None: never) take looped where the rows' tiles hold MIN_ELEMENTS_PER_SM an SM (fewer
+# rows wait on each row's latency, where one read beats two), but for the full tiles that
+# _full_large_tile splits. Held whole, read in granules, such a row takes more registers (bf16
+# 3077 x 12867: 50 a thread at 32 warps, one program an SM; 12800: 32, two: sm_90 compiles). H200,
+# tune/tune_softmax.py --backward [--log], CUDA graphs, GB/s, whole -> looped (torch): bf16
+# log_softmax 3077 x 12867 2303 -> 3459 (3436), 4096 x 7001 2812 -> 3353, 1024 x 21001 1974 -> 3154;
+# 64 x 12867 1101 -> 763, 264 x 12867 2243 -> 2381; rows on boundaries and fp32 stay (2048 x 12800
+# 3596 / 3611; fp32 3077 x 12867 3433 / 3441). Every shape: docs/perf-h200.md and
+# docs/notes/2026-11/tune_softmax-misaligned_backward-h200.log.
 BACKWARD_MISALIGNED_LOOPED_MIN_TILE = {4: None, 2: 8192}
-# ... where the rows' tiles hold at least this many elements an SM: fewer wait on each row's
-# latency, where one read beats two. bf16 log_softmax (softmax), on chip / looped: 64 x 12867 1101 /
-# 763, 132 x 12867 1944 / 1513 (1669 / 1761), 264 x 12867 2243 / 2381 (1924 / 2565), 396 x 12867
-# 2310 / 2846; 264 x 7001 (a tile of 8192) 2163 / 2031, 264 x 21001 (32768) 1850 / 2756; fp16
-# 2 x 16364 55 / 33, 5 x 10421 86 / 62.
 BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM = 32768
 # float32 log_softmax rows longer than ROW_ON_CHIP_LOG_SPLIT_MIN_COLS that fill less than this share
 # of row_on_chip's power-of-two tile (by element size) take split_row_on_chip, forward: the 32-warp
@@ -364,9 +354,10 @@ def _full_large_tile(cols: int, elem: int) -> bool:
     return fill is not None and tile > ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and cols >= fill * tile
 
 
-def _tile_at_least(cols: int, tile: int | None) -> bool:
-    """Whether row_on_chip's power-of-two tile for ``cols`` is at least ``tile`` (None: never)."""
-    return tile is not None and next_power_of_2(cols) >= tile
+def _misaligned_backward_looped(rows: int, cols: int, elem: int, sms: int) -> bool:
+    """Backward rows off 16-byte boundaries that BACKWARD_MISALIGNED_LOOPED_* give to looped."""
+    min_tile, tile = BACKWARD_MISALIGNED_LOOPED_MIN_TILE[elem], next_power_of_2(cols)
+    return min_tile is not None and tile >= min_tile and rows * tile >= BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM * sms
 
 
 def _half_empty_tile(cols: int, longer_than: int, min_fill: float) -> bool:
@@ -546,8 +537,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 strategy = "row_on_chip"
         elif on_chip and misaligned_rows and op != "logsumexp" and _full_large_tile(cols, elem):
             strategy = "split_row_on_chip"
-        elif (on_chip and backward and misaligned_rows and _tile_at_least(cols, BACKWARD_MISALIGNED_LOOPED_MIN_TILE[elem])
-              and rows * next_power_of_2(cols) >= BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM * sms):
+        elif on_chip and backward and misaligned_rows and _misaligned_backward_looped(rows, cols, elem, sms):
             strategy = "looped"
         elif (on_chip and op == "log_softmax"
               and _half_empty_tile(cols, ROW_ON_CHIP_LOG_SPLIT_MIN_COLS, ROW_ON_CHIP_LOG_MIN_FILL[elem])):

@@ -1172,3 +1172,29 @@ def test_flash_criterion_interpreted(seq, causal, heads, gen):
     """The criterion under the interpreter (its bf16 casts rounding to nearest, as the GPU's:
     conftest), so that the CPU run holds the backward to it too, at short lengths."""
     assert_flash_criterion(seq, 64, causal, heads, gen)
+
+
+@gpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("shape, mode", [((4097, 8, 8, 256, 256), "none"), ((2049, 16, 4, 256, 256), "top_left")],
+                         ids=["mha-kv-past", "gqa-causal-q-past"])
+def test_more_than_2_31_elements(shape, mode, gen, release_cached_memory):
+    """(batch, Hq, Hkv, S, D) whose q (and, MHA, k and v) hold more than 2^31 elements: the last
+    batch sits where a 32-bit offset would wrap, and is checked against float64, forward and
+    gradients. (batch x heads is at most 65535, a grid axis: so S x D > 2^15.)"""
+    batch, heads_q, heads_kv, seq, head_dim = shape
+    assert batch * heads_q * seq * head_dim > 2**31 and batch * heads_q <= attention_op.MAX_BATCH_HEADS
+    cuda_gen = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    q = torch.randn((batch, heads_q, seq, head_dim), device="cuda", generator=cuda_gen, dtype=torch.bfloat16)
+    k, v = (torch.randn((batch, heads_kv, seq, head_dim), device="cuda", generator=cuda_gen, dtype=torch.bfloat16)
+            for _ in range(2))
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    out = attention(q, k, v, causal=CAUSAL_ARG[mode])
+    d_out = torch.randn(out.shape, device="cuda", generator=cuda_gen, dtype=torch.bfloat16)
+    grads = torch.autograd.grad(out, (q, k, v), d_out)
+    assert not out.isnan().any() and not any(g.isnan().any() for g in grads)
+    last = slice(batch - 2, batch)
+    tail = [t.detach()[last] for t in (q, k, v)]
+    assert_matches(out.detach()[last], reference(*tail, mode)[0], torch.bfloat16, "out")
+    for name, got, want in zip("qkv", grads, reference_grads(*tail, d_out[last], mode)):
+        assert_grad_matches(got[last], want, torch.bfloat16, f"d{name}")

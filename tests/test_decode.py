@@ -571,3 +571,34 @@ def test_realistic_sizes_gpu(page_size, n_queries, gen):
     assert plan.last_plan().path == "split"
     assert relative_error(out, ref_out) <= 2 * relative_error(bf16_out, ref_out) + 1e-3
     assert_matches(lse, ref_lse, torch.float32, "lse")
+
+
+@gpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("num_splits", ["auto", 1])
+@pytest.mark.parametrize("page_size", [0, 256], ids=["contiguous", "page256"])
+def test_more_than_2_31_elements(page_size, num_splits, gen):
+    """K and V caches of 5 x 2^20 x 4 x 128 bf16 (more than 2^31 elements each): the last
+    sequence's keys all sit past 2^31; paged, the same memory with the pages in reverse order, so
+    the first sequence reads them."""
+    batch, capacity, heads_q, heads_kv, head_dim = 5, 2**20, 8, 4, 128
+    cuda_gen = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    k_cache, v_cache = (torch.randn((batch, capacity, heads_kv, head_dim), device="cuda", generator=cuda_gen,
+                                    dtype=torch.bfloat16) for _ in range(2))
+    assert k_cache.numel() > 2**31
+    q = torch.randn((batch, 1, heads_q, head_dim), device="cuda", generator=cuda_gen, dtype=torch.bfloat16)
+    lens = [capacity, 3000, capacity - 77, 1, capacity]
+    table = None
+    if page_size:
+        k_cache, v_cache = (c.view(-1, page_size, heads_kv, head_dim) for c in (k_cache, v_cache))
+        table = torch.arange(k_cache.shape[0], device="cuda", dtype=torch.int32).flip(0).view(batch, -1)
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out, lse = attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=table,
+                                      num_splits=num_splits, return_lse=True)
+    assert not out.isnan().any() and not lse.isnan().any()
+    for b in (0, 2, batch - 1):  # (paged: the first reads the pages past 2^31; contiguous: the last)
+        rows = slice(b, b + 1)
+        caches = (k_cache, v_cache) if page_size else (k_cache[rows], v_cache[rows])
+        ref_out, ref_lse = reference(q[rows], *caches, lens[rows], None if table is None else table[rows], True)
+        assert_matches(out[rows], ref_out, torch.bfloat16, f"sequence {b} out")
+        assert_matches(lse[rows], ref_lse, torch.float32, f"sequence {b} lse")

@@ -540,7 +540,37 @@ def test_misaligned_backward_rows_of_large_tiles_loop(plan_override):
         assert strategy(op, 7001) == strategy(op, 21001) == "looped", op  # tiles of 8192 and 32768
         assert strategy(op, 4001) == "row_on_chip", op  # a tile of 4096
         assert strategy(op, 32076) == "split_row_on_chip", op  # 98% of a tile of 32768
-    assert strategy("softmax", 12867) == strategy("log_softmax", 12867) == strategy("logsumexp", 12867) == "row_on_chip"
+    # (the forward's own rule for many such rows: the next test)
+    assert strategy("softmax", 12867, rows=264) == strategy("log_softmax", 12867, rows=264) == "row_on_chip"
+
+
+def test_many_misaligned_forward_rows_split_or_take_fewer_warps(plan_override):
+    # MISALIGNED_FORWARD_*: from 4 (2-byte) or 8 (fp32) rows an SM, forward rows off 16-byte
+    # boundaries take split_row_on_chip from a tile of 16384, and fewer warps held whole at the
+    # tiles ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS names; aligned rows, few rows, logsumexp and the
+    # backward keep their plans.
+    plan_override(MISALIGNED_FORWARD_MIN_ROWS_PER_SM={4: 8, 2: 4}, MISALIGNED_FORWARD_SPLIT_MIN_TILE=16384,
+                  ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS={8192: 8},
+                  ROW_ON_CHIP_MIN_FILL={4: 0.0, 2: 0.6}, ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7},
+                  BACKWARD_MISALIGNED_LOOPED_MIN_TILE={4: None, 2: None})  # (so that the backward holds these)
+    cuda = torch.device("cuda")
+
+    def choose(op, rows, cols, dtype=torch.bfloat16, misaligned=True):
+        chosen = plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False, misaligned)
+        return chosen.strategy, chosen.num_warps
+
+    for op in ("softmax", "log_softmax"):
+        assert choose(op, 528, 12867)[0] == choose(op, 528, 21001)[0] == "split_row_on_chip", op
+        assert choose(op, 527, 12867) == ("row_on_chip", 32), op
+        assert choose(op, 1056, 12867, torch.float32)[0] == choose(op, 1024, 21001, torch.float16)[0] == \
+            "split_row_on_chip", op
+        assert choose(op, 1055, 12867, torch.float32) == ("row_on_chip", 32), op
+        assert choose(op, 8192, 12867, misaligned=False) == ("row_on_chip", 32), op
+        assert choose(op, 8192, 5001) == choose(op, 8192, 5001, torch.float32) == ("row_on_chip", 8), op
+        assert choose(op, 8192, 3001) == choose(op, 8192, 3001, torch.float32) == ("row_on_chip", 8), op  # the table's
+        assert choose(op, 527, 5001) == choose(op, 8192, 5008, misaligned=False) == ("row_on_chip", 16), op
+    assert choose("logsumexp", 8192, 12867)[0] == "row_on_chip" and choose("logsumexp", 8192, 5001)[1] == 16
+    assert choose("softmax_backward", 8192, 5001) == ("row_on_chip", 16)
 
 
 def test_split_row_chunks_by_rows(plan_override):
@@ -986,7 +1016,8 @@ def test_padded_two_byte_rows_leave_row_on_chip():
     assert strategy("log_softmax_backward", 9682, 8600) == "row_on_chip 8192+512"
     assert strategy("log_softmax_backward", 1024, 17000) == "row_on_chip 16384+1024"
     assert strategy("softmax", 1024, 17000) == "row_on_chip"  # a head of 16384 lost; split ran at 179-870 GB/s
-    assert strategy("softmax", 4096, 10001) == "row_on_chip"  # 61% of the tile
+    assert strategy("softmax", 256, 10001) == "row_on_chip"  # 61% of the tile
+    assert strategy("softmax", 4096, 10001) == "split_row_on_chip"  # as many rows (MISALIGNED_FORWARD_*)
     assert strategy("softmax", 1024, 9500) == "split_row_on_chip"  # 58%, off 16-byte boundaries
     assert strategy("logsumexp", 9682, 8604) == "row_on_chip 8192+512"  # as the forwards (ROW_ON_CHIP_TAIL_LOGSUMEXP)
     assert strategy("logsumexp", 4096, 10001) == "row_on_chip"

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -29,9 +31,9 @@ MAIN = [0, 1, 4, 5, 6, 7, 8, 11]  # both strategies, each with every selection a
 LANE_PATHS = [4, 5, 6, 7, 8, 9, 10, 11]
 
 
-def expected(x2: torch.Tensor, k: int, temperature: float = 1.0):
+def expected(x2: torch.Tensor, k: int, temperature: float = 1.0, device="cpu"):
     """float64 probabilities and indices under our ranking: x / T in float32, lower index on ties."""
-    scaled = x2.float().cpu() * (1.0 / temperature)
+    scaled = x2.float().to(device) * (1.0 / temperature)
     scaled = torch.where(scaled == 0, 0.0, scaled)
     order = torch.sort(scaled, dim=-1, descending=True, stable=True).indices[:, :k]
     probs = torch.softmax(scaled.double(), -1)
@@ -532,3 +534,19 @@ def test_cpu_path_in_row_chunks_equals_one_chunk(gen, monkeypatch):
         results.append((values, indices, lse, lse_low, dx))
     for name, one, chunked in zip(("values", "indices", "lse", "lse_low", "dx"), *results):
         assert torch.equal(one, chunked), name
+
+
+@gpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("shape, strategy", [((2**14 + 1, 2**17 + 3), "single"), ((3, 2**30 - 5), "split")])
+def test_more_than_2_31_elements(shape, strategy, gen):
+    # bf16 keeps these at 4 GiB; the last rows are where a 32-bit offset would wrap.
+    assert math.prod(shape) > 2**31
+    cuda_gen = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    x = torch.randn(shape, device="cuda", generator=cuda_gen, dtype=torch.bfloat16)
+    values, indices, lse = onlinesoftmax.softmax_topk(x, 8, strategy=strategy, return_lse=True)
+    assert plan.last_topk_plan().strategy == strategy
+    ref_values, ref_indices, ref_lse = expected(x[-2:], 8, device="cuda")  # rows of 2^30: sorted on the GPU
+    assert torch.equal(indices[-2:], ref_indices)
+    assert_matches(values[-2:], ref_values, torch.bfloat16, "values")
+    assert_matches(lse[-2:], ref_lse, torch.float32, "lse")

@@ -120,6 +120,15 @@ def current_only_variants():
     return iter(())
 
 
+def misaligned_forward_variants():
+    # The plan without its rule for these rows (MISALIGNED_FORWARD_*), then held whole on fewer
+    # warps (looped and split_row_on_chip take their warps from tables of their own: their lines
+    # for these repeat their plan's).
+    rule_off = dict(MISALIGNED_FORWARD_MIN_ROWS_PER_SM={4: 1 << 62, 2: 1 << 62})
+    for warps_scale in (1, 0.5, 0.25):
+        yield dict(rule_off, WARPS_BY_TILE_ELEMENTS=scaled_warps(warps_scale))
+
+
 def mid_long_row_variants():
     # Rows of 8193-16384 elements held whole: the tile of 16384 on fewer warps than the table's 32
     # (two or four programs an SM in place of one).
@@ -228,6 +237,30 @@ CASES = [
         (torch.bfloat16, 264, 12867), (torch.bfloat16, 396, 12867), (torch.bfloat16, 264, 21001),
         (torch.bfloat16, 264, 7001))
       for strategy in ("row_on_chip", "looped", "split_row_on_chip")),
+    # The forward's rows that start off 16-byte boundaries, held whole (46-48 registers a thread at
+    # 12867 on 32 warps: one program an SM) against the other strategies, with their aligned
+    # neighbours (5008, 12872); bf16 and fp32, tiles of 8192-32768 (run with --variants
+    # misaligned_forward; the shapes above add their own cases).
+    *((dtype, rows, cols, strategy, variants) for dtype, rows, cols in (
+        (torch.bfloat16, 3077, 12867), (torch.bfloat16, 8192, 5001), (torch.bfloat16, 8192, 5008),
+        (torch.bfloat16, 2048, 30011), (torch.bfloat16, 4096, 10007), (torch.bfloat16, 264, 12867),
+        (torch.float32, 3077, 12867), (torch.float32, 8192, 5001), (torch.float32, 1024, 21001),
+        (torch.float32, 4096, 7001), (torch.float32, 3077, 12872), (torch.float16, 1024, 21001),
+        # how many rows split_row_on_chip needs to lead (264 x 12867 ran faster held whole)
+        *((torch.bfloat16, rows, 12867) for rows in (132, 396, 528, 792, 1056)),
+        *((torch.bfloat16, rows, 21001) for rows in (132, 264, 528)),
+        *((torch.float32, rows, 12867) for rows in (264, 528, 1056)), (torch.float32, 264, 21001),
+        # tiles of 2048-8192, fewer warps held whole (5004: fp32 on boundaries)
+        *((dtype, rows, cols) for dtype in (torch.bfloat16, torch.float32)
+          for rows, cols in ((264, 5001), (1056, 5001), (2048, 6007), (8192, 3001), (16384, 2001), (8192, 4095))),
+        (torch.bfloat16, 4096, 7001), (torch.float32, 8192, 5004),
+        # the committed sweeps' cells the rule replans: a full tile of 8192, one 60% full, 4096
+        *((dtype, 5576, 4941) for dtype in (torch.bfloat16, torch.float16, torch.float32)),
+        (torch.bfloat16, 8143, 8187), (torch.bfloat16, 607, 3809), (torch.float32, 3000, 32003),
+        (torch.float32, 2443, 12143))
+      for strategy, variants in (("row_on_chip", misaligned_forward_variants),
+                                 ("looped", misaligned_forward_variants),
+                                 ("split_row_on_chip", misaligned_forward_variants))),
     # The plan's short heads and tails against the plan before them, across row counts and lengths.
     *((dtype, rows, cols, "row_on_chip", short_tail_off_variants)
       for dtype in (torch.bfloat16, torch.float32, torch.float16)

@@ -66,40 +66,37 @@ BACKWARD_ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
 # 2-byte rows longer than one stream block that fill less than this share of row_on_chip's
 # power-of-two tile are not held whole: the idle lanes cut what an SM has in flight. The backward
 # takes looped; the forward split_row_on_chip where that tile is at most
-# ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and rows start off 16-byte boundaries (the measured rows:
-# that kernel takes 32 registers; on aligned rows such chunks compile to 106, ptxas for sm_90,
-# not timed). H100, scripts/tune/sweep_strategies.py, GB/s
-# (docs/notes/2026-11/sweep_strategies-padded-h100.log), row_on_chip -> the rule's strategy, bf16:
-# 9682 x 8604 forward 1264-1300 -> 1715-1924, backward 1663-1758 -> 2498-2538 (softmax and
-# log_softmax); 4096 x 9500 forward 1268-1296 -> 1748-1924, backward 1678-1751 -> 2396-2398;
-# 1024 x 17000 backward 1503-1577 -> 1791-1806, but forward split_row_on_chip 179-870: kept on
-# chip. float32 lost (2048 x 4097 forward 2000 -> 1705, backward 2454 -> 2395): 0, never.
+# ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and rows start off 16-byte boundaries (on aligned rows its chunks
+# compile to 106 registers, not 32). H100, GB/s, bf16 9682 x 8604 forward 1264-1300 -> 1715-1924,
+# backward 1663-1758 -> 2498-2538; forward 1024 x 17000 split 179-870: kept; fp32 lost: never
+# (docs/notes/2026-11/sweep_strategies-padded-h100.log).
 ROW_ON_CHIP_MIN_FILL = {4: 0.0, 2: 0.6}
 ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS = 16384
 # Rows off 16-byte boundaries whose row_on_chip tile is larger than ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS
 # and at least this full (by element size; None: never) take split_row_on_chip, forward and
-# backward (logsumexp stays on chip): a whole misaligned row read in granules by one program of
-# 16 warps, two an SM, left too little in flight. H100, scripts/tune/sweep_strategies.py --log
-# (docs/notes/2026-11/sweep_strategies-misaligned-h100.log), GB/s, row_on_chip -> split_row_on_chip,
-# forward / backward: bf16 log_softmax 262x32076 1420 -> 1626 / 1522 -> 1751 (torch 1404 / 1528),
-# 474x23612 1463 -> 1706 / 1511 -> 1834, 1000x32076 1898 -> 2266 / 1872 -> 2285, 131x32076 1030 ->
-# 1110 / 1285 -> 1467; fp16 262x32076 1289 -> 1568 / 1643 -> 1732 (torch 1420 / 1533), 474x23612
-# 1244 -> 1686 / 1682 -> 1809 (torch 1343 / 1716); softmax bf16 262x32076 1433 -> 1536 / 1399 ->
-# 1767. Aligned rows stay on chip (bf16 262x20000, 61% of its tile: 1548 on chip, 1114 split;
-# 1024x32768 on chip 2533 in the bench grid). fp32 was not measured.
+# backward (logsumexp stays on chip): a whole misaligned row on 16 warps, two programs an SM, left
+# too little in flight. H100, GB/s, forward / backward: bf16 log_softmax 262x32076 1420 -> 1626 /
+# 1522 -> 1751 (torch 1404 / 1528), 131x32076 1030 -> 1110 / 1285 -> 1467; aligned rows stay
+# (262x20000: 1548 on chip, 1114 split) (docs/notes/2026-11/sweep_strategies-misaligned-h100.log).
 ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
 # Backward rows off 16-byte boundaries whose row_on_chip tile is at least MIN_TILE elements (by
-# element size; None: never) take looped where the rows' tiles hold MIN_ELEMENTS_PER_SM an SM (fewer
-# rows wait on each row's latency, where one read beats two), but for the full tiles that
-# _full_large_tile splits. Held whole, read in granules, such a row takes more registers (bf16
-# 3077 x 12867: 50 a thread at 32 warps, one program an SM; 12800: 32, two: sm_90 compiles). H200,
-# tune/tune_softmax.py --backward [--log], CUDA graphs, GB/s, whole -> looped (torch): bf16
-# log_softmax 3077 x 12867 2303 -> 3459 (3436), 4096 x 7001 2812 -> 3353, 1024 x 21001 1974 -> 3154;
-# 64 x 12867 1101 -> 763, 264 x 12867 2243 -> 2381; rows on boundaries and fp32 stay (2048 x 12800
-# 3596 / 3611; fp32 3077 x 12867 3433 / 3441). Every shape: docs/perf-h200.md and
-# docs/notes/2026-11/tune_softmax-misaligned_backward-h200.log.
+# element size; None: never) take looped where the rows' tiles hold MIN_ELEMENTS_PER_SM an SM, but
+# for the full tiles that _full_large_tile splits: held whole, such a row takes 50 registers a
+# thread at 32 warps (bf16 3077 x 12867; 12800: 32). H200, CUDA graphs, GB/s, whole -> looped
+# (torch): bf16 log_softmax 3077 x 12867 2303 -> 3459 (3436); 64 x 12867 1101 -> 763; fp32 and rows
+# on boundaries stay (docs/perf-h200.md, notes/2026-11/tune_softmax-misaligned_backward-h200.log).
 BACKWARD_MISALIGNED_LOOPED_MIN_TILE = {4: None, 2: 8192}
 BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM = 32768
+# The forward of rows off 16-byte boundaries held whole reads element by element (46-48 registers
+# at 12867 on 32 warps: one program an SM). From MISALIGNED_FORWARD_MIN_ROWS_PER_SM rows an SM, tiles
+# of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take split_row_on_chip (chunks read in granules), and
+# smaller ones the warps of ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS (tile: warps). H200, CUDA graphs,
+# GB/s (torch): bf16 3077 x 12867 1734 -> 2289 (1285), fp32 2443 x 12143 2695 -> 3115 (2194); 8 warps:
+# bf16 5576 x 4941 1787 -> 2130 (1252), fp32 8192 x 5001 2946 -> 3677 (2481); fewer rows and tiles
+# of 4096 lost. docs/perf-h200.md#forward-rows-that-start-off-16-byte-boundaries.
+MISALIGNED_FORWARD_MIN_ROWS_PER_SM = {4: 8, 2: 4}
+MISALIGNED_FORWARD_SPLIT_MIN_TILE = 16384
+ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS = {8192: 8}
 # float32 log_softmax rows longer than ROW_ON_CHIP_LOG_SPLIT_MIN_COLS that fill less than this share
 # of row_on_chip's power-of-two tile (by element size) take split_row_on_chip, forward: the 32-warp
 # log_softmax tile lost to it where softmax's did not. H100, ms, row_on_chip -> split_row_on_chip
@@ -115,18 +112,11 @@ ROW_ON_CHIP_LOG_SPLIT_MIN_COLS = 8192
 # ROW_ON_CHIP_TAIL_MAX_HEAD) and a tail tile after it (the next power of two of the rest, at least
 # ROW_ON_CHIP_MIN_TAIL), on ROW_ON_CHIP_TAIL_WARPS warps; by direction and element size (0: never).
 # Rows that start off 16-byte boundaries only up to a head of ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD
-# (2-byte backward at a head of 8192 lost to looped, bf16 9682 x 8604 0.1978 -> 0.2205 ms; at 4096
-# it won, bf16 16384 x 4097 log_softmax 0.2116 -> 0.1511, 8192 x 4100 0.1100 -> 0.0804, torch's
-# 0.1926 and 0.0944: docs/notes/2026-11/probe_tailed_rows-misaligned-h100.log). H100,
-# scripts/probes/probe_tailed_rows.py (docs/notes/2026-11/probe_tailed_rows-h100.log), ms, plan
-# before -> tail at 8 warps, softmax /
-# log_softmax: bf16 forward 2048 x 8200 0.0379 -> 0.0296 / 0.0382 -> 0.0295, 9682 x 8604 (split)
-# 0.1942 -> 0.1512 / 0.1729 -> 0.1548, 4096 x 4104 0.0341 -> 0.0285 / 0.0337 -> 0.0296, but 8192 x
-# 5000 (61% full) 0.0643 -> 0.0702 and heads of 16384 (1024 x 17000: 0.0375 -> 0.0403 / 0.0324 ->
-# 0.0394) slower; bf16 backward 2048 x 8200 (looped) 0.0504 -> 0.0409 / 0.0430 -> 0.0401, 1024 x
-# 17000 0.0527 -> 0.0424 / 0.0471 -> 0.0462; fp32 log_softmax forward 9682 x 8604 (split) 0.2581 ->
-# 0.2301 (softmax 0.2262 -> 0.2291), fp32 backward 1024 x 17000 0.0964 -> 0.0774 / 0.0855 -> 0.0780,
-# 512 x 24001 (73% full) 0.0735 -> 0.0589 / 0.0683 -> 0.0614, 2048 x 12000 (73%) 0.1046 -> 0.1042.
+# (2-byte backward: a head of 8192 lost to looped, 4096 won, bf16 16384 x 4097 log_softmax 0.2116 ->
+# 0.1511 ms, torch 0.1926: notes/2026-11/probe_tailed_rows-misaligned-h100.log). H100, ms, plan
+# before -> tail at 8 warps, softmax / log_softmax: bf16 forward 2048 x 8200 0.0379 -> 0.0296 /
+# 0.0382 -> 0.0295, but 8192 x 5000 (61% full) 0.0643 -> 0.0702 and heads of 16384 slower; fp32
+# backward 1024 x 17000 0.0964 -> 0.0774 / 0.0855 -> 0.0780 (notes/2026-11/probe_tailed_rows-h100.log).
 ROW_ON_CHIP_TAIL_BELOW_FILL = {"forward": {4: 0.55, 2: 0.55}, "backward": {4: 0.8, 2: 0.6}}
 ROW_ON_CHIP_TAIL_MAX_HEAD = {"forward": {4: 16384, 2: 8192}, "backward": {4: 16384, 2: 16384}}
 ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD = {"forward": {4: 16384, 2: 8192}, "backward": {4: 16384, 2: 4096}}
@@ -360,6 +350,12 @@ def _misaligned_backward_looped(rows: int, cols: int, elem: int, sms: int) -> bo
     return min_tile is not None and tile >= min_tile and rows * tile >= BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM * sms
 
 
+def _many_misaligned_forward_rows(op: str, rows: int, elem: int, sms: int, misaligned_rows: bool) -> bool:
+    """softmax and log_softmax rows off 16-byte boundaries, as many as MISALIGNED_FORWARD_MIN_ROWS_PER_SM
+    give their own plan (logsumexp's was not measured)."""
+    return misaligned_rows and op in ("softmax", "log_softmax") and rows >= MISALIGNED_FORWARD_MIN_ROWS_PER_SM[elem] * sms
+
+
 def _half_empty_tile(cols: int, longer_than: int, min_fill: float) -> bool:
     """Rows longer than ``longer_than`` that fill less than ``min_fill`` of row_on_chip's power-of-two tile."""
     return cols > longer_than and cols < min_fill * next_power_of_2(cols)
@@ -539,6 +535,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
             strategy = "split_row_on_chip"
         elif on_chip and backward and misaligned_rows and _misaligned_backward_looped(rows, cols, elem, sms):
             strategy = "looped"
+        elif (on_chip and _many_misaligned_forward_rows(op, rows, elem, sms, misaligned_rows)
+              and next_power_of_2(cols) >= MISALIGNED_FORWARD_SPLIT_MIN_TILE):
+            strategy = "split_row_on_chip"
         elif (on_chip and op == "log_softmax"
               and _half_empty_tile(cols, ROW_ON_CHIP_LOG_SPLIT_MIN_COLS, ROW_ON_CHIP_LOG_MIN_FILL[elem])):
             strategy = "split_row_on_chip"
@@ -582,6 +581,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         if tail and not short_tail:
             warps = ROW_ON_CHIP_TAIL_WARPS
         warps = warps or _warps_for_tile(width * rows_per_program)
+        if _many_misaligned_forward_rows(op, rows, elem, sms, misaligned_rows) and not tail:
+            warps = ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS.get(width * rows_per_program, warps)
         hold_input = not tail and not backward and block >= ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, block + 1)
         if hold_input:
             warps = min(warps, ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS)

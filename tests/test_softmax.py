@@ -546,30 +546,41 @@ def test_misaligned_backward_rows_of_large_tiles_loop(plan_override):
 
 def test_many_misaligned_forward_rows_split_or_take_fewer_warps(plan_override):
     # MISALIGNED_FORWARD_*: from 4 (2-byte) or 8 (fp32) rows an SM, forward rows off 16-byte
-    # boundaries take split_row_on_chip from a tile of 16384, and fewer warps held whole at the
-    # tiles ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS names; aligned rows, few rows, logsumexp and the
-    # backward keep their plans.
+    # boundaries take split_row_on_chip from a tile of 16384 (2-byte rows that fit a tile of 8192 or
+    # 16384 with a chunk's margin: as one chunk of it), and fewer warps held whole at the tiles
+    # ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS names; aligned rows, few rows, logsumexp and the backward
+    # keep their plans.
     plan_override(MISALIGNED_FORWARD_MIN_ROWS_PER_SM={4: 8, 2: 4}, MISALIGNED_FORWARD_SPLIT_MIN_TILE=16384,
+                  MISALIGNED_FORWARD_ONE_CHUNK_TILES={4: (), 2: (8192, 16384)},
                   ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS={8192: 8},
+                  SPLIT_ON_CHIP_WARP_BYTES={"forward": 2048, "backward": {4: 8192, 2: 1024}},
                   ROW_ON_CHIP_MIN_FILL={4: 0.0, 2: 0.6}, ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7},
                   BACKWARD_MISALIGNED_LOOPED_MIN_TILE={4: None, 2: None})  # (so that the backward holds these)
     cuda = torch.device("cuda")
 
     def choose(op, rows, cols, dtype=torch.bfloat16, misaligned=True):
         chosen = plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False, misaligned)
+        if chosen.strategy == "split_row_on_chip":
+            return chosen.strategy, chosen.num_warps, chosen.num_chunks, chosen.block_cols
         return chosen.strategy, chosen.num_warps
 
     for op in ("softmax", "log_softmax"):
-        assert choose(op, 528, 12867)[0] == choose(op, 528, 21001)[0] == "split_row_on_chip", op
+        assert choose(op, 528, 12867) == ("split_row_on_chip", 16, 1, 16384), op  # one chunk
+        assert choose(op, 8192, 5001) == ("split_row_on_chip", 8, 1, 8192), op
+        assert choose(op, 8192, 8187) == ("row_on_chip", 8), op  # 8187 + 15 > 8192: held whole on 8 warps
+        assert choose(op, 528, 21001)[:1] == choose(op, 1024, 21001, torch.float16)[:1] == ("split_row_on_chip",), op
+        assert choose(op, 528, 21001)[2] > 1, op
         assert choose(op, 527, 12867) == ("row_on_chip", 32), op
-        assert choose(op, 1056, 12867, torch.float32)[0] == choose(op, 1024, 21001, torch.float16)[0] == \
-            "split_row_on_chip", op
+        assert choose(op, 527, 5001) == ("row_on_chip", 16), op
+        split = choose(op, 1056, 12867, torch.float32)
+        assert split[0] == "split_row_on_chip" and split[2] > 1, op  # fp32: the table's chunks
         assert choose(op, 1055, 12867, torch.float32) == ("row_on_chip", 32), op
+        assert choose(op, 8192, 5001, torch.float32) == ("row_on_chip", 8), op
         assert choose(op, 8192, 12867, misaligned=False) == ("row_on_chip", 32), op
-        assert choose(op, 8192, 5001) == choose(op, 8192, 5001, torch.float32) == ("row_on_chip", 8), op
+        assert choose(op, 8192, 5008, misaligned=False) == ("row_on_chip", 16), op
         assert choose(op, 8192, 3001) == choose(op, 8192, 3001, torch.float32) == ("row_on_chip", 8), op  # the table's
-        assert choose(op, 527, 5001) == choose(op, 8192, 5008, misaligned=False) == ("row_on_chip", 16), op
-    assert choose("logsumexp", 8192, 12867)[0] == "row_on_chip" and choose("logsumexp", 8192, 5001)[1] == 16
+    assert choose("logsumexp", 8192, 12867)[0] == "row_on_chip"
+    assert choose("logsumexp", 8192, 5001) == ("row_on_chip", 16)
     assert choose("softmax_backward", 8192, 5001) == ("row_on_chip", 16)
 
 
@@ -744,6 +755,27 @@ def test_rows_of_no_multiple_of_16_are_read_in_granules(rows_start, strategy, dt
     view = x.detach()[:, 1:]
     assert_matches(onlinesoftmax.softmax(view, -1, strategy=strategy), torch.softmax(view.double(), -1), dtype)
     assert set(launched) == {1}
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("cols", [5001, 12867])
+def test_many_misaligned_rows_held_as_one_chunk(cols, dtype, gen):
+    # Rows off 16-byte boundaries, as many as MISALIGNED_FORWARD_MIN_ROWS_PER_SM asks for, run as one
+    # split_row_on_chip chunk (ONE_CHUNK: no exchange); rows of -inf, NaN, a lone -inf and huge
+    # magnitudes among them, against float64.
+    rows = plan.MISALIGNED_FORWARD_MIN_ROWS_PER_SM[2] * _device.sm_count(DEVICE)
+    x = make_logits((rows, cols), dtype, gen)
+    x[1] = float("-inf")
+    x[2, 7] = float("nan")
+    x[3, 0] = float("-inf")
+    x[4] = x[4] * 2000
+    for op, (ours, ref) in OPS.items():
+        out = ours(x, -1)
+        chosen = plan.last_plan()
+        tile = 8192 if cols < 8192 else 16384
+        assert (chosen.strategy, chosen.num_chunks, chosen.block_cols) == ("split_row_on_chip", 1, tile)
+        assert_matches(out, ref(x.double(), -1), dtype, f"{op} {rows}x{cols}")
 
 
 @needs_triton

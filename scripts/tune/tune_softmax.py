@@ -129,6 +129,14 @@ def misaligned_forward_variants():
         yield dict(rule_off, WARPS_BY_TILE_ELEMENTS=scaled_warps(warps_scale))
 
 
+def one_chunk_variants():
+    # split_row_on_chip's forward tile and warps: tiles the row fits in run it as one chunk (ONE_CHUNK,
+    # no exchange between programs), smaller ones as several.
+    for tile_bytes, warp_bytes in itertools.product((8192, 16384, 32768, 65536), (1024, 2048)):
+        yield dict(SPLIT_ON_CHIP_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_TILE_BYTES, forward=tile_bytes),
+                   SPLIT_ON_CHIP_WARP_BYTES=dict(plan.SPLIT_ON_CHIP_WARP_BYTES, forward=warp_bytes))
+
+
 def mid_long_row_variants():
     # Rows of 8193-16384 elements held whole: the tile of 16384 on fewer warps than the table's 32
     # (two or four programs an SM in place of one).
@@ -257,10 +265,18 @@ CASES = [
         # the committed sweeps' cells the rule replans: a full tile of 8192, one 60% full, 4096
         *((dtype, 5576, 4941) for dtype in (torch.bfloat16, torch.float16, torch.float32)),
         (torch.bfloat16, 8143, 8187), (torch.bfloat16, 607, 3809), (torch.float32, 3000, 32003),
-        (torch.float32, 2443, 12143))
+        (torch.float32, 2443, 12143), (torch.bfloat16, 4096, 9500), (torch.bfloat16, 1024, 12867))
       for strategy, variants in (("row_on_chip", misaligned_forward_variants),
                                  ("looped", misaligned_forward_variants),
                                  ("split_row_on_chip", misaligned_forward_variants))),
+    # Forward rows off 16-byte boundaries held whole in granules: split_row_on_chip with one chunk
+    # (run with --variants one_chunk,current_only: row_on_chip's plan beside).
+    *((dtype, rows, cols, strategy, variants) for dtype, rows, cols in (
+        (torch.bfloat16, 8192, 5001), (torch.bfloat16, 5576, 4941), (torch.bfloat16, 8143, 8187),
+        (torch.bfloat16, 3077, 12867), (torch.float32, 3077, 12867), (torch.float32, 8192, 5001),
+        (torch.bfloat16, 264, 12867), (torch.float32, 528, 12867), (torch.bfloat16, 264, 5001),
+        (torch.bfloat16, 607, 3809))
+      for strategy, variants in (("split_row_on_chip", one_chunk_variants), ("row_on_chip", current_only_variants))),
     # The plan's short heads and tails against the plan before them, across row counts and lengths.
     *((dtype, rows, cols, "row_on_chip", short_tail_off_variants)
       for dtype in (torch.bfloat16, torch.float32, torch.float16)
@@ -289,7 +305,8 @@ def main():
     parser.add_argument("--backward", action="store_true", help="time softmax backward instead")
     parser.add_argument("--log", action="store_true", help="log_softmax (forward or backward) instead of softmax")
     parser.add_argument("--shapes", default=None, help="only these ROWSxCOLS, comma-separated")
-    parser.add_argument("--variants", default=None, help="only the cases of this variants function (short_tail)")
+    parser.add_argument("--variants", default=None,
+                        help="only the cases of these variants functions, comma-separated (short_tail)")
     args = parser.parse_args()
     copy = copy_bandwidth_gbs()
     print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
@@ -299,7 +316,8 @@ def main():
             continue
         if args.shapes and f"{rows}x{cols}" not in args.shapes.split(","):
             continue
-        if args.variants and getattr(variants, "__name__", "") != f"{args.variants}_variants":
+        if args.variants and getattr(variants, "__name__", "") not in [f"{name}_variants"
+                                                                     for name in args.variants.split(",")]:
             continue
         nbytes = (3 if args.backward else 2) * rows * cols * dtype.itemsize
         count = rotation_count(nbytes)

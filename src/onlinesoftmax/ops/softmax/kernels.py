@@ -253,15 +253,20 @@ def split_row_on_chip_softmax_kernel(
     chunk_size, num_chunks, inv_temperature,
     BLOCK_COLS: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr,
     LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr, OPAQUE_WIDEN: tl.constexpr,
-    ALIGN: tl.constexpr,
+    ALIGN: tl.constexpr, ONE_CHUNK: tl.constexpr = False,
 ):
     # A row too long for one program's registers, held by num_chunks programs at once: each keeps
     # its chunk in registers, publishes the chunk's (m, d), waits for the rest of the row, merges
     # the row's partials (all programs in the same fixed order) and writes from registers. One read
     # and one write per element, as row_on_chip, where split_row reads the row twice. ALIGN > 1:
     # x and y share a row layout whose rows start anywhere; chunks are cut at 16-byte boundaries
-    # of memory (see _triton.aligned_row), which the plan's chunk count allows for.
-    row, chunk = claim_chunk(sync_ptr, num_chunks)
+    # of memory (see _triton.aligned_row), which the plan's chunk count allows for. ONE_CHUNK: the
+    # row in one program (a row off 16-byte boundaries held whole, read in granules): no ticket,
+    # partials or wait.
+    if ONE_CHUNK:
+        row, chunk = tl.program_id(0), 0
+    else:
+        row, chunk = claim_chunk(sync_ptr, num_chunks)
     x_row, head = aligned_row(x_ptr, row_offset(row, inner, x_stride_outer, x_stride_inner), ALIGN)
     cols, whole, lo, hi = chunk_span(chunk, chunk_size, head, n_cols, BLOCK_COLS, ALIGN)
     # The chunk waits for the row in the input dtype (widened again after the wait, opaquely on the
@@ -293,10 +298,11 @@ def split_row_on_chip_softmax_kernel(
     d = tl.sum(tl.exp(b_x - m_ref), 0)  # an all -inf chunk is (-inf, 0)
     if ALIGN > 1:
         d += tl.sum(tl.exp(e_x * inv_temperature - m_ref), 0)
-    n_parts = tl.num_programs(0).to(tl.int64)  # the two planes of parts: m, then d
-    store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
-    wait_for_row(sync_ptr, row, num_chunks)
-    m, d = merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2, True)
+    if not ONE_CHUNK:
+        n_parts = tl.num_programs(0).to(tl.int64)  # the two planes of parts: m, then d
+        store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
+        wait_for_row(sync_ptr, row, num_chunks)
+        m, d = merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2, True)
     b_x = widen_opaque(b_in, OPAQUE_WIDEN, 0) * inv_temperature
     if WRITE_LSE:
         if chunk == 0:

@@ -259,14 +259,16 @@ class ForwardCall:
                 **common))
             return _one_launch(bound, (n_cols, inner, *strides))
         if chosen.strategy == "split_row_on_chip":
+            one_chunk = chosen.num_chunks == 1
             bound = _by_alignment(_split_row_on_chip_softmax, chosen.grid, recipe, lambda align: dict(
                 BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
-                OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, num_warps=chosen.num_warps, **chosen.compile_options,
-                **common))
+                OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, ONE_CHUNK=one_chunk, num_warps=chosen.num_warps,
+                **chosen.compile_options, **common))
             ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
 
             def launch(x, y, lse, inv_t, is_aligned):
-                parts, counters = _row_exchange(chosen, 2, device)  # (m, d) per chunk
+                # (m, d) per chunk; one chunk exchanges nothing (x stands in for the unused pointers)
+                parts, counters = (x, x) if one_chunk else _row_exchange(chosen, 2, device)
                 bound[is_aligned](x, y, lse, parts, counters, *ints, inv_t)
         else:
             chunks_pow2 = next_power_of_2(chosen.num_chunks)

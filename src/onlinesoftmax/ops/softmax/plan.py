@@ -90,21 +90,22 @@ BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM = 32768
 # The forward of rows off 16-byte boundaries held whole reads element by element (46-48 registers
 # at 12867 on 32 warps: one program an SM). From MISALIGNED_FORWARD_MIN_ROWS_PER_SM rows an SM, tiles
 # of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take split_row_on_chip (chunks read in granules), and
-# smaller ones the warps of ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS (tile: warps). H200, CUDA graphs,
-# GB/s (torch): bf16 3077 x 12867 1734 -> 2289 (1285), fp32 2443 x 12143 2695 -> 3115 (2194); 8 warps:
-# bf16 5576 x 4941 1787 -> 2130 (1252), fp32 8192 x 5001 2946 -> 3677 (2481); fewer rows and tiles
-# of 4096 lost. docs/perf-h200.md#forward-rows-that-start-off-16-byte-boundaries.
+# smaller ones the warps of ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS (tile: warps); 2-byte rows whose
+# tile (by MISALIGNED_FORWARD_ONE_CHUNK_TILES) holds them with a chunk's margin take
+# split_row_on_chip as one chunk of that tile (no exchange between programs). H200, CUDA graphs,
+# GB/s (torch): bf16 3077 x 12867 1734 -> 2289 split, 2905 one chunk (1285), fp32 2443 x 12143 2695
+# -> 3115 (2194); bf16 5576 x 4941 1787 -> 2130 on 8 warps, 2492 one chunk (1252), fp32 8192 x 5001
+# 2946 -> 3677 on 8 warps (2481); fewer rows, tiles of 4096 and fp32 in one chunk lost.
+# docs/perf-h200.md#forward-rows-that-start-off-16-byte-boundaries.
 MISALIGNED_FORWARD_MIN_ROWS_PER_SM = {4: 8, 2: 4}
 MISALIGNED_FORWARD_SPLIT_MIN_TILE = 16384
+MISALIGNED_FORWARD_ONE_CHUNK_TILES = {4: (), 2: (8192, 16384)}
 ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS = {8192: 8}
 # float32 log_softmax rows longer than ROW_ON_CHIP_LOG_SPLIT_MIN_COLS that fill less than this share
 # of row_on_chip's power-of-two tile (by element size) take split_row_on_chip, forward: the 32-warp
-# log_softmax tile lost to it where softmax's did not. H100, ms, row_on_chip -> split_row_on_chip
-# (scripts/probes/probe_backward_mid_rows.py --forward, docs/notes/2026-11/probe_mid_rows_forward-h100.log):
-# 9682 x 8604 0.3048 -> 0.2567 (torch 0.3336), 2048 x 9000 0.0709 -> 0.0634 (0.0779), 4096 x 8200
-# 0.1300 -> 0.1104 (0.1433). softmax stays on chip (9682 x 8604: 0.2271 there, 0.2591 split), and so
-# do rows of at most 8192 (log_softmax 4096 x 4100: 0.0512 on chip, 0.0669 split). 2-byte rows: not
-# measured (0: never).
+# log_softmax tile lost to it where softmax's did not. H100, ms, row_on_chip -> split_row_on_chip:
+# 9682 x 8604 0.3048 -> 0.2567 (torch 0.3336); softmax stays (0.2271 on chip, 0.2591 split), and so
+# do rows of at most 8192; 2-byte rows: not measured, never (notes/2026-11/probe_mid_rows_forward-h100.log).
 ROW_ON_CHIP_LOG_MIN_FILL = {4: 0.6, 2: 0.0}
 ROW_ON_CHIP_LOG_SPLIT_MIN_COLS = 8192
 # Rows longer than ROW_ON_CHIP_TAIL_MIN_COLS that fill less than this share of row_on_chip's
@@ -188,17 +189,11 @@ ROW_TILE_SPREAD_OVER_SMS = True
 ROW_TILE_SPREAD_PROGRAMS_PER_SM = 1
 # ... and rows the forward's tile holds one a program (257-512 elements) go two a program on two
 # warps, not one on one, from this many rows an SM: more than one wave of one-warp programs (Hopper
-# runs at most 32 programs an SM, which fill half its warps at one warp each). CUDA graphs on the
-# H200, GB/s, softmax / log_softmax (torch), one -> two rows a program (scripts/tune/tune_softmax.py
-# --strategy row_on_chip [--log], docs/notes/2026-11/tune_softmax-mid_rows-h200.json and
-# tune_softmax-spread-h200.json): bf16 8583 x 288 1417 -> 1809 (1265) / 1408 -> 1742 (1573), 16384 x
-# 384 2127 -> 2986 (1869) / 2127 -> 2853 (2407), 7230 x 273 1209 -> 1375 (1192) / 1213 -> 1319
-# (1349); fp32 8583 x 288 2709 -> 3265 (2694) / 2740 -> 3264 (3063), 7230 x 273 2358 -> 2557 (2532)
-# / 2392 -> 2471 (2607), 5000 x 300 2455 -> 2602 (2223) / 2471 -> 2570 (2664). At 16 rows an SM fp32
-# lost (4096 x 500 3143 -> 3024, 3000 x 450 2579 -> 2482) and bf16 gained (4096 x 500 1893 -> 2068);
-# at fewer, one a program was as fast or faster (fp32 2048 x 300 1647 against 1547, bf16 600 x 400
-# 427 against 387). Shorter rows keep the tile of 512 at any count: a tile of 1024 made fp32 16384 x
-# 101 2760 -> 2121 (2395), 32768 x 200 3788 -> 3137 (3347) (tune_softmax-many_rows-h200.json).
+# runs at most 32 programs an SM). H200, CUDA graphs, GB/s, softmax / log_softmax (torch), one ->
+# two rows a program: bf16 16384 x 384 2127 -> 2986 (1869) / 2127 -> 2853 (2407), fp32 8583 x 288
+# 2709 -> 3265 (2694) / 2740 -> 3264 (3063); at 16 rows an SM fp32 lost (4096 x 500 3143 -> 3024),
+# at fewer one a program was as fast or faster; shorter rows keep the tile of 512 at any count
+# (docs/notes/2026-11/tune_softmax-mid_rows-h200.json, -spread-, -many_rows-).
 ROW_TILE_MANY_ROWS_PER_SM = 32
 ROW_TILE_MANY_ROWS_ELEMENTS = 1024
 # (tile elements up to, num_warps): about 16 elements a thread, four 16-byte loads of fp32.
@@ -354,6 +349,13 @@ def _many_misaligned_forward_rows(op: str, rows: int, elem: int, sms: int, misal
     """softmax and log_softmax rows off 16-byte boundaries, as many as MISALIGNED_FORWARD_MIN_ROWS_PER_SM
     give their own plan (logsumexp's was not measured)."""
     return misaligned_rows and op in ("softmax", "log_softmax") and rows >= MISALIGNED_FORWARD_MIN_ROWS_PER_SM[elem] * sms
+
+
+def _one_chunk_tile(cols: int, elem: int) -> int:
+    """The tile of MISALIGNED_FORWARD_ONE_CHUNK_TILES that holds a row of ``cols`` off 16-byte
+    boundaries as one chunk (its 15 elements of margin included), else 0."""
+    tile = next_power_of_2(cols)
+    return tile if tile in MISALIGNED_FORWARD_ONE_CHUNK_TILES[elem] and cdiv(cols + 15, 16) * 16 <= tile else 0
 
 
 def _half_empty_tile(cols: int, longer_than: int, min_fill: float) -> bool:
@@ -536,7 +538,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         elif on_chip and backward and misaligned_rows and _misaligned_backward_looped(rows, cols, elem, sms):
             strategy = "looped"
         elif (on_chip and _many_misaligned_forward_rows(op, rows, elem, sms, misaligned_rows)
-              and next_power_of_2(cols) >= MISALIGNED_FORWARD_SPLIT_MIN_TILE):
+              and (next_power_of_2(cols) >= MISALIGNED_FORWARD_SPLIT_MIN_TILE or _one_chunk_tile(cols, elem))):
             strategy = "split_row_on_chip"
         elif (on_chip and op == "log_softmax"
               and _half_empty_tile(cols, ROW_ON_CHIP_LOG_SPLIT_MIN_COLS, ROW_ON_CHIP_LOG_MIN_FILL[elem])):
@@ -591,6 +593,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
 
     if strategy == "split_row_on_chip":
         tile = _split_on_chip_tile(backward, cols, elem, sms)
+        if _many_misaligned_forward_rows(op, rows, elem, sms, misaligned_rows) and _one_chunk_tile(cols, elem):
+            tile = _one_chunk_tile(cols, elem)
         if tile > SPLIT_ON_CHIP_MAX_TILE:
             raise ValueError(
                 f"strategy 'split_row_on_chip' holds a row in at most {_split_on_chip_max_chunks(sms)} programs "

@@ -524,7 +524,8 @@ def test_misaligned_backward_rows_of_large_tiles_loop(plan_override):
     # is at least that size take looped, however full, but for the full large tiles that split;
     # aligned rows, the forward, smaller tiles, fp32 and few rows stay.
     plan_override(BACKWARD_MISALIGNED_LOOPED_MIN_TILE={4: None, 2: 8192}, BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM=32768,
-                  ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7}, ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS=16384)
+                  ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7}, ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS=16384,
+                  MISALIGNED_BACKWARD_ONE_CHUNK_TILES={4: (), 2: ()})  # (one chunk: the test after the next)
     cuda = torch.device("cuda")
 
     def strategy(op, cols, dtype=torch.bfloat16, misaligned=True, rows=3077):
@@ -555,7 +556,8 @@ def test_many_misaligned_forward_rows_split_or_take_fewer_warps(plan_override):
                   ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS={8192: 8},
                   SPLIT_ON_CHIP_WARP_BYTES={"forward": 2048, "backward": {4: 8192, 2: 1024}},
                   ROW_ON_CHIP_MIN_FILL={4: 0.0, 2: 0.6}, ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7},
-                  BACKWARD_MISALIGNED_LOOPED_MIN_TILE={4: None, 2: None})  # (so that the backward holds these)
+                  BACKWARD_MISALIGNED_LOOPED_MIN_TILE={4: None, 2: None},  # (so that the backward holds these)
+                  MISALIGNED_BACKWARD_ONE_CHUNK_TILES={4: (), 2: ()})
     cuda = torch.device("cuda")
 
     def choose(op, rows, cols, dtype=torch.bfloat16, misaligned=True):
@@ -582,6 +584,31 @@ def test_many_misaligned_forward_rows_split_or_take_fewer_warps(plan_override):
     assert choose("logsumexp", 8192, 12867)[0] == "row_on_chip"
     assert choose("logsumexp", 8192, 5001) == ("row_on_chip", 16)
     assert choose("softmax_backward", 8192, 5001) == ("row_on_chip", 16)
+
+
+def test_many_misaligned_backward_rows_take_one_chunk(plan_override):
+    # MISALIGNED_BACKWARD_ONE_CHUNK_*: from 4 (2-byte) or 8 (fp32) rows an SM, backward rows off
+    # 16-byte boundaries that fill at least 60% of a tile it names (with a chunk's margin) take
+    # split_row_on_chip as one chunk of it, a warp per 2048 bytes, ahead of looped and the tail.
+    plan_override(MISALIGNED_BACKWARD_ONE_CHUNK_MIN_ROWS_PER_SM={4: 8, 2: 4},
+                  MISALIGNED_BACKWARD_ONE_CHUNK_TILES={4: (16384,), 2: (8192, 16384)},
+                  MISALIGNED_BACKWARD_ONE_CHUNK_MIN_FILL=0.6, MISALIGNED_ONE_CHUNK_WARP_BYTES=2048)
+    cuda = torch.device("cuda")
+
+    def choose(op, rows, cols, dtype=torch.bfloat16, misaligned=True):
+        chosen = plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False, misaligned)
+        return chosen.strategy, chosen.num_chunks, chosen.block_cols, chosen.num_warps
+
+    for op in ("softmax_backward", "log_softmax_backward"):
+        assert choose(op, 528, 12867) == ("split_row_on_chip", 1, 16384, 16), op
+        assert choose(op, 8192, 5001) == choose(op, 8192, 5001, torch.float16) == ("split_row_on_chip", 1, 8192, 8), op
+        assert choose(op, 1056, 12867, torch.float32) == ("split_row_on_chip", 1, 16384, 32), op
+        assert choose(op, 527, 12867)[0] == "looped" and choose(op, 1055, 12867, torch.float32)[0] == "row_on_chip", op
+        assert choose(op, 8192, 8187)[0] == "looped", op  # 8187 + 15 > 8192
+        assert choose(op, 8192, 4097)[0] == "row_on_chip", op  # 50% of 8192: the head and tail
+        assert choose(op, 8192, 5001, torch.float32)[0] == "row_on_chip", op  # fp32 at 8192: not named
+        assert choose(op, 8192, 12872, misaligned=False)[0] == "row_on_chip", op
+        assert choose(op, 1024, 21001)[0] == "looped", op  # a tile of 32768
 
 
 def test_split_row_chunks_by_rows(plan_override):
@@ -762,20 +789,30 @@ def test_rows_of_no_multiple_of_16_are_read_in_granules(rows_start, strategy, dt
 @pytest.mark.parametrize("cols", [5001, 12867])
 def test_many_misaligned_rows_held_as_one_chunk(cols, dtype, gen):
     # Rows off 16-byte boundaries, as many as MISALIGNED_FORWARD_MIN_ROWS_PER_SM asks for, run as one
-    # split_row_on_chip chunk (ONE_CHUNK: no exchange); rows of -inf, NaN, a lone -inf and huge
-    # magnitudes among them, against float64.
+    # split_row_on_chip chunk (ONE_CHUNK: no exchange), forward and backward; rows of -inf, NaN, a
+    # lone -inf and huge magnitudes among them, against float64.
     rows = plan.MISALIGNED_FORWARD_MIN_ROWS_PER_SM[2] * _device.sm_count(DEVICE)
-    x = make_logits((rows, cols), dtype, gen)
+    x = make_logits((rows, cols), dtype, gen, scale=2.0, outliers=False)
     x[1] = float("-inf")
     x[2, 7] = float("nan")
     x[3, 0] = float("-inf")
     x[4] = x[4] * 2000
+    x.requires_grad_()
+    dy = make_logits(x.shape, dtype, gen, scale=1.0)
+    tile = 8192 if cols < 8192 else 16384
     for op, (ours, ref) in OPS.items():
         out = ours(x, -1)
         chosen = plan.last_plan()
-        tile = 8192 if cols < 8192 else 16384
         assert (chosen.strategy, chosen.num_chunks, chosen.block_cols) == ("split_row_on_chip", 1, tile)
-        assert_matches(out, ref(x.double(), -1), dtype, f"{op} {rows}x{cols}")
+        assert_matches(out, ref(x.detach().double(), -1), dtype, f"{op} {rows}x{cols}")
+        # The backward of these rows too (MISALIGNED_BACKWARD_ONE_CHUNK_*), against float64 from our y
+        # (the edge rows: NaN where y is).
+        (dx,) = torch.autograd.grad(out, x, dy)
+        assert plan.last_plan().strategy == "split_row_on_chip" and plan.last_plan().num_chunks == 1
+        y64, dy64 = out.detach().double(), dy.double()
+        dx64 = (dy64 - y64.exp() * dy64.sum(-1, keepdim=True)) if op == "log_softmax" else \
+            y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+        assert_matches(dx, dx64, dtype, f"d{op} {rows}x{cols}")
 
 
 @needs_triton
@@ -1054,7 +1091,8 @@ def test_padded_two_byte_rows_leave_row_on_chip():
     assert strategy("logsumexp", 9682, 8604) == "row_on_chip 8192+512"  # as the forwards (ROW_ON_CHIP_TAIL_LOGSUMEXP)
     assert strategy("logsumexp", 4096, 10001) == "row_on_chip"
     assert strategy("softmax_backward", 5576, 4944) == "row_on_chip"  # 60% of the tile
-    assert strategy("softmax_backward", 5576, 4941) == "looped"  # off 16-byte boundaries (BACKWARD_MISALIGNED_LOOPED_MIN_TILE)
+    assert strategy("softmax_backward", 5576, 4941) == "split_row_on_chip"  # off them, 60% full: one chunk
+    assert strategy("softmax_backward", 527, 4941) == "row_on_chip"  # fewer rows: neither rule
     assert strategy("softmax", 2048, 4097, torch.float32) == "row_on_chip 4096+16"
     assert strategy("softmax_backward", 2048, 4097, torch.float32) == "row_on_chip 4096+16"
     assert strategy("softmax_backward", 474, 23612, torch.float32) == "row_on_chip 16384+8192"  # 72%

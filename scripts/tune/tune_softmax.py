@@ -137,6 +137,14 @@ def one_chunk_variants():
                    SPLIT_ON_CHIP_WARP_BYTES=dict(plan.SPLIT_ON_CHIP_WARP_BYTES, forward=warp_bytes))
 
 
+def one_chunk_backward_variants():
+    # split_row_on_chip's backward tile and warps (rows off 16-byte boundaries): tiles the row fits
+    # in run it as one chunk (ONE_CHUNK), smaller ones as several.
+    for tile_bytes, warp_bytes in itertools.product((16384, 32768, 65536), (1024, 2048, 4096)):
+        yield dict(SPLIT_ON_CHIP_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_TILE_BYTES, backward={4: tile_bytes, 2: tile_bytes}),
+                   SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES={4: warp_bytes, 2: warp_bytes})
+
+
 def mid_long_row_variants():
     # Rows of 8193-16384 elements held whole: the tile of 16384 on fewer warps than the table's 32
     # (two or four programs an SM in place of one).
@@ -277,6 +285,14 @@ CASES = [
         (torch.bfloat16, 264, 12867), (torch.float32, 528, 12867), (torch.bfloat16, 264, 5001),
         (torch.bfloat16, 607, 3809))
       for strategy, variants in (("split_row_on_chip", one_chunk_variants), ("row_on_chip", current_only_variants))),
+    # Backward rows off 16-byte boundaries held whole in granules: split_row_on_chip with one chunk
+    # (run with --backward --variants one_chunk_backward,current_only: looped's plan beside).
+    *((dtype, rows, cols, strategy, variants) for dtype, rows, cols in (
+        (torch.bfloat16, 3077, 12867), (torch.bfloat16, 4096, 10007), (torch.bfloat16, 8192, 5001),
+        (torch.bfloat16, 1024, 21001), (torch.bfloat16, 528, 12867), (torch.float32, 3077, 12867),
+        (torch.float32, 2443, 12143), (torch.float32, 4096, 10007))
+      for strategy, variants in (("split_row_on_chip", one_chunk_backward_variants),
+                                 ("looped", current_only_variants), ("row_on_chip", current_only_variants))),
     # The plan's short heads and tails against the plan before them, across row counts and lengths.
     *((dtype, rows, cols, "row_on_chip", short_tail_off_variants)
       for dtype in (torch.bfloat16, torch.float32, torch.float16)
@@ -292,6 +308,8 @@ def describe(values):
             value = "/".join(str(w) for _, w in value)
         elif name == "SPLIT_PROGRAMS_PER_SM":
             value = value[-1][1]
+        elif isinstance(value, dict) and "backward" in value:  # forward/backward (2-byte)
+            value = "/".join(str(v.get(2) if isinstance(v, dict) else v) for v in (value["forward"], value["backward"]))
         elif isinstance(value, dict):
             value = value.get(2, value.get("forward"))
         parts.append(f"{name}={int(value) if isinstance(value, bool) else value}")

@@ -454,11 +454,14 @@ def split_row_on_chip_backward_kernel(
     dx_stride_outer, dx_stride_col, dx_stride_inner,
     chunk_size, num_chunks, inv_temperature,
     BLOCK_COLS: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
-    OPAQUE_WIDEN: tl.constexpr, ALIGN: tl.constexpr,
+    OPAQUE_WIDEN: tl.constexpr, ALIGN: tl.constexpr, ONE_CHUNK: tl.constexpr = False,
 ):
     # As split_row_on_chip_softmax_kernel: the chunk's y and dy stay in registers while the row's
-    # programs exchange their partial dot products, so y and dy are read once.
-    row, chunk = claim_chunk(sync_ptr, num_chunks)
+    # programs exchange their partial dot products, so y and dy are read once (ONE_CHUNK: as there).
+    if ONE_CHUNK:
+        row, chunk = tl.program_id(0), 0
+    else:
+        row, chunk = claim_chunk(sync_ptr, num_chunks)
     y_row, head = aligned_row(y_ptr, row_offset(row, inner, y_stride_outer, y_stride_inner), ALIGN)
     dy_row, _ = aligned_row(dy_ptr, row_offset(row, inner, dy_stride_outer, dy_stride_inner), ALIGN)
     cols, whole, lo, hi = chunk_span(chunk, chunk_size, head, n_cols, BLOCK_COLS, ALIGN)
@@ -480,11 +483,12 @@ def split_row_on_chip_backward_kernel(
         else:
             e_y, _ = edge_granules(y_row, y_stride_col, lo, hi, 0.0, CONTIGUOUS, ALIGN)
             dot += tl.sum(e_dy.to(tl.float32) * e_y.to(tl.float32), 0)
-    tl.store(part_ptr + row.to(tl.int64) * num_chunks + chunk, dot)
-    wait_for_row(sync_ptr, row, num_chunks)
-    idx = tl.arange(0, CHUNKS_POW2)
-    dot = tl.sum(tl.load(part_ptr + row.to(tl.int64) * num_chunks + idx, mask=idx < num_chunks, other=0.0,
-                         volatile=True), 0)
+    if not ONE_CHUNK:
+        tl.store(part_ptr + row.to(tl.int64) * num_chunks + chunk, dot)
+        wait_for_row(sync_ptr, row, num_chunks)
+        idx = tl.arange(0, CHUNKS_POW2)
+        dot = tl.sum(tl.load(part_ptr + row.to(tl.int64) * num_chunks + idx, mask=idx < num_chunks, other=0.0,
+                             volatile=True), 0)
     b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), dot, inv_temperature, LOG)
     dx_row, _ = aligned_row(dx_ptr, row_offset(row, inner, dx_stride_outer, dx_stride_inner), ALIGN)
     tl.store(dx_row + col_offset(cols, dx_stride_col, CONTIGUOUS), b_dx.to(dx_ptr.dtype.element_ty), mask=full)

@@ -355,13 +355,16 @@ class BackwardCall:
                 BLOCK=chosen.block_cols, ALIGN=align, **base))
             launch = _one_launch(bound, (n_cols, inner, *strides))
         elif chosen.strategy == "split_row_on_chip":
+            one_chunk = chosen.num_chunks == 1
             bound = _by_alignment(_split_row_on_chip_backward, chosen.grid, recipe, lambda align: dict(
                 BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
-                OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, **chosen.compile_options, **base))
+                OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, ONE_CHUNK=one_chunk, **chosen.compile_options,
+                **base))
             ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
 
             def launch(y, dy, dx, inv_t, is_aligned):
-                parts, counters = _row_exchange(chosen, 1, device)  # the dot per chunk
+                # the dot per chunk; one chunk exchanges nothing (y stands in for the unused pointers)
+                parts, counters = (y, y) if one_chunk else _row_exchange(chosen, 1, device)
                 bound[is_aligned](y, dy, dx, parts, counters, *ints, inv_t)
         else:
             dot_ints = (n_cols, inner, *y_strides, *dy_strides, chosen.chunk_size, chosen.num_chunks)

@@ -89,18 +89,24 @@ BACKWARD_MISALIGNED_LOOPED_MIN_TILE = {4: None, 2: 8192}
 BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM = 32768
 # The forward of rows off 16-byte boundaries held whole reads element by element (46-48 registers
 # at 12867 on 32 warps: one program an SM). From MISALIGNED_FORWARD_MIN_ROWS_PER_SM rows an SM, tiles
-# of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take split_row_on_chip (chunks read in granules), and
-# smaller ones the warps of ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS (tile: warps); 2-byte rows whose
-# tile (by MISALIGNED_FORWARD_ONE_CHUNK_TILES) holds them with a chunk's margin take
-# split_row_on_chip as one chunk of that tile (no exchange between programs). H200, CUDA graphs,
-# GB/s (torch): bf16 3077 x 12867 1734 -> 2289 split, 2905 one chunk (1285), fp32 2443 x 12143 2695
-# -> 3115 (2194); bf16 5576 x 4941 1787 -> 2130 on 8 warps, 2492 one chunk (1252), fp32 8192 x 5001
-# 2946 -> 3677 on 8 warps (2481); fewer rows, tiles of 4096 and fp32 in one chunk lost.
-# docs/perf-h200.md#forward-rows-that-start-off-16-byte-boundaries.
+# of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take split_row_on_chip (chunks read in granules), 2-byte
+# rows that a tile of MISALIGNED_FORWARD_ONE_CHUNK_TILES holds with a chunk's margin as one chunk of it
+# (no exchange), tiles of 8192 held whole take ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, CUDA
+# graphs, GB/s (torch): bf16 3077 x 12867 1734 -> 2905 one chunk (1285), fp32 2443 x 12143 2695 -> 3115
+# split (2194), 8192 x 5001 2946 -> 3677 on 8 warps (2481) (docs/perf-h200.md).
 MISALIGNED_FORWARD_MIN_ROWS_PER_SM = {4: 8, 2: 4}
 MISALIGNED_FORWARD_SPLIT_MIN_TILE = 16384
 MISALIGNED_FORWARD_ONE_CHUNK_TILES = {4: (), 2: (8192, 16384)}
 ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS = {8192: 8}
+# The backward's rows off 16-byte boundaries as one chunk too, from MIN_ROWS_PER_SM rows an SM and
+# MIN_FILL of the tile (shorter rows keep the head and tail), ahead of looped and the tail; one-chunk
+# plans take a warp per MISALIGNED_ONE_CHUNK_WARP_BYTES of tile. H200, CUDA graphs, GB/s, softmax /
+# log_softmax: bf16 3077 x 12867 looped 3403 -> 3893 / 3457 -> 3698 (torch 1796 / 3428), fp32 head and
+# tail 3393 -> 3940 / 3397 -> 3941 (docs/perf-h200.md).
+MISALIGNED_BACKWARD_ONE_CHUNK_MIN_ROWS_PER_SM = {4: 8, 2: 4}
+MISALIGNED_BACKWARD_ONE_CHUNK_TILES = {4: (16384,), 2: (8192, 16384)}
+MISALIGNED_BACKWARD_ONE_CHUNK_MIN_FILL = 0.6
+MISALIGNED_ONE_CHUNK_WARP_BYTES = 2048
 # float32 log_softmax rows longer than ROW_ON_CHIP_LOG_SPLIT_MIN_COLS that fill less than this share
 # of row_on_chip's power-of-two tile (by element size) take split_row_on_chip, forward: the 32-warp
 # log_softmax tile lost to it where softmax's did not. H100, ms, row_on_chip -> split_row_on_chip:
@@ -124,11 +130,9 @@ ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD = {"forward": {4: 16384, 2: 8192}, "backwar
 ROW_ON_CHIP_TAIL_MIN_COLS = 4096
 ROW_ON_CHIP_MIN_TAIL = 16
 ROW_ON_CHIP_TAIL_WARPS = 8
-# logsumexp's rows too, by the forward's table (its kernel is the forward's without the write).
-# H100, probe_tailed_rows.py --logsumexp (docs/notes/2026-11/probe_tailed_rows-logsumexp-h100.log),
-# ms, plan without tails -> tail at 8 warps: bf16 16384 x 4097 0.1811 -> 0.1148, 2048 x 8200 0.0504
-# -> 0.0235, fp32 4096 x 4097 0.0618 -> 0.0458; rows fuller than the table's 55% were mixed (bf16
-# 8192 x 5000, 61%: 0.0753 -> 0.0521; 4096 x 6001, 73%: 0.0611 -> 0.0695) and keep their plan.
+# logsumexp's rows too, by the forward's table (its kernel is the forward's without the write). H100,
+# ms, plan without tails -> tail at 8 warps: bf16 16384 x 4097 0.1811 -> 0.1148; rows fuller than the
+# table's 55% were mixed (docs/notes/2026-11/probe_tailed_rows-logsumexp-h100.log).
 ROW_ON_CHIP_TAIL_LOGSUMEXP = True
 # Shorter rows, softmax and log_softmax forward: rows of ROW_ON_CHIP_SHORT_TAIL_MIN_COLS to
 # ROW_ON_CHIP_TAIL_MIN_COLS elements under ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL of their power-of-two
@@ -137,15 +141,10 @@ ROW_ON_CHIP_TAIL_LOGSUMEXP = True
 # ROW_ON_CHIP_SHORT_TAIL_SPREAD_ROWS_PER_SM rows an SM one row a program (with a tail of at most
 # ROW_ON_CHIP_SHORT_TAIL_FEW_ROWS_MAX_TAIL_SHARE of the head, else no tail); from
 # ROW_TILE_MANY_ROWS_PER_SM rows an SM, ROW_TILE_MANY_ROWS_ELEMENTS // width rows a program on
-# ROW_ON_CHIP_SHORT_TAIL_MANY_ROWS_WARPS warps. H200, CUDA graphs, over 70 shapes of 600-50000 rows
-# of 70-350 elements (scripts/tune/tune_softmax.py --variants short_tail_off [--log],
-# docs/notes/2026-11/tune_softmax-short_tail_off-h200.json): softmax 1.08x -> 1.24x torch, behind it
-# at 21 -> 1 shapes, log_softmax 0.94x -> 1.08x, 35 -> 19 (fp32 1207 x 143 0.77 / 0.70 -> 1.07 /
-# 0.98, bf16 16384 x 143 0.94 / 0.83 -> 1.32 / 1.16). The caps are where it measured slower: bf16
-# 16384 x 350 with a tail of 128 1.45 -> 1.19x, fp32 heads of 256 (8583 x 288 1.18 -> 1.01x), rows
-# of 512 and more (fp16 2048 x 1100 2.06 -> 1.86x); docs/perf-h200.md has the rest. logsumexp keeps
-# its plan: its head and tail of 256 + 32, two rows a program on two warps, put three rows' results on
-# other rows (H200, 7230 x 273; docs/notes/2026-11/check_short_tail-h200.log).
+# ROW_ON_CHIP_SHORT_TAIL_MANY_ROWS_WARPS warps. H200, CUDA graphs, 70 shapes of 70-350 elements:
+# softmax 1.08x -> 1.24x torch, log_softmax 0.94x -> 1.08x; the caps are where it measured slower
+# (docs/perf-h200.md, notes/2026-11/tune_softmax-short_tail_off-h200.json). logsumexp keeps its
+# plan: its head and tail put three rows' results on other rows (notes/2026-11/check_short_tail-h200.log).
 ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL = {4: 0.76, 2: 0.76}
 ROW_ON_CHIP_SHORT_TAIL_MIN_COLS = 64
 ROW_ON_CHIP_SHORT_TAIL_MAX_HEAD = {4: 128, 2: 256}
@@ -158,21 +157,11 @@ ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
 # A held row takes at most 16 warps: 64 registers a thread, 2 programs an SM, half the warps in each cross-warp reduction.
 ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS = 16
 # row_on_chip packs short rows until a program's tile has about this many elements, by direction.
-# The forward's 4096 -> 1024 (rows of 1024 elements and more one a program, at the warps below):
-# CUDA graphs, GB/s, softmax / log_softmax (torch's kernel) (scripts/tune/tune_softmax.py --strategy
-# row_on_chip, docs/notes/2026-11/tune_softmax-row_on_chip_tile-h100.json): fp32 2048 x 1000 2272
-# -> 2696 / 2255 -> 2761 (2073 / 2554), bf16 1803 -> 1940 / 1742 -> 1952, fp32 8192 x 1000 2533 ->
-# 2674 / 2555 -> 2715 (2497 / 2662), bf16 2942 -> 3061 / 2811 -> 3068; 32768 x 1024 and 65536 x 256
-# moved within 1% either way (4096 x 4096 holds one row a program at either tile).
-# Then 1024 -> 512 (it moves rows of up to 256 elements: two or more a program on one warp, where
-# 1024 put eight rows of 101 on two): CUDA graphs, GB/s, softmax / log_softmax, 1024 -> 512 (torch)
-# (scripts/tune/tune_softmax.py --strategy row_on_chip [--log], docs/notes/2026-11/
-# tune_softmax-short_rows-h100.json and tune_softmax-forward_tile_512-h100.json): bf16 1536 x 101
-# 201 -> 273 / 187 -> 265 (229 / 263), fp32 389 -> 522 / 383 -> 535 (462 / 521), bf16 8192 x 101
-# 853 -> 1002 / 763 -> 969 (851 / 972); fp32 1024 x 256 775 -> 871 / 733 -> 869, 4096 x 64 742 ->
-# 890 / 655 -> 882, 2048 x 300 1417 -> 1588; bf16 log_softmax 1024 x 256 368 -> 461, 4096 x 64 387
-# -> 483; 65536 x 256 within 1% (bf16 2701 -> 2688, fp32 2836 -> 2826); lost: bf16 16384 x 128
-# 2123 -> 1973 / 2088 -> 1930 (torch 1395 / 1547).
+# The forward's 4096 -> 1024 (rows of 1024 elements and more one a program): H100, CUDA graphs, GB/s,
+# softmax / log_softmax (torch): fp32 2048 x 1000 2272 -> 2696 / 2255 -> 2761 (2073 / 2554); then
+# 1024 -> 512 (rows of up to 256 elements two or more a program on one warp): bf16 1536 x 101 201 ->
+# 273 / 187 -> 265 (229 / 263), fp32 1024 x 256 775 -> 871; lost: bf16 16384 x 128 2123 -> 1973
+# (torch 1395) (docs/notes/2026-11/tune_softmax-row_on_chip_tile-h100.json, -short_rows-, -forward_tile_512-).
 ROW_TILE_ELEMENTS = {"forward": 512, "backward": 4096}
 # ... and, in the forward, no more rows a program than leave every SM one (a power of two at most
 # rows / SMs; one row a program where the rows are fewer than the SMs). 10 x 221 had been one
@@ -351,11 +340,18 @@ def _many_misaligned_forward_rows(op: str, rows: int, elem: int, sms: int, misal
     return misaligned_rows and op in ("softmax", "log_softmax") and rows >= MISALIGNED_FORWARD_MIN_ROWS_PER_SM[elem] * sms
 
 
-def _one_chunk_tile(cols: int, elem: int) -> int:
-    """The tile of MISALIGNED_FORWARD_ONE_CHUNK_TILES that holds a row of ``cols`` off 16-byte
-    boundaries as one chunk (its 15 elements of margin included), else 0."""
+def _one_chunk_tile(op: str, rows: int, cols: int, elem: int, sms: int, misaligned_rows: bool) -> int:
+    """The tile that holds rows off 16-byte boundaries as one split_row_on_chip chunk (its 15 elements
+    of margin included) where MISALIGNED_{FORWARD,BACKWARD}_ONE_CHUNK_* ask for one, else 0."""
     tile = next_power_of_2(cols)
-    return tile if tile in MISALIGNED_FORWARD_ONE_CHUNK_TILES[elem] and cdiv(cols + 15, 16) * 16 <= tile else 0
+    if op in BACKWARD_OPS:
+        wanted = (misaligned_rows and rows >= MISALIGNED_BACKWARD_ONE_CHUNK_MIN_ROWS_PER_SM[elem] * sms
+                  and tile in MISALIGNED_BACKWARD_ONE_CHUNK_TILES[elem]
+                  and cols >= MISALIGNED_BACKWARD_ONE_CHUNK_MIN_FILL * tile)
+    else:
+        wanted = (_many_misaligned_forward_rows(op, rows, elem, sms, misaligned_rows)
+                  and tile in MISALIGNED_FORWARD_ONE_CHUNK_TILES[elem])
+    return tile if wanted and cdiv(cols + 15, 16) * 16 <= tile else 0
 
 
 def _half_empty_tile(cols: int, longer_than: int, min_fill: float) -> bool:
@@ -524,7 +520,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
     on_chip_max = (BACKWARD_ROW_ON_CHIP_MAX_COLS if backward else ROW_ON_CHIP_MAX_COLS)[elem]
     if strategy is None:
         on_chip = algorithm == "auto" and next_power_of_2(cols) <= on_chip_max
-        if on_chip and _tailed_tile(op, cols, elem, misaligned_rows)[0]:
+        if on_chip and backward and _one_chunk_tile(op, rows, cols, elem, sms, misaligned_rows):
+            strategy = "split_row_on_chip"
+        elif on_chip and _tailed_tile(op, cols, elem, misaligned_rows)[0]:
             strategy = "row_on_chip"
         elif on_chip and op != "logsumexp" and _half_empty_tile(cols, STREAM_BLOCK[elem], ROW_ON_CHIP_MIN_FILL[elem]):
             if backward:
@@ -538,7 +536,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         elif on_chip and backward and misaligned_rows and _misaligned_backward_looped(rows, cols, elem, sms):
             strategy = "looped"
         elif (on_chip and _many_misaligned_forward_rows(op, rows, elem, sms, misaligned_rows)
-              and (next_power_of_2(cols) >= MISALIGNED_FORWARD_SPLIT_MIN_TILE or _one_chunk_tile(cols, elem))):
+              and (next_power_of_2(cols) >= MISALIGNED_FORWARD_SPLIT_MIN_TILE
+                   or _one_chunk_tile(op, rows, cols, elem, sms, misaligned_rows))):
             strategy = "split_row_on_chip"
         elif (on_chip and op == "log_softmax"
               and _half_empty_tile(cols, ROW_ON_CHIP_LOG_SPLIT_MIN_COLS, ROW_ON_CHIP_LOG_MIN_FILL[elem])):
@@ -593,8 +592,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
 
     if strategy == "split_row_on_chip":
         tile = _split_on_chip_tile(backward, cols, elem, sms)
-        if _many_misaligned_forward_rows(op, rows, elem, sms, misaligned_rows) and _one_chunk_tile(cols, elem):
-            tile = _one_chunk_tile(cols, elem)
+        one_chunk = _one_chunk_tile(op, rows, cols, elem, sms, misaligned_rows)
         if tile > SPLIT_ON_CHIP_MAX_TILE:
             raise ValueError(
                 f"strategy 'split_row_on_chip' holds a row in at most {_split_on_chip_max_chunks(sms)} programs "
@@ -602,6 +600,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 "Use strategy=None (split_row reads such rows twice)")
         warp_bytes = (SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES[elem] if backward and granule_rows
                       else _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem))
+        if one_chunk:
+            tile, warp_bytes = one_chunk, MISALIGNED_ONE_CHUNK_WARP_BYTES
         warps = min(32, max(1, tile * elem // warp_bytes))
         # Chunks start at 16-byte boundaries of memory: a row that starts off one spans up to 15
         # elements more.

@@ -145,6 +145,13 @@ def one_chunk_backward_variants():
                    SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES={4: warp_bytes, 2: warp_bytes})
 
 
+def fp32_one_chunk_variants():
+    # fp32 forward rows off 16-byte boundaries as one chunk, uncapped and capped at 32 registers.
+    for cap in (0, 32):
+        yield dict(MISALIGNED_FORWARD_ONE_CHUNK_TILES={4: (8192, 16384), 2: (8192, 16384)},
+                   MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS={4: cap, 2: 0})
+
+
 def mid_long_row_variants():
     # Rows of 8193-16384 elements held whole: the tile of 16384 on fewer warps than the table's 32
     # (two or four programs an SM in place of one).
@@ -293,6 +300,11 @@ CASES = [
         (torch.float32, 2443, 12143), (torch.float32, 4096, 10007))
       for strategy, variants in (("split_row_on_chip", one_chunk_backward_variants),
                                  ("looped", current_only_variants), ("row_on_chip", current_only_variants))),
+    # fp32 forward rows off 16-byte boundaries: one chunk under a register cap (run with --variants
+    # fp32_one_chunk,current_only: row_on_chip's plan beside).
+    *((torch.float32, rows, cols, strategy, variants) for rows, cols in (
+        (3077, 12867), (8192, 5001), (2443, 12143), (1056, 12867), (5576, 4941))
+      for strategy, variants in (("split_row_on_chip", fp32_one_chunk_variants), ("row_on_chip", current_only_variants))),
     # The plan's short heads and tails against the plan before them, across row counts and lengths.
     *((dtype, rows, cols, "row_on_chip", short_tail_off_variants)
       for dtype in (torch.bfloat16, torch.float32, torch.float16)
@@ -310,6 +322,8 @@ def describe(values):
             value = value[-1][1]
         elif isinstance(value, dict) and "backward" in value:  # forward/backward (2-byte)
             value = "/".join(str(v.get(2) if isinstance(v, dict) else v) for v in (value["forward"], value["backward"]))
+        elif isinstance(value, dict) and set(value) == {2, 4}:  # by element size: fp32/2-byte
+            value = f"{value[4]}/{value[2]}"
         elif isinstance(value, dict):
             value = value.get(2, value.get("forward"))
         parts.append(f"{name}={int(value) if isinstance(value, bool) else value}")

@@ -91,12 +91,14 @@ BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM = 32768
 # at 12867 on 32 warps: one program an SM). From MISALIGNED_FORWARD_MIN_ROWS_PER_SM rows an SM, tiles
 # of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take split_row_on_chip (chunks read in granules), 2-byte
 # rows that a tile of MISALIGNED_FORWARD_ONE_CHUNK_TILES holds with a chunk's margin as one chunk of it
-# (no exchange), tiles of 8192 held whole take ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, CUDA
-# graphs, GB/s (torch): bf16 3077 x 12867 1734 -> 2905 one chunk (1285), fp32 2443 x 12143 2695 -> 3115
-# split (2194), 8192 x 5001 2946 -> 3677 on 8 warps (2481) (docs/perf-h200.md).
+# (no exchange), tiles of 8192 held whole take ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, CUDA graphs,
+# GB/s (torch): bf16 3077 x 12867 1734 -> 2905 one chunk (1285), fp32 2825 -> 3068 split (2387), fp32
+# 8192 x 5001 2946 -> 3677 on 8 warps (2481). fp32 as one chunk of 16384 ran 3594 under a cap of 32
+# registers (MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS), not yet tested on a GPU (docs/perf-h200.md).
 MISALIGNED_FORWARD_MIN_ROWS_PER_SM = {4: 8, 2: 4}
 MISALIGNED_FORWARD_SPLIT_MIN_TILE = 16384
 MISALIGNED_FORWARD_ONE_CHUNK_TILES = {4: (), 2: (8192, 16384)}
+MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS = {4: 0, 2: 0}
 ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS = {8192: 8}
 # The backward's rows off 16-byte boundaries as one chunk too, from MIN_ROWS_PER_SM rows an SM and
 # MIN_FILL of the tile (shorter rows keep the head and tail), ahead of looped and the tail; one-chunk
@@ -613,7 +615,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         num_chunks = cdiv(span, chunk)
         programs = rows * num_chunks
         cap = _for_element_size(SPLIT_ON_CHIP_MAX_REGISTERS[op], elem)
-        if (programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms or granule_rows or cols % 16
+        if one_chunk and not backward and MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS[elem]:
+            cap = MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS[elem]
+        elif (programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms or granule_rows or cols % 16
                 or chunk < SPLIT_ON_CHIP_CAP_MIN_FILL * next_power_of_2(chunk)):
             # One wave without the cap: it would buy nothing. Rows read in granules hold more
             # state (the row's edges), and under the cap ptxas spills (bf16: 168 bytes). Rows of a

@@ -525,7 +525,8 @@ def test_misaligned_backward_rows_of_large_tiles_loop(plan_override):
     # aligned rows, the forward, smaller tiles, fp32 and few rows stay.
     plan_override(BACKWARD_MISALIGNED_LOOPED_MIN_TILE={4: None, 2: 8192}, BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM=32768,
                   ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7}, ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS=16384,
-                  MISALIGNED_BACKWARD_ONE_CHUNK_TILES={4: (), 2: ()})  # (one chunk: the test after the next)
+                  # (one chunk: the test after the next)
+                  MISALIGNED_ONE_CHUNK_TILES=dict(plan.MISALIGNED_ONE_CHUNK_TILES, backward={4: (), 2: ()}))
     cuda = torch.device("cuda")
 
     def strategy(op, cols, dtype=torch.bfloat16, misaligned=True, rows=3077):
@@ -551,13 +552,12 @@ def test_many_misaligned_forward_rows_split_or_take_fewer_warps(plan_override):
     # 16384 with a chunk's margin: as one chunk of it), and fewer warps held whole at the tiles
     # ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS names; aligned rows, few rows, logsumexp and the backward
     # keep their plans.
-    plan_override(MISALIGNED_FORWARD_MIN_ROWS_PER_SM={4: 8, 2: 4}, MISALIGNED_FORWARD_SPLIT_MIN_TILE=16384,
-                  MISALIGNED_FORWARD_ONE_CHUNK_TILES={4: (), 2: (8192, 16384)},
+    plan_override(MISALIGNED_MIN_ROWS_PER_SM={4: 8, 2: 4}, MISALIGNED_FORWARD_SPLIT_MIN_TILE=16384,
+                  MISALIGNED_ONE_CHUNK_TILES={"forward": {4: (), 2: (8192, 16384)}, "backward": {4: (), 2: ()}},
                   ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS={8192: 8},
                   SPLIT_ON_CHIP_WARP_BYTES={"forward": 2048, "backward": {4: 8192, 2: 1024}},
                   ROW_ON_CHIP_MIN_FILL={4: 0.0, 2: 0.6}, ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7},
-                  BACKWARD_MISALIGNED_LOOPED_MIN_TILE={4: None, 2: None},  # (so that the backward holds these)
-                  MISALIGNED_BACKWARD_ONE_CHUNK_TILES={4: (), 2: ()})
+                  BACKWARD_MISALIGNED_LOOPED_MIN_TILE={4: None, 2: None})  # (so that the backward holds these)
     cuda = torch.device("cuda")
 
     def choose(op, rows, cols, dtype=torch.bfloat16, misaligned=True):
@@ -587,12 +587,13 @@ def test_many_misaligned_forward_rows_split_or_take_fewer_warps(plan_override):
 
 
 def test_many_misaligned_backward_rows_take_one_chunk(plan_override):
-    # MISALIGNED_BACKWARD_ONE_CHUNK_*: from 4 (2-byte) or 8 (fp32) rows an SM, backward rows off
+    # MISALIGNED_*: from 4 (2-byte) or 8 (fp32) rows an SM, backward rows off
     # 16-byte boundaries that fill at least 60% of a tile it names (with a chunk's margin) take
     # split_row_on_chip as one chunk of it, a warp per 2048 bytes, ahead of looped and the tail.
-    plan_override(MISALIGNED_BACKWARD_ONE_CHUNK_MIN_ROWS_PER_SM={4: 8, 2: 4},
-                  MISALIGNED_BACKWARD_ONE_CHUNK_TILES={4: (16384,), 2: (8192, 16384)},
-                  MISALIGNED_BACKWARD_ONE_CHUNK_MIN_FILL=0.6, MISALIGNED_ONE_CHUNK_WARP_BYTES=2048)
+    plan_override(MISALIGNED_MIN_ROWS_PER_SM={4: 8, 2: 4},
+                  MISALIGNED_ONE_CHUNK_TILES={"forward": {4: (), 2: (8192, 16384)},
+                                              "backward": {4: (16384,), 2: (8192, 16384)}},
+                  MISALIGNED_ONE_CHUNK_MIN_FILL={"forward": 0.0, "backward": 0.6}, MISALIGNED_ONE_CHUNK_WARP_BYTES=2048)
     cuda = torch.device("cuda")
 
     def choose(op, rows, cols, dtype=torch.bfloat16, misaligned=True):
@@ -788,16 +789,17 @@ def test_rows_of_no_multiple_of_16_are_read_in_granules(rows_start, strategy, dt
 @pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 5001), (torch.bfloat16, 12867), (torch.float16, 5001),
                                          (torch.float16, 12867), (torch.float32, 12867)])
 def test_many_misaligned_rows_held_as_one_chunk(cols, dtype, gen, plan_override):
-    # Rows off 16-byte boundaries, as many as MISALIGNED_FORWARD_MIN_ROWS_PER_SM asks for, run as one
-    # split_row_on_chip chunk (ONE_CHUNK: no exchange), forward and backward; rows of -inf, NaN, a
+    # Rows off 16-byte boundaries, as many as MISALIGNED_MIN_ROWS_PER_SM asks for, run as one
+    # split_row_on_chip chunk (no exchange), forward and backward; rows of -inf, NaN, a
     # lone -inf and huge magnitudes among them, against float64. fp32's forward takes one chunk only
     # from the tables' alternative (under a register cap: measured faster, see plan.py).
     cap = 0
     if dtype == torch.float32:
         cap = 32
-        plan_override(MISALIGNED_FORWARD_ONE_CHUNK_TILES={4: (16384,), 2: (8192, 16384)},
+        tiles = dict(plan.MISALIGNED_ONE_CHUNK_TILES, forward={4: (16384,), 2: (8192, 16384)})
+        plan_override(MISALIGNED_ONE_CHUNK_TILES=tiles,
                       MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS={4: cap, 2: 0})
-    rows = plan.MISALIGNED_FORWARD_MIN_ROWS_PER_SM[dtype.itemsize] * _device.sm_count(DEVICE)
+    rows = plan.MISALIGNED_MIN_ROWS_PER_SM[dtype.itemsize] * _device.sm_count(DEVICE)
     x = make_logits((rows, cols), dtype, gen, scale=2.0, outliers=False)
     x[1] = float("-inf")
     x[2, 7] = float("nan")
@@ -812,7 +814,7 @@ def test_many_misaligned_rows_held_as_one_chunk(cols, dtype, gen, plan_override)
         assert (chosen.strategy, chosen.num_chunks, chosen.block_cols, chosen.max_registers) == \
             ("split_row_on_chip", 1, tile, cap)
         assert_matches(out, ref(x.detach().double(), -1), dtype, f"{op} {rows}x{cols}")
-        # The backward of these rows too (MISALIGNED_BACKWARD_ONE_CHUNK_*), against float64 from our y
+        # The backward of these rows too (MISALIGNED_ONE_CHUNK_*), against float64 from our y
         # (the edge rows: NaN where y is).
         (dx,) = torch.autograd.grad(out, x, dy)
         assert plan.last_plan().strategy == "split_row_on_chip" and plan.last_plan().num_chunks == 1

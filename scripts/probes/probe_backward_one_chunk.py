@@ -2,7 +2,7 @@
 
     python scripts/probes/probe_backward_one_chunk.py
 
-A sweep re-run after the backward's one-chunk rule (plan.MISALIGNED_BACKWARD_ONE_CHUNK_*) had bf16
+A sweep re-run after the backward's one-chunk rule (plan.MISALIGNED_ONE_CHUNK_*) had bf16
 3077 x 12867 slower in its eager steps (0.0869 -> 0.1209 ms) while its kernel ran faster under CUDA
 graphs (3403 -> 3893 GB/s), torch's own step moving by 20% in the same run. This times the step
 (``torch.autograd.grad`` of a kept graph) with the rule, without it (looped for 2-byte rows, the head
@@ -13,8 +13,9 @@ import torch
 import triton
 
 import onlinesoftmax
+from onlinesoftmax.ops.softmax import plan
 
-RULE_OFF = dict(MISALIGNED_BACKWARD_ONE_CHUNK_TILES={4: (), 2: ()})
+RULE_OFF = dict(MISALIGNED_ONE_CHUNK_TILES=dict(plan.MISALIGNED_ONE_CHUNK_TILES, backward={4: (), 2: ()}))
 SHAPES = ((torch.bfloat16, 3077, 12867), (torch.bfloat16, 4096, 10007), (torch.float32, 2443, 12143))
 
 

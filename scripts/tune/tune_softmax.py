@@ -124,14 +124,14 @@ def misaligned_forward_variants():
     # The plan without its rule for these rows (MISALIGNED_FORWARD_*), then held whole on fewer
     # warps (looped and split_row_on_chip take their warps from tables of their own: their lines
     # for these repeat their plan's).
-    rule_off = dict(MISALIGNED_FORWARD_MIN_ROWS_PER_SM={4: 1 << 62, 2: 1 << 62})
+    rule_off = dict(MISALIGNED_MIN_ROWS_PER_SM={4: 1 << 62, 2: 1 << 62})
     for warps_scale in (1, 0.5, 0.25):
         yield dict(rule_off, WARPS_BY_TILE_ELEMENTS=scaled_warps(warps_scale))
 
 
 def one_chunk_variants():
-    # split_row_on_chip's forward tile and warps: tiles the row fits in run it as one chunk (ONE_CHUNK,
-    # no exchange between programs), smaller ones as several.
+    # split_row_on_chip's forward tile and warps: tiles the row fits in run it as one chunk (no
+    # exchange between programs), smaller ones as several.
     for tile_bytes, warp_bytes in itertools.product((8192, 16384, 32768, 65536), (1024, 2048)):
         yield dict(SPLIT_ON_CHIP_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_TILE_BYTES, forward=tile_bytes),
                    SPLIT_ON_CHIP_WARP_BYTES=dict(plan.SPLIT_ON_CHIP_WARP_BYTES, forward=warp_bytes))
@@ -139,7 +139,7 @@ def one_chunk_variants():
 
 def one_chunk_backward_variants():
     # split_row_on_chip's backward tile and warps (rows off 16-byte boundaries): tiles the row fits
-    # in run it as one chunk (ONE_CHUNK), smaller ones as several.
+    # in run it as one chunk (no exchange), smaller ones as several.
     for tile_bytes, warp_bytes in itertools.product((16384, 32768, 65536), (1024, 2048, 4096)):
         yield dict(SPLIT_ON_CHIP_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_TILE_BYTES, backward={4: tile_bytes, 2: tile_bytes}),
                    SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES={4: warp_bytes, 2: warp_bytes})
@@ -148,7 +148,8 @@ def one_chunk_backward_variants():
 def fp32_one_chunk_variants():
     # fp32 forward rows off 16-byte boundaries as one chunk, uncapped and capped at 32 registers.
     for cap in (0, 32):
-        yield dict(MISALIGNED_FORWARD_ONE_CHUNK_TILES={4: (8192, 16384), 2: (8192, 16384)},
+        tiles = dict(plan.MISALIGNED_ONE_CHUNK_TILES, forward={4: (8192, 16384), 2: (8192, 16384)})
+        yield dict(MISALIGNED_ONE_CHUNK_TILES=tiles,
                    MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS={4: cap, 2: 0})
 
 

@@ -253,17 +253,17 @@ def split_row_on_chip_softmax_kernel(
     chunk_size, num_chunks, inv_temperature,
     BLOCK_COLS: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr,
     LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr, OPAQUE_WIDEN: tl.constexpr,
-    ALIGN: tl.constexpr, ONE_CHUNK: tl.constexpr = False,
+    ALIGN: tl.constexpr,
 ):
     # A row too long for one program's registers, held by num_chunks programs at once: each keeps
     # its chunk in registers, publishes the chunk's (m, d), waits for the rest of the row, merges
     # the row's partials (all programs in the same fixed order) and writes from registers. One read
     # and one write per element, as row_on_chip, where split_row reads the row twice. ALIGN > 1:
     # x and y share a row layout whose rows start anywhere; chunks are cut at 16-byte boundaries
-    # of memory (see _triton.aligned_row), which the plan's chunk count allows for. ONE_CHUNK: the
-    # row in one program (a row off 16-byte boundaries held whole, read in granules): no ticket,
-    # partials or wait.
-    if ONE_CHUNK:
+    # of memory (see _triton.aligned_row), which the plan's chunk count allows for. A row in one
+    # chunk (CHUNKS_POW2 == 1: a row off 16-byte boundaries held whole, read in granules) takes no
+    # ticket, partials or wait.
+    if CHUNKS_POW2 == 1:
         row, chunk = tl.program_id(0), 0
     else:
         row, chunk = claim_chunk(sync_ptr, num_chunks)
@@ -298,7 +298,7 @@ def split_row_on_chip_softmax_kernel(
     d = tl.sum(tl.exp(b_x - m_ref), 0)  # an all -inf chunk is (-inf, 0)
     if ALIGN > 1:
         d += tl.sum(tl.exp(e_x * inv_temperature - m_ref), 0)
-    if not ONE_CHUNK:
+    if CHUNKS_POW2 > 1:
         n_parts = tl.num_programs(0).to(tl.int64)  # the two planes of parts: m, then d
         store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
         wait_for_row(sync_ptr, row, num_chunks)
@@ -454,11 +454,11 @@ def split_row_on_chip_backward_kernel(
     dx_stride_outer, dx_stride_col, dx_stride_inner,
     chunk_size, num_chunks, inv_temperature,
     BLOCK_COLS: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
-    OPAQUE_WIDEN: tl.constexpr, ALIGN: tl.constexpr, ONE_CHUNK: tl.constexpr = False,
+    OPAQUE_WIDEN: tl.constexpr, ALIGN: tl.constexpr,
 ):
     # As split_row_on_chip_softmax_kernel: the chunk's y and dy stay in registers while the row's
-    # programs exchange their partial dot products, so y and dy are read once (ONE_CHUNK: as there).
-    if ONE_CHUNK:
+    # programs exchange their partial dot products, so y and dy are read once (one chunk: as there).
+    if CHUNKS_POW2 == 1:
         row, chunk = tl.program_id(0), 0
     else:
         row, chunk = claim_chunk(sync_ptr, num_chunks)
@@ -483,7 +483,7 @@ def split_row_on_chip_backward_kernel(
         else:
             e_y, _ = edge_granules(y_row, y_stride_col, lo, hi, 0.0, CONTIGUOUS, ALIGN)
             dot += tl.sum(e_dy.to(tl.float32) * e_y.to(tl.float32), 0)
-    if not ONE_CHUNK:
+    if CHUNKS_POW2 > 1:
         tl.store(part_ptr + row.to(tl.int64) * num_chunks + chunk, dot)
         wait_for_row(sync_ptr, row, num_chunks)
         idx = tl.arange(0, CHUNKS_POW2)

@@ -184,9 +184,12 @@ def _one_launch(bound: dict, ints: tuple):
     return launch
 
 
-def _row_exchange(plan: planner.Plan, planes: int, device: torch.device):
+def _row_exchange(plan: planner.Plan, planes: int, device: torch.device, unused: torch.Tensor):
     # split_row_on_chip's partials (``planes`` floats per chunk) and its counters: the ticket
-    # counter and one arrival counter per row (see _triton.take_ticket).
+    # counter and one arrival counter per row (see _triton.take_ticket). Rows of one chunk exchange
+    # nothing: ``unused`` stands in for both pointers.
+    if plan.num_chunks == 1:
+        return unused, unused
     return _buffers.row_exchange(planes * plan.rows * plan.num_chunks, COUNTER_STRIDE.value * (1 + plan.rows), device)
 
 
@@ -259,16 +262,14 @@ class ForwardCall:
                 **common))
             return _one_launch(bound, (n_cols, inner, *strides))
         if chosen.strategy == "split_row_on_chip":
-            one_chunk = chosen.num_chunks == 1
             bound = _by_alignment(_split_row_on_chip_softmax, chosen.grid, recipe, lambda align: dict(
                 BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
-                OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, ONE_CHUNK=one_chunk, num_warps=chosen.num_warps,
-                **chosen.compile_options, **common))
+                OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, num_warps=chosen.num_warps, **chosen.compile_options,
+                **common))
             ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
 
             def launch(x, y, lse, inv_t, is_aligned):
-                # (m, d) per chunk; one chunk exchanges nothing (x stands in for the unused pointers)
-                parts, counters = (x, x) if one_chunk else _row_exchange(chosen, 2, device)
+                parts, counters = _row_exchange(chosen, 2, device, x)  # (m, d) per chunk
                 bound[is_aligned](x, y, lse, parts, counters, *ints, inv_t)
         else:
             chunks_pow2 = next_power_of_2(chosen.num_chunks)
@@ -355,16 +356,13 @@ class BackwardCall:
                 BLOCK=chosen.block_cols, ALIGN=align, **base))
             launch = _one_launch(bound, (n_cols, inner, *strides))
         elif chosen.strategy == "split_row_on_chip":
-            one_chunk = chosen.num_chunks == 1
             bound = _by_alignment(_split_row_on_chip_backward, chosen.grid, recipe, lambda align: dict(
                 BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
-                OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, ONE_CHUNK=one_chunk, **chosen.compile_options,
-                **base))
+                OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, **chosen.compile_options, **base))
             ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
 
             def launch(y, dy, dx, inv_t, is_aligned):
-                # the dot per chunk; one chunk exchanges nothing (y stands in for the unused pointers)
-                parts, counters = (y, y) if one_chunk else _row_exchange(chosen, 1, device)
+                parts, counters = _row_exchange(chosen, 1, device, y)  # the dot per chunk
                 bound[is_aligned](y, dy, dx, parts, counters, *ints, inv_t)
         else:
             dot_ints = (n_cols, inner, *y_strides, *dy_strides, chosen.chunk_size, chosen.num_chunks)

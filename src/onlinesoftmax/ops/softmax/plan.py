@@ -87,28 +87,23 @@ ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
 # on boundaries stay (docs/perf-h200.md, notes/2026-11/tune_softmax-misaligned_backward-h200.log).
 BACKWARD_MISALIGNED_LOOPED_MIN_TILE = {4: None, 2: 8192}
 BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM = 32768
-# The forward of rows off 16-byte boundaries held whole reads element by element (46-48 registers
-# at 12867 on 32 warps: one program an SM). From MISALIGNED_FORWARD_MIN_ROWS_PER_SM rows an SM, tiles
-# of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take split_row_on_chip (chunks read in granules), 2-byte
-# rows that a tile of MISALIGNED_FORWARD_ONE_CHUNK_TILES holds with a chunk's margin as one chunk of it
-# (no exchange), tiles of 8192 held whole take ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, CUDA graphs,
-# GB/s (torch): bf16 3077 x 12867 1734 -> 2905 one chunk (1285), fp32 2825 -> 3068 split (2387), fp32
-# 8192 x 5001 2946 -> 3677 on 8 warps (2481). fp32 as one chunk of 16384 ran 3594 under a cap of 32
-# registers (MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS), not yet tested on a GPU (docs/perf-h200.md).
-MISALIGNED_FORWARD_MIN_ROWS_PER_SM = {4: 8, 2: 4}
-MISALIGNED_FORWARD_SPLIT_MIN_TILE = 16384
-MISALIGNED_FORWARD_ONE_CHUNK_TILES = {4: (), 2: (8192, 16384)}
-MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS = {4: 0, 2: 0}
-ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS = {8192: 8}
-# The backward's rows off 16-byte boundaries as one chunk too, from MIN_ROWS_PER_SM rows an SM and
-# MIN_FILL of the tile (shorter rows keep the head and tail), ahead of looped and the tail; one-chunk
-# plans take a warp per MISALIGNED_ONE_CHUNK_WARP_BYTES of tile. H200, CUDA graphs, GB/s, softmax /
-# log_softmax: bf16 3077 x 12867 looped 3403 -> 3893 / 3457 -> 3698 (torch 1796 / 3428), fp32 head and
-# tail 3393 -> 3940 / 3397 -> 3941 (docs/perf-h200.md).
-MISALIGNED_BACKWARD_ONE_CHUNK_MIN_ROWS_PER_SM = {4: 8, 2: 4}
-MISALIGNED_BACKWARD_ONE_CHUNK_TILES = {4: (16384,), 2: (8192, 16384)}
-MISALIGNED_BACKWARD_ONE_CHUNK_MIN_FILL = 0.6
+# softmax and log_softmax rows off 16-byte boundaries, from MISALIGNED_MIN_ROWS_PER_SM rows an SM (by
+# element size). Rows that a tile of MISALIGNED_ONE_CHUNK_TILES holds with a chunk's margin, at least
+# MISALIGNED_ONE_CHUNK_MIN_FILL full (by direction), take split_row_on_chip as one chunk of it (no
+# exchange; a warp per MISALIGNED_ONE_CHUNK_WARP_BYTES), ahead of looped and the tail. Else the forward,
+# held whole, reads element by element (46-48 registers at 12867 on 32 warps: one program an SM):
+# tiles of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take split_row_on_chip, tiles of 8192 the warps of
+# ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, CUDA graphs, GB/s (torch): forward bf16 3077 x 12867 1734
+# -> 2905 one chunk (1285), fp32 there 2825 -> 3068 split, 3594 one chunk under a cap of 32 registers (not
+# adopted: untested on a GPU; MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS), 8192 x 5001 2946 -> 3677 on
+# 8 warps; backward bf16 looped 3403 -> 3893 (1796) (docs/perf-h200.md).
+MISALIGNED_MIN_ROWS_PER_SM = {4: 8, 2: 4}
+MISALIGNED_ONE_CHUNK_TILES = {"forward": {4: (), 2: (8192, 16384)}, "backward": {4: (16384,), 2: (8192, 16384)}}
+MISALIGNED_ONE_CHUNK_MIN_FILL = {"forward": 0.0, "backward": 0.6}
 MISALIGNED_ONE_CHUNK_WARP_BYTES = 2048
+MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS = {4: 0, 2: 0}
+MISALIGNED_FORWARD_SPLIT_MIN_TILE = 16384
+ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS = {8192: 8}
 # float32 log_softmax rows longer than ROW_ON_CHIP_LOG_SPLIT_MIN_COLS that fill less than this share
 # of row_on_chip's power-of-two tile (by element size) take split_row_on_chip, forward: the 32-warp
 # log_softmax tile lost to it where softmax's did not. H100, ms, row_on_chip -> split_row_on_chip:
@@ -336,23 +331,20 @@ def _misaligned_backward_looped(rows: int, cols: int, elem: int, sms: int) -> bo
     return min_tile is not None and tile >= min_tile and rows * tile >= BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM * sms
 
 
-def _many_misaligned_forward_rows(op: str, rows: int, elem: int, sms: int, misaligned_rows: bool) -> bool:
-    """softmax and log_softmax rows off 16-byte boundaries, as many as MISALIGNED_FORWARD_MIN_ROWS_PER_SM
-    give their own plan (logsumexp's was not measured)."""
-    return misaligned_rows and op in ("softmax", "log_softmax") and rows >= MISALIGNED_FORWARD_MIN_ROWS_PER_SM[elem] * sms
+def _many_misaligned_rows(op: str, rows: int, elem: int, sms: int, misaligned_rows: bool) -> bool:
+    """Rows off 16-byte boundaries, as many as MISALIGNED_MIN_ROWS_PER_SM, that the MISALIGNED_* rules
+    plan (logsumexp's were not measured)."""
+    return misaligned_rows and op != "logsumexp" and rows >= MISALIGNED_MIN_ROWS_PER_SM[elem] * sms
 
 
 def _one_chunk_tile(op: str, rows: int, cols: int, elem: int, sms: int, misaligned_rows: bool) -> int:
     """The tile that holds rows off 16-byte boundaries as one split_row_on_chip chunk (its 15 elements
-    of margin included) where MISALIGNED_{FORWARD,BACKWARD}_ONE_CHUNK_* ask for one, else 0."""
+    of margin included) where MISALIGNED_ONE_CHUNK_* ask for one, else 0."""
+    direction = "backward" if op in BACKWARD_OPS else "forward"
     tile = next_power_of_2(cols)
-    if op in BACKWARD_OPS:
-        wanted = (misaligned_rows and rows >= MISALIGNED_BACKWARD_ONE_CHUNK_MIN_ROWS_PER_SM[elem] * sms
-                  and tile in MISALIGNED_BACKWARD_ONE_CHUNK_TILES[elem]
-                  and cols >= MISALIGNED_BACKWARD_ONE_CHUNK_MIN_FILL * tile)
-    else:
-        wanted = (_many_misaligned_forward_rows(op, rows, elem, sms, misaligned_rows)
-                  and tile in MISALIGNED_FORWARD_ONE_CHUNK_TILES[elem])
+    wanted = (_many_misaligned_rows(op, rows, elem, sms, misaligned_rows)
+              and tile in MISALIGNED_ONE_CHUNK_TILES[direction][elem]
+              and cols >= MISALIGNED_ONE_CHUNK_MIN_FILL[direction] * tile)
     return tile if wanted and cdiv(cols + 15, 16) * 16 <= tile else 0
 
 
@@ -537,7 +529,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
             strategy = "split_row_on_chip"
         elif on_chip and backward and misaligned_rows and _misaligned_backward_looped(rows, cols, elem, sms):
             strategy = "looped"
-        elif (on_chip and _many_misaligned_forward_rows(op, rows, elem, sms, misaligned_rows)
+        elif (on_chip and not backward and _many_misaligned_rows(op, rows, elem, sms, misaligned_rows)
               and (next_power_of_2(cols) >= MISALIGNED_FORWARD_SPLIT_MIN_TILE
                    or _one_chunk_tile(op, rows, cols, elem, sms, misaligned_rows))):
             strategy = "split_row_on_chip"
@@ -584,7 +576,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         if tail and not short_tail:
             warps = ROW_ON_CHIP_TAIL_WARPS
         warps = warps or _warps_for_tile(width * rows_per_program)
-        if _many_misaligned_forward_rows(op, rows, elem, sms, misaligned_rows) and not tail:
+        if not backward and not tail and _many_misaligned_rows(op, rows, elem, sms, misaligned_rows):
             warps = ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS.get(width * rows_per_program, warps)
         hold_input = not tail and not backward and block >= ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, block + 1)
         if hold_input:

@@ -548,12 +548,13 @@ def test_misaligned_backward_rows_of_large_tiles_loop(plan_override):
 
 def test_many_misaligned_forward_rows_split_or_take_fewer_warps(plan_override):
     # MISALIGNED_FORWARD_*: from 4 (2-byte) or 8 (fp32) rows an SM, forward rows off 16-byte
-    # boundaries take split_row_on_chip from a tile of 16384 (2-byte rows that fit a tile of 8192 or
-    # 16384 with a chunk's margin: as one chunk of it), and fewer warps held whole at the tiles
-    # ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS names; aligned rows, few rows, logsumexp and the backward
-    # keep their plans.
+    # boundaries take split_row_on_chip from a tile of 16384 (rows that fit a tile of
+    # MISALIGNED_ONE_CHUNK_TILES with a chunk's margin: as one chunk of it, a warp per 4096 bytes),
+    # and fewer warps held whole at the tiles ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS names; aligned
+    # rows, few rows, logsumexp and the backward keep their plans.
     plan_override(MISALIGNED_MIN_ROWS_PER_SM={4: 8, 2: 4}, MISALIGNED_FORWARD_SPLIT_MIN_TILE=16384,
-                  MISALIGNED_ONE_CHUNK_TILES={"forward": {4: (), 2: (8192, 16384)}, "backward": {4: (), 2: ()}},
+                  MISALIGNED_ONE_CHUNK_TILES={"forward": {4: (16384,), 2: (8192, 16384)}, "backward": {4: (), 2: ()}},
+                  MISALIGNED_ONE_CHUNK_WARP_BYTES=dict(plan.MISALIGNED_ONE_CHUNK_WARP_BYTES, forward={4: 4096, 2: 4096}),
                   ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS={8192: 8},
                   SPLIT_ON_CHIP_WARP_BYTES={"forward": 2048, "backward": {4: 8192, 2: 1024}},
                   ROW_ON_CHIP_MIN_FILL={4: 0.0, 2: 0.6}, ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7},
@@ -567,15 +568,16 @@ def test_many_misaligned_forward_rows_split_or_take_fewer_warps(plan_override):
         return chosen.strategy, chosen.num_warps
 
     for op in ("softmax", "log_softmax"):
-        assert choose(op, 528, 12867) == ("split_row_on_chip", 16, 1, 16384), op  # one chunk
-        assert choose(op, 8192, 5001) == ("split_row_on_chip", 8, 1, 8192), op
+        assert choose(op, 528, 12867) == ("split_row_on_chip", 8, 1, 16384), op  # one chunk
+        assert choose(op, 8192, 5001) == ("split_row_on_chip", 4, 1, 8192), op
         assert choose(op, 8192, 8187) == ("row_on_chip", 8), op  # 8187 + 15 > 8192: held whole on 8 warps
         assert choose(op, 528, 21001)[:1] == choose(op, 1024, 21001, torch.float16)[:1] == ("split_row_on_chip",), op
         assert choose(op, 528, 21001)[2] > 1, op
         assert choose(op, 527, 12867) == ("row_on_chip", 32), op
         assert choose(op, 527, 5001) == ("row_on_chip", 16), op
-        split = choose(op, 1056, 12867, torch.float32)
-        assert split[0] == "split_row_on_chip" and split[2] > 1, op  # fp32: the table's chunks
+        assert choose(op, 1056, 12867, torch.float32) == ("split_row_on_chip", 16, 1, 16384), op
+        split = choose(op, 1056, 21001, torch.float32)
+        assert split[0] == "split_row_on_chip" and split[2] > 1, op  # a tile not named: the table's chunks
         assert choose(op, 1055, 12867, torch.float32) == ("row_on_chip", 32), op
         assert choose(op, 8192, 5001, torch.float32) == ("row_on_chip", 8), op
         assert choose(op, 8192, 12867, misaligned=False) == ("row_on_chip", 32), op
@@ -589,11 +591,14 @@ def test_many_misaligned_forward_rows_split_or_take_fewer_warps(plan_override):
 def test_many_misaligned_backward_rows_take_one_chunk(plan_override):
     # MISALIGNED_*: from 4 (2-byte) or 8 (fp32) rows an SM, backward rows off
     # 16-byte boundaries that fill at least 60% of a tile it names (with a chunk's margin) take
-    # split_row_on_chip as one chunk of it, a warp per 2048 bytes, ahead of looped and the tail.
+    # split_row_on_chip as one chunk of it, a warp per 2048 bytes (fp32 softmax: 8192), ahead of
+    # looped and the tail.
     plan_override(MISALIGNED_MIN_ROWS_PER_SM={4: 8, 2: 4},
                   MISALIGNED_ONE_CHUNK_TILES={"forward": {4: (), 2: (8192, 16384)},
                                               "backward": {4: (16384,), 2: (8192, 16384)}},
-                  MISALIGNED_ONE_CHUNK_MIN_FILL={"forward": 0.0, "backward": 0.6}, MISALIGNED_ONE_CHUNK_WARP_BYTES=2048)
+                  MISALIGNED_ONE_CHUNK_MIN_FILL={"forward": 0.0, "backward": 0.6},
+                  MISALIGNED_ONE_CHUNK_WARP_BYTES={"forward": {4: 4096, 2: 4096}, "softmax_backward": {4: 8192, 2: 2048},
+                                                   "log_softmax_backward": {4: 2048, 2: 2048}})
     cuda = torch.device("cuda")
 
     def choose(op, rows, cols, dtype=torch.bfloat16, misaligned=True):
@@ -603,7 +608,8 @@ def test_many_misaligned_backward_rows_take_one_chunk(plan_override):
     for op in ("softmax_backward", "log_softmax_backward"):
         assert choose(op, 528, 12867) == ("split_row_on_chip", 1, 16384, 16), op
         assert choose(op, 8192, 5001) == choose(op, 8192, 5001, torch.float16) == ("split_row_on_chip", 1, 8192, 8), op
-        assert choose(op, 1056, 12867, torch.float32) == ("split_row_on_chip", 1, 16384, 32), op
+        assert choose(op, 1056, 12867, torch.float32) == ("split_row_on_chip", 1, 16384,
+                                                          8 if op == "softmax_backward" else 32), op
         assert choose(op, 527, 12867)[0] == "looped" and choose(op, 1055, 12867, torch.float32)[0] == "row_on_chip", op
         assert choose(op, 8192, 8187)[0] == "looped", op  # 8187 + 15 > 8192
         assert choose(op, 8192, 4097)[0] == "row_on_chip", op  # 50% of 8192: the head and tail
@@ -788,17 +794,10 @@ def test_rows_of_no_multiple_of_16_are_read_in_granules(rows_start, strategy, dt
 @needs_triton
 @pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 5001), (torch.bfloat16, 12867), (torch.float16, 5001),
                                          (torch.float16, 12867), (torch.float32, 12867)])
-def test_many_misaligned_rows_held_as_one_chunk(cols, dtype, gen, plan_override):
+def test_many_misaligned_rows_held_as_one_chunk(cols, dtype, gen):
     # Rows off 16-byte boundaries, as many as MISALIGNED_MIN_ROWS_PER_SM asks for, run as one
     # split_row_on_chip chunk (no exchange), forward and backward; rows of -inf, NaN, a
-    # lone -inf and huge magnitudes among them, against float64. fp32's forward takes one chunk only
-    # from the tables' alternative (under a register cap: measured faster, see plan.py).
-    cap = 0
-    if dtype == torch.float32:
-        cap = 32
-        tiles = dict(plan.MISALIGNED_ONE_CHUNK_TILES, forward={4: (16384,), 2: (8192, 16384)})
-        plan_override(MISALIGNED_ONE_CHUNK_TILES=tiles,
-                      MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS={4: cap, 2: 0})
+    # lone -inf and huge magnitudes among them, against float64.
     rows = plan.MISALIGNED_MIN_ROWS_PER_SM[dtype.itemsize] * _device.sm_count(DEVICE)
     x = make_logits((rows, cols), dtype, gen, scale=2.0, outliers=False)
     x[1] = float("-inf")
@@ -812,7 +811,7 @@ def test_many_misaligned_rows_held_as_one_chunk(cols, dtype, gen, plan_override)
         out = ours(x, -1)
         chosen = plan.last_plan()
         assert (chosen.strategy, chosen.num_chunks, chosen.block_cols, chosen.max_registers) == \
-            ("split_row_on_chip", 1, tile, cap)
+            ("split_row_on_chip", 1, tile, 0)
         assert_matches(out, ref(x.detach().double(), -1), dtype, f"{op} {rows}x{cols}")
         # The backward of these rows too (MISALIGNED_ONE_CHUNK_*), against float64 from our y
         # (the edge rows: NaN where y is).

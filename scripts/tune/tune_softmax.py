@@ -145,12 +145,21 @@ def one_chunk_backward_variants():
                    SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES={4: warp_bytes, 2: warp_bytes})
 
 
-def fp32_one_chunk_variants():
-    # fp32 forward rows off 16-byte boundaries as one chunk, uncapped and capped at 32 registers.
-    for cap in (0, 32):
-        tiles = dict(plan.MISALIGNED_ONE_CHUNK_TILES, forward={4: (8192, 16384), 2: (8192, 16384)})
-        yield dict(MISALIGNED_ONE_CHUNK_TILES=tiles,
-                   MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS={4: cap, 2: 0})
+def one_chunk_warps_variants():
+    # Rows off 16-byte boundaries as one chunk (MISALIGNED_ONE_CHUNK_*), forward and backward: the
+    # plan's warps against a warp per 2048-8192 bytes of the tile, one direction and element size
+    # at a time; first the plan before fp32's forward took one chunk (chunks of 4096). (Runs before
+    # the table was by op and element size swept one value for both directions, 16384 bytes (fp32
+    # backward at 4 warps: 577-3002 GB/s), and a forward cap of 32 registers: fp32 on 16 warps
+    # capped spilled, 1970 against 3863 GB/s uncapped.)
+    tiles, warp_bytes = plan.MISALIGNED_ONE_CHUNK_TILES, plan.MISALIGNED_ONE_CHUNK_WARP_BYTES
+    yield dict(MISALIGNED_ONE_CHUNK_TILES={**tiles, "forward": {**tiles["forward"], 4: ()}})
+    for ops, elem, value in ((("forward",), 4, 2048), (("forward",), 4, 8192), (("forward",), 2, 2048),
+                             (plan.BACKWARD_OPS, 4, 2048), (plan.BACKWARD_OPS, 4, 4096),
+                             (plan.BACKWARD_OPS, 4, 8192), (plan.BACKWARD_OPS, 2, 4096)):
+        changed = {op: {**warp_bytes[op], elem: value} for op in ops if warp_bytes[op][elem] != value}
+        if changed:
+            yield dict(MISALIGNED_ONE_CHUNK_WARP_BYTES={**warp_bytes, **changed})
 
 
 def mid_long_row_variants():
@@ -301,11 +310,19 @@ CASES = [
         (torch.float32, 2443, 12143), (torch.float32, 4096, 10007))
       for strategy, variants in (("split_row_on_chip", one_chunk_backward_variants),
                                  ("looped", current_only_variants), ("row_on_chip", current_only_variants))),
-    # fp32 forward rows off 16-byte boundaries: one chunk under a register cap (run with --variants
-    # fp32_one_chunk,current_only: row_on_chip's plan beside).
-    *((torch.float32, rows, cols, strategy, variants) for rows, cols in (
-        (3077, 12867), (8192, 5001), (2443, 12143), (1056, 12867), (5576, 4941))
-      for strategy, variants in (("split_row_on_chip", fp32_one_chunk_variants), ("row_on_chip", current_only_variants))),
+    # Rows off 16-byte boundaries as one chunk, forward and backward: the warps (run with
+    # [--backward] --variants one_chunk_warps,current_only: the aligned neighbours below).
+    *((dtype, rows, cols, "split_row_on_chip", one_chunk_warps_variants) for dtype, rows, cols in (
+        (torch.bfloat16, 8192, 5001), (torch.bfloat16, 5576, 4941), (torch.bfloat16, 3077, 12867),
+        (torch.bfloat16, 4096, 10007), (torch.float16, 3077, 12867), (torch.bfloat16, 1024, 12867),
+        (torch.bfloat16, 528, 12867), (torch.float32, 3077, 12867), (torch.float32, 2443, 12143),
+        (torch.float32, 1056, 12867), (torch.float32, 4096, 10007), (torch.float32, 8192, 16369),
+        (torch.float32, 2048, 14001), (torch.float32, 20000, 12001))),
+    *((dtype, rows, cols, "row_on_chip", current_only_variants) for dtype, rows, cols in (
+        (torch.bfloat16, 8192, 5008), (torch.bfloat16, 5576, 4944), (torch.bfloat16, 3077, 12872),
+        (torch.bfloat16, 4096, 10008), (torch.bfloat16, 8143, 8192), (torch.float32, 3077, 12872),
+        (torch.float32, 2443, 12144), (torch.float32, 1056, 12872), (torch.float32, 4096, 10008),
+        (torch.float32, 8192, 16368), (torch.float32, 2048, 14000), (torch.float32, 20000, 12000))),
     # The plan's short heads and tails against the plan before them, across row counts and lengths.
     *((dtype, rows, cols, "row_on_chip", short_tail_off_variants)
       for dtype in (torch.bfloat16, torch.float32, torch.float16)
@@ -317,7 +334,11 @@ CASES = [
 def describe(values):
     parts = []
     for name, value in values.items():
-        if name == "WARPS_BY_TILE_ELEMENTS":
+        if name == "MISALIGNED_ONE_CHUNK_TILES":
+            value = f"fwd fp32 {value['forward'][4]}"
+        elif name == "MISALIGNED_ONE_CHUNK_WARP_BYTES":  # by direction, then element size
+            value = " ".join(f"{key.replace('_backward', ' bwd')} {v[4]}/{v[2]}" for key, v in value.items())
+        elif name == "WARPS_BY_TILE_ELEMENTS":
             value = "/".join(str(w) for _, w in value)
         elif name == "SPLIT_PROGRAMS_PER_SM":
             value = value[-1][1]

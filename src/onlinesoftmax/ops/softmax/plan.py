@@ -90,18 +90,19 @@ BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM = 32768
 # softmax and log_softmax rows off 16-byte boundaries, from MISALIGNED_MIN_ROWS_PER_SM rows an SM (by
 # element size). Rows that a tile of MISALIGNED_ONE_CHUNK_TILES holds with a chunk's margin, at least
 # MISALIGNED_ONE_CHUNK_MIN_FILL full (by direction), take split_row_on_chip as one chunk of it (no
-# exchange; a warp per MISALIGNED_ONE_CHUNK_WARP_BYTES), ahead of looped and the tail. Else the forward,
-# held whole, reads element by element (46-48 registers at 12867 on 32 warps: one program an SM):
-# tiles of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take split_row_on_chip, tiles of 8192 the warps of
-# ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, CUDA graphs, GB/s (torch): forward bf16 3077 x 12867 1734
-# -> 2905 one chunk (1285), fp32 there 2825 -> 3068 split, 3594 one chunk under a cap of 32 registers (not
-# adopted: untested on a GPU; MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS), 8192 x 5001 2946 -> 3677 on
-# 8 warps; backward bf16 looped 3403 -> 3893 (1796) (docs/perf-h200.md).
+# exchange; a warp per MISALIGNED_ONE_CHUNK_WARP_BYTES of the tile, by op), ahead of looped and the
+# tail. Else the forward, held whole, reads element by element (46-48 registers at 12867 on 32 warps:
+# one program an SM): tiles of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take split_row_on_chip, tiles
+# of 8192 the warps of ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, CUDA graphs, GB/s, plan before ->
+# now (aligned neighbour): forward bf16 3077 x 12867 1734 -> 3174 (12872: 2939), 8192 x 5001 1863 ->
+# 2802 (5008: 2969); fp32 3077 x 12867 2825 -> 3786 (3881) (fp32 one chunk on 32 warps: 2612, under a
+# cap of 32 registers 3594); backward bf16 3403 -> 3840, fp32 softmax 3393 -> 4124 (log_softmax's
+# ran 3732 at a warp per 8192 bytes, 3969 at 2048) (docs/perf-h200.md).
 MISALIGNED_MIN_ROWS_PER_SM = {4: 8, 2: 4}
-MISALIGNED_ONE_CHUNK_TILES = {"forward": {4: (), 2: (8192, 16384)}, "backward": {4: (16384,), 2: (8192, 16384)}}
+MISALIGNED_ONE_CHUNK_TILES = {"forward": {4: (16384,), 2: (8192, 16384)}, "backward": {4: (16384,), 2: (8192, 16384)}}
 MISALIGNED_ONE_CHUNK_MIN_FILL = {"forward": 0.0, "backward": 0.6}
-MISALIGNED_ONE_CHUNK_WARP_BYTES = 2048
-MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS = {4: 0, 2: 0}
+MISALIGNED_ONE_CHUNK_WARP_BYTES = {"forward": {4: 4096, 2: 4096}, "softmax_backward": {4: 8192, 2: 2048},
+                                   "log_softmax_backward": {4: 2048, 2: 2048}}
 MISALIGNED_FORWARD_SPLIT_MIN_TILE = 16384
 ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS = {8192: 8}
 # float32 log_softmax rows longer than ROW_ON_CHIP_LOG_SPLIT_MIN_COLS that fill less than this share
@@ -595,7 +596,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         warp_bytes = (SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES[elem] if backward and granule_rows
                       else _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem))
         if one_chunk:
-            tile, warp_bytes = one_chunk, MISALIGNED_ONE_CHUNK_WARP_BYTES
+            tile, warp_bytes = one_chunk, MISALIGNED_ONE_CHUNK_WARP_BYTES[op if backward else "forward"][elem]
         warps = min(32, max(1, tile * elem // warp_bytes))
         # Chunks start at 16-byte boundaries of memory: a row that starts off one spans up to 15
         # elements more.
@@ -607,9 +608,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         num_chunks = cdiv(span, chunk)
         programs = rows * num_chunks
         cap = _for_element_size(SPLIT_ON_CHIP_MAX_REGISTERS[op], elem)
-        if one_chunk and not backward and MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS[elem]:
-            cap = MISALIGNED_FORWARD_ONE_CHUNK_MAX_REGISTERS[elem]
-        elif (programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms or granule_rows or cols % 16
+        if (programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms or granule_rows or cols % 16
                 or chunk < SPLIT_ON_CHIP_CAP_MIN_FILL * next_power_of_2(chunk)):
             # One wave without the cap: it would buy nothing. Rows read in granules hold more
             # state (the row's edges), and under the cap ptxas spills (bf16: 168 bytes). Rows of a

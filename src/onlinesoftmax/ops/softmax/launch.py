@@ -230,6 +230,8 @@ class ForwardCall:
                  strategy: Optional[str]):
         self.dim, self.op = dim, op
         self.out_dtype = out_dtype or x.dtype
+        self.x_dtype, self.strategy = x.dtype, strategy
+        self.backward_calls: dict = {}  # dy's signature -> BackwardCall (see backward)
         self.recipe = recipe = _make_recipe(x, dim, op, algorithm, strategy)
         self.plan = chosen = recipe.plan
         self.write_lse = op == "logsumexp"
@@ -318,6 +320,17 @@ class ForwardCall:
             y = x if self.write_lse else y
         self.launch(x, y, lse, 1.0 / temperature, aligned(x))
         return lse if self.write_lse else y
+
+    def backward(self, y: torch.Tensor, dy: torch.Tensor, temperature: float) -> torch.Tensor:
+        """dx of this softmax / log_softmax call's output y (dx in x's dtype): everything of the
+        backward's signature but dy's layout is this call's, so only that is looked up (an eager
+        training step's host time)."""
+        key = (dy.shape, dy.stride(), dy.dtype)
+        call = self.backward_calls.get(key)
+        if call is None:
+            call = remember(self.backward_calls, key, backward_call(y, dy, self.dim, self.op == "log_softmax",
+                                                                    self.x_dtype, self.strategy))
+        return call(y, dy, temperature)
 
 
 class BackwardCall:

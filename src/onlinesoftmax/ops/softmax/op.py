@@ -76,6 +76,24 @@ class _SoftmaxFunction(torch.autograd.Function):
         return _backward(y, dy, dim, log, temperature, x_dtype, strategy), None, None, None, None, None, None
 
 
+class _EagerSoftmaxFunction(torch.autograd.Function):
+    """_SoftmaxFunction for eager calls: the signature's prepared forward (launch.ForwardCall) in
+    one argument, which finds its backward by dy's layout alone; apply's own host time grows with
+    its arguments, and an eager training step is the host's time where rows are few."""
+
+    @staticmethod
+    def forward(ctx, x, call, temperature):
+        y = call(x, temperature)
+        ctx.save_for_backward(y)
+        ctx.call, ctx.temperature = call, temperature
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return ctx.call.backward(y, dy, ctx.temperature), None, None
+
+
 class _LogSumExpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim, strategy, out_dtype):
@@ -245,13 +263,15 @@ def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
         return torch_forward(x, route.dim, name, 1.0 / temperature, route.out_dtype or x.dtype)
     if x.dim() == 0:
         return _softmax_like(x.reshape(1), 0, dtype, temperature, algorithm, strategy, log).reshape(())
-    if grad:
-        return _SoftmaxFunction.apply(x, route.dim, log, temperature, route.out_dtype, algorithm, strategy)
     if torch.compiler.is_compiling():
+        if grad:
+            return _SoftmaxFunction.apply(x, route.dim, log, temperature, route.out_dtype, algorithm, strategy)
         return _forward_op(x, route.dim, name, temperature, route.out_dtype, algorithm, strategy)
     call = _FORWARD_CALLS.get(key)
     if call is None:
         call = remember(_FORWARD_CALLS, key, forward_call(x, route.dim, name, route.out_dtype, algorithm, strategy))
+    if grad:
+        return _EagerSoftmaxFunction.apply(x, call, temperature)
     return call(x, temperature)
 
 

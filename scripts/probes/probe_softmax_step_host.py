@@ -1,6 +1,6 @@
 """Host time of eager softmax / log_softmax training steps on our kernels (GPU), two autograd paths.
 
-    python scripts/probes/probe_softmax_step_host.py [--profile 25]
+    python scripts/probes/probe_softmax_step_host.py [--profile 25] [--rounds 3]
 
 Eager calls with autograd take ``_EagerSoftmaxFunction``: the signature's prepared forward
 (launch.ForwardCall) in one argument, the backward looked up by dy's layout alone. This times it
@@ -11,7 +11,10 @@ off), with bench host's method (host_us: medians of alternating runs of 1000 cal
 - a step: forward and ``.backward(dy)``;
 - the backward alone: ``torch.autograd.grad`` of a kept graph (what the sweep's eager backward times).
 
-``--profile N``: cProfile's N costliest frames of the prepared step.
+``--profile N``: cProfile's N costliest frames of the prepared step. ``--rounds N``: then the
+sweep's eager backward cells of bf16 rows off 16-byte boundaries (whose kernels take 60-80 µs, about
+the host's time), ``torch.autograd.grad`` of a kept graph timed with do_bench, the three paths in
+turn, N rounds.
 """
 
 import argparse
@@ -27,6 +30,7 @@ from onlinesoftmax.ops.softmax import plan
 
 ROUTE_OFF = functools.partial(onlinesoftmax.override_plan, "softmax", EAGER_HOST_US=plan.EAGER_ROUTE_OFF)
 SHAPES = ((torch.float32, 64, 4096), (torch.float32, 4, 128), (torch.bfloat16, 3077, 12867))
+SWEEP_CELLS = ((torch.bfloat16, 3077, 12867), (torch.bfloat16, 4096, 10007))
 
 
 def general(log):
@@ -36,10 +40,12 @@ def general(log):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=0)
+    parser.add_argument("--skip-host", action="store_true", help="only the --rounds timings")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
           "host us a call (prepared / general / torch)")
-    for dtype, rows, cols in SHAPES:
+    for dtype, rows, cols in () if args.skip_host else SHAPES:
         x = torch.randn(rows, cols, device="cuda", dtype=dtype, requires_grad=True)
         dy = torch.randn_like(x)
         for log in (False, True):
@@ -64,6 +70,23 @@ def main():
                     for _ in range(20):
                         step["prepared"]()
                     print_profile(step["prepared"], args.profile)
+    if args.rounds:
+        print("ms a backward step (do_bench of torch.autograd.grad, a kept graph), prepared / general / torch")
+    for dtype, rows, cols in SWEEP_CELLS if args.rounds else ():
+        x = torch.randn(rows, cols, device="cuda", dtype=dtype, requires_grad=True)
+        dy = torch.randn_like(x)
+        for log in (False, True):
+            ours = onlinesoftmax.log_softmax if log else onlinesoftmax.softmax
+            theirs = torch.log_softmax if log else torch.softmax
+            kept = (ours(x, -1), general(log)(x), theirs(x, -1))
+            times = [[] for _ in kept]
+            for _ in range(args.rounds):
+                for i, y in enumerate(kept):
+                    times[i].append(triton.testing.do_bench(
+                        lambda y=y: torch.autograd.grad(y, x, dy, retain_graph=True), warmup=50, rep=200))
+            name = "log_softmax" if log else "softmax"
+            print(f"{str(dtype)[6:]} {name} {rows}x{cols}: " + " / ".join(
+                ", ".join(f"{t:.4f}" for t in path) for path in times), flush=True)
 
 
 if __name__ == "__main__":

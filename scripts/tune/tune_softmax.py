@@ -154,10 +154,13 @@ def one_chunk_warps_variants():
     # capped spilled, 1970 against 3863 GB/s uncapped.)
     tiles, warp_bytes = plan.MISALIGNED_ONE_CHUNK_TILES, plan.MISALIGNED_ONE_CHUNK_WARP_BYTES
     yield dict(MISALIGNED_ONE_CHUNK_TILES={**tiles, "forward": {**tiles["forward"], 4: ()}})
-    for ops, elem, value in ((("forward",), 4, 2048), (("forward",), 4, 8192), (("forward",), 2, 2048),
-                             (plan.BACKWARD_OPS, 4, 2048), (plan.BACKWARD_OPS, 4, 4096),
-                             (plan.BACKWARD_OPS, 4, 8192), (plan.BACKWARD_OPS, 2, 4096)):
-        changed = {op: {**warp_bytes[op], elem: value} for op in ops if warp_bytes[op][elem] != value}
+    f32, half = torch.float32, (torch.bfloat16, torch.float16)
+    for ops, dtypes, value in ((("forward",), (f32,), 2048), (("forward",), (f32,), 8192), (("forward",), half, 2048),
+                               (plan.BACKWARD_OPS, (f32,), 2048), (plan.BACKWARD_OPS, (f32,), 4096),
+                               (plan.BACKWARD_OPS, (f32,), 8192), (plan.BACKWARD_OPS, half, 2048),
+                               (plan.BACKWARD_OPS, half, 4096)):
+        changed = {op: {**warp_bytes[op], **dict.fromkeys(dtypes, value)} for op in ops
+                   if any(warp_bytes[op][dtype] != value for dtype in dtypes)}
         if changed:
             yield dict(MISALIGNED_ONE_CHUNK_WARP_BYTES={**warp_bytes, **changed})
 
@@ -317,12 +320,14 @@ CASES = [
         (torch.bfloat16, 4096, 10007), (torch.float16, 3077, 12867), (torch.bfloat16, 1024, 12867),
         (torch.bfloat16, 528, 12867), (torch.float32, 3077, 12867), (torch.float32, 2443, 12143),
         (torch.float32, 1056, 12867), (torch.float32, 4096, 10007), (torch.float32, 8192, 16369),
-        (torch.float32, 2048, 14001), (torch.float32, 20000, 12001))),
+        (torch.float32, 2048, 14001), (torch.float32, 20000, 12001), (torch.float16, 6000, 13001),
+        (torch.float16, 8192, 5001))),
     *((dtype, rows, cols, "row_on_chip", current_only_variants) for dtype, rows, cols in (
         (torch.bfloat16, 8192, 5008), (torch.bfloat16, 5576, 4944), (torch.bfloat16, 3077, 12872),
         (torch.bfloat16, 4096, 10008), (torch.bfloat16, 8143, 8192), (torch.float32, 3077, 12872),
         (torch.float32, 2443, 12144), (torch.float32, 1056, 12872), (torch.float32, 4096, 10008),
-        (torch.float32, 8192, 16368), (torch.float32, 2048, 14000), (torch.float32, 20000, 12000))),
+        (torch.float32, 8192, 16368), (torch.float32, 2048, 14000), (torch.float32, 20000, 12000),
+        (torch.float16, 6000, 13008), (torch.float16, 3077, 12872))),
     # The plan's short heads and tails against the plan before them, across row counts and lengths.
     *((dtype, rows, cols, "row_on_chip", short_tail_off_variants)
       for dtype in (torch.bfloat16, torch.float32, torch.float16)
@@ -337,7 +342,8 @@ def describe(values):
         if name == "MISALIGNED_ONE_CHUNK_TILES":
             value = f"fwd fp32 {value['forward'][4]}"
         elif name == "MISALIGNED_ONE_CHUNK_WARP_BYTES":  # by direction, then element size
-            value = " ".join(f"{key.replace('_backward', ' bwd')} {v[4]}/{v[2]}" for key, v in value.items())
+            value = " ".join(f"{key.replace('_backward', ' bwd')} " + "/".join(str(v[dtype]) for dtype in plan.KERNEL_DTYPES)
+                             for key, v in value.items())
         elif name == "WARPS_BY_TILE_ELEMENTS":
             value = "/".join(str(w) for _, w in value)
         elif name == "SPLIT_PROGRAMS_PER_SM":

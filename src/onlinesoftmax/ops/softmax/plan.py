@@ -90,19 +90,22 @@ BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM = 32768
 # softmax and log_softmax rows off 16-byte boundaries, from MISALIGNED_MIN_ROWS_PER_SM rows an SM (by
 # element size). Rows that a tile of MISALIGNED_ONE_CHUNK_TILES holds with a chunk's margin, at least
 # MISALIGNED_ONE_CHUNK_MIN_FILL full (by direction), take split_row_on_chip as one chunk of it (no
-# exchange; a warp per MISALIGNED_ONE_CHUNK_WARP_BYTES of the tile, by op), ahead of looped and the
-# tail. Else the forward, held whole, reads element by element (46-48 registers at 12867 on 32 warps:
+# exchange; a warp per MISALIGNED_ONE_CHUNK_WARP_BYTES of the tile, by op and dtype), ahead of looped
+# and the tail. Else the forward, held whole, reads element by element (46-48 registers at 12867 on 32 warps:
 # one program an SM): tiles of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take split_row_on_chip, tiles
 # of 8192 the warps of ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, CUDA graphs, GB/s, plan before ->
 # now (aligned neighbour): forward bf16 3077 x 12867 1734 -> 3174 (12872: 2939), 8192 x 5001 1863 ->
 # 2802 (5008: 2969); fp32 3077 x 12867 2825 -> 3786 (3881) (fp32 one chunk on 32 warps: 2612, under a
 # cap of 32 registers 3594); backward bf16 3403 -> 3840, fp32 softmax 3393 -> 4124 (log_softmax's
-# ran 3732 at a warp per 8192 bytes, 3969 at 2048) (docs/perf-h200.md).
+# ran 3732 at a warp per 8192 bytes, 3969 at 2048), fp16 2989 -> 3966 at 4096 (bf16 there: 3840 ->
+# 3467) (docs/perf-h200.md).
 MISALIGNED_MIN_ROWS_PER_SM = {4: 8, 2: 4}
 MISALIGNED_ONE_CHUNK_TILES = {"forward": {4: (16384,), 2: (8192, 16384)}, "backward": {4: (16384,), 2: (8192, 16384)}}
 MISALIGNED_ONE_CHUNK_MIN_FILL = {"forward": 0.0, "backward": 0.6}
-MISALIGNED_ONE_CHUNK_WARP_BYTES = {"forward": {4: 4096, 2: 4096}, "softmax_backward": {4: 8192, 2: 2048},
-                                   "log_softmax_backward": {4: 2048, 2: 2048}}
+MISALIGNED_ONE_CHUNK_WARP_BYTES = {
+    "forward": {torch.float32: 4096, torch.bfloat16: 4096, torch.float16: 4096},
+    "softmax_backward": {torch.float32: 8192, torch.bfloat16: 2048, torch.float16: 4096},
+    "log_softmax_backward": {torch.float32: 2048, torch.bfloat16: 2048, torch.float16: 4096}}
 MISALIGNED_FORWARD_SPLIT_MIN_TILE = 16384
 ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS = {8192: 8}
 # float32 log_softmax rows longer than ROW_ON_CHIP_LOG_SPLIT_MIN_COLS that fill less than this share
@@ -596,7 +599,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         warp_bytes = (SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES[elem] if backward and granule_rows
                       else _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem))
         if one_chunk:
-            tile, warp_bytes = one_chunk, MISALIGNED_ONE_CHUNK_WARP_BYTES[op if backward else "forward"][elem]
+            tile, warp_bytes = one_chunk, MISALIGNED_ONE_CHUNK_WARP_BYTES[op if backward else "forward"][dtype]
         warps = min(32, max(1, tile * elem // warp_bytes))
         # Chunks start at 16-byte boundaries of memory: a row that starts off one spans up to 15
         # elements more.

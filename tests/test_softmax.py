@@ -319,6 +319,28 @@ def test_gradients_match_float64_autograd(op, dtype, strategy, dim, kind, gen):
 
 
 @needs_triton
+@pytest.mark.parametrize("op", list(OPS))
+def test_eager_backward_found_by_upstream_layout(op, gen):
+    # An eager differentiated call passes its prepared forward to autograd, which finds the
+    # backward by dy's layout alone (op._EagerSoftmaxFunction): one forward signature met by
+    # upstream gradients of three layouts, and a float32 output of bfloat16 input (dx in bfloat16),
+    # each against float64 from our y.
+    ours, _ = OPS[op]
+    x = make_logits((6, 40), torch.bfloat16, gen, scale=2.0, outliers=False).requires_grad_()
+    for out_dtype in (None, torch.float32):
+        out = ours(x, -1, dtype=out_dtype, strategy="row_on_chip")
+        for kind in ("contiguous", "transposed", "broadcast"):
+            dy = make_logits(out.shape, out.dtype, gen, scale=1.0)
+            dy = dy.t().contiguous().t() if kind == "transposed" else dy[:1].expand_as(out) if kind == "broadcast" else dy
+            (dx,) = torch.autograd.grad(out, x, dy, retain_graph=True)
+            assert plan.last_plan().op == f"{op}_backward" and dx.dtype == torch.bfloat16
+            y64, dy64 = out.detach().double(), dy.double()
+            dx64 = (dy64 - y64.exp() * dy64.sum(-1, keepdim=True)) if op == "log_softmax" else \
+                y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+            assert_matches(dx, dx64, torch.bfloat16, f"d{op} {kind} dy, out {out_dtype}")
+
+
+@needs_triton
 @pytest.mark.parametrize("strategy", ["looped", "split_row", "split_row_on_chip"])
 def test_gradients_of_long_rows(strategy, gen):
     cols = 3 * plan.STREAM_BLOCK[4] + 17

@@ -147,8 +147,8 @@ def one_chunk_backward_variants():
 
 def one_chunk_warps_variants():
     # Rows off 16-byte boundaries as one chunk (MISALIGNED_ONE_CHUNK_*), forward and backward: the
-    # plan's warps against a warp per 2048-8192 bytes of the tile, one direction and element size
-    # at a time; first the plan before fp32's forward took one chunk (chunks of 4096). (Runs before
+    # plan's warps against a warp per 2048-8192 bytes of the tile, one direction and dtype (fp32,
+    # or both 2-byte ones) at a time; first the plan before fp32's forward took one chunk (chunks of 4096). (Runs before
     # the table was by op and element size swept one value for both directions, 16384 bytes (fp32
     # backward at 4 warps: 577-3002 GB/s), and a forward cap of 32 registers: fp32 on 16 warps
     # capped spilled, 1970 against 3863 GB/s uncapped.)
@@ -341,7 +341,7 @@ def describe(values):
     for name, value in values.items():
         if name == "MISALIGNED_ONE_CHUNK_TILES":
             value = f"fwd fp32 {value['forward'][4]}"
-        elif name == "MISALIGNED_ONE_CHUNK_WARP_BYTES":  # by direction, then element size
+        elif name == "MISALIGNED_ONE_CHUNK_WARP_BYTES":  # by op, then dtype: fp32/fp16/bf16
             value = " ".join(f"{key.replace('_backward', ' bwd')} " + "/".join(str(v[dtype]) for dtype in plan.KERNEL_DTYPES)
                              for key, v in value.items())
         elif name == "WARPS_BY_TILE_ELEMENTS":

@@ -91,9 +91,9 @@ BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM = 32768
 # element size). Rows that a tile of MISALIGNED_ONE_CHUNK_TILES holds with a chunk's margin, at least
 # MISALIGNED_ONE_CHUNK_MIN_FILL full (by direction), take split_row_on_chip as one chunk of it (no
 # exchange; a warp per MISALIGNED_ONE_CHUNK_WARP_BYTES of the tile, by op and dtype), ahead of looped
-# and the tail. Else the forward, held whole, reads element by element (46-48 registers at 12867 on 32 warps:
-# one program an SM): tiles of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take split_row_on_chip, tiles
-# of 8192 the warps of ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, CUDA graphs, GB/s, plan before ->
+# and the tail. Else the forward, held whole, reads element by element (46-48 registers at 12867 on
+# 32 warps: one program an SM): tiles of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take
+# split_row_on_chip, tiles of 8192 the warps of ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, CUDA graphs, GB/s, plan before ->
 # now (aligned neighbour): forward bf16 3077 x 12867 1734 -> 3174 (12872: 2939), 8192 x 5001 1863 ->
 # 2802 (5008: 2969); fp32 3077 x 12867 2825 -> 3786 (3881) (fp32 one chunk on 32 warps: 2612, under a
 # cap of 32 registers 3594); backward bf16 3403 -> 3840, fp32 softmax 3393 -> 4124 (log_softmax's

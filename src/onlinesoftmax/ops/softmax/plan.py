@@ -93,12 +93,11 @@ BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM = 32768
 # exchange; a warp per MISALIGNED_ONE_CHUNK_WARP_BYTES of the tile, by op and dtype), ahead of looped
 # and the tail. Else the forward, held whole, reads element by element (46-48 registers at 12867 on
 # 32 warps: one program an SM): tiles of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take
-# split_row_on_chip, tiles of 8192 the warps of ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, CUDA graphs, GB/s, plan before ->
-# now (aligned neighbour): forward bf16 3077 x 12867 1734 -> 3174 (12872: 2939), 8192 x 5001 1863 ->
-# 2802 (5008: 2969); fp32 3077 x 12867 2825 -> 3786 (3881) (fp32 one chunk on 32 warps: 2612, under a
-# cap of 32 registers 3594); backward bf16 3403 -> 3840, fp32 softmax 3393 -> 4124 (log_softmax's
-# ran 3732 at a warp per 8192 bytes, 3969 at 2048), fp16 2989 -> 3966 at 4096 (bf16 there: 3840 ->
-# 3467) (docs/perf-h200.md).
+# split_row_on_chip, tiles of 8192 the warps of ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, CUDA
+# graphs, GB/s, plan before -> now (aligned neighbour): forward bf16 3077 x 12867 1734 -> 3174 (2939),
+# 8192 x 5001 1863 -> 2802 (2969), fp32 3077 x 12867 2825 -> 3786 (3881); backward bf16 3403 -> 3840,
+# fp32 softmax 3393 -> 4124 (log_softmax's fastest at 2048 bytes a warp), fp16 2989 -> 3966 (bf16 at
+# its 4096: 3467) (docs/perf-h200.md).
 MISALIGNED_MIN_ROWS_PER_SM = {4: 8, 2: 4}
 MISALIGNED_ONE_CHUNK_TILES = {"forward": {4: (16384,), 2: (8192, 16384)}, "backward": {4: (16384,), 2: (8192, 16384)}}
 MISALIGNED_ONE_CHUNK_MIN_FILL = {"forward": 0.0, "backward": 0.6}

@@ -3,9 +3,11 @@ launch for the bench grids on an H100 (sm_90), measured without a GPU.
 
     python scripts/probes/kernel_resources.py [--arch 90] [--sms 132] [--ops softmax,topk,attention]
         [--shapes ROWSxCOLS,...] [--attention-shapes HQxHKVxSxD,...] [--decode-shapes BxHQxHKVxSxD,...]
-        [--table OP:NAME=VALUE ...]
+        [--dtypes float32,bfloat16] [--table OP:NAME=VALUE ...]
 
---table compiles under another value of a plan table (a Python literal), through override_plan.
+--table compiles under another value of a plan table (a Python literal), through override_plan;
+--dtypes names the dtypes (torch's names) in place of each op's own (float32 and bfloat16; bfloat16
+for attention and decode).
 
 The launchers run on CPU tensors with the plan made for the GPU (``--sms`` SMs) and record each
 kernel launch instead of making it (attention at batch 1 and one KV head with its query group:
@@ -271,6 +273,8 @@ def main():
                         help="attention: comma-separated HQxHKVxSxD instead of the bench grid (batch 1)")
     parser.add_argument("--decode-shapes", default="",
                         help="decode: comma-separated BxHQxHKVxSxD (one query a sequence)")
+    parser.add_argument("--dtypes", default="",
+                        help="comma-separated torch dtype names (float16, ...) instead of each op's default")
     parser.add_argument("--table", action="append", default=[], metavar="OP:NAME=VALUE",
                         help="another value of a plan table, e.g. attention:ATTENTION_CONFIGS={...}")
     args = parser.parse_args()
@@ -292,7 +296,9 @@ def report(args):
     cases = {"softmax": softmax_cases, "topk": topk_cases, "attention": attention_cases,
              "cross_entropy": cross_entropy_cases, "decode": decode_cases}
     for op in args.ops.split(","):
-        for dtype in (torch.bfloat16,) if op in ("attention", "decode") else (torch.float32, torch.bfloat16):
+        dtypes = [getattr(torch, name) for name in args.dtypes.split(",")] if args.dtypes else \
+            (torch.bfloat16,) if op in ("attention", "decode") else (torch.float32, torch.bfloat16)
+        for dtype in dtypes:
             chosen = {"softmax": shapes, "attention": attention_shapes, "cross_entropy": shapes,
                       "decode": decode_shapes}
             for case, run in (cases[op](dtype, chosen[op]) if op in chosen else cases[op](dtype)):

@@ -88,16 +88,14 @@ ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
 BACKWARD_MISALIGNED_LOOPED_MIN_TILE = {4: None, 2: 8192}
 BACKWARD_MISALIGNED_LOOPED_MIN_ELEMENTS_PER_SM = 32768
 # softmax and log_softmax rows off 16-byte boundaries, from MISALIGNED_MIN_ROWS_PER_SM rows an SM (by
-# element size). Rows that a tile of MISALIGNED_ONE_CHUNK_TILES holds with a chunk's margin, at least
-# MISALIGNED_ONE_CHUNK_MIN_FILL full (by direction), take split_row_on_chip as one chunk of it (no
-# exchange; a warp per MISALIGNED_ONE_CHUNK_WARP_BYTES of the tile, by op and dtype), ahead of looped
-# and the tail. Else the forward, held whole, reads element by element (46-48 registers at 12867 on
-# 32 warps: one program an SM): tiles of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take
-# split_row_on_chip, tiles of 8192 the warps of ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, CUDA
-# graphs, GB/s, plan before -> now (aligned neighbour): forward bf16 3077 x 12867 1734 -> 3174 (2939),
-# 8192 x 5001 1863 -> 2802 (2969), fp32 3077 x 12867 2825 -> 3786 (3881); backward bf16 3403 -> 3840,
-# fp32 softmax 3393 -> 4124 (log_softmax's fastest at 2048 bytes a warp), fp16 2989 -> 3966 (bf16 at
-# its 4096: 3467) (docs/perf-h200.md).
+# element size), that a tile of MISALIGNED_ONE_CHUNK_TILES holds with a chunk's margin, at least
+# MISALIGNED_ONE_CHUNK_MIN_FILL full, take split_row_on_chip as one chunk of it (no exchange; a warp
+# per MISALIGNED_ONE_CHUNK_WARP_BYTES of the tile, by op and dtype), ahead of looped and the tail.
+# Else the forward, held whole, reads element by element (46-48 registers at 12867 on 32 warps: one
+# program an SM): tiles of MISALIGNED_FORWARD_SPLIT_MIN_TILE and up take split_row_on_chip, tiles of
+# 8192 the warps of ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS. H200, GB/s (aligned neighbour): forward
+# bf16 3077 x 12867 1734 -> 3174 (2939), fp32 2825 -> 3786 (3881); backward bf16 3403 -> 3840, fp32
+# softmax 3393 -> 4124, fp16 2989 -> 3966 (16 warps: 75 registers, one program an SM) (perf-h200.md).
 MISALIGNED_MIN_ROWS_PER_SM = {4: 8, 2: 4}
 MISALIGNED_ONE_CHUNK_TILES = {"forward": {4: (16384,), 2: (8192, 16384)}, "backward": {4: (16384,), 2: (8192, 16384)}}
 MISALIGNED_ONE_CHUNK_MIN_FILL = {"forward": 0.0, "backward": 0.6}

@@ -616,7 +616,7 @@ def test_many_misaligned_backward_rows_take_one_chunk(plan_override):
     # 16-byte boundaries that fill at least 60% of a tile it names (with a chunk's margin) take
     # split_row_on_chip as one chunk of it, a warp per 2048 bytes (fp32 softmax: 8192, fp16: 4096),
     # ahead of looped and the tail.
-    plan_override(MISALIGNED_MIN_ROWS_PER_SM={4: 8, 2: 4},
+    plan_override(MISALIGNED_MIN_ROWS_PER_SM={4: 8, 2: 4}, MISALIGNED_ONE_CHUNK_TAIL_BELOW_FILL={4: 0.0, 2: 0.0},
                   MISALIGNED_ONE_CHUNK_TILES={"forward": {4: (), 2: (8192, 16384)},
                                               "backward": {4: (16384,), 2: (8192, 16384)}},
                   MISALIGNED_ONE_CHUNK_MIN_FILL={"forward": 0.0, "backward": 0.6},
@@ -641,6 +641,31 @@ def test_many_misaligned_backward_rows_take_one_chunk(plan_override):
         assert choose(op, 8192, 5001, torch.float32)[0] == "row_on_chip", op  # fp32 at 8192: not named
         assert choose(op, 8192, 12872, misaligned=False)[0] == "row_on_chip", op
         assert choose(op, 1024, 21001)[0] == "looped", op  # a tile of 32768
+
+
+def test_one_chunk_backward_rows_take_a_head_and_a_tail(plan_override):
+    # MISALIGNED_ONE_CHUNK_TAIL_*: a one-chunk backward row under 75% of its tile (15 elements of
+    # margin included) is held as a head of half the tile and a tail, a warp per 2048 bytes of the
+    # head (fp32 softmax: 4096); the forward keeps the whole tile.
+    plan_override(MISALIGNED_ONE_CHUNK_TAIL_BELOW_FILL={4: 0.75, 2: 0.75},
+                  MISALIGNED_ONE_CHUNK_TAIL_WARP_BYTES={"softmax_backward": {4: 4096, 2: 2048},
+                                                        "log_softmax_backward": {4: 2048, 2: 2048}})
+    cuda = torch.device("cuda")
+
+    def choose(op, rows, cols, dtype):
+        chosen = plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False, True)
+        return chosen.strategy, chosen.num_chunks, chosen.block_cols, chosen.tail_cols, chosen.num_warps
+
+    one_chunk = ("split_row_on_chip", 1)
+    assert choose("softmax_backward", 4096, 10007, torch.float32) == (*one_chunk, 8192, 2048, 8)
+    assert choose("log_softmax_backward", 4096, 10007, torch.float32) == (*one_chunk, 8192, 2048, 16)
+    assert choose("log_softmax_backward", 20000, 12001, torch.float32) == (*one_chunk, 8192, 4096, 16)
+    for op in plan.BACKWARD_OPS:
+        assert choose(op, 4096, 10007, torch.bfloat16) == (*one_chunk, 8192, 2048, 8), op
+        assert choose(op, 8192, 5001, torch.float16) == (*one_chunk, 4096, 1024, 4), op
+        assert choose(op, 8192, 12257, torch.bfloat16)[2:4] == (8192, 4096), op  # 12272 with the margin: under 75%
+        assert choose(op, 8192, 12258, torch.bfloat16)[2:4] == (16384, 0), op
+    assert choose("log_softmax", 4096, 10007, torch.float32)[2:4] == (16384, 0)
 
 
 def test_split_row_chunks_by_rows(plan_override):
@@ -818,11 +843,11 @@ def test_rows_of_no_multiple_of_16_are_read_in_granules(rows_start, strategy, dt
 
 @needs_triton
 @pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 5001), (torch.bfloat16, 12867), (torch.float16, 5001),
-                                         (torch.float16, 12867), (torch.float32, 12867)])
+                                         (torch.float16, 12867), (torch.float32, 12867), (torch.float32, 10007)])
 def test_many_misaligned_rows_held_as_one_chunk(cols, dtype, gen):
     # Rows off 16-byte boundaries, as many as MISALIGNED_MIN_ROWS_PER_SM asks for, run as one
-    # split_row_on_chip chunk (no exchange), forward and backward; rows of -inf, NaN, a
-    # lone -inf and huge magnitudes among them, against float64.
+    # split_row_on_chip chunk (no exchange), forward and backward (rows under 75% of the tile: a
+    # head and a tail); rows of -inf, NaN, a lone -inf and huge magnitudes among them, against float64.
     rows = plan.MISALIGNED_MIN_ROWS_PER_SM[dtype.itemsize] * _device.sm_count(DEVICE)
     x = make_logits((rows, cols), dtype, gen, scale=2.0, outliers=False)
     x[1] = float("-inf")
@@ -841,7 +866,9 @@ def test_many_misaligned_rows_held_as_one_chunk(cols, dtype, gen):
         # The backward of these rows too (MISALIGNED_ONE_CHUNK_*), against float64 from our y
         # (the edge rows: NaN where y is).
         (dx,) = torch.autograd.grad(out, x, dy)
-        assert plan.last_plan().strategy == "split_row_on_chip" and plan.last_plan().num_chunks == 1
+        chosen = plan.last_plan()
+        assert (chosen.strategy, chosen.num_chunks, chosen.block_cols + chosen.tail_cols) == \
+            ("split_row_on_chip", 1, {5001: 4096 + 1024, 10007: 8192 + 2048}.get(cols, tile))
         y64, dy64 = out.detach().double(), dy.double()
         dx64 = (dy64 - y64.exp() * dy64.sum(-1, keepdim=True)) if op == "log_softmax" else \
             y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
@@ -1124,7 +1151,7 @@ def test_padded_two_byte_rows_leave_row_on_chip():
     assert strategy("logsumexp", 9682, 8604) == "row_on_chip 8192+512"  # as the forwards (ROW_ON_CHIP_TAIL_LOGSUMEXP)
     assert strategy("logsumexp", 4096, 10001) == "row_on_chip"
     assert strategy("softmax_backward", 5576, 4944) == "row_on_chip"  # 60% of the tile
-    assert strategy("softmax_backward", 5576, 4941) == "split_row_on_chip"  # off them, 60% full: one chunk
+    assert strategy("softmax_backward", 5576, 4941) == "split_row_on_chip 4096+1024"  # off them, 61%: one chunk, head and tail
     assert strategy("softmax_backward", 527, 4941) == "row_on_chip"  # fewer rows: neither rule
     assert strategy("softmax", 2048, 4097, torch.float32) == "row_on_chip 4096+16"
     assert strategy("softmax_backward", 2048, 4097, torch.float32) == "row_on_chip 4096+16"

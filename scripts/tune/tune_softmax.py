@@ -165,6 +165,15 @@ def one_chunk_warps_variants():
             yield dict(MISALIGNED_ONE_CHUNK_WARP_BYTES={**warp_bytes, **changed})
 
 
+def one_chunk_tail_variants():
+    # Backward rows off 16-byte boundaries as one chunk: the whole tile (no tail), then a head of
+    # half the tile and a tail for every row here, a warp per 1024-8192 bytes of the head.
+    yield dict(MISALIGNED_ONE_CHUNK_TAIL_BELOW_FILL={4: 0.0, 2: 0.0})
+    for warp_bytes in (1024, 2048, 4096, 8192):
+        yield dict(MISALIGNED_ONE_CHUNK_TAIL_BELOW_FILL={4: 0.9, 2: 0.9}, MISALIGNED_ONE_CHUNK_TAIL_WARP_BYTES=dict.fromkeys(
+            plan.BACKWARD_OPS, {4: warp_bytes, 2: warp_bytes}))
+
+
 def mid_long_row_variants():
     # Rows of 8193-16384 elements held whole: the tile of 16384 on fewer warps than the table's 32
     # (two or four programs an SM in place of one).
@@ -322,6 +331,13 @@ CASES = [
         (torch.float32, 1056, 12867), (torch.float32, 4096, 10007), (torch.float32, 8192, 16369),
         (torch.float32, 2048, 14001), (torch.float32, 20000, 12001), (torch.float16, 6000, 13001),
         (torch.float16, 8192, 5001))),
+    # The same rows, backward: a head and a tail in the one chunk (run with --backward [--log]
+    # --variants one_chunk_tail,current_only: the aligned neighbours below).
+    *((dtype, rows, cols, "split_row_on_chip", one_chunk_tail_variants) for dtype, rows, cols in (
+        (torch.float32, 4096, 10007), (torch.float32, 2443, 12143), (torch.float32, 20000, 12001),
+        (torch.float32, 3077, 12867), (torch.float32, 2048, 14001), (torch.bfloat16, 4096, 10007),
+        (torch.bfloat16, 3077, 12867), (torch.bfloat16, 8192, 5001), (torch.bfloat16, 5576, 4941),
+        (torch.float16, 6000, 13001), (torch.float16, 8192, 5001))),
     *((dtype, rows, cols, "row_on_chip", current_only_variants) for dtype, rows, cols in (
         (torch.bfloat16, 8192, 5008), (torch.bfloat16, 5576, 4944), (torch.bfloat16, 3077, 12872),
         (torch.bfloat16, 4096, 10008), (torch.bfloat16, 8143, 8192), (torch.float32, 3077, 12872),
@@ -344,6 +360,10 @@ def describe(values):
         elif name == "MISALIGNED_ONE_CHUNK_WARP_BYTES":  # by op, then dtype: fp32/fp16/bf16
             value = " ".join(f"{key.replace('_backward', ' bwd')} " + "/".join(str(v[dtype]) for dtype in plan.KERNEL_DTYPES)
                              for key, v in value.items())
+        elif name == "MISALIGNED_ONE_CHUNK_TAIL_BELOW_FILL":
+            value = value[4]
+        elif name == "MISALIGNED_ONE_CHUNK_TAIL_WARP_BYTES":  # one value for every op and element size here
+            value = value["softmax_backward"][4]
         elif name == "WARPS_BY_TILE_ELEMENTS":
             value = "/".join(str(w) for _, w in value)
         elif name == "SPLIT_PROGRAMS_PER_SM":

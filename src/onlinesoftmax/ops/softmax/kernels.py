@@ -454,10 +454,12 @@ def split_row_on_chip_backward_kernel(
     dx_stride_outer, dx_stride_col, dx_stride_inner,
     chunk_size, num_chunks, inv_temperature,
     BLOCK_COLS: tl.constexpr, CHUNKS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
-    OPAQUE_WIDEN: tl.constexpr, ALIGN: tl.constexpr,
+    OPAQUE_WIDEN: tl.constexpr, ALIGN: tl.constexpr, TAIL_COLS: tl.constexpr = 0,
 ):
     # As split_row_on_chip_softmax_kernel: the chunk's y and dy stay in registers while the row's
     # programs exchange their partial dot products, so y and dy are read once (one chunk: as there).
+    # TAIL_COLS > 0 (one chunk only): the row is held as a head tile of BLOCK_COLS and a tail tile
+    # after it, as row_on_chip_backward_kernel's, where one power-of-two tile would be half idle.
     if CHUNKS_POW2 == 1:
         row, chunk = tl.program_id(0), 0
     else:
@@ -476,6 +478,15 @@ def split_row_on_chip_backward_kernel(
         dot = tl.sum(b_dy.to(tl.float32), 0)
     else:
         dot = tl.sum(b_dy.to(tl.float32) * b_y.to(tl.float32), 0)
+    if TAIL_COLS > 0:
+        t_cols = chunk_span(chunk, chunk_size, head, n_cols, TAIL_COLS, ALIGN)[0] + BLOCK_COLS
+        t_full = t_cols < whole
+        t_y = tl.load(y_row + col_offset(t_cols, y_stride_col, CONTIGUOUS), mask=t_full, other=0.0)
+        t_dy = tl.load(dy_row + col_offset(t_cols, dy_stride_col, CONTIGUOUS), mask=t_full, other=0.0)
+        if LOG:
+            dot += tl.sum(t_dy.to(tl.float32), 0)
+        else:
+            dot += tl.sum(t_dy.to(tl.float32) * t_y.to(tl.float32), 0)
     if ALIGN > 1:
         e_dy, _ = edge_granules(dy_row, dy_stride_col, lo, hi, 0.0, CONTIGUOUS, ALIGN)
         if LOG:
@@ -492,6 +503,11 @@ def split_row_on_chip_backward_kernel(
     b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), dot, inv_temperature, LOG)
     dx_row, _ = aligned_row(dx_ptr, row_offset(row, inner, dx_stride_outer, dx_stride_inner), ALIGN)
     tl.store(dx_row + col_offset(cols, dx_stride_col, CONTIGUOUS), b_dx.to(dx_ptr.dtype.element_ty), mask=full)
+    if TAIL_COLS > 0:
+        t_dx = grad_from_dot(widen_opaque(t_y, OPAQUE_WIDEN), widen_opaque(t_dy, OPAQUE_WIDEN), dot, inv_temperature,
+                             LOG)
+        tl.store(dx_row + col_offset(t_cols, dx_stride_col, CONTIGUOUS), t_dx.to(dx_ptr.dtype.element_ty),
+                 mask=t_full)
     if ALIGN > 1:  # the partial granules at the row's two ends, from y and dy again
         if lo % ALIGN != 0:
             write_grad_granule(y_row, dy_row, dx_row, y_stride_col, dy_stride_col, dx_stride_col, lo - lo % ALIGN, lo,

@@ -371,7 +371,8 @@ class BackwardCall:
         elif chosen.strategy == "split_row_on_chip":
             bound = _by_alignment(_split_row_on_chip_backward, chosen.grid, recipe, lambda align: dict(
                 BLOCK_COLS=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
-                OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, **chosen.compile_options, **base))
+                OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, TAIL_COLS=chosen.tail_cols, **chosen.compile_options,
+                **base))
             ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
 
             def launch(y, dy, dx, inv_t, is_aligned):

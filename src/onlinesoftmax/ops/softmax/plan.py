@@ -103,6 +103,13 @@ MISALIGNED_ONE_CHUNK_WARP_BYTES = {
     "forward": {torch.float32: 4096, torch.bfloat16: 4096, torch.float16: 4096},
     "softmax_backward": {torch.float32: 8192, torch.bfloat16: 2048, torch.float16: 4096},
     "log_softmax_backward": {torch.float32: 2048, torch.bfloat16: 2048, torch.float16: 4096}}
+# One-chunk backward rows under MISALIGNED_ONE_CHUNK_TAIL_BELOW_FILL of their tile (a chunk's margin
+# included) are held as a head of half the tile and a tail tile, a warp per MISALIGNED_ONE_CHUNK_TAIL_WARP_BYTES
+# of the head. H200, GB/s, whole tile -> head and tail, softmax / log_softmax (aligned neighbour): fp32
+# 4096 x 10007 3799 / 3713 -> 4144 / 4113 (4121 / 4191), bf16 8192 x 5001 3929 / 3724 -> 4001 / 4013 (4038 /
+# 3715); rows filling 79% lost (fp32 3077 x 12867 log 3963 -> 3654) (perf-h200.md).
+MISALIGNED_ONE_CHUNK_TAIL_BELOW_FILL = {4: 0.75, 2: 0.75}
+MISALIGNED_ONE_CHUNK_TAIL_WARP_BYTES = {"softmax_backward": {4: 4096, 2: 2048}, "log_softmax_backward": {4: 2048, 2: 2048}}
 MISALIGNED_FORWARD_SPLIT_MIN_TILE = 16384
 ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS = {8192: 8}
 # float32 log_softmax rows longer than ROW_ON_CHIP_LOG_SPLIT_MIN_COLS that fill less than this share
@@ -349,6 +356,14 @@ def _one_chunk_tile(op: str, rows: int, cols: int, elem: int, sms: int, misalign
     return tile if wanted and cdiv(cols + 15, 16) * 16 <= tile else 0
 
 
+def _one_chunk_tail(cols: int, elem: int, tile: int) -> int:
+    """The tail tile after a head of half ``tile`` for a one-chunk backward row (0: the whole tile)."""
+    span = cdiv(cols + 15, 16) * 16
+    if not tile // 2 < span < MISALIGNED_ONE_CHUNK_TAIL_BELOW_FILL[elem] * tile:
+        return 0
+    return next_power_of_2(span - tile // 2)
+
+
 def _half_empty_tile(cols: int, longer_than: int, min_fill: float) -> bool:
     """Rows longer than ``longer_than`` that fill less than ``min_fill`` of row_on_chip's power-of-two tile."""
     return cols > longer_than and cols < min_fill * next_power_of_2(cols)
@@ -400,7 +415,7 @@ class Plan(RegisterCap):
     num_chunks: int = 1
     launches: int = 1
     hold_input: bool = False  # row_on_chip forward: the tile waits in the input dtype
-    tail_cols: int = 0  # row_on_chip: a second tile after the block_cols head (ROW_ON_CHIP_TAIL_BELOW_FILL)
+    tail_cols: int = 0  # a second tile after the block_cols head (row_on_chip, split_row_on_chip's one chunk)
     max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
     reason: str = ""  # why a non-kernel strategy was taken
 
@@ -595,9 +610,12 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 "Use strategy=None (split_row reads such rows twice)")
         warp_bytes = (SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES[elem] if backward and granule_rows
                       else _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem))
+        tail = _one_chunk_tail(cols, elem, one_chunk) if one_chunk and backward else 0
         if one_chunk:
-            tile, warp_bytes = one_chunk, MISALIGNED_ONE_CHUNK_WARP_BYTES[op if backward else "forward"][dtype]
-        warps = min(32, max(1, tile * elem // warp_bytes))
+            tile, warp_bytes = one_chunk, (MISALIGNED_ONE_CHUNK_TAIL_WARP_BYTES[op][elem] if tail else
+                                           MISALIGNED_ONE_CHUNK_WARP_BYTES[op if backward else "forward"][dtype])
+        held = tile // 2 if tail else tile  # a warp per warp_bytes of what is held (the head, with a tail)
+        warps = min(32, max(1, held * elem // warp_bytes))
         # Chunks start at 16-byte boundaries of memory: a row that starts off one spans up to 15
         # elements more.
         span = cols + (15 if misaligned_rows else 0)
@@ -618,8 +636,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
             # docs/notes/2026-11/probe_split_on_chip_cap-h100.log); callers that do not say
             # whether rows are read in granules have them judged by their length.
             cap = 0
-        return Plan(op, strategy, "one_pass", rows, cols, dtype, next_power_of_2(chunk), 1, warps,
-                    (programs,), chunk_size=chunk, num_chunks=num_chunks, max_registers=cap)
+        return Plan(op, strategy, "one_pass", rows, cols, dtype, held if tail else next_power_of_2(chunk), 1,
+                    warps, (programs,), chunk_size=chunk, num_chunks=num_chunks, max_registers=cap, tail_cols=tail)
 
     resolved = "online" if algorithm == "auto" else algorithm
     block = min(STREAM_BLOCK[elem], next_power_of_2(cols))

@@ -805,13 +805,15 @@ def test_kernels_move_whole_vectors_on_rows_of_whole_vectors():
     a few": 32008, 65544) were read and written 2 bytes at a time by every kernel, as Triton could not
     prove their masks constant over a vector (8192 x 32008 in place 3.7x slower than 32000 on the
     H100). Compiled for sm_90 on this machine: no kernel of the plans spills, and a kernel's only
-    2-byte access is the target's logit."""
+    2-byte accesses are the target's logit and, in the stream kernel that reduces the loss too, the
+    loss's store."""
     kernels = compiled_for_sm90(_ACCESS_PROBE, timeout=900)
     assert {name for _, name, _, _ in kernels} >= {"cross_entropy_stream_kernel", "cross_entropy_backward_kernel",
                                                   "cross_entropy_two_pass_plain_kernel"}
     for case, name, stack, narrow in kernels:
         assert stack == 0, f"{case}: {name} spills ({stack} bytes of stack)"
-        assert narrow <= 1, f"{case}: {name} has {narrow} 2-byte global accesses"
+        assert narrow <= (2 if name == "cross_entropy_stream_kernel" else 1), \
+            f"{case}: {name} has {narrow} 2-byte global accesses"
 
 
 def test_bench_cases_check_against_their_reference():

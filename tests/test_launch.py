@@ -281,3 +281,40 @@ def test_backward_makes_no_gradient_for_the_lse(op, gen):
     with _RecordedOps() as recorded:
         loss.backward()
     assert "aten.zeros.default" not in recorded.ops, recorded.ops
+
+
+@needs_triton
+@pytest.mark.parametrize("cols", [30, 301], ids=["one_chunk", "split_rows"])
+@pytest.mark.parametrize("options", [dict(reduction="mean"), dict(reduction="sum", z_loss=1e-3),
+                                     dict(reduction="mean", label_smoothing=0.1, weight=True)],
+                         ids=["mean", "sum_z", "mean_weighted_smoothed"])
+def test_forward_reduces_the_loss_in_its_one_launch(cols, options, gen, monkeypatch):
+    # The separate forward's stream kernel reduces the rows' losses in its last row to finish
+    # (REDUCE: one launch a call where a reduce launch followed), the denominators too unless a
+    # count launch had to go first. That row is found at a counter the kernel leaves at zero, kept
+    # between launches on a GPU (_buffers.row_exchange): calls in a row on one stream must each
+    # write the loss (the output starts as NaN).
+    _every_bound_launch_through_its_launcher(monkeypatch)
+    names = []
+    call = _launch.Launcher.__call__
+    monkeypatch.setattr(_launch.Launcher, "__call__",
+                        lambda self, grid, key, *a, **k: (names.append(self.fn.__name__), call(self, grid, key, *a, **k)))
+    x = make_logits((5, cols), torch.float32, gen)
+    target = torch.randint(0, cols, (5,), generator=gen).to(DEVICE)
+    target[1] = -100
+    weight = torch.rand(cols, generator=gen).to(DEVICE) + 0.5 if options.get("weight") else None
+    kwargs = dict(options, weight=weight)
+    z_loss = kwargs.pop("z_loss", 0.0)
+    expected = torch.nn.functional.cross_entropy(x.double(), target, **{k: v.double() if k == "weight" and v is not None
+                                                                     else v for k, v in kwargs.items()})
+    if z_loss:
+        lse = torch.logsumexp(x.double()[target != -100], -1)
+        expected = expected + z_loss * (lse * lse).sum()
+    losses = []
+    for _ in range(3):
+        names.clear()
+        losses.append(onlinesoftmax.cross_entropy(x, target, z_loss=z_loss, **kwargs))
+        count = ["cross_entropy_reduce_kernel"] if weight is not None else []  # the count goes first there
+        assert names == count + ["cross_entropy_stream_kernel"], names
+    assert torch.allclose(losses[0].double(), expected, rtol=1e-5), (losses[0], expected)
+    assert all(torch.equal(loss, losses[0]) for loss in losses), losses

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import onlinesoftmax
-from onlinesoftmax.bench.host_suite import host_us, print_profile
+from onlinesoftmax.bench.host_suite import host_us_alone, print_profile
 from onlinesoftmax.ops.attention import plan
 
 q, k, v = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -23,10 +23,10 @@ def ours():
     onlinesoftmax.attention(qg, kg, vg, causal=True).backward(do)
 
 
-print("sdpa fwd+bwd", round(host_us(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True).backward(do)), 1))
-print("ours fwd+bwd", round(host_us(ours), 1))
-print("ours fwd only (no grad)", round(host_us(lambda: onlinesoftmax.attention(q, k, v, causal=True)), 1))
-print("ours fwd with grad", round(host_us(lambda: onlinesoftmax.attention(qg, kg, vg, causal=True)), 1))
+print("sdpa fwd+bwd", round(host_us_alone(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True).backward(do)), 1))
+print("ours fwd+bwd", round(host_us_alone(ours), 1))
+print("ours fwd only (no grad)", round(host_us_alone(lambda: onlinesoftmax.attention(q, k, v, causal=True)), 1))
+print("ours fwd with grad", round(host_us_alone(lambda: onlinesoftmax.attention(qg, kg, vg, causal=True)), 1))
 with onlinesoftmax.override_plan("attention", ATTENTION_USE_DESCRIPTOR=dict.fromkeys(plan.ATTENTION_USE_DESCRIPTOR, False)):
-    print("ours fwd+bwd, no descriptors", round(host_us(ours), 1))
+    print("ours fwd+bwd, no descriptors", round(host_us_alone(ours), 1))
 print_profile(ours, 25, calls=2000)

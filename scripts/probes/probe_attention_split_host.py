@@ -13,7 +13,7 @@ H16/1 S1334 D160 causal), eager back to back, do_bench and CUDA-graph replays, m
 import torch
 
 from onlinesoftmax.bench import harness
-from onlinesoftmax.bench.host_suite import host_us, print_profile
+from onlinesoftmax.bench.host_suite import host_us_alone, print_profile
 from onlinesoftmax.ops.attention import plan
 from probe_fused_backward import flash, input_sets, ours
 
@@ -27,9 +27,9 @@ def main():
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}", flush=True)
     for shape, causal in HOST_SHAPES:
         (inputs,) = input_sets(gen, *shape, count=1)
-        ours_us = host_us(lambda: ours(causal)(*inputs))
+        ours_us = host_us_alone(lambda: ours(causal)(*inputs))
         backward = plan.last_attention_plan().describe()
-        flash_us = host_us(lambda: flash(causal)(*inputs))
+        flash_us = host_us_alone(lambda: flash(causal)(*inputs))
         print(shape, "causal" if causal else "full", f"host us a forward + backward: ours {ours_us:.1f}, "
               f"flash {flash_us:.1f}; {backward[:90]}", flush=True)
     (inputs,) = input_sets(gen, 1, 16, 1, 300, 160, count=1)

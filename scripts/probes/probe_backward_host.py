@@ -18,7 +18,7 @@ import torch
 
 import onlinesoftmax
 from onlinesoftmax.bench.harness import back_to_back_ms, graph_time_ms
-from onlinesoftmax.bench.host_suite import host_us, print_profile
+from onlinesoftmax.bench.host_suite import host_us_alone, print_profile
 from onlinesoftmax.ops.softmax import plan as softmax_plan
 from onlinesoftmax.ops.softmax.launch import launch_backward
 
@@ -43,9 +43,9 @@ def main():
             cells = [back_to_back_ms(grad, ours), back_to_back_ms(launch, direct), graph_time_ms(launch, direct),
                      back_to_back_ms(grad, theirs)]
             line = " ".join(f"{c:.4f}" for c in cells)
-            host = (f" | host us: autograd {host_us(lambda: grad(*ours[0])):.1f}, "
-                    f"launch {host_us(lambda: launch(*direct[0])):.1f}, "
-                    f"torch autograd {host_us(lambda: grad(*theirs[0])):.1f}") if rows * cols <= 1 << 18 else ""
+            host = (f" | host us: autograd {host_us_alone(lambda: grad(*ours[0])):.1f}, "
+                    f"launch {host_us_alone(lambda: launch(*direct[0])):.1f}, "
+                    f"torch autograd {host_us_alone(lambda: grad(*theirs[0])):.1f}") if rows * cols <= 1 << 18 else ""
             print(f"{str(dtype)[6:]} {rows}x{cols} | ours autograd, launch alone, kernel (graph), torch autograd: "
                   f"{line}{host}", flush=True)
         x, y, _, dy = sets[0]

@@ -10,7 +10,9 @@ or not, against a native op's step. Then it cProfiles our step and torch's.
     python scripts/probes/probe_cross_entropy_host.py [--repeat 3]
 
 ``--repeat N`` then times bench host's forward + backward rows of cross_entropy and attention N
-times in a row (the host's time moves between runs).
+times in a row (the host's time moves between runs). The step and the forward are also timed with
+the loss reduced in the rows' launch (the plan) and in a launch of its own (REDUCE_IN_ROWS_LAUNCH
+off), in turns in one process.
 """
 
 import argparse
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 
 import onlinesoftmax
 from onlinesoftmax.bench import host_suite
-from onlinesoftmax.bench.host_suite import host_us, print_profile
+from onlinesoftmax.bench.host_suite import host_us, host_us_alone, print_profile
 from onlinesoftmax.ops.cross_entropy import launch
 
 
@@ -38,6 +40,10 @@ class _TwoOutputs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_total, _d_top):
         return d_total.expand(ctx.shape), None
+
+
+def _reduce_launch_of_its_own():
+    return onlinesoftmax.override_plan("cross_entropy", REDUCE_IN_ROWS_LAUNCH=False)
 
 
 def main():
@@ -73,21 +79,27 @@ def main():
                                                                                                       None)),
         ("prepared forward call", lambda: call(logits, target, None)),
         ("prepared backward (call.backward)", lambda: call.backward(logits, target, None, lse, lse_low, denom, upstream)),
-        ("the rows' launch", lambda: call.main(logits, target, logits, denom, lse_low, lse, lse_low, lse, lse)),
-        ("the reduction's launch", lambda: call.reduce(lse_low, lse, target, lse_low, denom, loss)),
+        # (The rows' kernel reduces the loss in the same launch: its last row finds itself at a counter.)
+        ("the rows' launch", lambda: call.main(logits, target, logits, denom, lse_low, lse, lse_low,
+                                               *launch._exchange(call.chosen, logits.device), loss)),
         ("one torch.empty_like", lambda: torch.empty_like(lse)),
         ("Function of 2 outputs, materialized", lambda: _TwoOutputs.apply(x, True)[0].backward()),
         ("Function of 2 outputs, not materialized", lambda: _TwoOutputs.apply(x, False)[0].backward()),
         ("x.sum().backward(), a native step", lambda: x.sum().backward()),
     ]
     for name, fn in cases:
-        print(f"{name:40s} {host_us(fn):8.1f} us", flush=True)
+        print(f"{name:40s} {host_us_alone(fn):8.1f} us", flush=True)
+    # The loss reduced in the rows' launch (the plan) against a reduce launch after it, in turns.
+    for name, fn in (("forward + backward", ours), ("forward, no grad", ours_forward)):
+        separate, folded = host_us(fn, fn, ours_context=_reduce_launch_of_its_own)
+        print(f"{name}: reduced in the rows' launch {folded:6.1f} us, in a launch of its own {separate:6.1f} us",
+              flush=True)
     for fn in (ours, theirs):
         print_profile(fn, 22)
     rows = [c for c in host_suite.cases() if c[1] == "forward+backward" and c[0] in ("cross_entropy", "attention")]
     for run in range(args.repeat):
         for name, _, ours_fn, theirs_fn, peer in rows:
-            mine, peers = host_us(ours_fn), host_us(theirs_fn)
+            mine, peers = host_us(ours_fn, theirs_fn)
             print(f"run {run}: {name:14s} ours {mine:6.1f} us  {peer} {peers:6.1f} us  ratio {mine / peers:.2f}",
                   flush=True)
 

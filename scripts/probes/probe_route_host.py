@@ -14,7 +14,7 @@ that loop: 5 runs of 20000 calls, the garbage collector not held off.)
 import torch
 
 import onlinesoftmax
-from onlinesoftmax.bench.host_suite import host_us
+from onlinesoftmax.bench.host_suite import host_us_alone
 from onlinesoftmax.ops.softmax import op as softmax_op
 from onlinesoftmax.ops.softmax import plan
 
@@ -44,7 +44,7 @@ def main():
     ]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16 26 x 411 softmax")
     for name, fn in rows:
-        print(f"  {name:42s} {host_us(fn):6.2f} us")
+        print(f"  {name:42s} {host_us_alone(fn):6.2f} us")
 
 
 if __name__ == "__main__":

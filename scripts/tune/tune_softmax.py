@@ -203,6 +203,11 @@ CASES = [
     # copy there: docs/notes/2026-11/probe_split_row_passes-h100.log).
     # Off the grid: shapes where the sweep (bench sweep) measured ours behind torch.
     (torch.bfloat16, 2048, 50257, "split_row_on_chip", split_on_chip_variants),
+    # A few rows of a vocabulary (the H200's full sweep: bf16 log_softmax 256 x 50257 at 0.97x torch
+    # under CUDA graphs), beside the two-pass strategies.
+    (torch.bfloat16, 256, 50257, "split_row_on_chip", split_on_chip_variants),
+    (torch.bfloat16, 256, 50257, "split_row", current_only_variants),
+    (torch.bfloat16, 256, 50257, "looped", current_only_variants),
     (torch.bfloat16, 2048, 50257, "looped", looped_variants),
     (torch.bfloat16, 198, 615032, "split_row", split_variants),
     (torch.bfloat16, 198, 615032, "looped", looped_variants),

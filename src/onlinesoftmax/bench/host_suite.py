@@ -67,6 +67,15 @@ def host_us(ours, theirs, ours_context=contextlib.nullcontext) -> tuple[float, f
     return statistics.median(samples[0]), statistics.median(samples[1])
 
 
+def host_us_alone(fn) -> float:
+    """host_us of ``fn`` by itself (its runs alternate with an empty call's)."""
+    return host_us(fn, _nothing)[0]
+
+
+def _nothing():
+    pass
+
+
 def print_profile(fn, lines: int, calls: int = 300):
     """cProfile of ``calls`` back-to-back calls: the frames that cost the host the most."""
     profile = cProfile.Profile()

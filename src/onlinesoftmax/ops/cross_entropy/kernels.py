@@ -283,15 +283,66 @@ def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target_col, lse, lse_low, 
 
 
 @triton.jit
+def reduce_rows(loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, n_rows, n_classes, target_stride,
+                ignore_index, z_loss, BLOCK: tl.constexpr, COUNT: tl.constexpr, SUM: tl.constexpr,
+                MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, Z: tl.constexpr, VOLATILE: tl.constexpr):
+    # One program, rows in a fixed order: bitwise reproducible. COUNT writes denom = (valid rows,
+    # sum of their targets' weights, sum of all class weights); SUM reduces the rows' losses (and
+    # the z term from the lse, over valid rows) into out. VOLATILE: other programs of this launch
+    # wrote the losses and lse (read past the non-coherent L1, after an acquiring atomic).
+    lanes = tl.arange(0, BLOCK)
+    if COUNT:
+        count = tl.zeros([BLOCK], tl.int32)
+        weights = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, n_rows, BLOCK):
+            rows = start + lanes
+            t = tl.load(target_ptr + rows.to(tl.int64) * target_stride, mask=rows < n_rows, other=ignore_index)
+            ok = (rows < n_rows) & (t != ignore_index)
+            count += ok.to(tl.int32)
+            if HAS_WEIGHT:
+                weights += tl.load(weight_ptr + t, mask=ok & (t >= 0) & (t < n_classes), other=0.0).to(tl.float32)
+        n_valid = tl.sum(count, 0).to(tl.float32)
+        tl.store(denom_ptr, n_valid)
+        if HAS_WEIGHT:
+            tl.store(denom_ptr + 1, tl.sum(weights, 0))
+            w_sum = tl.zeros([BLOCK], tl.float32)
+            for start in range(0, n_classes, BLOCK):
+                w_sum += tl.load(weight_ptr + start + lanes, mask=start + lanes < n_classes, other=0.0).to(tl.float32)
+            tl.store(denom_ptr + 2, tl.sum(w_sum, 0))
+        else:
+            tl.store(denom_ptr + 1, n_valid)
+            tl.store(denom_ptr + 2, n_classes * 1.0)
+    if SUM:
+        total = tl.zeros([BLOCK], tl.float32)
+        total_z = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, n_rows, BLOCK):
+            rows = start + lanes
+            total += tl.load(loss_ptr + rows, mask=rows < n_rows, other=0.0, volatile=VOLATILE).to(tl.float32)
+            if Z:
+                t = tl.load(target_ptr + rows.to(tl.int64) * target_stride, mask=rows < n_rows, other=ignore_index)
+                lse = tl.load(lse_ptr + rows, mask=(rows < n_rows) & (t != ignore_index), other=0.0, volatile=VOLATILE)
+                total_z += lse * lse
+        loss = tl.sum(total, 0)
+        loss_z = z_loss * tl.sum(total_z, 0)
+        if MEAN:  # all rows ignored: 0 / 0 = NaN, as torch
+            loss = loss / tl.load(denom_ptr + 1)
+            loss_z = loss_z / tl.load(denom_ptr)
+        if Z:
+            loss += loss_z
+        tl.store(out_ptr, loss.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def cross_entropy_stream_kernel(
-    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr,
+    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr, out_ptr,
     n_cols, x_stride, col_stride, target_stride, ignore_index, class_offset, n_classes,
     label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, tiles_per_chunk,
     BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,
     EDGES: tl.constexpr, SPLIT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
     SOFTCAP: tl.constexpr, Z: tl.constexpr, Z_IN_ROW: tl.constexpr, MEAN: tl.constexpr,
     READ_IGNORED: tl.constexpr, WRITE_GRAD: tl.constexpr, STATS: tl.constexpr,
-    FIRST_EVICTION: tl.constexpr = "", SECOND_EVICTION: tl.constexpr = "",
+    FIRST_EVICTION: tl.constexpr = "", SECOND_EVICTION: tl.constexpr = "", REDUCE: tl.constexpr = False,
+    COUNT: tl.constexpr = False, REDUCE_BLOCK: tl.constexpr = 1024,
 ):
     # Program (row, chunk) reads tiles [chunk * tiles_per_chunk, ...) of its row (one tile, but for
     # the longest rows): each tile's maximum, then its sum, merged as scalars. (Per-lane online
@@ -304,7 +355,9 @@ def cross_entropy_stream_kernel(
     # (m, d, smoothing sum, target logit or -inf) go to loss_ptr's four planes instead of a loss.
     # FIRST_EVICTION / SECOND_EVICTION: the cache eviction hints of the first read and of the
     # second read with the gradient's stores (two_pass: keep the row in L2 for the second read,
-    # then drop it; nothing reads it again in this kernel). "" is the default policy.
+    # then drop it; nothing reads it again in this kernel). "" is the default policy. REDUCE: the
+    # last row to finish reduces the rows' losses into out_ptr (COUNT: the denominators first), as
+    # cross_entropy_reduce_kernel would one launch later; rows arrive at sync_ptr's first counter.
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     num_chunks = tl.num_programs(1)
@@ -391,11 +444,19 @@ def cross_entropy_stream_kernel(
                     write_edge_gradient(x_ptr, x_ptr, base, n_cols, target_col, lse_g, lse_low_g, a, b, e, valid,
                                         weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH,
                                         SOFTCAP)
+        if REDUCE:  # (ordering as in _triton.wait_for_row: stores, barrier, releasing arrival; acquire, barrier, loads)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(sync_ptr, 1, sem="acq_rel") + 1
+            if arrived == n_rows:
+                tl.atomic_xchg(sync_ptr, 0, sem="relaxed")  # zero for the next launch
+                tl.debug_barrier()
+                reduce_rows(loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, n_rows, n_classes,
+                            target_stride, ignore_index, z_loss, REDUCE_BLOCK, COUNT, True, MEAN, HAS_WEIGHT, Z, True)
 
 
 @triton.jit
 def cross_entropy_two_pass_plain_kernel(
-    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr,
+    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr, out_ptr,
     n_cols, x_stride, target_stride, ignore_index, inv_temperature,
     BLOCK: tl.constexpr, ALIGN: tl.constexpr, EDGES: tl.constexpr, MEAN: tl.constexpr,
     FIRST_EVICTION: tl.constexpr, SECOND_EVICTION: tl.constexpr,
@@ -413,8 +474,8 @@ def cross_entropy_two_pass_plain_kernel(
     # ALIGN, so that the one mask is constant over each vector and every access is 16 bytes wide.
     # Without EDGES the rows are whole vectors, each starting one (first 0, n_whole n_cols); with
     # EDGES the row's partial first and last runs go through edge_partial and write_edge_gradient,
-    # element by element. weight_ptr, parts_ptr and sync_ptr are not used: the tensors are the
-    # general kernel's.
+    # element by element. weight_ptr, parts_ptr, sync_ptr and out_ptr are not used: the tensors are
+    # the general kernel's.
     row = tl.program_id(0)
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_cols)
     in_row = valid & ~bad
@@ -480,7 +541,7 @@ def cross_entropy_two_pass_plain_kernel(
 
 @triton.jit
 def cross_entropy_on_chip_kernel(
-    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr,
+    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr, out_ptr,
     n_cols, x_stride, col_stride, target_stride, ignore_index, n_classes,
     label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, num_chunks,
     BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,

@@ -151,9 +151,12 @@ def splits_rows(chosen: planner.Plan) -> bool:
 def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, w: torch.Tensor, has_weight: bool,
                    loss: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor, ignore_index: int, reduction: str,
                    label_smoothing: float, z_loss: float, softcap: float, temperature: float, read_ignored: bool,
-                   class_offset: int = 0, n_classes: Optional[int] = None, stats: bool = False) -> Recipe:
+                   class_offset: int = 0, n_classes: Optional[int] = None, stats: bool = False,
+                   reduce_into: bool = False, count_too: bool = False) -> Recipe:
     """The main forward kernel of ``chosen`` over x's rows; tensors (x, target, w, denom, loss, lse,
-    lse_low, parts, counters), ``w`` the class weights or x (a valid pointer never read)."""
+    lse_low, parts, counters, out), ``w`` the class weights or x (a valid pointer never read).
+    ``reduce_into`` (the stream kernel's plans): the loss reduced into ``out`` too, as reduce_recipe's
+    launch would (``count_too``: the denominators first); else ``out`` is not used."""
     n_rows, n_cols = x.shape
     n_classes = n_cols if n_classes is None else n_classes
     inv_t = 1.0 / temperature
@@ -162,7 +165,7 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
     # The plan fixes the shape and layout; the rest of what Triton specializes on is here.
     key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, loss.dtype, aligned(x),
            aligned(target), aligned(w), aligned(loss), aligned(lse), aligned(lse_low), ignore_index, class_offset,
-           n_classes, reduction, tuple(flags.values()), read_ignored, stats)
+           n_classes, reduction, tuple(flags.values()), read_ignored, stats, reduce_into, count_too)
     meta = dict(ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
                 Z_IN_ROW=z_loss > 0 and reduction == "none", READ_IGNORED=read_ignored, BLOCK=chosen.block,
                 CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=splits_rows(chosen),
@@ -181,7 +184,10 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
         scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, class_offset, n_classes,
                    label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.tiles_per_chunk)
         return Recipe(_stream, chosen.grid, key, scalars, dict(
-            meta, WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats, **eviction))
+            meta, WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats, REDUCE=reduce_into, COUNT=count_too,
+            REDUCE_BLOCK=planner.REDUCE_BLOCK, **eviction))
+    if reduce_into:
+        raise AssertionError("cross_entropy: only the stream kernel reduces the loss in its launch")
     scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, n_classes,
                label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.num_chunks)
     return Recipe(_on_chip, chosen.grid, key, scalars, meta)
@@ -200,7 +206,7 @@ def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, we
                             label_smoothing, z_loss, softcap, temperature, read_ignored, class_offset, n_classes,
                             stats)
     parts, counters = _exchange(chosen, x.device) if splits_rows(chosen) else (lse, lse)
-    recipe(x, target, w, denom, loss, lse, lse_low, parts, counters)
+    recipe(x, target, w, denom, loss, lse, lse_low, parts, counters, lse)
 
 
 def backward_recipe(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, target: torch.Tensor, w: torch.Tensor,
@@ -277,13 +283,17 @@ class ForwardCall:
         count_first = denom.numel() > 0 and (inplace or (has_weight and label_smoothing > 0))
         self.count = (count_recipe(target, weight if has_weight else denom, has_weight, n_cols, ignore_index).bind()
                       if count_first else None)
+        count_too = denom.numel() > 0 and not count_first
+        # The stream kernel's last row to finish reduces the loss (planner.REDUCE_IN_ROWS_LAUNCH).
+        self.folded = (planner.REDUCE_IN_ROWS_LAUNCH and self.loss is not None and chosen.strategy in ("stream", "two_pass")
+                       and not chosen.plain)
         self.main = forward_recipe(chosen, x, target, weight if has_weight else x, has_weight, loss_rows, lse,
                                    lse_low, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                                   return_lse).bind()
-        self.split = splits_rows(chosen)
-        self.reduce = None if self.loss is None else reduce_recipe(
+                                   return_lse, reduce_into=self.folded, count_too=count_too).bind()
+        self.exchange = splits_rows(chosen) or self.folded
+        self.reduce = None if self.loss is None or self.folded else reduce_recipe(
             loss_rows, lse, target, weight if has_weight else loss_rows, has_weight, _buffers.empty_like(self.loss),
-            n_cols, ignore_index, reduction, z_loss, denom.numel() > 0 and not count_first).bind()
+            n_cols, ignore_index, reduction, z_loss, count_too).bind()
 
     def __call__(self, x, target, weight):
         """(loss, lse, lse_low, denom) of these logits (see launch_forward)."""
@@ -295,12 +305,13 @@ class ForwardCall:
                                    _buffers.empty_like(self.lse))
         if self.count is not None:
             self.count(denom, denom, target, denom if weight is None else weight, denom, denom)
-        parts, counters = _exchange(self.chosen, x.device) if self.split else (lse, lse)
-        self.main(x, target, x if weight is None else weight, denom, loss_rows, lse, lse_low, parts, counters)
+        parts, counters = _exchange(self.chosen, x.device) if self.exchange else (lse, lse)
+        loss = lse if self.loss is None else _buffers.empty_like(self.loss)
+        self.main(x, target, x if weight is None else weight, denom, loss_rows, lse, lse_low, parts, counters, loss)
         if self.loss is None:
             return loss_rows, lse, lse_low, denom
-        loss = _buffers.empty_like(self.loss)
-        self.reduce(loss_rows, lse, target, loss_rows if weight is None else weight, denom, loss)
+        if self.reduce is not None:
+            self.reduce(loss_rows, lse, target, loss_rows if weight is None else weight, denom, loss)
         return loss, lse, lse_low, denom
 
     def backward(self, x, target, weight, lse, lse_low, denom, grad):

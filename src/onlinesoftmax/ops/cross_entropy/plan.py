@@ -146,6 +146,10 @@ SCALE_PROGRAMS_PER_SM = 4
 # The denominators and the reduction: one program (rows in a fixed order, reproducible).
 REDUCE_BLOCK = 1024
 REDUCE_WARPS = 4
+# The separate forward's stream kernel reduces the loss ("mean", "sum") in its last row to finish,
+# in place of a reduce launch after it: one launch less a call, for small calls the host's time
+# (scripts/probes/probe_cross_entropy_host.py; docs/perf-cross_entropy.md#host-time).
+REDUCE_IN_ROWS_LAUNCH = True
 
 # Under the interpreter: small tiles so that test rows span several tiles and chunks.
 INTERPRETER_BLOCK = 32

@@ -15,21 +15,10 @@ the row's upstream gradient), 1 / sum_i w_t_i (1 / valid rows for the z term) fo
 rows have loss 0 and gradient 0; a target outside [0, C) that is not ignore_index gives a NaN loss
 and a NaN gradient for its row (never an out-of-bounds read).
 
-Bytes (N rows, V columns, e bytes an element): ``cross_entropy_stream_kernel`` reads the logits
-once (N V e) and writes 8 bytes a row; ``cross_entropy_backward_kernel`` reads them again and writes
-the gradient (2 N V e); ``cross_entropy_on_chip_kernel`` reads once and writes the gradient over the
-logits (2 N V e, the floor of a fused forward and backward).
-
-Alignment: every tile of a row starts at an absolute address that is a multiple of 16 bytes (ALIGN
-elements), at or below the row's start, and its one mask is constant over each 16-byte vector (the
-vectors wholly inside the row), so that rows whose length is not a multiple of 16 bytes (50257
-columns) still load and store 16 bytes at a time; an element-granular mask makes Triton load such
-a tile 2 bytes at a time (ptxas for sm_90: LDG.E.U16 instead of LDG.E.128). The row's partial first
-and last vectors (fewer than ALIGN elements each; EDGES) go through a tile of 2 ALIGN lanes of
-their own, element by element, in one program of the row: their (m, d) joins that program's
-partial, their gradient is stored by it. ALIGN is the plan's unit of that split: 16 bytes, or for
-rows of partial vectors a run of up to 128 bytes (plan.STREAM_RUN_BYTES, PLAIN_EDGES: tiles that
-start on 128-byte lines), whose partial first and last runs then go element-wise the same way.
+What each kernel reads and writes, and how rows off 16-byte boundaries (50257 columns) keep 16-byte
+accesses (tiles from absolute 16-byte boundaries, masks constant over each vector, a row's partial
+first and last runs element by element: EDGES, ALIGN), are in docs/perf-cross_entropy.md
+("Kernels and what each moves", "Alignment").
 """
 
 from __future__ import annotations
@@ -286,10 +275,9 @@ def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target_col, lse, lse_low, 
 def reduce_rows(loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, n_rows, n_classes, target_stride,
                 ignore_index, z_loss, BLOCK: tl.constexpr, COUNT: tl.constexpr, SUM: tl.constexpr,
                 MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, Z: tl.constexpr, VOLATILE: tl.constexpr):
-    # One program, rows in a fixed order: bitwise reproducible. COUNT writes denom = (valid rows,
-    # sum of their targets' weights, sum of all class weights); SUM reduces the rows' losses (and
-    # the z term from the lse, over valid rows) into out. VOLATILE: other programs of this launch
-    # wrote the losses and lse (read past the non-coherent L1, after an acquiring atomic).
+    # One program, rows in a fixed order: bitwise reproducible. COUNT writes denom = (valid rows, sum of
+    # their targets' weights, sum of all class weights); SUM reduces the rows' losses (and the z term,
+    # over valid rows) into out. VOLATILE: this launch's other programs wrote the losses and lse.
     lanes = tl.arange(0, BLOCK)
     if COUNT:
         count = tl.zeros([BLOCK], tl.int32)
@@ -355,9 +343,8 @@ def cross_entropy_stream_kernel(
     # (m, d, smoothing sum, target logit or -inf) go to loss_ptr's four planes instead of a loss.
     # FIRST_EVICTION / SECOND_EVICTION: the cache eviction hints of the first read and of the
     # second read with the gradient's stores (two_pass: keep the row in L2 for the second read,
-    # then drop it; nothing reads it again in this kernel). "" is the default policy. REDUCE: the
-    # last row to finish reduces the rows' losses into out_ptr (COUNT: the denominators first), as
-    # cross_entropy_reduce_kernel would one launch later; rows arrive at sync_ptr's first counter.
+    # then drop it; nothing reads it again in this kernel). "" is the default policy. REDUCE: the last
+    # row to arrive at sync_ptr's first counter reduces the losses into out_ptr (COUNT: denominators too).
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     num_chunks = tl.num_programs(1)

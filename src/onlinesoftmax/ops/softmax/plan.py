@@ -5,40 +5,15 @@ Every decision the launchers make lives here as small tables, so that it can be 
 (:func:`onlinesoftmax.override_plan`). The measurements behind each value are in
 ``docs/perf-softmax.md``.
 
-Strategies
-----------
-``row_on_chip``
-    The whole row is loaded into registers once: max, sum and the normalized write happen on
-    chip, so memory sees one read and one write. Short rows are packed several to a program.
-``looped``
-    One program per row, looping over it in blocks: the online pass computes (m, d) per lane and
-    merges the lanes at the end, the second pass writes. ``algorithm="safe"`` adds a third pass
-    (max, then sum, then write), the classic safe softmax.
-``split_row``
-    Few long rows cannot fill the GPU with one program per row, so each row is cut into chunks:
-    one launch writes a partial (m, d) per chunk, a second merges a row's partials with the (m, d)
-    operator in every program and writes its chunk.
-``split_row_on_chip``
-    A row longer than ``row_on_chip`` holds is held by several programs at once, each keeping a
-    chunk in registers: a program publishes its chunk's (m, d), waits at a counter in device memory
-    until the rest of its row has, merges the row's partials and writes from registers. One read
-    and one write per element. The wait needs a row's programs resident together: programs take
-    work by arrival order (a ticket counter), and a row has at most a fraction of the SMs' worth of
-    chunks (``SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM``), which leaves room for kernels of other streams.
-    A process confined to fewer than half of the SMs (MPS, green contexts) should pass
-    ``strategy="split_row"`` for rows over 32768. The interpreter runs programs one after another,
-    so there every row is one chunk.
-``torch``
-    torch's own kernel (``torch.softmax`` and friends): CPU tensors, float64, and eager calls so
-    small that the host's time decides (see ``EAGER_HOST_US``; the plan of such a shape is still
-    the kernels', which CUDA graphs and torch.compile run).
-``vectorized``
-    The split-and-merge online algorithm in vectorized PyTorch (:mod:`onlinesoftmax.cpu`), on
-    request: it computes what the kernels compute, on any device, at torch-op speed.
-
-Chunk and block boundaries are aligned to absolute 16-byte addresses, not to the row start: a row
-of 50257 bf16 elements starts at a different alignment every row, and Triton vectorizes only loads
-it can prove aligned (see ``_triton.aligned_row``).
+Strategies (each described in ``docs/design.md``): ``row_on_chip`` (the row in one program's
+registers: one read, one write), ``looped`` (one program a row, two passes; three with
+``algorithm="safe"``), ``split_row`` (few long rows in chunks: partials, then a merge launch),
+``split_row_on_chip`` (a row held by several programs at once that exchange their partials in
+device memory: one read, one write; one program a row for rows off 16-byte boundaries that fit a
+tile), ``torch`` (torch's own kernel: CPU tensors, float64, eager calls the host decides: see
+``EAGER_HOST_US``) and ``vectorized`` (the split-and-merge algorithm in torch ops, on request).
+Chunk and block boundaries sit at absolute 16-byte addresses, not at the row's start
+(``_triton.aligned_row``).
 """
 
 from __future__ import annotations

@@ -744,6 +744,28 @@ def test_split_row_on_chip_register_cap_only_beyond_one_uncapped_wave():
     assert cap("softmax", 1742, 95712, torch.bfloat16)[0] == 32
 
 
+def test_split_row_on_chip_forward_warps_and_tiles_by_programs():
+    # The forward on a 132-SM GPU: rows in fewer programs than SMs take chunks of half the tile;
+    # uncapped launches past one wave a warp per 4096 bytes; capped ones and the backward keep a
+    # warp per 2048 bytes of their tiles.
+    cuda = torch.device("cuda")
+
+    def chosen(op, rows, cols, dtype=torch.bfloat16, granules=True):
+        c = plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False, rows > 1 and granules, granules)
+        assert c.strategy == "split_row_on_chip"
+        return c.block_cols, c.num_chunks, c.num_warps, c.max_registers
+
+    assert chosen("softmax", 1, 262147) == (4096, 65, 4, 0)  # 33 programs of 8192: fewer than the SMs
+    assert chosen("log_softmax", 4, 128257) == (4096, 32, 4, 0)
+    assert chosen("softmax", 49, 24083) == (8192, 3, 8, 0)  # 147 programs: one uncapped wave
+    assert chosen("softmax", 256, 50257) == (8192, 7, 4, 0)  # 1792 programs in granules: uncapped
+    assert chosen("log_softmax", 256, 151936, granules=False) == (8192, 19, 4, 0)  # the 2-byte log: never capped
+    assert chosen("softmax", 64, 128256, granules=False) == (8192, 16, 8, 32)  # capped
+    assert chosen("softmax", 16, 262144, granules=False) == (8192, 32, 8, 0)  # 512 programs: one wave
+    backward = plan._choose("softmax_backward", 1, 262147, torch.bfloat16, cuda, "auto", None, 132, False, False, True)
+    assert (backward.block_cols, backward.num_warps) == (8192, 4)  # the backward's own tables
+
+
 @needs_triton
 def test_split_row_on_chip_under_a_register_cap(plan_override, gen):
     # The plan passes its cap to Triton's compiler (maxnreg; the interpreter ignores it), by op and
@@ -945,6 +967,20 @@ def test_split_row_on_chip_many_programs_per_row(rows, cols, dtype, small_split_
     assert plan.last_plan().num_chunks == -(-cols // (2048 // dtype.itemsize))
     y64, dy64 = y.detach().double(), dy.double()
     assert_matches(dx, y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True)), dtype, "backward")
+    assert_counters_left_zero()
+
+
+@gpu_only
+@pytest.mark.parametrize("rows, cols", [(1, 262147), (4, 128257), (300, 50257)])
+def test_split_row_on_chip_forward_plans_by_programs(rows, cols, gen):
+    # The plan's own tiles and warps (no small_split_tiles): few rows in chunks of half the tile,
+    # many uncapped programs on half the warps; bf16 and fp32 against float64.
+    for dtype in (torch.bfloat16, torch.float32):
+        x = make_logits((rows, cols), dtype, gen).to(DEVICE)
+        for op, (ours, ref) in OPS.items():
+            out = ours(x, -1, strategy="split_row_on_chip")
+            assert plan.last_plan().num_chunks > 1
+            assert_matches(out, ref(x.double(), -1), dtype, f"{op} {dtype} {rows}x{cols}")
     assert_counters_left_zero()
 
 

@@ -115,6 +115,23 @@ def split_on_chip_variants():
                    SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM=1.0)
 
 
+def split_on_chip_forward_variants():
+    # split_row_on_chip's forward chunks, one tile and one warp count for every row (the first run's
+    # "current" was 16384 bytes, a warp per 2048): tiles of 8192 or 16384 bytes, a warp per 2048 or
+    # 4096 bytes of each.
+    for tile_bytes, warp_bytes in ((8192, 2048), (8192, 4096), (16384, 4096)):
+        yield dict(SPLIT_ON_CHIP_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_TILE_BYTES, forward=tile_bytes),
+                   SPLIT_ON_CHIP_WARP_BYTES=dict(plan.SPLIT_ON_CHIP_WARP_BYTES, forward=warp_bytes),
+                   SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES=warp_bytes, SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES=tile_bytes)
+
+
+def split_on_chip_forward_rule_off_variants():
+    # The forward's plan before its uncapped warps and few-programs tiles (SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES,
+    # SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES).
+    yield dict(SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES=plan.SPLIT_ON_CHIP_WARP_BYTES["forward"],
+               SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES=plan.SPLIT_ON_CHIP_TILE_BYTES["forward"])
+
+
 def current_only_variants():
     # The strategy's plan as the tables give it, nothing else.
     return iter(())
@@ -349,6 +366,29 @@ CASES = [
         (torch.float32, 2443, 12144), (torch.float32, 1056, 12872), (torch.float32, 4096, 10008),
         (torch.float32, 8192, 16368), (torch.float32, 2048, 14000), (torch.float32, 20000, 12000),
         (torch.float16, 6000, 13008), (torch.float16, 3077, 12872))),
+    # split_row_on_chip's forward on smaller chunks (run with --variants split_on_chip_forward): the
+    # committed sweeps' cells of the strategy nearest torch (bf16 log_softmax 256 x 50257 0.97x
+    # under CUDA graphs on the H200, 11 x 27783 1.03x, fp32 8192 x 50257 1.05x), the bench grid's rows.
+    *((dtype, rows, cols, "split_row_on_chip", split_on_chip_forward_variants) for dtype, rows, cols in (
+        (torch.bfloat16, 256, 50257), (torch.bfloat16, 2048, 50257), (torch.bfloat16, 8192, 50257),
+        (torch.bfloat16, 11, 27783), (torch.bfloat16, 49, 24083), (torch.bfloat16, 256, 32001),
+        (torch.bfloat16, 256, 65537), (torch.bfloat16, 2777, 27342), (torch.bfloat16, 167, 75507),
+        (torch.bfloat16, 256, 262147), (torch.bfloat16, 4, 128257), (torch.bfloat16, 1, 262147),
+        (torch.bfloat16, 64, 128256), (torch.bfloat16, 256, 151936), (torch.bfloat16, 16, 262144),
+        (torch.float32, 8192, 50257), (torch.float32, 83, 35642), (torch.float32, 32, 128257),
+        (torch.float32, 64, 128256), (torch.float32, 256, 151936), (torch.float32, 16, 262144))),
+    # ... and the plan those runs gave, against the plan before it, at the committed sweeps' cells it changes.
+    *((dtype, rows, cols, "split_row_on_chip", split_on_chip_forward_rule_off_variants) for dtype, rows, cols in (
+        *((torch.bfloat16, rows, cols) for rows, cols in (
+            (1, 50257), (1, 128257), (1, 262147), (2, 227360), (4, 32001), (4, 128257), (6, 60744), (11, 27783),
+            (15, 52555), (24, 270991), (32, 32001), (32, 262147), (60, 352794), (155, 476342), (167, 75507),
+            (221, 396882), (256, 32001), (256, 50257), (256, 100003), (256, 151937), (256, 262147), (262, 32076),
+            (474, 23612), (1017, 72117), (1536, 151937), (1742, 95704), (2048, 32001), (2048, 50257),
+            (2498, 128261), (8192, 50257))),
+        *((torch.float32, rows, cols) for rows, cols in (
+            (1, 50257), (1, 128257), (1, 262147), (5, 73849), (11, 33462), (14, 256008), (32, 128257),
+            (70, 145537), (157, 375219), (256, 50257), (262, 32076), (1082, 116860), (2048, 50257),
+            (8192, 50257))))),
     # The plan's short heads and tails against the plan before them, across row counts and lengths.
     *((dtype, rows, cols, "row_on_chip", short_tail_off_variants)
       for dtype in (torch.bfloat16, torch.float32, torch.float16)

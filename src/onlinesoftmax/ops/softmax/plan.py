@@ -204,6 +204,13 @@ SPLIT_BELOW_ROWS_PER_SM = 2
 SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": {4: 32768, 2: 16384}}
 # One warp per this many bytes of a program's tile ...
 SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
+# ... but the forward's uncapped kernels (below) past one wave, a warp per this many: bf16 2048 x 50257
+# 2636 -> 2939 GB/s, 256 x 262147 2087 -> 2862 (scripts/tune/tune_softmax.py --variants
+# split_on_chip_forward [--log]; docs/notes/2026-11/tune_softmax-split_on_chip_forward-h200.log).
+SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES = 4096
+# Forward rows in fewer programs than SMs take chunks of this many bytes (more programs, the row on
+# more SMs): bf16 1 x 262147 136 -> 161 GB/s, 4 x 128257 269 -> 287 (same log).
+SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES = 8192
 # ... except the 2-byte backward of rows that start off 16-byte boundaries (the kernel then reads the
 # row's partial granules on their own): 4 warps an 8192-element tile instead of 16. bf16 2048 x 50257
 # on the H100, GB/s of y, dy and dx (scripts/tune/tune_softmax.py --backward [--log];
@@ -232,6 +239,9 @@ SPLIT_ON_CHIP_MAX_REGISTERS = {"softmax": 32, "log_softmax": {4: 32, 2: 0}, "log
 # none; fp32 chunks of 4320 and 5680 a 152-byte one), and a bf16 1024 x 17000 forward so capped ran
 # at 179 GB/s on the H100 (docs/notes/2026-11/sweep_strategies-padded-h100.log).
 SPLIT_ON_CHIP_CAP_MIN_FILL = 0.75
+# ... and where a thread holds at most this many bytes of the tile (a warp per 2048 bytes): bf16 tiles
+# of 4096 on 2 warps (128 bytes a thread) took a 312-byte stack under the cap (kernel_resources.py).
+SPLIT_ON_CHIP_CAP_MAX_THREAD_BYTES = 64
 # The cap buys programs an SM, which only counts beyond one uncapped wave (bf16 16x262144 lost 11.8 -> 12.2 us under it).
 SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM = 6
 
@@ -596,13 +606,20 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         span = cols + (15 if misaligned_rows else 0)
         # The interpreter cannot run a row's programs side by side: one chunk per row there.
         num_chunks = 1 if interpreting else cdiv(span, tile)
+        few_programs_tile = max(SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES // elem,
+                                next_power_of_2(cdiv(cols, _split_on_chip_max_chunks(sms))))
+        if not (backward or one_chunk or interpreting) and rows * num_chunks < sms and few_programs_tile < tile:
+            # Fewer programs than SMs: smaller chunks put the row on more of them.
+            tile, held = few_programs_tile, few_programs_tile
+            warps, num_chunks = min(32, max(1, tile * elem // warp_bytes)), cdiv(span, few_programs_tile)
         # Equal chunks, each a multiple of 16 elements.
         chunk = cdiv(cdiv(span, num_chunks), 16) * 16
         num_chunks = cdiv(span, chunk)
         programs = rows * num_chunks
         cap = _for_element_size(SPLIT_ON_CHIP_MAX_REGISTERS[op], elem)
         if (programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms or granule_rows or cols % 16
-                or chunk < SPLIT_ON_CHIP_CAP_MIN_FILL * next_power_of_2(chunk)):
+                or chunk < SPLIT_ON_CHIP_CAP_MIN_FILL * next_power_of_2(chunk)
+                or held * elem > SPLIT_ON_CHIP_CAP_MAX_THREAD_BYTES * 32 * warps):
             # One wave without the cap: it would buy nothing. Rows read in granules hold more
             # state (the row's edges), and under the cap ptxas spills (bf16: 168 bytes). Rows of a
             # length that is no multiple of 16 are read in granules (before they were, bf16
@@ -611,6 +628,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
             # docs/notes/2026-11/probe_split_on_chip_cap-h100.log); callers that do not say
             # whether rows are read in granules have them judged by their length.
             cap = 0
+        if not (cap or backward or one_chunk) and programs > SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms:
+            warps = max(1, held * elem // SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES)
         return Plan(op, strategy, "one_pass", rows, cols, dtype, held if tail else next_power_of_2(chunk), 1,
                     warps, (programs,), chunk_size=chunk, num_chunks=num_chunks, max_registers=cap, tail_cols=tail)
 

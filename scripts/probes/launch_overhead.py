@@ -91,7 +91,19 @@ def main():
     x_rows_bf16 = torch.randn(2048, 1000, device="cuda").bfloat16()
     x_gpt2_bf16 = torch.randn(32, 50257, device="cuda").bfloat16()
     forward_call = softmax_launch.forward_call(x_rows_bf16, 1, "softmax", None, "auto", None)
+    # A split_row_on_chip call of few long rows (GPU time about 6 us) in its pieces: the prepared
+    # call, its launch alone into a kept output, the output's allocation, the exchange buffers.
+    x_few_bf16 = torch.randn(4, 100003, device="cuda").bfloat16()
+    few_call = softmax_launch.forward_call(x_few_bf16, 1, "log_softmax", None, "auto", None)
+    few_y = torch.empty_like(x_few_bf16)
+    few_exchange = (*softmax_launch._exchange_sizes(few_call.plan, 2), x_few_bf16.device)
     cases = {
+        "torch.log_softmax 4x100003 bf16": lambda: torch.log_softmax(x_few_bf16, -1),
+        "ForwardCall log_softmax 4x100003 bf16 (split_row_on_chip)": lambda: few_call(x_few_bf16, 1.0),
+        "  its launch alone, into a kept output": lambda: few_call.launch(x_few_bf16, few_y, x_few_bf16, 1.0, True),
+        "  _buffers.empty_like 4x100003 bf16": lambda: softmax_launch._buffers.empty_like(x_few_bf16),
+        "  _buffers.row_exchange": lambda: softmax_launch._buffers.row_exchange(*few_exchange),
+        "  aligned(x)": lambda: softmax_launch.aligned(x_few_bf16),
         "torch.softmax 2048x1000 bf16": lambda: torch.softmax(x_rows_bf16, -1),
         "onlinesoftmax.softmax 2048x1000 bf16": lambda: onlinesoftmax.softmax(x_rows_bf16),
         "ForwardCall 2048x1000 bf16 (no route lookup)": lambda: forward_call(x_rows_bf16, 1.0),
@@ -122,6 +134,7 @@ def main():
         print(f"quack not importable ({type(exc).__name__}): its host cost is not measured")
     for name, fn in cases.items():
         print(f"{name:48s} {per_call_us(fn, 3000 if 'x262144' not in name else 300):8.1f} us issued per call")
+    print_profile(lambda: few_call(x_few_bf16, 1.0), 25, calls=3000)
     print_profile(lambda: onlinesoftmax.softmax(x_rows_bf16), 25, calls=3000)
     print_profile(lambda: onlinesoftmax.log_softmax(x_gpt2_bf16), 25, calls=3000)
     print_profile(lambda: onlinesoftmax.softmax(x_long_bf16), 25)

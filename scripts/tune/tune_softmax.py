@@ -132,6 +132,15 @@ def split_on_chip_forward_rule_off_variants():
                SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES=plan.SPLIT_ON_CHIP_TILE_BYTES["forward"])
 
 
+def split_on_chip_forward_fp32_capped_variants():
+    # fp32 forward chunks under the register cap of 32 (8 warps a tile), the plan before fp32 ran
+    # uncapped on half the warps. (The recorded run, tune_softmax-split_on_chip_forward_fp32_uncapped-h200.log,
+    # had the capped plan as "current" and this variant the other way round, uncapped.)
+    caps = plan.SPLIT_ON_CHIP_MAX_REGISTERS
+    yield dict(SPLIT_ON_CHIP_MAX_REGISTERS={**caps, "softmax": {4: 32, 2: caps["softmax"][2]},
+                                            "log_softmax": {4: 32, 2: 0}})
+
+
 def current_only_variants():
     # The strategy's plan as the tables give it, nothing else.
     return iter(())
@@ -389,6 +398,10 @@ CASES = [
             (1, 50257), (1, 128257), (1, 262147), (5, 73849), (11, 33462), (14, 256008), (32, 128257),
             (70, 145537), (157, 375219), (256, 50257), (262, 32076), (1082, 116860), (2048, 50257),
             (8192, 50257))))),
+    # fp32 rows of a multiple of 16 elements (capped kernels before), with and without the cap.
+    *((torch.float32, rows, cols, "split_row_on_chip", split_on_chip_forward_fp32_capped_variants)
+      for rows, cols in ((64, 128256), (256, 151936), (16, 262144), (32, 262144), (128, 65536), (512, 50304),
+                         (2048, 128000), (8192, 50304), (4096, 65536), (100, 200000), (256, 100000))),
     # The plan's short heads and tails against the plan before them, across row counts and lengths.
     *((dtype, rows, cols, "row_on_chip", short_tail_off_variants)
       for dtype in (torch.bfloat16, torch.float32, torch.float16)

@@ -184,13 +184,14 @@ def _one_launch(bound: dict, ints: tuple):
     return launch
 
 
-def _row_exchange(plan: planner.Plan, planes: int, device: torch.device, unused: torch.Tensor):
-    # split_row_on_chip's partials (``planes`` floats per chunk) and its counters: the ticket
-    # counter and one arrival counter per row (see _triton.take_ticket). Rows of one chunk exchange
-    # nothing: ``unused`` stands in for both pointers.
+def _exchange_sizes(plan: planner.Plan, planes: int) -> Optional[tuple]:
+    """(partials, counters) that split_row_on_chip's launches take from _buffers.row_exchange:
+    ``planes`` floats per chunk, the ticket counter and one arrival counter per row (see
+    _triton.take_ticket); None for rows of one chunk, which exchange nothing (the launch passes a
+    tensor of its own for both pointers). Decided with the launch, not per call."""
     if plan.num_chunks == 1:
-        return unused, unused
-    return _buffers.row_exchange(planes * plan.rows * plan.num_chunks, COUNTER_STRIDE.value * (1 + plan.rows), device)
+        return None
+    return planes * plan.rows * plan.num_chunks, COUNTER_STRIDE.value * (1 + plan.rows)
 
 
 def torch_forward(x: torch.Tensor, dim: int, op: str, inv_temperature: float, out_dtype: torch.dtype) -> torch.Tensor:
@@ -269,9 +270,10 @@ class ForwardCall:
                 OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, num_warps=chosen.num_warps, **chosen.compile_options,
                 **common))
             ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
+            sizes = _exchange_sizes(chosen, 2)  # (m, d) per chunk
 
             def launch(x, y, lse, inv_t, is_aligned):
-                parts, counters = _row_exchange(chosen, 2, device, x)  # (m, d) per chunk
+                parts, counters = _buffers.row_exchange(*sizes, device) if sizes else (x, x)
                 bound[is_aligned](x, y, lse, parts, counters, *ints, inv_t)
         else:
             chunks_pow2 = next_power_of_2(chosen.num_chunks)
@@ -374,9 +376,10 @@ class BackwardCall:
                 OPAQUE_WIDEN=recipe.opaque_widen, ALIGN=align, TAIL_COLS=chosen.tail_cols, **chosen.compile_options,
                 **base))
             ints = (n_cols, inner, *strides, chosen.chunk_size, chosen.num_chunks)
+            sizes = _exchange_sizes(chosen, 1)  # the dot per chunk
 
             def launch(y, dy, dx, inv_t, is_aligned):
-                parts, counters = _row_exchange(chosen, 1, device, y)  # the dot per chunk
+                parts, counters = _buffers.row_exchange(*sizes, device) if sizes else (y, y)
                 bound[is_aligned](y, dy, dx, parts, counters, *ints, inv_t)
         else:
             dot_ints = (n_cols, inner, *y_strides, *dy_strides, chosen.chunk_size, chosen.num_chunks)

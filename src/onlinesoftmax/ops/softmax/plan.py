@@ -5,15 +5,10 @@ Every decision the launchers make lives here as small tables, so that it can be 
 (:func:`onlinesoftmax.override_plan`). The measurements behind each value are in
 ``docs/perf-softmax.md``.
 
-Strategies (each described in ``docs/design.md``): ``row_on_chip`` (the row in one program's
-registers: one read, one write), ``looped`` (one program a row, two passes; three with
-``algorithm="safe"``), ``split_row`` (few long rows in chunks: partials, then a merge launch),
-``split_row_on_chip`` (a row held by several programs at once that exchange their partials in
-device memory: one read, one write; one program a row for rows off 16-byte boundaries that fit a
-tile), ``torch`` (torch's own kernel: CPU tensors, float64, eager calls the host decides: see
-``EAGER_HOST_US``) and ``vectorized`` (the split-and-merge algorithm in torch ops, on request).
-Chunk and block boundaries sit at absolute 16-byte addresses, not at the row's start
-(``_triton.aligned_row``).
+Strategies (``STRATEGIES``, each described in ``docs/design.md``): ``row_on_chip``, ``looped``,
+``split_row``, ``split_row_on_chip``, ``torch`` (torch's own kernel: CPU tensors, float64, eager
+calls the host decides: ``EAGER_HOST_US``) and ``vectorized`` (torch ops, on request). Chunk and
+block boundaries sit at absolute 16-byte addresses (``_triton.aligned_row``).
 """
 
 from __future__ import annotations
@@ -194,22 +189,18 @@ SOFTMAX_BACKWARD_STREAM_MAX_COLS = 16384
 # 1280), fp32 1409 -> 1700 (torch 1345); log_softmax backward bf16 1685 -> 1855, fp32 1675 -> 1955.
 SPLIT_PROGRAMS_PER_SM = ((1, 2), (1 << 62, 8))
 SPLIT_WARPS = 16
-# The merge loads all of a row's partials in one tile.
-SPLIT_MAX_CHUNKS = 1024
-# Below this many rows an SM, rows alone cannot fill the GPU: split them.
-SPLIT_BELOW_ROWS_PER_SM = 2
+SPLIT_MAX_CHUNKS = 1024  # the merge loads all of a row's partials in one tile
+SPLIT_BELOW_ROWS_PER_SM = 2  # below this many rows an SM, rows alone cannot fill the GPU: split them
 
 # split_row_on_chip: chunks of at most this much input each (forward / backward, which holds y and dy: per tensor);
 # many small programs beat few large ones. A value is bytes, or {element size: bytes}.
 SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": {4: 32768, 2: 16384}}
 # One warp per this many bytes of a program's tile ...
 SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
-# ... but the forward's uncapped kernels (below) past one wave, a warp per this many: bf16 2048 x 50257
-# 2636 -> 2939 GB/s, 256 x 262147 2087 -> 2862 (scripts/tune/tune_softmax.py --variants
-# split_on_chip_forward [--log]; docs/notes/2026-11/tune_softmax-split_on_chip_forward-h200.log).
+# ... but uncapped forward launches past one wave, a warp per this many (bf16 2048 x 50257 2636 -> 2939 GB/s);
+# forward rows in fewer programs than SMs take chunks of FEW_PROGRAMS_TILE_BYTES (1 x 262147 136 -> 161;
+# docs/notes/2026-11/tune_softmax-split_on_chip_forward{,_rule}-h200.log).
 SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES = 4096
-# Forward rows in fewer programs than SMs take chunks of this many bytes (more programs, the row on
-# more SMs): bf16 1 x 262147 136 -> 161 GB/s, 4 x 128257 269 -> 287 (same log).
 SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES = 8192
 # ... except the 2-byte backward of rows that start off 16-byte boundaries (the kernel then reads the
 # row's partial granules on their own): 4 warps an 8192-element tile instead of 16. bf16 2048 x 50257
@@ -227,11 +218,12 @@ SPLIT_ON_CHIP_MAX_TILE = 16384
 # 16384-element tiles (rows of 540K-1.08M on 132 SMs) bf16 198x615032 took 1.93 ms against torch's
 # 0.38 (a random shape of the sweep; the floor is 0.16 ms).
 SPLIT_ON_CHIP_AUTO_MAX_TILE = 8192
-# A row's programs must be resident together: at most half the SMs' worth of chunks a row.
-SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5
+SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5  # a row's programs must be resident together: at most half the SMs' worth
 # Register cap a thread (Triton's maxnreg) by op (and element size), 0 for the compiler's choice:
-# 32 lets 8 forward programs share an SM instead of 6 with no spill; the 2-byte log_softmax and the backward spill under it.
-SPLIT_ON_CHIP_MAX_REGISTERS = {"softmax": 32, "log_softmax": {4: 32, 2: 0}, "logsumexp": 0,
+# 32 lets 8 bf16 softmax programs share an SM instead of 6 with no spill; the 2-byte log_softmax and the
+# backward spill under it; fp32 ran 1.01-1.12x faster uncapped on half the warps (16 x 262144 2214 -> 2374
+# GB/s: docs/notes/2026-11/tune_softmax-split_on_chip_forward_fp32_uncapped-h200.log).
+SPLIT_ON_CHIP_MAX_REGISTERS = {"softmax": {4: 0, 2: 32}, "log_softmax": 0, "logsumexp": 0,
                                "softmax_backward": 0, "log_softmax_backward": 0}
 # ... and only where a chunk fills at least this share of its power-of-two tile: below it the capped
 # kernels spill (ptxas for sm_90, scripts/probes/kernel_resources.py: bf16 softmax chunks of 4512,
@@ -239,8 +231,7 @@ SPLIT_ON_CHIP_MAX_REGISTERS = {"softmax": 32, "log_softmax": {4: 32, 2: 0}, "log
 # none; fp32 chunks of 4320 and 5680 a 152-byte one), and a bf16 1024 x 17000 forward so capped ran
 # at 179 GB/s on the H100 (docs/notes/2026-11/sweep_strategies-padded-h100.log).
 SPLIT_ON_CHIP_CAP_MIN_FILL = 0.75
-# ... and where a thread holds at most this many bytes of the tile (a warp per 2048 bytes): bf16 tiles
-# of 4096 on 2 warps (128 bytes a thread) took a 312-byte stack under the cap (kernel_resources.py).
+# ... and up to this many bytes of the tile a thread (bf16 tiles of 4096 on 2 warps spilled under it).
 SPLIT_ON_CHIP_CAP_MAX_THREAD_BYTES = 64
 # The cap buys programs an SM, which only counts beyond one uncapped wave (bf16 16x262144 lost 11.8 -> 12.2 us under it).
 SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM = 6
@@ -620,13 +611,10 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         if (programs <= SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms or granule_rows or cols % 16
                 or chunk < SPLIT_ON_CHIP_CAP_MIN_FILL * next_power_of_2(chunk)
                 or held * elem > SPLIT_ON_CHIP_CAP_MAX_THREAD_BYTES * 32 * warps):
-            # One wave without the cap: it would buy nothing. Rows read in granules hold more
-            # state (the row's edges), and under the cap ptxas spills (bf16: 168 bytes). Rows of a
-            # length that is no multiple of 16 are read in granules (before they were, bf16
-            # softmax 1742 x 95704 took 2.63 ms capped, 0.57 without, where 1742 x 95712 took
-            # 0.25 / 0.27: scripts/probes/probe_split_on_chip_cap.py,
-            # docs/notes/2026-11/probe_split_on_chip_cap-h100.log); callers that do not say
-            # whether rows are read in granules have them judged by their length.
+            # One wave without the cap: it would buy nothing. Rows read in granules hold more state
+            # (the row's edges) and spill under the cap (bf16 softmax 1742 x 95704: 2.63 ms capped,
+            # 0.57 without: docs/notes/2026-11/probe_split_on_chip_cap-h100.log); callers that do
+            # not say whether rows are read in granules have them judged by their length.
             cap = 0
         if not (cap or backward or one_chunk) and programs > SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM * sms:
             warps = max(1, held * elem // SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES)

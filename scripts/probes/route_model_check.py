@@ -8,9 +8,11 @@ kernel's own time), plans each cell for a GPU of ``--sms`` SMs, and prints the m
 with the cells on the wrong side of the route's line.
 
     python scripts/probes/route_model_check.py [--results benchmarks/results/h200] [--sms 132] [--margin 2]
+        [--long-row-gbs softmax=1200,log_softmax=2000]
 
 ``--margin`` (µs): a cell counts as misjudged when torch's time is that far past the line on the
-other side from the model's.
+other side from the model's. ``--long-row-gbs``: a long-row streaming rate by op in place of
+plan.TORCH_LONG_ROW_GBS (a model by op, tried without changing the route).
 """
 
 import argparse
@@ -47,7 +49,9 @@ def main():
     parser.add_argument("--results", default="benchmarks/results/h200")
     parser.add_argument("--sms", type=int, default=132)
     parser.add_argument("--margin", type=float, default=2.0)
+    parser.add_argument("--long-row-gbs", default="", help="op=GB/s,... in place of plan.TORCH_LONG_ROW_GBS")
     args = parser.parse_args()
+    long_row_gbs = {op: float(gbs) for op, gbs in (pair.split("=") for pair in args.long_row_gbs.split(",") if pair)}
     line = plan.EAGER_HOST_US["forward"]
     to_torch_wrongly, to_ours_wrongly = [], []
     cells = torch_forward_cells(args.results)
@@ -57,7 +61,7 @@ def main():
                              misaligned_rows=(cols * dtype.itemsize) % 16 != 0)
         if chosen.strategy not in plan.TRITON_STRATEGIES:
             continue
-        model_us = eager_route.torch_kernel_us(rows, cols, chosen.bytes_moved(), args.sms)
+        model_us = eager_route.torch_kernel_us(rows, cols, chosen.bytes_moved(), args.sms, long_row_gbs.get(op))
         host_us = line[chosen.launches]
         cell = f"{dtype_name} {op} {rows}x{cols}: model {model_us:.1f} us, torch {torch_us:.1f}, our host {host_us:.0f}"
         if model_us < host_us and torch_us > host_us + args.margin:

@@ -745,10 +745,10 @@ def test_split_row_on_chip_register_cap_only_beyond_one_uncapped_wave():
     assert cap("softmax", 1742, 95712, torch.bfloat16)[0] == 32
 
 
-def test_split_row_on_chip_forward_warps_and_tiles_by_programs():
+def test_split_row_on_chip_warps_and_tiles_by_programs():
     # The forward on a 132-SM GPU: rows in fewer programs than SMs take chunks of half the tile;
-    # uncapped launches past one wave a warp per 4096 bytes; capped ones and the backward keep a
-    # warp per 2048 bytes of their tiles.
+    # uncapped launches past one wave a warp per 4096 bytes; capped ones keep a warp per 2048 bytes
+    # of their tiles.
     cuda = torch.device("cuda")
 
     def chosen(op, rows, cols, dtype=torch.bfloat16, granules=True):
@@ -763,8 +763,14 @@ def test_split_row_on_chip_forward_warps_and_tiles_by_programs():
     assert chosen("log_softmax", 256, 151936, granules=False) == (8192, 19, 4, 0)  # the 2-byte log: never capped
     assert chosen("softmax", 64, 128256, granules=False) == (8192, 16, 8, 32)  # capped
     assert chosen("softmax", 16, 262144, granules=False) == (8192, 32, 8, 0)  # 512 programs: one wave
-    backward = plan._choose("softmax_backward", 1, 262147, torch.bfloat16, cuda, "auto", None, 132, False, False, True)
-    assert (backward.block_cols, backward.num_warps) == (8192, 4)  # the backward's own tables
+    # The backward: a quarter of its tile, bounded by the chunks a row may take (66 on 132 SMs).
+    def backward(rows, cols, dtype):
+        c = plan._choose("softmax_backward", rows, cols, dtype, cuda, "auto", None, 132, False, rows > 1, True)
+        return c.block_cols, c.num_chunks, c.num_warps
+    assert backward(1, 100003, torch.bfloat16) == (2048, 49, 1)
+    assert backward(1, 262147, torch.bfloat16) == (4096, 65, 2)
+    assert backward(1, 131072, torch.float32) == (2048, 64, 1)
+    assert backward(64, 50257, torch.bfloat16) == (8192, 7, 4)  # 448 programs: the table's tile
 
 
 @needs_triton
@@ -972,16 +978,24 @@ def test_split_row_on_chip_many_programs_per_row(rows, cols, dtype, small_split_
 
 
 @gpu_only
-@pytest.mark.parametrize("rows, cols", [(1, 262147), (4, 128257), (300, 50257)])
-def test_split_row_on_chip_forward_plans_by_programs(rows, cols, gen):
-    # The plan's own tiles and warps (no small_split_tiles): few rows in chunks of half the tile,
-    # many uncapped programs on half the warps; bf16 and fp32 against float64.
+@pytest.mark.parametrize("rows, cols", [(1, 262147), (1, 100003), (4, 128257), (300, 50257)])
+def test_split_row_on_chip_plans_by_programs(rows, cols, gen):
+    # The plan's own tiles and warps (no small_split_tiles): few rows in chunks of half (forward) or
+    # a quarter (backward) of the tile, many uncapped programs on half the warps; bf16 and fp32
+    # against float64, the backward against float64 arithmetic on our stored y.
     for dtype in (torch.bfloat16, torch.float32):
         x = make_logits((rows, cols), dtype, gen).to(DEVICE)
         for op, (ours, ref) in OPS.items():
             out = ours(x, -1, strategy="split_row_on_chip")
             assert plan.last_plan().num_chunks > 1
             assert_matches(out, ref(x.double(), -1), dtype, f"{op} {dtype} {rows}x{cols}")
+        xg = make_logits((rows, cols), dtype, gen, scale=2.0, outliers=False).to(DEVICE).requires_grad_()
+        dy = make_logits((rows, cols), dtype, gen, scale=1.0).to(DEVICE)
+        y = onlinesoftmax.softmax(xg, strategy="split_row_on_chip")
+        (dx,) = torch.autograd.grad(y, xg, dy)
+        assert plan.last_plan().num_chunks > 1
+        y64, dy64 = y.detach().double(), dy.double()
+        assert_matches(dx, y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True)), dtype, f"backward {dtype}")
     assert_counters_left_zero()
 
 

@@ -122,14 +122,16 @@ def split_on_chip_forward_variants():
     for tile_bytes, warp_bytes in ((8192, 2048), (8192, 4096), (16384, 4096)):
         yield dict(SPLIT_ON_CHIP_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_TILE_BYTES, forward=tile_bytes),
                    SPLIT_ON_CHIP_WARP_BYTES=dict(plan.SPLIT_ON_CHIP_WARP_BYTES, forward=warp_bytes),
-                   SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES=warp_bytes, SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES=tile_bytes)
+                   SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES=warp_bytes,
+                   SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES, forward=tile_bytes))
 
 
 def split_on_chip_forward_rule_off_variants():
     # The forward's plan before its uncapped warps and few-programs tiles (SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES,
     # SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES).
     yield dict(SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES=plan.SPLIT_ON_CHIP_WARP_BYTES["forward"],
-               SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES=plan.SPLIT_ON_CHIP_TILE_BYTES["forward"])
+               SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES,
+                                                          forward=plan.SPLIT_ON_CHIP_TILE_BYTES["forward"]))
 
 
 def split_on_chip_forward_fp32_capped_variants():
@@ -139,6 +141,15 @@ def split_on_chip_forward_fp32_capped_variants():
     caps = plan.SPLIT_ON_CHIP_MAX_REGISTERS
     yield dict(SPLIT_ON_CHIP_MAX_REGISTERS={**caps, "softmax": {4: 32, 2: caps["softmax"][2]},
                                             "log_softmax": {4: 32, 2: 0}})
+
+
+def split_on_chip_backward_few_programs_variants():
+    # The backward's chunks where rows x chunks < SMs: half and a quarter of the tile (a warp per the
+    # same bytes, so half and a quarter of the warps), as the forward's few-programs tile.
+    tiles = plan.SPLIT_ON_CHIP_TILE_BYTES["backward"]
+    for share in (2, 4):
+        yield dict(SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES, backward={
+            size: tile_bytes // share for size, tile_bytes in tiles.items()}))
 
 
 def current_only_variants():
@@ -402,6 +413,11 @@ CASES = [
     *((torch.float32, rows, cols, "split_row_on_chip", split_on_chip_forward_fp32_capped_variants)
       for rows, cols in ((64, 128256), (256, 151936), (16, 262144), (32, 262144), (128, 65536), (512, 50304),
                          (2048, 128000), (8192, 50304), (4096, 65536), (100, 200000), (256, 100000))),
+    # Few long rows, backward (run with --backward --variants split_on_chip_backward_few_programs).
+    *((dtype, rows, cols, "split_row_on_chip", split_on_chip_backward_few_programs_variants)
+      for dtype in (torch.bfloat16, torch.float32)
+      for rows, cols in ((1, 262147), (1, 100003), (2, 227360), (4, 128257), (8, 65537), (16, 50257), (4, 32001),
+                         (1, 50257), (1, 131072))),
     # The plan's short heads and tails against the plan before them, across row counts and lengths.
     *((dtype, rows, cols, "row_on_chip", short_tail_off_variants)
       for dtype in (torch.bfloat16, torch.float32, torch.float16)

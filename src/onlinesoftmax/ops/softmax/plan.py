@@ -198,10 +198,10 @@ SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": {4: 32768, 2: 16384}}
 # One warp per this many bytes of a program's tile ...
 SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
 # ... but uncapped forward launches past one wave, a warp per this many (bf16 2048 x 50257 2636 -> 2939 GB/s);
-# forward rows in fewer programs than SMs take chunks of FEW_PROGRAMS_TILE_BYTES (1 x 262147 136 -> 161;
-# docs/notes/2026-11/tune_softmax-split_on_chip_forward{,_rule}-h200.log).
+# rows in fewer programs than SMs take chunks of FEW_PROGRAMS_TILE_BYTES, the same bytes a warp (forward bf16
+# 1 x 262147 136 -> 161, backward 1 x 100003 88 -> 108; docs/notes/2026-11/tune_softmax-split_on_chip_*-h200.log).
 SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES = 4096
-SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES = 8192
+SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES = {"forward": 8192, "backward": {4: 8192, 2: 4096}}
 # ... except the 2-byte backward of rows that start off 16-byte boundaries (the kernel then reads the
 # row's partial granules on their own): 4 warps an 8192-element tile instead of 16. bf16 2048 x 50257
 # on the H100, GB/s of y, dy and dx (scripts/tune/tune_softmax.py --backward [--log];
@@ -597,9 +597,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         span = cols + (15 if misaligned_rows else 0)
         # The interpreter cannot run a row's programs side by side: one chunk per row there.
         num_chunks = 1 if interpreting else cdiv(span, tile)
-        few_programs_tile = max(SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES // elem,
+        few_programs_tile = max(_split_on_chip_bytes(SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES, backward, elem) // elem,
                                 next_power_of_2(cdiv(cols, _split_on_chip_max_chunks(sms))))
-        if not (backward or one_chunk or interpreting) and rows * num_chunks < sms and few_programs_tile < tile:
+        if not (one_chunk or interpreting) and rows * num_chunks < sms and few_programs_tile < tile:
             # Fewer programs than SMs: smaller chunks put the row on more of them.
             tile, held = few_programs_tile, few_programs_tile
             warps, num_chunks = min(32, max(1, tile * elem // warp_bytes)), cdiv(span, few_programs_tile)

@@ -197,11 +197,6 @@ SPLIT_BELOW_ROWS_PER_SM = 2  # below this many rows an SM, rows alone cannot fil
 SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": {4: 32768, 2: 16384}}
 # One warp per this many bytes of a program's tile ...
 SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
-# ... but uncapped forward launches past one wave, a warp per this many (bf16 2048 x 50257 2636 -> 2939 GB/s);
-# rows in fewer programs than SMs take chunks of FEW_PROGRAMS_TILE_BYTES, the same bytes a warp (forward bf16
-# 1 x 262147 136 -> 161, backward 1 x 100003 88 -> 108; docs/notes/2026-11/tune_softmax-split_on_chip_*-h200.log).
-SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES = 4096
-SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES = {"forward": 8192, "backward": {4: 8192, 2: 4096}}
 # ... except the 2-byte backward of rows that start off 16-byte boundaries (the kernel then reads the
 # row's partial granules on their own): 4 warps an 8192-element tile instead of 16. bf16 2048 x 50257
 # on the H100, GB/s of y, dy and dx (scripts/tune/tune_softmax.py --backward [--log];
@@ -212,6 +207,11 @@ SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES = {"forward": 8192, "backward": {4: 8192, 
 # 1742 x 95704 0.491 -> 0.373 ms, 512 x 128264 0.207 -> 0.158 (torch 0.491, 0.196;
 # docs/notes/2026-11/probe_whole_granule_rows-{granules-,}h100.log).
 SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES = {4: 8192, 2: 4096}
+# Uncapped forward launches past one wave take a warp per this many bytes (bf16 2048 x 50257 2636 -> 2939 GB/s);
+# rows in fewer programs than SMs take chunks of FEW_PROGRAMS_TILE_BYTES, the same bytes a warp (forward bf16
+# 1 x 262147 136 -> 161, backward 1 x 100003 88 -> 108; docs/notes/2026-11/tune_softmax-split_on_chip_*-h200.log).
+SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES = 4096
+SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES = {"forward": 8192, "backward": {4: 8192, 2: 4096}}
 # Rows that need larger tiles than this cannot be held (the strategy refuses them when asked for).
 SPLIT_ON_CHIP_MAX_TILE = 16384
 # The largest tile the plan picks the strategy for by itself; longer rows go to split_row. With

@@ -6,8 +6,8 @@ host-bound eager time of a cell, or the sweep's run-to-run spread did.
 For each case: softmax and log_softmax of a few rows, bf16, called back to back between two CUDA
 events over rotated inputs (as ``bench sweep`` times eager calls), under the plan's tables ("plan")
 and under the same tables with split_row_on_chip's forward as it was before its warps and tiles by
-programs ("before": SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES and SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES at the
-tile's own values), the two alternating round by round; then torch's call. Medians of the rounds, µs.
+programs ("before": SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES and the forward's SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES
+at the tile's own values), the two alternating round by round; then torch's call. Medians of the rounds, µs.
 """
 
 import argparse
@@ -21,7 +21,8 @@ from onlinesoftmax.ops.softmax import plan
 
 SHAPES = ((1, 100003), (4, 100003), (4, 128257), (1, 262147), (1, 65537), (4, 50257), (256, 32001), (5, 73849))
 BEFORE = dict(SPLIT_ON_CHIP_UNCAPPED_WARP_BYTES=plan.SPLIT_ON_CHIP_WARP_BYTES["forward"],
-              SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES=plan.SPLIT_ON_CHIP_TILE_BYTES["forward"])
+              SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES,
+                                                         forward=plan.SPLIT_ON_CHIP_TILE_BYTES["forward"]))
 
 
 def eager_us(fn, xs, calls=300):

@@ -144,10 +144,12 @@ def split_on_chip_forward_fp32_capped_variants():
 
 
 def split_on_chip_backward_few_programs_variants():
-    # The backward's chunks where rows x chunks < SMs: half and a quarter of the tile (a warp per the
-    # same bytes, so half and a quarter of the warps), as the forward's few-programs tile.
+    # The backward's chunks where rows x chunks < SMs (the plan: a quarter of the tile) against the
+    # whole tile (the plan before) and half of it, a warp per the same bytes. (The recorded run,
+    # tune_softmax-split_on_chip_backward_few_programs-h200.log, had the whole tile as "current" and
+    # timed the half and the quarter.)
     tiles = plan.SPLIT_ON_CHIP_TILE_BYTES["backward"]
-    for share in (2, 4):
+    for share in (1, 2):
         yield dict(SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES=dict(plan.SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES, backward={
             size: tile_bytes // share for size, tile_bytes in tiles.items()}))
 

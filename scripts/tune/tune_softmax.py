@@ -391,14 +391,12 @@ CASES = [
     # split_row_on_chip's forward on smaller chunks (run with --variants split_on_chip_forward): the
     # committed sweeps' cells of the strategy nearest torch (bf16 log_softmax 256 x 50257 0.97x
     # under CUDA graphs on the H200, 11 x 27783 1.03x, fp32 8192 x 50257 1.05x), the bench grid's rows.
-    *((dtype, rows, cols, "split_row_on_chip", split_on_chip_forward_variants) for dtype, rows, cols in (
-        (torch.bfloat16, 256, 50257), (torch.bfloat16, 2048, 50257), (torch.bfloat16, 8192, 50257),
-        (torch.bfloat16, 11, 27783), (torch.bfloat16, 49, 24083), (torch.bfloat16, 256, 32001),
-        (torch.bfloat16, 256, 65537), (torch.bfloat16, 2777, 27342), (torch.bfloat16, 167, 75507),
-        (torch.bfloat16, 256, 262147), (torch.bfloat16, 4, 128257), (torch.bfloat16, 1, 262147),
-        (torch.bfloat16, 64, 128256), (torch.bfloat16, 256, 151936), (torch.bfloat16, 16, 262144),
-        (torch.float32, 8192, 50257), (torch.float32, 83, 35642), (torch.float32, 32, 128257),
-        (torch.float32, 64, 128256), (torch.float32, 256, 151936), (torch.float32, 16, 262144))),
+    *((dtype, rows, cols, "split_row_on_chip", split_on_chip_forward_variants) for dtype, shapes in (
+        (torch.bfloat16, ((256, 50257), (2048, 50257), (8192, 50257), (11, 27783), (49, 24083), (256, 32001),
+                          (256, 65537), (2777, 27342), (167, 75507), (256, 262147), (4, 128257), (1, 262147),
+                          (64, 128256), (256, 151936), (16, 262144))),
+        (torch.float32, ((8192, 50257), (83, 35642), (32, 128257), (64, 128256), (256, 151936), (16, 262144))))
+      for rows, cols in shapes),
     # ... and the plan those runs gave, against the plan before it, at the committed sweeps' cells it changes.
     *((dtype, rows, cols, "split_row_on_chip", split_on_chip_forward_rule_off_variants) for dtype, rows, cols in (
         *((torch.bfloat16, rows, cols) for rows, cols in (

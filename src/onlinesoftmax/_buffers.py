@@ -74,17 +74,16 @@ def row_exchange(parts: int, counters: int, device: torch.device) -> tuple[torch
     so that a graph replayed on another stream never shares them with eager launches. The partials
     come from :func:`empty`, like every other buffer (the tests fill those with NaN).
     """
-    if device.type != "cuda" or torch._C._cuda_isCurrentStreamCapturing():
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return empty((parts,), torch.float32, device), torch.zeros(counters, dtype=torch.int32, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (index, torch._C._cuda_getCurrentRawStream(index))  # the stream handle, without a Stream object
-    # (partials, counters, their sizes): the sizes kept as ints, which every call compares.
-    kept = _EXCHANGE.get(key)
-    if kept is None or kept[2] < parts or kept[3] < counters:
-        kept_parts, kept_counters, parts_size, counters_size = kept or (None, None, 0, 0)
-        if parts_size < parts:
+    pair = _EXCHANGE.get(key)
+    if pair is None or pair[0].numel() < parts or pair[1].numel() < counters:
+        kept_parts, kept_counters = pair or (None, None)
+        if kept_parts is None or kept_parts.numel() < parts:
             kept_parts = empty((max(parts, 4096),), torch.float32, device)
-        if counters_size < counters:
+        if kept_counters is None or kept_counters.numel() < counters:
             kept_counters = torch.zeros(max(counters, 1024), dtype=torch.int32, device=device)
-        kept = _EXCHANGE[key] = (kept_parts, kept_counters, kept_parts.numel(), kept_counters.numel())
-    return kept[0], kept[1]
+        pair = _EXCHANGE[key] = (kept_parts, kept_counters)
+    return pair

@@ -590,8 +590,6 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         if one_chunk:
             tile, warp_bytes = one_chunk, (MISALIGNED_ONE_CHUNK_TAIL_WARP_BYTES[op][elem] if tail else
                                            MISALIGNED_ONE_CHUNK_WARP_BYTES[op if backward else "forward"][dtype])
-        held = tile // 2 if tail else tile  # a warp per warp_bytes of what is held (the head, with a tail)
-        warps = min(32, max(1, held * elem // warp_bytes))
         # Chunks start at 16-byte boundaries of memory: a row that starts off one spans up to 15
         # elements more.
         span = cols + (15 if misaligned_rows else 0)
@@ -601,8 +599,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                                 next_power_of_2(cdiv(cols, _split_on_chip_max_chunks(sms))))
         if not (one_chunk or interpreting) and rows * num_chunks < sms and few_programs_tile < tile:
             # Fewer programs than SMs: smaller chunks put the row on more of them.
-            tile, held = few_programs_tile, few_programs_tile
-            warps, num_chunks = min(32, max(1, tile * elem // warp_bytes)), cdiv(span, few_programs_tile)
+            tile, num_chunks = few_programs_tile, cdiv(span, few_programs_tile)
+        held = tile // 2 if tail else tile  # a warp per warp_bytes of what is held (the head, with a tail)
+        warps = min(32, max(1, held * elem // warp_bytes))
         # Equal chunks, each a multiple of 16 elements.
         chunk = cdiv(cdiv(span, num_chunks), 16) * 16
         num_chunks = cdiv(span, chunk)

@@ -362,6 +362,18 @@ def rounded_product(a, b, PTX: tl.constexpr):
 
 
 @triton.jit
+def grad_dot(y, dy, AXIS: tl.constexpr, LOG: tl.constexpr, ROUND: tl.constexpr = False):
+    """The backward's reduction of a tile along AXIS, as grad_from_dot takes it: sum(dy * y) for
+    softmax, sum(dy) for log-softmax (``y`` unread). ROUND: products rounded before the sum (see
+    rounded_product; False multiplies in fp32 as the interpreter does)."""
+    if LOG:
+        dot = tl.sum(dy.to(tl.float32), AXIS)
+    else:
+        dot = tl.sum(rounded_product(dy, y, ROUND), AXIS)
+    return dot
+
+
+@triton.jit
 def grad_from_dot(y, dy, dot, inv_temperature, LOG: tl.constexpr):
     # softmax: dx = y (dy - <dy, y>); log-softmax: dx = dy - exp(y) <dy, 1>; both times d(x/T)/dx.
     if LOG:

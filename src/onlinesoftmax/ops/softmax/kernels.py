@@ -32,12 +32,12 @@ from ..._triton import (
     claim_chunk,
     col_offset,
     finish_lse,
+    grad_dot,
     grad_from_dot,
     known_multiple,
     max_keep_nan,
     merge_row_partials,
     nan_max,
-    rounded_product,
     row_offset,
     widen_opaque,
     store_row_partial,
@@ -353,10 +353,7 @@ def row_on_chip_backward_kernel(
     # In the input dtype across the row's reduction, as in split_row_on_chip_backward_kernel.
     b_y = tl.load(p_y, mask=mask, other=0.0)  # [R, C]
     b_dy = tl.load(p_dy, mask=mask, other=0.0)
-    if LOG:
-        b_dot = tl.sum(b_dy.to(tl.float32), 1)
-    else:
-        b_dot = tl.sum(rounded_product(b_dy, b_y, ROUND_HEAD), 1)
+    b_dot = grad_dot(b_y, b_dy, 1, LOG, ROUND_HEAD)
     if TAIL_COLS > 0:
         t_cols = BLOCK_COLS + tl.arange(0, TAIL_COLS)
         t_mask = (rows < n_rows)[:, None] & (t_cols < n_cols)[None, :]
@@ -364,10 +361,7 @@ def row_on_chip_backward_kernel(
                                  CONTIGUOUS, ROW_ALIGN), mask=t_mask, other=0.0)
         t_dy = tl.load(_tile_ptrs(dy_ptr, rows, t_cols, inner, dy_stride_outer, dy_stride_col, dy_stride_inner,
                                   CONTIGUOUS, ROW_ALIGN), mask=t_mask, other=0.0)
-        if LOG:
-            b_dot += tl.sum(t_dy.to(tl.float32), 1)
-        else:
-            b_dot += tl.sum(rounded_product(t_dy, t_y, ROUND_TAIL), 1)
+        b_dot += grad_dot(t_y, t_dy, 1, LOG, ROUND_TAIL)
     b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), b_dot[:, None],
                          inv_temperature, LOG)
     p_dx = _tile_ptrs(dx_ptr, rows, cols, inner, dx_stride_outer, dx_stride_col, dx_stride_inner, CONTIGUOUS,
@@ -474,26 +468,19 @@ def split_row_on_chip_backward_kernel(
     full = cols < whole
     b_y = tl.load(y_row + col_offset(cols, y_stride_col, CONTIGUOUS), mask=full, other=0.0)
     b_dy = tl.load(dy_row + col_offset(cols, dy_stride_col, CONTIGUOUS), mask=full, other=0.0)
-    if LOG:
-        dot = tl.sum(b_dy.to(tl.float32), 0)
-    else:
-        dot = tl.sum(b_dy.to(tl.float32) * b_y.to(tl.float32), 0)
+    dot = grad_dot(b_y, b_dy, 0, LOG)
     if TAIL_COLS > 0:
         t_cols = chunk_span(chunk, chunk_size, head, n_cols, TAIL_COLS, ALIGN)[0] + BLOCK_COLS
         t_full = t_cols < whole
         t_y = tl.load(y_row + col_offset(t_cols, y_stride_col, CONTIGUOUS), mask=t_full, other=0.0)
         t_dy = tl.load(dy_row + col_offset(t_cols, dy_stride_col, CONTIGUOUS), mask=t_full, other=0.0)
-        if LOG:
-            dot += tl.sum(t_dy.to(tl.float32), 0)
-        else:
-            dot += tl.sum(t_dy.to(tl.float32) * t_y.to(tl.float32), 0)
+        dot += grad_dot(t_y, t_dy, 0, LOG)
     if ALIGN > 1:
         e_dy, _ = edge_granules(dy_row, dy_stride_col, lo, hi, 0.0, CONTIGUOUS, ALIGN)
-        if LOG:
-            dot += tl.sum(e_dy.to(tl.float32), 0)
-        else:
+        e_y = e_dy  # log-softmax's sum reads dy alone
+        if not LOG:
             e_y, _ = edge_granules(y_row, y_stride_col, lo, hi, 0.0, CONTIGUOUS, ALIGN)
-            dot += tl.sum(e_dy.to(tl.float32) * e_y.to(tl.float32), 0)
+        dot += grad_dot(e_y, e_dy, 0, LOG)
     if CHUNKS_POW2 > 1:
         tl.store(part_ptr + row.to(tl.int64) * num_chunks + chunk, dot)
         wait_for_row(sync_ptr, row, num_chunks)

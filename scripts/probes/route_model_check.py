@@ -8,7 +8,12 @@ kernel's own time), plans each cell for a GPU of ``--sms`` SMs, and prints the m
 with the cells on the wrong side of the route's line.
 
     python scripts/probes/route_model_check.py [--results benchmarks/results/h200] [--sms 132] [--margin 2]
-        [--long-row-gbs softmax=1200,log_softmax=2000]
+        [--long-row-gbs softmax=1200,log_softmax=2000] [--by-route]
+
+``--by-route``: instead, ours over torch in the sweeps' eager timings, cell by cell, summed up by
+which kernel the route runs (torch's own: both columns time the same kernel and, in the backward,
+the same autograd node; ours) and by direction: what the route's lookup costs, and how far apart
+two timings of one computation land on that machine.
 
 ``--margin`` (µs): a cell counts as misjudged when torch's time is that far past the line on the
 other side from the model's. ``--long-row-gbs``: a long-row streaming rate by op in place of
@@ -18,6 +23,7 @@ plan.TORCH_LONG_ROW_GBS (a model by op, tried without changing the route).
 import argparse
 import glob
 import json
+import math
 import os
 
 import torch
@@ -44,21 +50,60 @@ def torch_forward_cells(results: str) -> dict:
     return cells
 
 
+def plan_of(op: str, rows: int, cols: int, dtype: torch.dtype, sms: int) -> plan.Plan:
+    """The plan of a contiguous (rows, cols) call, as the launcher makes it (rows in granules where
+    they are not whole 16-element runs)."""
+    granule = 16 // dtype.itemsize
+    unproven = cols % 16 != 0
+    return plan.choose(op, rows, cols, dtype, torch.device("cuda"), sms=sms, interpreting=False,
+                       misaligned_rows=unproven and cols % granule != 0, granule_rows=unproven)
+
+
+def eager_ratios_by_route(results: str, sms: int) -> None:
+    """Torch's eager time over ours at every sweep cell, by direction and by the route's kernel."""
+    groups = {}
+    for path in sorted(glob.glob(os.path.join(results, "**", "sweep.json"), recursive=True)):
+        with open(path) as f:
+            rows = json.load(f)["rows"]
+        by_cell = {(r["case"], r["dtype"], r["direction"], r["impl"]): r for r in rows}
+        for (case, dtype_name, direction, impl), row in by_cell.items():
+            theirs = by_cell.get((case, dtype_name, direction, "torch"))
+            if impl != "onlinesoftmax" or not row.get("ms") or not theirs or not theirs.get("ms"):
+                continue
+            op, shape = case.split()
+            rows_, cols = (int(v) for v in shape.split("x"))
+            chosen = plan_of(op, rows_, cols, DTYPES[dtype_name], sms)
+            routed = eager_route.eager_torch(chosen, direction == "backward", sms=sms)
+            key = (direction, "torch's kernel (routed)" if routed else "our kernels")
+            groups.setdefault(key, []).append(theirs["ms"] / row["ms"])
+    print(f"torch eager / ours eager over the sweeps under {results} ({sms} SMs)")
+    for (direction, kernel), ratios in sorted(groups.items()):
+        ratios.sort()
+        mean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        tenth, median, ninetieth = (ratios[int(q * (len(ratios) - 1))] for q in (0.1, 0.5, 0.9))
+        print(f"  {direction:8s} {kernel:24s} {len(ratios):4d} cells: geometric mean {mean:.3f}, "
+              f"10th / 50th / 90th percentile {tenth:.2f} / {median:.2f} / {ninetieth:.2f}, "
+              f"range {ratios[0]:.2f}-{ratios[-1]:.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", default="benchmarks/results/h200")
     parser.add_argument("--sms", type=int, default=132)
     parser.add_argument("--margin", type=float, default=2.0)
     parser.add_argument("--long-row-gbs", default="", help="op=GB/s,... in place of plan.TORCH_LONG_ROW_GBS")
+    parser.add_argument("--by-route", action="store_true", help="eager ratios by the route's kernel instead")
     args = parser.parse_args()
+    if args.by_route:
+        eager_ratios_by_route(args.results, args.sms)
+        return
     long_row_gbs = {op: float(gbs) for op, gbs in (pair.split("=") for pair in args.long_row_gbs.split(",") if pair)}
     line = plan.EAGER_HOST_US["forward"]
     to_torch_wrongly, to_ours_wrongly = [], []
     cells = torch_forward_cells(args.results)
     for (dtype_name, op, rows, cols), torch_us in cells.items():
         dtype = DTYPES[dtype_name]
-        chosen = plan.choose(op, rows, cols, dtype, torch.device("cuda"), sms=args.sms, interpreting=False,
-                             misaligned_rows=(cols * dtype.itemsize) % 16 != 0)
+        chosen = plan_of(op, rows, cols, dtype, args.sms)
         if chosen.strategy not in plan.TRITON_STRATEGIES:
             continue
         model_us = eager_route.torch_kernel_us(rows, cols, chosen.bytes_moved(), args.sms, long_row_gbs.get(op))

@@ -1,0 +1,87 @@
+"""Host cost of a Triton launch by how its pointer arguments are passed (GPU).
+
+Triton 3.6's C launcher takes a pointer argument either as an int (used as it is) or as an object
+with ``data_ptr()``, which it calls and then checks with the driver (``cuPointerGetAttribute``, to
+refuse CPU tensors) on every launch. This times the compiled kernel's own launcher, called back to
+back as ``_launch.Launcher``'s fast path calls it, with 1, 3 and 5 pointers passed as tensors, as
+ints kept from before, and as ints read per call (``t.data_ptr()`` in Python), over several rounds
+in turn (the host's speed drifts).
+
+    python scripts/probes/probe_pointer_args.py [--rounds 7]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from onlinesoftmax._launch import _direct_launch
+
+
+@triton.jit
+def pointers_kernel(a_ptr, b_ptr, c_ptr, d_ptr, e_ptr, n, stride, inv_t, WRITE: tl.constexpr):
+    if WRITE:
+        tl.store(a_ptr + tl.program_id(0), 1.0)
+
+
+def issued_us(fn, calls: int) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    per_call = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    return per_call
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=5000)
+    args = parser.parse_args()
+    tensors = [torch.zeros(1024, device="cuda") for _ in range(5)]
+    kernel = pointers_kernel[(1,)](*tensors, 1024, 1, 1.0, WRITE=True)
+    launch, prefix, tail = _direct_launch(kernel, (True,))
+    stream = torch.cuda.current_stream().cuda_stream
+    ints = [t.data_ptr() for t in tensors]
+
+    def case(pointers: int, how: str):
+        rest = ints[:1] * (5 - pointers)  # the other pointer slots: a kept int (no driver check)
+        if how == "tensors":
+            chosen = tensors[:pointers]
+            return lambda: launch(1, 1, 1, stream, *prefix, *chosen, *rest, 1024, 1, 1.0, *tail)
+        if how == "ints kept":
+            chosen = ints[:pointers]
+            return lambda: launch(1, 1, 1, stream, *prefix, *chosen, *rest, 1024, 1, 1.0, *tail)
+        chosen = tensors[:pointers]
+        if pointers == 1:
+            a, = chosen
+            return lambda: launch(1, 1, 1, stream, *prefix, a.data_ptr(), *rest, 1024, 1, 1.0, *tail)
+        if pointers == 3:
+            a, b, c = chosen
+            return lambda: launch(1, 1, 1, stream, *prefix, a.data_ptr(), b.data_ptr(), c.data_ptr(), *rest,
+                                  1024, 1, 1.0, *tail)
+        a, b, c, d, e = chosen
+        return lambda: launch(1, 1, 1, stream, *prefix, a.data_ptr(), b.data_ptr(), c.data_ptr(), d.data_ptr(),
+                              e.data_ptr(), 1024, 1, 1.0, *tail)
+
+    cases = {(p, how): case(p, how) for p in (1, 3, 5) for how in ("tensors", "ints kept", "ints per call")}
+    samples = {key: [] for key in cases}
+    for _ in range(args.rounds):
+        for key, fn in cases.items():
+            samples[key].append(issued_us(fn, args.calls))
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; "
+          f"µs issued a launch, median (min-max) of {args.rounds} rounds of {args.calls} calls")
+    for (pointers, how), values in samples.items():
+        print(f"{pointers} pointers as {how:14s} {statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})")
+    empty = torch.empty(0, device="cuda")
+    print(f"empty tensor's data_ptr(): {empty.data_ptr()} (the launcher skips the driver's check for 0)")
+
+
+if __name__ == "__main__":
+    main()

@@ -831,6 +831,24 @@ def test_kv_stationary_at_its_sizes_gpu(n_keys, head_dim, kv_heads, gen):
 
 
 @gpu_only
+@pytest.mark.parametrize("n_keys", [128, 129, 206, 320, 321])
+@pytest.mark.parametrize("heads", [(3, 3), (4, 2)], ids=["mha", "gqa2"])
+def test_head_dim_256_short_rows_gpu(heads, n_keys, gen):
+    """Head dim 256 over 129-320 keys runs its short row (128 x 32 blocks through pointers), 128 and
+    321 keys the tables' forward; every mask, forward, lse and gradients against float64."""
+    q, k, v = make_qkv(gen, 2, *heads, n_keys, n_keys, 256, torch.bfloat16, requires_grad=True)
+    short = 128 < n_keys <= 320
+    for mode in MODES:
+        with torch.no_grad():
+            attention(q, k, v, causal=CAUSAL_ARG[mode])
+        chosen = plan.last_attention_plan()
+        assert chosen.kernel == "forward" and ((chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages)
+                                               == (128, 32, 8, 3)) == short, (mode, chosen)
+        assert not (short and (chosen.row_descriptors or chosen.use_descriptor)), (mode, chosen)
+        check_all(q, k, v, mode, torch.bfloat16, f"S{n_keys} D256 {heads} {mode}", gen)
+
+
+@gpu_only
 @pytest.mark.parametrize("mode", ["none", "top_left"])
 def test_dkdv_wave_split_gpu(mode, gen):
     """The dK/dV group split the plan takes past one program an SM (ATTENTION_BACKWARD_WAVE_SPLIT_*)

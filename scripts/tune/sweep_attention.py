@@ -113,6 +113,13 @@ FORWARD_ROUNDS = {
     # Its second round, after 128 x 32 on 8 warps led at S256-S512 (218.6 against FLASH's 219.4 at
     # S256): where it overtakes 64 x 32 from S135 up, its stages and key blocks, through row
     # descriptors, and the same at D80 (64 x 64 there up to S512).
+    # Head dim 256 over 150-512 keys, MHA, behind FLASH on the H200 (B43 H25 S206: 0.92x, causal 0.82x):
+    # the tables' row first (128 x 64 on 8 warps, row descriptors), then its pointer loads and the
+    # smaller tiles that won the short rows of head dims 176-192 (64 x 32 on 4 warps, 3 stages).
+    "d256_short": [(128, 64, 8, 2, "rows"), (128, 64, 8, 2, "pointer"), (64, 64, 4, 2, "pointer"),
+                   (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer"), (64, 32, 4, 4, "pointer"),
+                   (128, 32, 8, 3, "pointer"), (64, 64, 8, 2, "pointer"), (64, 128, 4, 1, "pointer"),
+                   (128, 128, 8, 1, "rows")],
     "d96_short_2": [(64, 32, 4, 3, "pointer"), (128, 32, 8, 3, "pointer"), (128, 32, 8, 4, "pointer"),
                     (128, 64, 8, 3, "pointer"), (128, 32, 8, 3, "rows"), (64, 64, 4, 3, "pointer")],
 }

@@ -143,7 +143,7 @@ def test_bound_launch_goes_direct_after_its_first_call(monkeypatch):
     # The compiled path needs a GPU; here its pieces are stand-ins: the first call goes through
     # the launcher (Triton's own path, which compiles), every later one straight to the kernel's
     # launcher with the grid, the stream, the launcher's fixed arguments, the runtime arguments
-    # and the constexprs in signature order.
+    # (a tensor as its address: _launch.POINTERS_AS_ADDRESSES) and the constexprs in signature order.
     calls = []
 
     class FakeJit:
@@ -173,7 +173,11 @@ def test_bound_launch_goes_direct_after_its_first_call(monkeypatch):
     assert calls == [("triton", (7,), (x, 3), {"BLOCK": 16})] and bound.direct is not None
     bound(x, 5)
     assert calls[1] == ("C", (7, 1, 1, 1234, "function", False, False, None, None, "metadata", None, None, None,
-                              x, 5, 16, True))
+                              x.data_ptr(), 5, 16, True))
+    other = torch.zeros(3)
+    bound(other, 6)  # the address of the tensor of this call
+    assert calls.pop() == ("C", (7, 1, 1, 1234, "function", False, False, None, None, "metadata", None, None, None,
+                                 other.data_ptr(), 6, 16, True))
     # The launcher itself, called again with the same key, takes the same direct path.
     launcher((7, 2), "key", x, 9, BLOCK=16)
     assert calls[2] == ("C", (7, 2, 1, 1234, "function", False, False, None, None, "metadata", None, None, None,

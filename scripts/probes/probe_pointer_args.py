@@ -5,7 +5,9 @@ with ``data_ptr()``, which it calls and then checks with the driver (``cuPointer
 refuse CPU tensors) on every launch. This times the compiled kernel's own launcher, called back to
 back as ``_launch.Launcher``'s fast path calls it, with 1, 3 and 5 pointers passed as tensors, as
 ints kept from before, and as ints read per call (``t.data_ptr()`` in Python), over several rounds
-in turn (the host's speed drifts).
+in turn (the host's speed drifts). Then our own eager calls, whose bound launches pass tensors
+as addresses (``_launch.POINTERS_AS_ADDRESSES``) or as tensors, the two in turn in each round
+(the prepared calls rebuilt between them).
 
     python scripts/probes/probe_pointer_args.py [--rounds 7]
 """
@@ -18,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+import onlinesoftmax
+from onlinesoftmax import _device, _launch
 from onlinesoftmax._launch import _direct_launch
 
 
@@ -81,6 +85,45 @@ def main():
         print(f"{pointers} pointers as {how:14s} {statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})")
     empty = torch.empty(0, device="cuda")
     print(f"empty tensor's data_ptr(): {empty.data_ptr()} (the launcher skips the driver's check for 0)")
+    our_calls(args.rounds, args.calls // 5)
+
+
+def our_calls(rounds: int, calls: int):
+    """Our eager calls with the bound launches' tensors passed as addresses and as tensors, in turn."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def logits(*shape, dtype=torch.float32):
+        return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
+
+    x_top, x_top5, x_4k = logits(1, 151936, dtype=torch.bfloat16), logits(1, 25000), logits(4, 1024)
+    x_split = logits(4, 100003, dtype=torch.bfloat16)
+    ce, target = logits(8, 1024, dtype=torch.float32), torch.randint(0, 1024, (8,), device="cuda", generator=gen)
+    ce_grad = ce.clone().requires_grad_()
+    q, k, v = (logits(1, 2, 128, 128, dtype=torch.bfloat16) for _ in range(3))
+    cases = {
+        "softmax_topk 1x151936 k1 bf16 (split)": lambda: onlinesoftmax.softmax_topk(x_top, 1),
+        "softmax_topk 1x25000 k5 (single)": lambda: onlinesoftmax.softmax_topk(x_top5, 5),
+        "softmax 4x1024 (row_on_chip)": lambda: onlinesoftmax.softmax(x_4k, strategy="row_on_chip"),
+        "log_softmax 4x100003 bf16 (split_row_on_chip)": lambda: onlinesoftmax.log_softmax(
+            x_split, strategy="split_row_on_chip"),
+        "cross_entropy 8x1024, forward": lambda: onlinesoftmax.cross_entropy(ce, target),
+        "cross_entropy 8x1024, forward + backward": lambda: onlinesoftmax.cross_entropy(ce_grad, target).backward(),
+        "attention B1 H2 S128 D128, forward": lambda: onlinesoftmax.attention(q, k, v),
+    }
+    samples = {(name, on): [] for name in cases for on in (True, False)}
+    for _ in range(rounds):
+        for on in (True, False):
+            _launch.POINTERS_AS_ADDRESSES = on
+            _device.clear_plan_caches()  # the prepared calls bind their launches anew
+            for name, fn in cases.items():
+                samples[(name, on)].append(issued_us(fn, calls))
+    _launch.POINTERS_AS_ADDRESSES = True
+    print(f"\nour eager calls, µs issued a call, median (min-max) of {rounds} rounds of {calls} calls: "
+          "tensors as addresses / as tensors")
+    for name in cases:
+        on, off = samples[(name, True)], samples[(name, False)]
+        print(f"{name:48s} {statistics.median(on):6.2f} ({min(on):.2f}-{max(on):.2f}) / "
+              f"{statistics.median(off):6.2f} ({min(off):.2f}-{max(off):.2f})")
 
 
 if __name__ == "__main__":

@@ -103,26 +103,58 @@ class BoundLaunch:
     """``Launcher.bind(grid, key, **meta)``: ``bound(*args)`` launches as ``launcher(grid, key, *args,
     **meta)`` does, without re-reading the grid, the key and the constexprs every call: the first
     call (and any call made with launch hooks installed, or another current device) goes through
-    the launcher; later ones call the compiled kernel's launcher directly."""
+    the launcher; later ones call the compiled kernel's launcher directly (see _direct_call)."""
 
-    __slots__ = ("launcher", "grid", "key", "meta", "grid3", "direct")
+    __slots__ = ("launcher", "grid", "key", "meta", "grid3", "device", "direct")
 
     def __init__(self, launcher: Launcher, grid, key, meta: dict):
         self.launcher, self.grid, self.key, self.meta = launcher, grid, key, meta
         self.grid3 = _grid3(grid)
-        self.direct = None
+        self.device = self.direct = None
 
     def __call__(self, *args):
         direct = self.direct
         hooks = knobs.runtime
         if (direct is None or hooks.launch_enter_hook.calls or hooks.launch_exit_hook.calls
-                or torch._C._cuda_getDevice() != direct[0]):
+                or torch._C._cuda_getDevice() != self.device):
             self.launcher(self.grid, self.key, *args, **self.meta)
-            if self.launcher.fast and direct is None:
-                self.direct = self.launcher.entry(self.key)
+            entry = self.launcher.entry(self.key) if self.launcher.fast and direct is None else None
+            if entry is not None:
+                self.device, self.direct = entry[0], _direct_call(entry, self.grid3, args)
             return
-        device, launch, prefix, tail = direct
-        launch(*self.grid3, torch._C._cuda_getCurrentRawStream(device), *prefix, *args, *tail)
+        direct(*args)
+
+
+# Tensor arguments reach a bound kernel's C launcher as their addresses. Given a tensor, the
+# launcher calls its data_ptr() and then asks the driver about the address on every launch
+# (cuPointerGetAttribute, to refuse CPU tensors; callers have checked the devices already); an int
+# it takes as it is. scripts/probes/probe_pointer_args.py: about 0.3 µs a pointer on an H200
+# machine's host, where ``t.data_ptr()`` in Python costs about half that.
+POINTERS_AS_ADDRESSES = True
+
+
+def _direct_call(entry: tuple, grid3: tuple, sample: tuple):
+    """``call(*args)``, launching ``entry``'s compiled kernel (Launcher.entry) on ``grid3`` on the
+    current stream: one straight call of its launcher, whose fixed arguments are the function's
+    own names, with each argument that ``sample`` (the first call's) held a tensor at passed as
+    its address (POINTERS_AS_ADDRESSES). Generated once per bound launch, as Triton generates its
+    binders: a call that unpacks four tuples into the launcher costs more host time."""
+    device, launch, prefix, tail = entry
+    scope = {"launch": launch, "stream": torch._C._cuda_getCurrentRawStream, "device": device}
+    fixed = []
+    for name, values in (("g", grid3), ("p", prefix)):
+        for i, value in enumerate(values):
+            scope[f"{name}{i}"] = value
+            fixed.append(f"{name}{i}")
+    names = [f"a{i}" for i in range(len(sample))]
+    passed = [f"{name}.data_ptr()" if POINTERS_AS_ADDRESSES and isinstance(value, torch.Tensor) else name
+              for name, value in zip(names, sample)]
+    for i, value in enumerate(tail):
+        scope[f"t{i}"] = value
+        passed.append(f"t{i}")
+    arguments = ", ".join([*fixed[:3], "stream(device)", *fixed[3:], *passed])
+    exec(f"def direct_call({', '.join(names)}):\n    launch({arguments})\n", scope)
+    return scope["direct_call"]
 
 
 def op_when_compiling(custom_op, launch):

@@ -14,7 +14,6 @@ as addresses (``_launch.POINTERS_AS_ADDRESSES``) or as tensors, the two in turn 
 
 import argparse
 import statistics
-import time
 
 import torch
 import triton
@@ -24,23 +23,13 @@ import onlinesoftmax
 from onlinesoftmax import _device, _launch
 from onlinesoftmax._launch import _direct_launch
 
+from launch_overhead import per_call_us as issued_us  # back-to-back calls, µs issued a call
+
 
 @triton.jit
 def pointers_kernel(a_ptr, b_ptr, c_ptr, d_ptr, e_ptr, n, stride, inv_t, WRITE: tl.constexpr):
     if WRITE:
         tl.store(a_ptr + tl.program_id(0), 1.0)
-
-
-def issued_us(fn, calls: int) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    per_call = (time.perf_counter() - start) / calls * 1e6
-    torch.cuda.synchronize()
-    return per_call
 
 
 def main():

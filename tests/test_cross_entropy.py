@@ -82,7 +82,11 @@ def test_separate_backward_matches_torch(shape, dtype, reduction, forced, gen):
     forward, backward = _check_loss_and_grad(x, target, dtype, upstream, reduction=reduction, what=reduction,
                                              strategy=FORWARD_STRATEGIES[0] if forced else None)
     assert (forward.op, forward.strategy) == ("forward", FORWARD_STRATEGIES[0])
-    assert (backward.op, backward.strategy) == ("backward", "backward" if TRITON_RUNS else "torch")
+    # Without Triton a planned call this small is F.cross_entropy itself, whose backward is torch's
+    # (plan.CPU_TORCH_MAX_LOGITS): the last plan is then its forward's.
+    routed = not TRITON_RUNS and not forced
+    assert (backward.op, backward.strategy) == (("forward", "torch") if routed else
+                                                ("backward", "backward" if TRITON_RUNS else "torch"))
 
 
 @needs_triton
@@ -873,3 +877,52 @@ def test_torch_path_in_row_chunks_equals_one_chunk(inplace, gen, monkeypatch):
         results.append((loss.detach(), lse, leaf.grad))
     for name, one, chunked in zip(("loss", "lse", "grad"), *results):
         assert torch.equal(one, chunked), name
+
+
+def test_small_cpu_calls_run_torchs_own_loss(gen, monkeypatch):
+    # CPU logits of at most plan.CPU_TORCH_MAX_LOGITS with torch's options only run F.cross_entropy
+    # itself (half precision upcast to float32, the loss and gradient rounded once); other options
+    # or more logits take the torch path. Under the interpreter (CI) CPU tensors run the kernels,
+    # so the route is checked with it off.
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    real = F.cross_entropy
+    calls = []
+    monkeypatch.setattr(F, "cross_entropy", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    x = make_logits((3, 4, 37), torch.float64, gen, outliers=False, device="cpu")
+    target = torch.randint(0, 37, (3, 4), generator=gen)
+    target[0, 1] = -100
+    weight = torch.rand(37, generator=gen, dtype=torch.float64) + 0.5
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        for options in (dict(), dict(reduction="none", label_smoothing=0.1, weight=weight),
+                        dict(reduction="sum", ignore_index=5)):
+            leaf, want_leaf = (x.to(dtype).clone().requires_grad_() for _ in range(2))  # two leaves
+            rows_target = target.masked_fill(target == -100, options.get("ignore_index", -100))
+            before = len(calls)
+            loss = cross_entropy(leaf, rows_target.int(), **options)
+            assert len(calls) == before + 1 and plan.last_plan().strategy == "torch", (dtype, options)
+            torch_options = {k: (v.to(compute) if k == "weight" else v) for k, v in options.items()}
+            want = real(want_leaf.to(compute).reshape(12, 37), rows_target.reshape(-1), **torch_options).to(dtype)
+            want = want.reshape(3, 4) if options.get("reduction") == "none" else want
+            assert loss.dtype == dtype and torch.equal(loss.detach(), want.detach()), (dtype, options)
+            upstream = torch.randn(want.shape, generator=gen).to(dtype)
+            (loss * upstream).sum().backward()
+            (want * upstream).sum().backward()
+            assert torch.equal(leaf.grad, want_leaf.grad), (dtype, options)
+    # Options torch lacks, or more logits than the line: the torch path, against float64 (whose
+    # reference calls F.cross_entropy itself: the count is of our calls alone).
+    before = len(calls)
+    cross_entropy(x.float(), target, z_loss=1e-3)
+    with onlinesoftmax.override_plan("cross_entropy", CPU_TORCH_MAX_LOGITS=dict.fromkeys((2, 4, 8), 3 * 4 * 37 - 1)):
+        cross_entropy(x.float(), target, label_smoothing=0.2)
+        assert len(calls) == before
+        _check_loss_and_grad(x.float(), target, torch.float32, label_smoothing=0.2)
+    _check_loss_and_grad(x.float(), target, torch.float32, z_loss=1e-3)
+    # A target out of range: our ValueError, which names it, not torch's IndexError.
+    with pytest.raises(ValueError, match="target 37 is out of range for 37 classes"):
+        cross_entropy(x.float(), torch.full((3, 4), 37))
+    # Traced whole, as the other calls are.
+    compiled = torch.compile(lambda x, t: cross_entropy(x, t, label_smoothing=0.1), fullgraph=True,
+                             backend="aot_eager")
+    want = real(x.float().reshape(12, 37), target.reshape(-1), label_smoothing=0.1)
+    assert torch.equal(compiled(x.float(), target), want)

@@ -8,8 +8,9 @@ from typing import Optional
 import torch
 
 from ... import _validate
-from ..._device import plan_cache, remember
+from ..._device import interpreter_active, plan_cache, remember
 from ..._launch import op_when_compiling
+from . import plan as planner
 from .launch import forward_call, launch_backward, launch_forward, launch_scale, needs_denom
 from .torch_path import compute_dtype
 
@@ -208,9 +209,35 @@ def check_targets_in_range(target, n_classes, ignore_index, name) -> None:
                              f"(and is not ignore_index={ignore_index})")
 
 
-# Signatures already checked, each with its options as the launches take them.
+# Signatures already checked, each with its options as the launches take them and, where a CPU call
+# of that signature runs F.cross_entropy itself (planner.CPU_TORCH_MAX_LOGITS), the plan it reports.
 _CHECKED: dict = {}
 plan_cache(_CHECKED.clear)
+
+
+def _cpu_torch_plan(logits, options, inplace_backward, strategy) -> Optional[planner.Plan]:
+    """The plan of a call that runs F.cross_entropy on the CPU (small logits, torch's options only),
+    or None."""
+    _, _, _, z_loss, softcap, temperature, return_lse = options
+    if (logits.device.type != "cpu" or strategy is not None or inplace_backward or return_lse or z_loss != 0.0
+            or softcap != 0.0 or temperature != 1.0
+            or logits.numel() > planner.CPU_TORCH_MAX_LOGITS[logits.element_size()]):
+        return None
+    n_classes = logits.shape[-1]
+    return planner.choose("forward", logits.numel() // n_classes, n_classes, logits.dtype, logits.device,
+                          strategy="torch")
+
+
+def _torch_cross_entropy(x2, t1, weight, options) -> torch.Tensor:
+    """F.cross_entropy of (rows, classes) logits, in float32 for half precision (float64 kept), the
+    loss in the logits' dtype."""
+    ignore_index, reduction, label_smoothing = options[:3]
+    compute = compute_dtype(x2.dtype)
+    loss = torch.nn.functional.cross_entropy(
+        x2 if x2.dtype == compute else x2.to(compute), t1 if t1.dtype == torch.int64 else t1.long(),
+        weight=weight if weight is None or weight.dtype == compute else weight.to(compute), ignore_index=ignore_index,
+        reduction=reduction, label_smoothing=label_smoothing)
+    return loss if loss.dtype == x2.dtype else loss.to(x2.dtype)
 
 
 def _check(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
@@ -304,7 +331,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     NaN gradient. -inf logits are fine (an
     all -inf row, or a -inf target logit, gives NaN or +inf as torch); NaN or +inf make the row
     NaN. CPU tensors take torch's own ops in float32 (or the Triton kernels under
-    ``TRITON_INTERPRET=1``). Deterministic: no atomics across programs, merges in a fixed order.
+    ``TRITON_INTERPRET=1``): up to ``plan.CPU_TORCH_MAX_LOGITS`` logits with none of the options
+    torch lacks, ``F.cross_entropy`` itself (half precision upcast to float32). Deterministic: no
+    atomics across programs, merges in a fixed order.
     Traceable by ``torch.compile(fullgraph=True)``.
 
     Raises
@@ -329,21 +358,31 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
                      None if weight is None else (weight.shape, weight.dtype, weight.device), ignore_index,
                      reduction, label_smoothing, z_loss, softcap, temperature, return_lse, inplace_backward, strategy,
                      type(return_lse), type(inplace_backward))
-        options = _CHECKED.get(signature)
+        checked = _CHECKED.get(signature)
     except (AttributeError, TypeError):  # not tensors, or unhashable options: the checks say what is wrong
-        signature = options = None
-    if options is None:
+        signature = checked = None
+    if checked is None:
         options = _check(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
                          temperature, return_lse, inplace_backward)
+        checked = (options, _cpu_torch_plan(logits, options, inplace_backward, strategy))
         if signature is not None:
-            remember(_CHECKED, signature, options)
+            remember(_CHECKED, signature, checked)
+    options, cpu_torch_plan = checked
     n_classes = logits.shape[-1]
     weight = class_weights(weight)
-    if target.device.type == "cpu":
-        check_targets_in_range(target, n_classes, ignore_index, "cross_entropy")
     # 2-d logits skip the views (each costs microseconds of host time).
     x2 = logits if logits.dim() == 2 else logits.reshape(target.numel(), n_classes)  # a view where dims merge
     t1 = target if target.dim() == 1 else target.reshape(-1)
+    if cpu_torch_plan is not None and not interpreter_active():
+        planner.record(cpu_torch_plan)
+        try:
+            loss = _torch_cross_entropy(x2, t1, weight, options)
+        except IndexError:  # torch's check of the targets failed: ours names the target (ValueError)
+            check_targets_in_range(target, n_classes, ignore_index, "cross_entropy")
+            raise
+        return loss.reshape(target.shape) if reduction == "none" else loss
+    if target.device.type == "cpu":
+        check_targets_in_range(target, n_classes, ignore_index, "cross_entropy")
     if logits.requires_grad and torch.is_grad_enabled():
         loss, lse = _CrossEntropyFunction.apply(x2, t1, weight, options, inplace_backward, strategy)
     else:

@@ -126,6 +126,17 @@ SPLIT_MAX_TILE = 16384
 # docs/notes/2026-11/probe_cross_entropy_off_grid-h100.log). `explain` says so; no call is routed.
 EAGER_BEHIND_TORCH_BYTES = 100_000_000
 
+# CPU logits (no Triton) of at most this many elements, by element size, with only torch's options
+# (no z_loss, softcap, temperature or lse) run F.cross_entropy itself, half precision upcast to
+# float32 first (the loss and the gradient rounded once, as the kernels round them). The torch path
+# is a few dozen torch ops where torch's is one kernel. On this project's 2-core CPU machine, torch's
+# time over ours, forward / training step, before -> after (scripts/probes/probe_cpu_torch_paths.py,
+# docs/notes/2026-11/probe_cpu_torch_paths-small_calls-cpu.log): fp32 8 x 1024 0.03 / 0.09 -> 0.63 /
+# 0.82, 64 x 32000 0.50 / 0.87 -> 0.98 / 0.97; bf16 16 x 32000 0.34 / 0.35 -> 0.84 / 0.75, where at
+# 64 x 32000 the float32 copy of the logits made the step slower (0.43 -> 0.33). Larger calls keep
+# the torch path, whose rows go in 4 MB chunks (docs/perf-cross_entropy.md, "CPU tensors").
+CPU_TORCH_MAX_LOGITS = {8: 1 << 21, 4: 1 << 21, 2: 1 << 19}
+
 # The forward that keeps the logits (stream) and the backward over rows that are not whole 16-byte
 # vectors: their tiles cover the row's whole runs of this many bytes from absolute multiples of
 # them (at least a vector; the partial first and last runs element-wise). Measured against runs of

@@ -29,6 +29,7 @@ import os
 import torch
 
 from onlinesoftmax.ops.softmax import eager_route, plan
+from onlinesoftmax.ops.softmax import launch as softmax_launch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,12 +52,12 @@ def torch_forward_cells(results: str) -> dict:
 
 
 def plan_of(op: str, rows: int, cols: int, dtype: torch.dtype, sms: int) -> plan.Plan:
-    """The plan of a contiguous (rows, cols) call, as the launcher makes it (rows in granules where
-    they are not whole 16-element runs)."""
-    granule = 16 // dtype.itemsize
-    unproven = cols % 16 != 0
+    """The plan of a contiguous (rows, cols) call, with the launcher's own reading of its rows (in
+    16-byte granules or not: softmax_launch._row_granule)."""
+    strides = (cols, 1, 0)
+    granule, misaligned, _ = softmax_launch._row_granule(dtype.itemsize, cols, 1, strides, strides, True)
     return plan.choose(op, rows, cols, dtype, torch.device("cuda"), sms=sms, interpreting=False,
-                       misaligned_rows=unproven and cols % granule != 0, granule_rows=unproven)
+                       misaligned_rows=granule > 1 and misaligned, granule_rows=granule > 1)
 
 
 def eager_ratios_by_route(results: str, sms: int) -> None:

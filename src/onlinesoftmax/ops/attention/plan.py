@@ -160,13 +160,10 @@ ATTENTION_FORWARD_POINTER_CONFIGS = {128: ((128, 128, 8, 3), None)}
 # blocks (causal, and 176-192) or at 3 stages: B64 H16 S512 D136 138.2 -> 178.2 TFLOP/s, causal
 # 80.8 -> 115.0 (FLASH 114.9 / 80.4); descriptors kept their lead at D144 S8191 and non-causal
 # D176-D192 from S2048 (every shape: docs/notes/2026-11/sweep_attention-split_loads-h100.log).
-# Non-causal D80 and D96 (two parts) take short rows too, H200 only, bf16 TFLOP/s, tables -> this
-# (FLASH): D80 S135 56.0 -> 102.0 (69.9); D96 S256 184.4 -> 218.1 (218.8) at 128 x 32 on 8 warps
-# (notes/2026-11/sweep_attention-short_split-h200.log, sweep_attention-d96_short-h200.log).
-# D256 at 129-320 keys (up to 128 the tables' WS / KV-stationary forwards stay), H200 only: 128 x 32
-# on 8 warps, 3 stages, pointers; TFLOP/s, tables -> this (FLASH), non-causal / causal: B64 H16 S160
-# 119.0 -> 142.7 (167.6) / 64.5 -> 71.2 (100.8), B43 H25 S206 161.9 -> 182.7 (174.9) / 93.6 -> 105.6
-# (113.8), S300 199.9 -> 199.9 / 112.5 -> 116.5; S512 lost 3.5% (notes/2026-11/sweep_attention-d256_short-h200.log).
+# Non-causal D80, D96 (two parts): short rows, H200 only, TFLOP/s tables -> this (FLASH): D80 S135 56.0 -> 102.0
+# (69.9); D96 S256 184.4 -> 218.1 (218.8) at 128 x 32, 8 warps (notes: sweep_attention-{short_split,d96_short}-h200).
+# D256 at 129-320 keys (to 128 the WS / KV-stationary forwards stay), H200 only, TFLOP/s tables -> this: B43 H25
+# S206 161.9 -> 182.7, causal 93.6 -> 105.6; S512 lost 3.5% (perf-h200.md "Head dim 256 over 129-320 keys").
 ATTENTION_SHORT_CONFIGS = {
     "forward": ((512, 64, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (1024, 64, (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),

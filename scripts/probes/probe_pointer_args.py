@@ -77,10 +77,8 @@ def main():
     our_calls(args.rounds, args.calls // 5)
 
 
-def our_calls(rounds: int, calls: int, flag: str = "POINTERS_AS_ADDRESSES", modes: str = "tensors as addresses / as tensors",
-              timer=issued_us, measure: str = "µs issued a call"):
-    """Our eager calls with ``_launch``'s switch ``flag`` on and off, in turn (by default the bound
-    launches' tensors passed as addresses and as tensors), timed by ``timer(fn, calls)``."""
+def our_calls(rounds: int, calls: int):
+    """Our eager calls with the bound launches' tensors passed as addresses and as tensors, in turn."""
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def logits(*shape, dtype=torch.float32):
@@ -104,12 +102,13 @@ def our_calls(rounds: int, calls: int, flag: str = "POINTERS_AS_ADDRESSES", mode
     samples = {(name, on): [] for name in cases for on in (True, False)}
     for _ in range(rounds):
         for on in (True, False):
-            setattr(_launch, flag, on)
+            _launch.POINTERS_AS_ADDRESSES = on
             _device.clear_plan_caches()  # the prepared calls bind their launches anew
             for name, fn in cases.items():
-                samples[(name, on)].append(timer(fn, calls))
-    setattr(_launch, flag, True)
-    print(f"\nour eager calls, {measure}, median (min-max) of {rounds} rounds of {calls} calls: {modes}")
+                samples[(name, on)].append(issued_us(fn, calls))
+    _launch.POINTERS_AS_ADDRESSES = True
+    print(f"\nour eager calls, µs issued a call, median (min-max) of {rounds} rounds of {calls} calls: "
+          "tensors as addresses / as tensors")
     for name in cases:
         on, off = samples[(name, True)], samples[(name, False)]
         print(f"{name:48s} {statistics.median(on):6.2f} ({min(on):.2f}-{max(on):.2f}) / "

@@ -63,9 +63,9 @@ class Launcher:
                          for name in self.arg_names[len(args):])
             if len(self.compiled) >= MAX_KEYS:
                 self.compiled.clear()
-            self.compiled[(device, key)] = (*_direct_launch(kernel, tail), _static_launch(kernel, len(self.arg_names)))
+            self.compiled[(device, key)] = _direct_launch(kernel, tail)
             return
-        launch, prefix, tail, _ = entry
+        launch, prefix, tail = entry
         launch(*_grid3(grid), torch._C._cuda_getCurrentRawStream(device), *prefix, *args, *tail)
 
     def bind(self, grid, key, **meta) -> "BoundLaunch":
@@ -74,8 +74,7 @@ class Launcher:
         return BoundLaunch(self, grid, key, meta)
 
     def entry(self, key):
-        """(device, launch, prefix, tail, static) of ``key`` on the current device, once launched
-        there (``static``: _static_launch's); else None."""
+        """(device, launch, prefix, tail) of ``key`` on the current device, once launched there; else None."""
         device = torch._C._cuda_getDevice()
         entry = self.compiled.get((device, key))
         return None if entry is None else (device, *entry)
@@ -133,76 +132,28 @@ class BoundLaunch:
 # machine's host, where ``t.data_ptr()`` in Python costs about half that.
 POINTERS_AS_ADDRESSES = True
 
-# Bound launches call torch's C++ launcher of Triton kernels (torch._C._StaticCudaLauncher, which
-# the code torch.compile generates launches with) where it takes the kernel, in place of Triton's
-# generated one: the same cuLaunchKernel of the same loaded function, without the launcher's
-# second argument parse (the kernel's metadata tuple), its hook checks and its release of the GIL.
-# scripts/probes/probe_static_launcher.py times the two.
-STATIC_LAUNCHER = True
-
-# Triton's scalar parameter types as the static launcher's type codes (one 8-byte slot each; the
-# driver copies the parameter's own size out of it). Half-precision scalars have none: the static
-# launcher would store them as float32.
-_STATIC_TYPES = {"i1": "b", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": "B", "u8": "B", "u16": "H",
-                 "u32": "I", "u64": "K", "fp32": "f", "fp64": "d"}
-
-
-def _static_launch(kernel, n_params: int):
-    """(function, num_warps, shared, types, kept) that launch ``kernel`` through torch's static
-    launcher (STATIC_LAUNCHER) with the arguments at positions ``kept`` of its ``n_params``
-    parameters (the constexprs left out, Triton's two scratch pointers appended as None); None
-    where that launcher cannot: not in this build of torch, scratch memory, cooperative, PDL or
-    cluster launches, parameters other than pointers and the scalars of _STATIC_TYPES."""
-    run, metadata = getattr(kernel, "run", None), getattr(kernel, "metadata", None)
-    signature = getattr(getattr(kernel, "src", None), "signature", None)
-    if (not hasattr(torch._C, "_StaticCudaLauncher") or run is None or metadata is None
-            or not isinstance(signature, dict) or len(signature) != n_params
-            or getattr(run, "global_scratch_size", 1) != 0 or getattr(run, "profile_scratch_size", 1) != 0
-            or getattr(run, "launch_cooperative_grid", True) or getattr(run, "launch_pdl", True)
-            or getattr(metadata, "num_ctas", 0) != 1 or not isinstance(kernel.function, int)):
-        return None
-    types, kept = [], []
-    for position, ty in enumerate(signature.values()):
-        if ty == "constexpr":
-            continue
-        code = "O" if isinstance(ty, str) and ty.startswith("*") else _STATIC_TYPES.get(ty)
-        if code is None:
-            return None
-        types.append(code)
-        kept.append(position)
-    return kernel.function, metadata.num_warps, metadata.shared, "".join(types) + "OO", tuple(kept)
-
 
 def _direct_call(entry: tuple, grid3: tuple, sample: tuple):
     """``call(*args)``, launching ``entry``'s compiled kernel (Launcher.entry) on ``grid3`` on the
-    current stream: one straight call of its launcher (torch's static launcher where
-    STATIC_LAUNCHER and the kernel allow, else Triton's), whose fixed arguments are the
-    function's own names, with each argument that ``sample`` (the first call's) held a tensor at
-    passed as its address (POINTERS_AS_ADDRESSES). Generated once per bound launch, as Triton
-    generates its binders: a call that unpacks four tuples into the launcher costs more host time."""
-    device, launch, prefix, tail, static = entry
-    scope = {"stream": torch._C._cuda_getCurrentRawStream, "device": device}
+    current stream: one straight call of its launcher, whose fixed arguments are the function's
+    own names, with each argument that ``sample`` (the first call's) held a tensor at passed as
+    its address (POINTERS_AS_ADDRESSES). Generated once per bound launch, as Triton generates its
+    binders: a call that unpacks four tuples into the launcher costs more host time."""
+    device, launch, prefix, tail = entry
+    scope = {"launch": launch, "stream": torch._C._cuda_getCurrentRawStream, "device": device}
+    fixed = []
+    for name, values in (("g", grid3), ("p", prefix)):
+        for i, value in enumerate(values):
+            scope[f"{name}{i}"] = value
+            fixed.append(f"{name}{i}")
     names = [f"a{i}" for i in range(len(sample))]
     passed = [f"{name}.data_ptr()" if POINTERS_AS_ADDRESSES and isinstance(value, torch.Tensor) else name
               for name, value in zip(names, sample)]
     for i, value in enumerate(tail):
         scope[f"t{i}"] = value
         passed.append(f"t{i}")
-    if STATIC_LAUNCHER and static is not None:
-        function, num_warps, shared, types, kept = static
-        scope.update(launch=torch._C._StaticCudaLauncher._launch_kernel, function=function, num_warps=num_warps,
-                     shared=shared, types=types, g0=grid3[0], g1=grid3[1], g2=grid3[2])
-        arguments = ", ".join([passed[i] for i in kept] + ["None", "None"])
-        body = f"launch(function, g0, g1, g2, num_warps, shared, types, ({arguments},), stream(device))"
-    else:
-        scope["launch"] = launch
-        fixed = []
-        for name, values in (("g", grid3), ("p", prefix)):
-            for i, value in enumerate(values):
-                scope[f"{name}{i}"] = value
-                fixed.append(f"{name}{i}")
-        body = f"launch({', '.join([*fixed[:3], 'stream(device)', *fixed[3:], *passed])})"
-    exec(f"def direct_call({', '.join(names)}):\n    {body}\n", scope)
+    arguments = ", ".join([*fixed[:3], "stream(device)", *fixed[3:], *passed])
+    exec(f"def direct_call({', '.join(names)}):\n    launch({arguments})\n", scope)
     return scope["direct_call"]
 
 

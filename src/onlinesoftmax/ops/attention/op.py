@@ -203,9 +203,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
     """
     try:
         # The types too: True == 1 and 1 == 1.0, but validate takes some of these and refuses others.
-        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal,
-               type(causal), scale, type(scale), type(q), type(k), type(v))
-        checked = _CHECKED.get(key)
+        # While torch.compile traces, no lookup by shape: it would specialize every dim to its
+        # traced value (a dynamic batch or sequence compiled again at each new size).
+        key = None if torch.compiler.is_compiling() else (
+            q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, type(causal),
+            scale, type(scale), type(q), type(k), type(v))
+        checked = None if key is None else _CHECKED.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable option: validate says what is wrong
         key = checked = None
     if checked is None:

@@ -215,14 +215,21 @@ _CHECKED: dict = {}
 plan_cache(_CHECKED.clear)
 
 
-def _cpu_torch_plan(logits, options, inplace_backward, strategy) -> Optional[planner.Plan]:
+# What _cpu_torch_plan answers while torch.compile traces: F.cross_entropy runs, no plan is made
+# (a plan reads the sizes, and would specialize them: see cross_entropy).
+_TRACED_TORCH_CALL = "traced"
+
+
+def _cpu_torch_plan(logits, options, inplace_backward, strategy, traced=False):
     """The plan of a call that runs F.cross_entropy on the CPU (small logits, torch's options only),
-    or None."""
+    _TRACED_TORCH_CALL for such a call while torch.compile traces, or None."""
     _, _, _, z_loss, softcap, temperature, return_lse = options
     if (logits.device.type != "cpu" or strategy is not None or inplace_backward or return_lse or z_loss != 0.0
             or softcap != 0.0 or temperature != 1.0
             or logits.numel() > planner.CPU_TORCH_MAX_LOGITS[logits.element_size()]):
         return None
+    if traced:
+        return _TRACED_TORCH_CALL
     n_classes = logits.shape[-1]
     return planner.choose("forward", logits.numel() // n_classes, n_classes, logits.dtype, logits.device,
                           strategy="torch")
@@ -353,18 +360,22 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     """
     # The checks run once a signature (small eager calls are the host's time); a signature holds
     # everything they look at but the targets' values, which CPU targets have checked every call.
+    # While torch.compile traces, no lookup by shape: it would specialize every dim to its traced
+    # value (a dynamic batch compiled again at each new size).
+    traced = torch.compiler.is_compiling()
     try:
-        signature = (logits.shape, logits.dtype, logits.device, target.shape, target.dtype, target.device,
-                     None if weight is None else (weight.shape, weight.dtype, weight.device), ignore_index,
-                     reduction, label_smoothing, z_loss, softcap, temperature, return_lse, inplace_backward, strategy,
-                     type(return_lse), type(inplace_backward))
-        checked = _CHECKED.get(signature)
+        signature = None if traced else (
+            logits.shape, logits.dtype, logits.device, target.shape, target.dtype, target.device,
+            None if weight is None else (weight.shape, weight.dtype, weight.device), ignore_index, reduction,
+            label_smoothing, z_loss, softcap, temperature, return_lse, inplace_backward, strategy, type(return_lse),
+            type(inplace_backward))
+        checked = None if traced else _CHECKED.get(signature)
     except (AttributeError, TypeError):  # not tensors, or unhashable options: the checks say what is wrong
         signature = checked = None
     if checked is None:
         options = _check(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
                          temperature, return_lse, inplace_backward)
-        checked = (options, _cpu_torch_plan(logits, options, inplace_backward, strategy))
+        checked = (options, _cpu_torch_plan(logits, options, inplace_backward, strategy, traced))
         if signature is not None:
             remember(_CHECKED, signature, checked)
     options, cpu_torch_plan = checked
@@ -374,7 +385,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     x2 = logits if logits.dim() == 2 else logits.reshape(target.numel(), n_classes)  # a view where dims merge
     t1 = target if target.dim() == 1 else target.reshape(-1)
     if cpu_torch_plan is not None and not interpreter_active():
-        planner.record(cpu_torch_plan)
+        if not traced:
+            planner.record(cpu_torch_plan)
         try:
             loss = _torch_cross_entropy(x2, t1, weight, options)
         except IndexError:  # torch's check of the targets failed: ours names the target (ValueError)

@@ -460,7 +460,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     # machine, launches recorded, they were a quarter of the call: 25.7 -> 19.1 us); a signature
     # holds everything they look at.
     # No hash() of the key here: torch.compile cannot trace it (torch 2.11); the lookup raises instead.
-    signature = _signature(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits)
+    # While torch.compile traces, no lookup by shape: it would specialize every dim to its traced
+    # value (a dynamic batch compiled again at each new size).
+    signature = None if torch.compiler.is_compiling() else _signature(q, k_cache, v_cache, cache_seqlens,
+                                                                        block_table, causal, scale, num_splits)
     try:
         checked = _CHECKED.get(signature) if signature is not None else None
     except TypeError:  # an unhashable option: _check says what is wrong with it, or accepts it

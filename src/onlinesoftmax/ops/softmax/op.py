@@ -146,7 +146,7 @@ def _temperature(temperature, name: str) -> float:
     return _validate.positive(temperature, name, "temperature")
 
 
-def _softmax_route(x, dim, dtype, algorithm, strategy, name) -> _Route:
+def _softmax_route(x, dim, dtype, algorithm, strategy, name, traced=False) -> _Route:
     _validate.tensor(x, name)
     _validate.device(x, name)
     dim = _validate.dim(dim, x.dim(), name)
@@ -173,6 +173,8 @@ def _softmax_route(x, dim, dtype, algorithm, strategy, name) -> _Route:
         x.device.type != "cuda" and not interpreter_active()))
     plain = cast_to is None and dtype in (None, x.dtype)
     torch_fn = (torch.log_softmax if name == "log_softmax" else torch.softmax) if plain else None
+    if traced:  # nothing read of the sizes (see _softmax_traced)
+        return _Route(dim, cast_to, dtype, torch_path, None, torch_fn=torch_fn)
     if torch_path:
         return _Route(dim, cast_to, dtype, True, _torch_plan(name, x, dim, _TORCH_KERNEL_REASON), torch_fn=torch_fn)
     eager, eager_train = _eager_torch(name, x, dim, strategy, algorithm, x.dtype if cast_to is None else cast_to,
@@ -201,15 +203,11 @@ _capturing = torch._C._cuda_isCurrentStreamCapturing
 _compiling = torch.compiler.is_compiling
 
 
-def _host_decides() -> bool:
-    """An eager call whose host time is its cost: not traced by torch.compile, not captured into a CUDA graph."""
-    return not _compiling() and not _capturing()
-
-
 def _runs_torch(torch_path: bool, eager_torch: bool, eager_torch_train: bool, grad: bool) -> bool:
-    """Whether a call takes torch's own kernel: the plan's torch path, or the eager torch route
-    (differentiated or not) where the host decides."""
-    return torch_path or ((eager_torch_train if grad else eager_torch) and _host_decides())
+    """Whether a call outside torch.compile's tracing takes torch's own kernel: the plan's torch
+    path, or the eager torch route (differentiated or not) where the host decides (the call is not
+    captured into a CUDA graph)."""
+    return torch_path or ((eager_torch_train if grad else eager_torch) and not _capturing())
 
 
 def _route(key, make, *args):
@@ -236,10 +234,33 @@ def _torch_plan(op, x, dim, reason) -> planner.Plan:
     return planner.Plan(op, "torch", "auto", x.numel() // cols if cols else 1, cols, x.dtype, reason=reason)
 
 
+def _softmax_traced(x, dim, dtype, temperature, algorithm, strategy, log):
+    """_softmax_like while torch.compile traces. Nothing here reads a size as a Python value: a
+    lookup by shape, or a plan, would specialize every dim to its traced value, and a model
+    compiled with a dynamic batch would be compiled again at each new batch size (the custom ops
+    plan each launch when they run)."""
+    name = "log_softmax" if log else "softmax"
+    route = _softmax_route(x, dim, dtype, algorithm, strategy, name, traced=True)
+    if route.torch_path and route.torch_fn is not None and type(temperature) is float and temperature == 1.0:
+        return route.torch_fn(x, route.dim)
+    temperature = _temperature(temperature, name)
+    if route.cast_to is not None:
+        x = x.to(route.cast_to)
+    if route.torch_path:
+        return torch_forward(x, route.dim, name, 1.0 / temperature, route.out_dtype or x.dtype)
+    if x.dim() == 0:
+        return _softmax_traced(x.reshape(1), 0, dtype, temperature, algorithm, strategy, log).reshape(())
+    if x.requires_grad and torch.is_grad_enabled():
+        return _SoftmaxFunction.apply(x, route.dim, log, temperature, route.out_dtype, algorithm, strategy)
+    return _forward_op(x, route.dim, name, temperature, route.out_dtype, algorithm, strategy)
+
+
 def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
     # The hit path is a few attribute reads and one lookup: small eager calls are the host's time,
     # and where the route gives a call to torch, these lines are all that ours adds to torch's own
     # call (bench host measures it): they are kept few and inline.
+    if _compiling():
+        return _softmax_traced(x, dim, dtype, temperature, algorithm, strategy, log)
     try:
         key = (x.shape, x.stride(), x.dtype, x.device, dim, dtype, algorithm, strategy, log)
     except AttributeError:
@@ -263,10 +284,6 @@ def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
         return torch_forward(x, route.dim, name, 1.0 / temperature, route.out_dtype or x.dtype)
     if x.dim() == 0:
         return _softmax_like(x.reshape(1), 0, dtype, temperature, algorithm, strategy, log).reshape(())
-    if torch.compiler.is_compiling():
-        if grad:
-            return _SoftmaxFunction.apply(x, route.dim, log, temperature, route.out_dtype, algorithm, strategy)
-        return _forward_op(x, route.dim, name, temperature, route.out_dtype, algorithm, strategy)
     call = _FORWARD_CALLS.get(key)
     if call is None:
         call = remember(_FORWARD_CALLS, key, forward_call(x, route.dim, name, route.out_dtype, algorithm, strategy))
@@ -354,7 +371,7 @@ def log_softmax(x: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = N
     return _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log=True)
 
 
-def _logsumexp_route(x, dim, keepdim, strategy) -> tuple:
+def _logsumexp_route(x, dim, keepdim, strategy, traced=False) -> tuple:
     name = "logsumexp"
     _validate.tensor(x, name)
     _validate.device(x, name)
@@ -374,6 +391,8 @@ def _logsumexp_route(x, dim, keepdim, strategy) -> tuple:
                          f"bfloat16; got {_validate.dtype_name(x.dtype)}")
     torch_path = not kernels or strategy == "torch" or (strategy is None and (
         x.device.type != "cuda" and not interpreter_active()))
+    if traced:  # nothing read of the sizes (see _softmax_traced)
+        return dims, compute, None, torch_path, (False, False)
     if torch_path:
         return dims, compute, _torch_plan("logsumexp", x, dims[-1], _TORCH_KERNEL_REASON), True, (True, True)
     eager = _eager_torch("logsumexp", x, dims[-1], strategy, "auto", compute, None)
@@ -417,15 +436,20 @@ def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]] = -1, keepdim: boo
     >>> onlinesoftmax.logsumexp(torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
     tensor([0.6931, 1.6931])
     """
-    try:
-        key = ("logsumexp", x.shape, x.stride(), x.dtype, x.device,
-               dim if type(dim) is int else tuple(dim), keepdim, strategy)
-    except (AttributeError, TypeError):
-        key = None
-    route = _route(key, _logsumexp_route, x, dim, keepdim, strategy)
+    traced = _compiling()
+    if traced:  # no lookup by shape and no plan (see _softmax_traced)
+        route = _logsumexp_route(x, dim, keepdim, strategy, traced=True)
+    else:
+        try:
+            key = ("logsumexp", x.shape, x.stride(), x.dtype, x.device,
+                   dim if type(dim) is int else tuple(dim), keepdim, strategy)
+        except (AttributeError, TypeError):
+            key = None
+        route = _route(key, _logsumexp_route, x, dim, keepdim, strategy)
     dims, compute, torch_plan, torch_path, (eager_forward, eager_train) = route
     if _runs_torch(torch_path, eager_forward, eager_train, x.requires_grad and torch.is_grad_enabled()):
-        planner.record(torch_plan)
+        if not traced:
+            planner.record(torch_plan)
         return torch.logsumexp(x, dims, keepdim)
     if x.dtype != compute:
         x = x.to(compute)

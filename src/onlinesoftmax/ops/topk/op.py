@@ -166,14 +166,17 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, temperature: float =
     (tensor([0.3995, 0.3995]), tensor([1, 3]))
     """
     try:
-        signature = (x.shape, x.dtype, x.device, k, dim, sorted)
+        # While torch.compile traces, no lookup by shape: it would specialize every dim to its
+        # traced value (a dynamic batch compiled again at each new size).
+        signature = None if torch.compiler.is_compiling() else (x.shape, x.dtype, x.device, k, dim, sorted)
     except AttributeError:
         signature = None
-    dim = _CHECKED.get(signature) if signature is not None else None
-    if dim is None or type(temperature) is not float or not 0.0 < temperature < float("inf"):
-        dim = _check(x, k, signature[4] if signature else dim, temperature, sorted)
+    checked_dim = _CHECKED.get(signature) if signature is not None else None
+    if checked_dim is None or type(temperature) is not float or not 0.0 < temperature < float("inf"):
+        checked_dim = _check(x, k, dim, temperature, sorted)
         if signature is not None:
-            remember(_CHECKED, signature, dim)
+            remember(_CHECKED, signature, checked_dim)
+    dim = checked_dim
     if strategy is not None and strategy not in planner.TOPK_STRATEGIES:
         raise ValueError(f"softmax_topk: strategy must be None or one of {planner.TOPK_STRATEGIES}, got {strategy!r}")
     squeeze = x.dim() == 0

@@ -45,6 +45,11 @@ def _merge_inputs(n, gen):
     return make_logits((3, n, 2, 16), torch.float32, gen), make_logits((3, n, 2), torch.float32, gen)
 
 
+def _linear_inputs(n, gen):
+    x, w = make_logits((n, 16), torch.float32, gen, scale=0.5), make_logits((40, 16), torch.float32, gen, scale=0.5)
+    return x, w, torch.randint(0, 40, (n,), generator=gen).to(DEVICE)
+
+
 # name: (the compiled function, inputs at size n, the (input, dim) pairs marked dynamic, whether
 # the inputs that are floating point take gradients).
 CASES = {
@@ -64,6 +69,8 @@ CASES = {
                             lambda n, gen: _qkv(1, 4 * n + 1, gen), [(0, 2), (1, 2), (2, 2)], True),
     "attention_with_kvcache": (lambda q, k, v, lens: onlinesoftmax.attention_with_kvcache(
         q, k, v, cache_seqlens=lens), _kvcache_inputs, [(0, 0), (1, 0), (2, 0), (3, 0)], False),
+    "linear_cross_entropy, differentiated": (lambda x, w, t: onlinesoftmax.linear_cross_entropy(x, w, t),
+                                             _linear_inputs, [(0, 0), (2, 0)], True),
     "merge_attention": (lambda outs, lses: onlinesoftmax.merge_attention(outs, lses)[0], _merge_inputs,
                         [(0, 1), (1, 1)], False),
 }

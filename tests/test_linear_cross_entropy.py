@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from onlinesoftmax.ops.cross_entropy import linear_cross_entropy, plan
+from onlinesoftmax.ops.cross_entropy import linear as linear_module, linear_cross_entropy, plan
 
-from conftest import DEVICE, TOLERANCE, assert_matches, needs_triton, relative_error
+from conftest import DEVICE, ON_GPU, TOLERANCE, assert_matches, needs_triton, relative_error
 from cross_entropy_cases import OPTIONS, make_targets, option_ids, reference, resolve_options
 
 
@@ -104,6 +104,44 @@ def test_linear_matches_torch(reduction, dtype, plan_kwargs, gen):
         error = relative_error(leaf.grad, grad)
         assert error <= bound, f"grad {name}: relative error {error:.3e} > {bound:.3e}"
 
+
+
+@pytest.mark.parametrize("grads", ["all", "weight"])
+@pytest.mark.parametrize("plan_kwargs", [dict(chunk=8), dict(vocab_chunk=32)], ids=["chunks", "vocab_slices"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_linear_compile_fullgraph(reduction, plan_kwargs, grads, gen):
+    # The compiled call is two custom ops, the backward recomputing the logits: loss, lse and the
+    # gradients asked for against float64, as the eager call's.
+    torch._dynamo.reset()
+    x, w, b, target = _linear_case(29, 16, 75, torch.float32, gen)
+    upstream = (torch.randn(29, generator=gen, dtype=torch.float64) if reduction == "none"
+                else torch.tensor(0.7)).to(DEVICE)
+    options = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3)
+    ref, ref_grads = _linear_reference(x, w, b, target, upstream, **options)
+    compiled = torch.compile(lambda x, w, b, t: linear_cross_entropy(x, w, t, b, return_lse=True, **plan_kwargs,
+                                                                     **options),
+                             fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
+    leaves = [t.clone().requires_grad_(grads == "all" or name == "w") for name, t in zip("xwb", (x, w, b))]
+    out, lse = compiled(*leaves, target)
+    (out * upstream.to(out.dtype)).sum().backward()
+    assert_matches(out.detach(), ref, torch.float32, "loss")
+    assert_matches(lse, torch.logsumexp(x.double() @ w.double().T + b.double(), -1), torch.float32, "lse")
+    for name, leaf, grad in zip("xwb", leaves, ref_grads):
+        if leaf.requires_grad:
+            assert_matches(leaf.grad, grad, torch.float32, f"grad {name}")
+        else:
+            assert leaf.grad is None
+
+
+def test_linear_custom_ops_pass_opcheck(gen):
+    x, w, b, target = _linear_case(9, 8, 20, torch.float32, gen)
+    for plan_codes in ((4, -1), (0, 8)):  # chunks of 4 rows; vocabulary slices of 8 classes
+        options = (-100, "mean", 0.1, 0.0, 0.0, 1.0, False, *plan_codes, None)
+        torch.library.opcheck(linear_module._traced_forward_op, (x, w, b, target, None, *options))
+        _, lse_parts, denom = linear_module._traced_forward_op(x, w, b, target, None, *options)
+        upstream = torch.tensor(0.5, device=DEVICE)
+        torch.library.opcheck(linear_module._traced_backward_op,
+                              (x, w, b, target, None, lse_parts, denom, upstream, *options, True, False, True))
 
 @pytest.mark.parametrize("plan_kwargs", [dict(chunk=6), dict(vocab_chunk=16)], ids=["chunks", "vocab_slices"])
 @pytest.mark.parametrize("options", [OPTIONS[3], OPTIONS[-1]], ids=option_ids)

@@ -197,7 +197,7 @@ class _Pass:
             logits = _chunk_logits(self.x2[start:stop], self.weight, self.bias, self.logits[:stop - start],
                                    self.vocab_parts)
             _chunk_gradient(logits, self.target[start:stop], self.class_weight, denom, lse_parts[:, start:stop],
-                            grad[start:stop], self.options, self.strategy)
+                            grad if grad.dim() == 0 else grad[start:stop], self.options, self.strategy)
             self.grads(grad_x, grad_w, grad_b, start, stop, logits)
 
 
@@ -372,7 +372,120 @@ class _VocabSlicedFunction(torch.autograd.Function):
         return (*grads, None, None, None, None, None)
 
 
-@torch.compiler.disable
+
+# --------------------------------------------------------------------------------------------
+# torch.compile: the call as two custom ops
+# --------------------------------------------------------------------------------------------
+# A traced call plans nothing itself (a plan reads the sizes, which torch.compile may trace as
+# symbols): the ops plan their chunks when they run. The forward op computes the loss without
+# gradients and the backward op recomputes the logits chunk by chunk (four matmuls, as
+# reduction="none" takes eagerly), so that what the forward returns has shapes the compiler knows
+# without the plan. chunk and vocab_chunk travel as ints: chunk 0 is "auto"; vocab_chunk -1 is
+# None, 0 "auto".
+
+
+def _plan_codes(chunk, vocab_chunk) -> tuple[int, int]:
+    return (0 if chunk == "auto" else chunk,
+            -1 if vocab_chunk is None else 0 if vocab_chunk == "auto" else vocab_chunk)
+
+
+def _planned_slices(x2, weight, vocab_chunk_code):
+    """The classes a vocabulary slice takes for vocab_chunk's code, or None (chunks of rows)."""
+    if vocab_chunk_code < 0 or not x2.shape[0]:
+        return None
+    return planner.linear_vocab_chunk(x2.shape[0], weight.shape[0], x2.dtype,
+                                      "auto" if vocab_chunk_code == 0 else vocab_chunk_code)
+
+
+def _planned_chunk_rows(x2, weight, chunk_code, accumulates_weight):
+    return planner.linear_chunk_rows(x2.shape[0], weight.shape[0], x2.shape[1], x2.dtype, accumulates_weight,
+                                     "auto" if chunk_code == 0 else chunk_code)
+
+
+@torch.library.custom_op("onlinesoftmax::linear_cross_entropy_forward", mutates_args=())
+def _traced_forward_op(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
+                       class_weight: Optional[torch.Tensor], ignore_index: int, reduction: str,
+                       label_smoothing: float, z_loss: float, softcap: float, temperature: float, return_lse: bool,
+                       chunk: int, vocab_chunk: int,
+                       strategy: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, lse parts (2, rows: the lse and its rounding error), denom), no gradients."""
+    options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse)
+    slice_classes = _planned_slices(x2, weight, vocab_chunk)
+    if slice_classes is not None:
+        denom = _denominators(target, class_weight, weight.shape[0], options, x2.dtype, x2.device)
+        loss, lse, lse_low = _VocabSlices(x2, weight, bias, target, class_weight, options, slice_classes,
+                                          strategy).forward(denom)
+        return loss, torch.stack((lse, lse_low)), denom
+    chunk_rows = _planned_chunk_rows(x2, weight, chunk, False)
+    loss, lse_parts, denom, _ = _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy,
+                                         (False,) * 3)
+    return loss, lse_parts, denom
+
+
+@_traced_forward_op.register_fake
+def _(x2, weight, bias, target, class_weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+      return_lse, chunk, vocab_chunk, strategy):
+    rows, stats = x2.shape[0], compute_dtype(x2.dtype)
+    denom = 3 if needs_denom(reduction, class_weight is not None, label_smoothing) else 0
+    return (x2.new_empty((rows,) if reduction == "none" else ()), x2.new_empty((2, rows), dtype=stats),
+            x2.new_empty((denom,), dtype=stats))
+
+
+@torch.library.custom_op("onlinesoftmax::linear_cross_entropy_backward", mutates_args=())
+def _traced_backward_op(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
+                        class_weight: Optional[torch.Tensor], lse_parts: torch.Tensor, denom: torch.Tensor,
+                        grad: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
+                        softcap: float, temperature: float, return_lse: bool, chunk: int, vocab_chunk: int,
+                        strategy: Optional[str], want_x: bool, want_w: bool,
+                        want_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad x, grad weight, grad bias) in their inputs' dtypes for the upstream ``grad``, each
+    empty where not wanted, from the logits recomputed a chunk (or a vocabulary slice) at a time."""
+    options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse)
+    wanted = (want_x, want_w, want_b and bias is not None)
+    slice_classes = _planned_slices(x2, weight, vocab_chunk)
+    if slice_classes is not None:
+        grads = _VocabSlices(x2, weight, bias, target, class_weight, options, slice_classes, strategy).backward(
+            lse_parts[0], lse_parts[1], denom, grad, wanted)
+    else:
+        chunk_rows = _planned_chunk_rows(x2, weight, chunk, want_w and compute_dtype(weight.dtype) != weight.dtype)
+        grads = _gradient_buffers(x2, weight, bias, wanted, -(-x2.shape[0] // chunk_rows))
+        if x2.shape[0]:
+            _Pass(x2, weight, bias, target, class_weight, options, chunk_rows, strategy).backward(
+                lse_parts, denom, grad, *grads)
+    return tuple(g.to(t.dtype) if g is not None else x2.new_empty((0,))
+                 for g, t in zip(grads, (x2, weight, bias if bias is not None else x2)))
+
+
+@_traced_backward_op.register_fake
+def _(x2, weight, bias, target, class_weight, lse_parts, denom, grad, ignore_index, reduction, label_smoothing,
+      z_loss, softcap, temperature, return_lse, chunk, vocab_chunk, strategy, want_x, want_w, want_b):
+    return (x2.new_empty(x2.shape) if want_x else x2.new_empty((0,)),
+            weight.new_empty(weight.shape) if want_w else x2.new_empty((0,)),
+            bias.new_empty(bias.shape) if want_b and bias is not None else x2.new_empty((0,)))
+
+
+class _TracedLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, weight, bias, target, class_weight, options, chunk, vocab_chunk, strategy):
+        loss, lse_parts, denom = _traced_forward_op(x2, weight, bias, target, class_weight, *options, chunk,
+                                                    vocab_chunk, strategy)
+        ctx.save_for_backward(x2, weight, bias, target, class_weight, lse_parts, denom)
+        ctx.config = (options, chunk, vocab_chunk, strategy)
+        lse = lse_parts[0]
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # else autograd allocates and fills zeros for lse's gradient every backward
+        return loss, lse
+
+    @staticmethod
+    def backward(ctx, dloss, _dlse):
+        x2, weight, bias, target, class_weight, lse_parts, denom = ctx.saved_tensors
+        options, chunk, vocab_chunk, strategy = ctx.config
+        wanted = ctx.needs_input_grad[:3]
+        grads = _traced_backward_op(x2, weight, bias, target, class_weight, lse_parts, denom, dloss, *options, chunk,
+                                    vocab_chunk, strategy, *wanted)
+        return (*(g if want else None for g, want in zip(grads, wanted)), None, None, None, None, None, None)
+
+
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: Optional[torch.Tensor] = None, *, chunk="auto", vocab_chunk=None,
                          ignore_index: int = -100,
@@ -425,7 +538,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     dtype once, in the backward. Extra memory: one chunk of logits plus the fp32 grad_weight
     accumulator (V x H x 4 bytes; none beyond the gradient for an fp32 weight): see the module
     docstring; ``vocab_chunk`` trades a fourth matmul for that accumulator. "none" recomputes the logits in the backward (4 matmuls instead of 3). The backward
-    may run once. Not traceable by torch.compile (a graph break: the chunk loop runs eagerly).
+    may run once. Traceable by ``torch.compile(fullgraph=True)``, dynamic dims included: the
+    compiled call is two custom ops, whose backward recomputes the logits chunk by chunk (four
+    matmuls for every reduction).
 
     Raises
     ------
@@ -479,7 +594,14 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     t1 = target.reshape(-1)
     options = (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature), return_lse)
     tracked = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    if vocab_chunk is not None and x2.shape[0]:
+    if torch.compiler.is_compiling():
+        codes = _plan_codes(chunk, vocab_chunk)
+        if tracked:
+            loss, lse = _TracedLinearFunction.apply(x2, weight, bias, t1, class_weight, options, *codes, strategy)
+        else:
+            loss, lse_parts, _ = _traced_forward_op(x2, weight, bias, t1, class_weight, *options, *codes, strategy)
+            lse = lse_parts[0]
+    elif vocab_chunk is not None and x2.shape[0]:
         slice_classes = planner.linear_vocab_chunk(x2.shape[0], vocab, x.dtype, vocab_chunk)
         if tracked:
             loss, lse = _VocabSlicedFunction.apply(x2, weight, bias, t1, class_weight, options, slice_classes,

@@ -251,6 +251,14 @@ def _scaled(grad, upstream, dtype):
     return launch_scale(grad, upstream, _buffers.empty(grad.shape, dtype, grad.device))
 
 
+def _loss_and_lse(ctx, loss, lse):
+    """A Function's outputs: the lse not differentiable, and no zeros made for its gradient (autograd
+    would allocate and fill them every backward)."""
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+    return loss, lse
+
+
 class _LinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, target, class_weight, options, chunk_rows, strategy):
@@ -263,10 +271,7 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
         else:
             ctx.save_for_backward(*grads)
         ctx.dtypes = (x2.dtype, weight.dtype, bias.dtype if bias is not None else None)
-        lse = lse_parts[0]
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)  # else autograd allocates and fills zeros for lse's gradient every backward
-        return loss, lse
+        return _loss_and_lse(ctx, loss, lse_parts[0])
 
     @staticmethod
     def backward(ctx, dloss, _dlse):
@@ -360,9 +365,7 @@ class _VocabSlicedFunction(torch.autograd.Function):
                                           strategy).forward(denom)
         ctx.save_for_backward(x2, weight, bias, target, class_weight, lse, lse_low, denom)
         ctx.config = (options, vocab_chunk, strategy)
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)  # else autograd allocates and fills zeros for lse's gradient every backward
-        return loss, lse
+        return _loss_and_lse(ctx, loss, lse)
 
     @staticmethod
     def backward(ctx, dloss, _dlse):
@@ -471,10 +474,7 @@ class _TracedLinearFunction(torch.autograd.Function):
                                                     vocab_chunk, strategy)
         ctx.save_for_backward(x2, weight, bias, target, class_weight, lse_parts, denom)
         ctx.config = (options, chunk, vocab_chunk, strategy)
-        lse = lse_parts[0]
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)  # else autograd allocates and fills zeros for lse's gradient every backward
-        return loss, lse
+        return _loss_and_lse(ctx, loss, lse_parts[0])
 
     @staticmethod
     def backward(ctx, dloss, _dlse):

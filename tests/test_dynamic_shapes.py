@@ -87,14 +87,17 @@ def _run(fn, args, grad):
     return [out, *torch.autograd.grad(out, leaves, cotangent)]
 
 
+@pytest.mark.parametrize("mode", ["marked dims", "dynamic=True"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_one_graph_serves_every_size(name, gen):
+def test_one_graph_serves_every_size(name, mode, gen):
+    # "dynamic=True" traces every dim as a symbol, and the public functions' float defaults too
+    # (math.isfinite of one was a graph break: _validate.finite).
     fn, make, dynamic, grad = CASES[name]
     torch._dynamo.reset()
-    compiled = torch.compile(fn, fullgraph=True, backend=BACKEND)
+    compiled = torch.compile(fn, fullgraph=True, backend=BACKEND, dynamic=True if mode == "dynamic=True" else None)
     for n, recompile_is_error in ((5, False), (7, True)):
         args = [a.requires_grad_() if grad and a.is_floating_point() else a for a in make(n, gen)]
-        for i, d in dynamic:
+        for i, d in dynamic if mode == "marked dims" else ():
             torch._dynamo.mark_dynamic(args[i], d)  # dynamo raises if the traced op specializes the dim
         with torch._dynamo.config.patch(error_on_recompile=recompile_is_error):
             got = _run(compiled, args, grad)

@@ -62,17 +62,24 @@ def real(value, op: str, what: str) -> float:
     return float(value)
 
 
+def finite(value) -> bool:
+    """math.isfinite by comparisons, which torch.compile can also trace where it makes a float
+    symbolic (``dynamic=True`` does so to a public function's float defaults; math.isfinite of one
+    is a graph break)."""
+    return value == value and -math.inf < value < math.inf
+
+
 def positive(value, op: str, what: str) -> float:
     """A finite real number > 0 (temperatures, scales)."""
     value = real(value, op, what)
-    if not (math.isfinite(value) and value > 0):
+    if not (finite(value) and value > 0):
         raise ValueError(f"{op}: {what} must be finite and > 0, got {value}")
     return value
 
 
 def non_negative(value, op: str, what: str) -> float:
     value = real(value, op, what)
-    if not (math.isfinite(value) and value >= 0):
+    if not (finite(value) and value >= 0):
         raise ValueError(f"{op}: {what} must be finite and >= 0, got {value}")
     return value
 

@@ -10,6 +10,7 @@ from typing import Optional, Union
 
 import torch
 
+from ... import _validate
 from ..._device import remember
 from ..._launch import op_when_compiling
 from .launch import launch_backward, launch_forward
@@ -136,7 +137,7 @@ def validate(q, k, v, causal, scale, name: str = "attention"):
         scale = 1.0 / math.sqrt(q.shape[3])
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"{name}: scale must be a real number or None, got {type(scale).__name__}")
-    if not (math.isfinite(scale) and scale > 0):
+    if not (_validate.finite(scale) and scale > 0):
         raise ValueError(f"{name}: scale must be finite and > 0, got {scale!r}")
     return mode, float(scale)
 

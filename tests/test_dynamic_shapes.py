@@ -105,3 +105,22 @@ def test_one_graph_serves_every_size(name, mode, gen):
         for g, w in zip(got, want, strict=True):
             assert g.shape == w.shape and g.dtype == w.dtype
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name} at size {n}: {m}")
+
+
+def test_export_with_a_dynamic_batch(gen):
+    # torch.export (what AOTInductor and other serving runtimes take) traces the same path: one
+    # program for every batch size in the declared range.
+    class Model(torch.nn.Module):
+        def forward(self, x, t, q, k, v):
+            return (onlinesoftmax.softmax(x, -1).sum() + onlinesoftmax.cross_entropy(x, t)
+                    + onlinesoftmax.softmax_topk(x, 3)[0].sum() + onlinesoftmax.logsumexp(x, -1).sum()
+                    + onlinesoftmax.attention(q, k, v).float().sum())
+
+    def inputs(n):
+        return (*_cross_entropy_inputs(n, gen), *_qkv(n, 16, gen))
+
+    batch = torch.export.Dim("batch", min=2, max=1024)
+    program = torch.export.export(Model(), inputs(5), dynamic_shapes=({0: batch},) * 5)
+    for n in (5, 9):
+        args = inputs(n)
+        torch.testing.assert_close(program.module()(*args), Model()(*args), rtol=1e-5, atol=1e-5)

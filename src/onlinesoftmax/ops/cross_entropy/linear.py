@@ -392,17 +392,32 @@ def _plan_codes(chunk, vocab_chunk) -> tuple[int, int]:
             -1 if vocab_chunk is None else 0 if vocab_chunk == "auto" else vocab_chunk)
 
 
-def _planned_slices(x2, weight, vocab_chunk_code):
-    """The classes a vocabulary slice takes for vocab_chunk's code, or None (chunks of rows)."""
-    if vocab_chunk_code < 0 or not x2.shape[0]:
+def _plan_values(chunk_code: int, vocab_chunk_code: int) -> tuple:
+    return ("auto" if chunk_code == 0 else chunk_code,
+            None if vocab_chunk_code < 0 else "auto" if vocab_chunk_code == 0 else vocab_chunk_code)
+
+
+def _slice_classes(x2, weight, vocab_chunk):
+    """The classes a vocabulary slice takes, or None where the call takes chunks of rows."""
+    if vocab_chunk is None or not x2.shape[0]:
         return None
-    return planner.linear_vocab_chunk(x2.shape[0], weight.shape[0], x2.dtype,
-                                      "auto" if vocab_chunk_code == 0 else vocab_chunk_code)
+    return planner.linear_vocab_chunk(x2.shape[0], weight.shape[0], x2.dtype, vocab_chunk)
 
 
-def _planned_chunk_rows(x2, weight, chunk_code, accumulates_weight):
-    return planner.linear_chunk_rows(x2.shape[0], weight.shape[0], x2.shape[1], x2.dtype, accumulates_weight,
-                                     "auto" if chunk_code == 0 else chunk_code)
+def _chunk_rows(x2, weight, chunk, accumulates_weight: bool) -> int:
+    return planner.linear_chunk_rows(x2.shape[0], weight.shape[0], x2.shape[1], x2.dtype, accumulates_weight, chunk)
+
+
+def _loss(x2, weight, bias, target, class_weight, options, chunk, vocab_chunk, strategy):
+    """(loss, lse parts (2, rows: the lse and its rounding error), denom) without gradients."""
+    slice_classes = _slice_classes(x2, weight, vocab_chunk)
+    if slice_classes is not None:
+        denom = _denominators(target, class_weight, weight.shape[0], options, x2.dtype, x2.device)
+        loss, lse, lse_low = _VocabSlices(x2, weight, bias, target, class_weight, options, slice_classes,
+                                          strategy).forward(denom)
+        return loss, torch.stack((lse, lse_low)), denom
+    chunk_rows = _chunk_rows(x2, weight, chunk, False)
+    return _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy, (False,) * 3)[:3]
 
 
 @torch.library.custom_op("onlinesoftmax::linear_cross_entropy_forward", mutates_args=())
@@ -411,18 +426,9 @@ def _traced_forward_op(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[to
                        label_smoothing: float, z_loss: float, softcap: float, temperature: float, return_lse: bool,
                        chunk: int, vocab_chunk: int,
                        strategy: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, lse parts (2, rows: the lse and its rounding error), denom), no gradients."""
+    """_loss of a traced call (chunk and vocab_chunk as _plan_codes gives them)."""
     options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse)
-    slice_classes = _planned_slices(x2, weight, vocab_chunk)
-    if slice_classes is not None:
-        denom = _denominators(target, class_weight, weight.shape[0], options, x2.dtype, x2.device)
-        loss, lse, lse_low = _VocabSlices(x2, weight, bias, target, class_weight, options, slice_classes,
-                                          strategy).forward(denom)
-        return loss, torch.stack((lse, lse_low)), denom
-    chunk_rows = _planned_chunk_rows(x2, weight, chunk, False)
-    loss, lse_parts, denom, _ = _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy,
-                                         (False,) * 3)
-    return loss, lse_parts, denom
+    return _loss(x2, weight, bias, target, class_weight, options, *_plan_values(chunk, vocab_chunk), strategy)
 
 
 @_traced_forward_op.register_fake
@@ -445,12 +451,13 @@ def _traced_backward_op(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     empty where not wanted, from the logits recomputed a chunk (or a vocabulary slice) at a time."""
     options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse)
     wanted = (want_x, want_w, want_b and bias is not None)
-    slice_classes = _planned_slices(x2, weight, vocab_chunk)
+    chunk, vocab_chunk = _plan_values(chunk, vocab_chunk)
+    slice_classes = _slice_classes(x2, weight, vocab_chunk)
     if slice_classes is not None:
         grads = _VocabSlices(x2, weight, bias, target, class_weight, options, slice_classes, strategy).backward(
             lse_parts[0], lse_parts[1], denom, grad, wanted)
     else:
-        chunk_rows = _planned_chunk_rows(x2, weight, chunk, want_w and compute_dtype(weight.dtype) != weight.dtype)
+        chunk_rows = _chunk_rows(x2, weight, chunk, want_w and compute_dtype(weight.dtype) != weight.dtype)
         grads = _gradient_buffers(x2, weight, bias, wanted, -(-x2.shape[0] // chunk_rows))
         if x2.shape[0]:
             _Pass(x2, weight, bias, target, class_weight, options, chunk_rows, strategy).backward(
@@ -601,26 +608,16 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
         else:
             loss, lse_parts, _ = _traced_forward_op(x2, weight, bias, t1, class_weight, *options, *codes, strategy)
             lse = lse_parts[0]
+    elif not tracked:
+        loss, lse_parts, _ = _loss(x2, weight, bias, t1, class_weight, options, chunk, vocab_chunk, strategy)
+        lse = lse_parts[0]
     elif vocab_chunk is not None and x2.shape[0]:
-        slice_classes = planner.linear_vocab_chunk(x2.shape[0], vocab, x.dtype, vocab_chunk)
-        if tracked:
-            loss, lse = _VocabSlicedFunction.apply(x2, weight, bias, t1, class_weight, options, slice_classes,
-                                                   strategy)
-        else:
-            denom = _denominators(t1, class_weight, vocab, options, x2.dtype, x2.device)
-            loss, lse, _ = _VocabSlices(x2, weight, bias, t1, class_weight, options, slice_classes,
-                                        strategy).forward(denom)
+        loss, lse = _VocabSlicedFunction.apply(x2, weight, bias, t1, class_weight, options,
+                                               _slice_classes(x2, weight, vocab_chunk), strategy)
     else:
-        chunk_rows = planner.linear_chunk_rows(
-            x2.shape[0], vocab, x.shape[-1], x.dtype,
-            tracked and weight.requires_grad and compute_dtype(weight.dtype) != weight.dtype, chunk)
-        if tracked:
-            loss, lse = _LinearCrossEntropyFunction.apply(x2, weight, bias, t1, class_weight, options, chunk_rows,
-                                                          strategy)
-        else:
-            loss, lse_parts, _, _ = _forward(x2, weight, bias, t1, class_weight, options, chunk_rows, strategy,
-                                             (False,) * 3)
-            lse = lse_parts[0]
+        chunk_rows = _chunk_rows(x2, weight, chunk, weight.requires_grad and compute_dtype(weight.dtype) != weight.dtype)
+        loss, lse = _LinearCrossEntropyFunction.apply(x2, weight, bias, t1, class_weight, options, chunk_rows,
+                                                      strategy)
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return (loss, lse.reshape(target.shape)) if return_lse else loss

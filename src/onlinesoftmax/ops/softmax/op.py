@@ -173,7 +173,7 @@ def _softmax_route(x, dim, dtype, algorithm, strategy, name, traced=False) -> _R
         x.device.type != "cuda" and not interpreter_active()))
     plain = cast_to is None and dtype in (None, x.dtype)
     torch_fn = (torch.log_softmax if name == "log_softmax" else torch.softmax) if plain else None
-    if traced:  # nothing read of the sizes (see _softmax_traced)
+    if traced:  # nothing read of the sizes (see _softmax_like)
         return _Route(dim, cast_to, dtype, torch_path, None, torch_fn=torch_fn)
     if torch_path:
         return _Route(dim, cast_to, dtype, True, _torch_plan(name, x, dim, _TORCH_KERNEL_REASON), torch_fn=torch_fn)
@@ -234,42 +234,29 @@ def _torch_plan(op, x, dim, reason) -> planner.Plan:
     return planner.Plan(op, "torch", "auto", x.numel() // cols if cols else 1, cols, x.dtype, reason=reason)
 
 
-def _softmax_traced(x, dim, dtype, temperature, algorithm, strategy, log):
-    """_softmax_like while torch.compile traces. Nothing here reads a size as a Python value: a
-    lookup by shape, or a plan, would specialize every dim to its traced value, and a model
-    compiled with a dynamic batch would be compiled again at each new batch size (the custom ops
-    plan each launch when they run)."""
-    name = "log_softmax" if log else "softmax"
-    route = _softmax_route(x, dim, dtype, algorithm, strategy, name, traced=True)
-    if route.torch_path and route.torch_fn is not None and type(temperature) is float and temperature == 1.0:
-        return route.torch_fn(x, route.dim)
-    temperature = _temperature(temperature, name)
-    if route.cast_to is not None:
-        x = x.to(route.cast_to)
-    if route.torch_path:
-        return torch_forward(x, route.dim, name, 1.0 / temperature, route.out_dtype or x.dtype)
-    if x.dim() == 0:
-        return _softmax_traced(x.reshape(1), 0, dtype, temperature, algorithm, strategy, log).reshape(())
-    if x.requires_grad and torch.is_grad_enabled():
-        return _SoftmaxFunction.apply(x, route.dim, log, temperature, route.out_dtype, algorithm, strategy)
-    return _forward_op(x, route.dim, name, temperature, route.out_dtype, algorithm, strategy)
-
-
 def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
     # The hit path is a few attribute reads and one lookup: small eager calls are the host's time,
     # and where the route gives a call to torch, these lines are all that ours adds to torch's own
-    # call (bench host measures it): they are kept few and inline.
-    if _compiling():
-        return _softmax_traced(x, dim, dtype, temperature, algorithm, strategy, log)
-    try:
-        key = (x.shape, x.stride(), x.dtype, x.device, dim, dtype, algorithm, strategy, log)
-    except AttributeError:
+    # call (bench host measures it): they are kept few and inline. While torch.compile traces, no
+    # lookup by shape and no plan: a size read as a Python value would specialize its dim to the
+    # traced value, and a model compiled with a dynamic batch would be compiled again at each new
+    # batch size (the custom ops plan each launch when they run).
+    traced = _compiling()
+    if traced:
         key = None
-    try:
-        route = _ROUTES[key]
-    except (KeyError, TypeError):  # a new signature, unhashable arguments, not a tensor (whose checks raise)
-        route = _route(key, _softmax_route, x, dim, dtype, algorithm, strategy, "log_softmax" if log else "softmax")
+        route = _softmax_route(x, dim, dtype, algorithm, strategy, "log_softmax" if log else "softmax", traced=True)
+    else:
+        try:
+            key = (x.shape, x.stride(), x.dtype, x.device, dim, dtype, algorithm, strategy, log)
+        except AttributeError:
+            key = None
+        try:
+            route = _ROUTES[key]
+        except (KeyError, TypeError):  # a new signature, unhashable arguments, not a tensor (whose checks raise)
+            route = _route(key, _softmax_route, x, dim, dtype, algorithm, strategy,
+                           "log_softmax" if log else "softmax")
     grad = x.requires_grad and torch.is_grad_enabled()
+    # (A traced route has no eager route: its torch path alone.)
     torch_kernel = _runs_torch(route.torch_path, route.eager_torch, route.eager_torch_train, grad)
     if torch_kernel and route.torch_fn is not None and type(temperature) is float and temperature == 1.0:
         planner.record(route.torch_plan)
@@ -284,6 +271,10 @@ def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
         return torch_forward(x, route.dim, name, 1.0 / temperature, route.out_dtype or x.dtype)
     if x.dim() == 0:
         return _softmax_like(x.reshape(1), 0, dtype, temperature, algorithm, strategy, log).reshape(())
+    if traced:
+        if grad:
+            return _SoftmaxFunction.apply(x, route.dim, log, temperature, route.out_dtype, algorithm, strategy)
+        return _forward_op(x, route.dim, name, temperature, route.out_dtype, algorithm, strategy)
     call = _FORWARD_CALLS.get(key)
     if call is None:
         call = remember(_FORWARD_CALLS, key, forward_call(x, route.dim, name, route.out_dtype, algorithm, strategy))
@@ -391,7 +382,7 @@ def _logsumexp_route(x, dim, keepdim, strategy, traced=False) -> tuple:
                          f"bfloat16; got {_validate.dtype_name(x.dtype)}")
     torch_path = not kernels or strategy == "torch" or (strategy is None and (
         x.device.type != "cuda" and not interpreter_active()))
-    if traced:  # nothing read of the sizes (see _softmax_traced)
+    if traced:  # nothing read of the sizes (see _softmax_like)
         return dims, compute, None, torch_path, (False, False)
     if torch_path:
         return dims, compute, _torch_plan("logsumexp", x, dims[-1], _TORCH_KERNEL_REASON), True, (True, True)
@@ -437,7 +428,7 @@ def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]] = -1, keepdim: boo
     tensor([0.6931, 1.6931])
     """
     traced = _compiling()
-    if traced:  # no lookup by shape and no plan (see _softmax_traced)
+    if traced:  # no lookup by shape and no plan (see _softmax_like)
         route = _logsumexp_route(x, dim, keepdim, strategy, traced=True)
     else:
         try:

@@ -32,6 +32,9 @@ def test_linear_chunk_rows():
     assert plan.linear_chunk_rows(8192, 32000, 4096, torch.float32, False, "auto") == 4096
     assert plan.linear_chunk_rows(100, 128256, 4096, torch.bfloat16, False, "auto") == 100
     assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, 300) == 300
+    # A traced call's one chunk would hold the accumulator too: chunks of grad W's bytes.
+    assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, "auto",
+                                  one_chunk_without_accumulator=False) == 4096
 
 
 def test_linear_vocab_chunk():
@@ -89,31 +92,39 @@ def test_linear_matches_torch(reduction, dtype, plan_kwargs, gen):
     out = linear_cross_entropy(*leaves[:2], target, leaves[2], **plan_kwargs, **options)
     (out * upstream.to(out.dtype)).sum().backward()
     assert_matches(out.detach(), ref, dtype, "loss")
-    # bf16 gradients: the logits' gradient is rounded to bf16 before each matrix product, so the
-    # bound is flash-attention's: within twice what the same math in bf16 torch gives (or the table).
-    bound = TOLERANCE[dtype]
-    if dtype == torch.bfloat16:
-        torch_leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-        logits = torch_leaves[0] @ torch_leaves[1].T + torch_leaves[2]
-        loss = reference(logits.float(), target, **options).to(dtype)
-        (loss * upstream.to(dtype)).sum().backward()
-        torch_error = max(relative_error(t.grad, g) for t, g in zip(torch_leaves, ref_grads))
-        bound = max(bound, 2 * torch_error)
+    bound = _gradient_bound(x, w, b, target, upstream, options, ref_grads)
     for name, leaf, grad in zip("xwb", leaves, ref_grads):
         assert leaf.grad.dtype == dtype
         error = relative_error(leaf.grad, grad)
         assert error <= bound, f"grad {name}: relative error {error:.3e} > {bound:.3e}"
 
 
+def _gradient_bound(x, w, b, target, upstream, options, ref_grads):
+    """bf16 gradients: the logits' gradient is rounded to bf16 before each matrix product, so the
+    bound is flash-attention's: within twice what the same math in bf16 torch gives (or the table)."""
+    bound = TOLERANCE[x.dtype]
+    if x.dtype == torch.bfloat16:
+        torch_leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        logits = torch_leaves[0] @ torch_leaves[1].T + torch_leaves[2]
+        loss = reference(logits.float(), target, **options).to(x.dtype)
+        (loss * upstream.to(x.dtype)).sum().backward()
+        torch_error = max(relative_error(t.grad, g) for t, g in zip(torch_leaves, ref_grads))
+        bound = max(bound, 2 * torch_error)
+    return bound
 
-@pytest.mark.parametrize("grads", ["all", "weight"])
-@pytest.mark.parametrize("plan_kwargs", [dict(chunk=8), dict(vocab_chunk=32)], ids=["chunks", "vocab_slices"])
+
+# (dtype, grads): bf16 for its float32 grad-W accumulator and its gradients' rounding.
+@pytest.mark.parametrize("dtype,grads", [(torch.float32, "all"), (torch.float32, "weight"), (torch.bfloat16, "all")],
+                         ids=["fp32-all", "fp32-weight", "bf16-all"])
+@pytest.mark.parametrize("plan_kwargs", [dict(chunk=8), {}, dict(vocab_chunk=32)],
+                         ids=["chunks", "one_chunk", "vocab_slices"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_linear_compile_fullgraph(reduction, plan_kwargs, grads, gen):
-    # The compiled call is two custom ops, the backward recomputing the logits: loss, lse and the
-    # gradients asked for against float64, as the eager call's.
+def test_linear_compile_fullgraph(reduction, plan_kwargs, dtype, grads, gen):
+    # The compiled call is two custom ops ("mean" over row chunks: the forward op computes the
+    # gradients; otherwise the backward op recomputes the logits): loss, lse and the gradients
+    # asked for against float64, as the eager call's.
     torch._dynamo.reset()
-    x, w, b, target = _linear_case(29, 16, 75, torch.float32, gen)
+    x, w, b, target = _linear_case(29, 16, 75, dtype, gen)
     upstream = (torch.randn(29, generator=gen, dtype=torch.float64) if reduction == "none"
                 else torch.tensor(0.7)).to(DEVICE)
     options = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3)
@@ -124,24 +135,29 @@ def test_linear_compile_fullgraph(reduction, plan_kwargs, grads, gen):
     leaves = [t.clone().requires_grad_(grads == "all" or name == "w") for name, t in zip("xwb", (x, w, b))]
     out, lse = compiled(*leaves, target)
     (out * upstream.to(out.dtype)).sum().backward()
-    assert_matches(out.detach(), ref, torch.float32, "loss")
-    assert_matches(lse, torch.logsumexp(x.double() @ w.double().T + b.double(), -1), torch.float32, "lse")
+    assert_matches(out.detach(), ref, dtype, "loss")
+    assert_matches(lse, torch.logsumexp(x.double() @ w.double().T + b.double(), -1), dtype, "lse")
+    bound = _gradient_bound(x, w, b, target, upstream, options, ref_grads)
     for name, leaf, grad in zip("xwb", leaves, ref_grads):
         if leaf.requires_grad:
-            assert_matches(leaf.grad, grad, torch.float32, f"grad {name}")
+            assert leaf.grad.dtype == dtype
+            error = relative_error(leaf.grad, grad)
+            assert error <= bound, f"grad {name}: relative error {error:.3e} > {bound:.3e}"
         else:
             assert leaf.grad is None
 
 
 def test_linear_custom_ops_pass_opcheck(gen):
-    x, w, b, target = _linear_case(9, 8, 20, torch.float32, gen)
-    for plan_codes in ((4, -1), (0, 8)):  # chunks of 4 rows; vocabulary slices of 8 classes
+    x, w, b, target = _linear_case(9, 8, 20, torch.bfloat16, gen)
+    # Chunks of 4 rows (the gradients in the forward op, or not asked for); vocabulary slices of 8 classes.
+    for plan_codes, wanted in (((4, -1), (True, True, True)), ((4, -1), (False,) * 3), ((0, 8), (True, False, True))):
         options = (-100, "mean", 0.1, 0.0, 0.0, 1.0, False, *plan_codes, None)
-        torch.library.opcheck(linear_module._traced_forward_op, (x, w, b, target, None, *options))
-        _, lse_parts, denom = linear_module._traced_forward_op(x, w, b, target, None, *options)
+        torch.library.opcheck(linear_module._traced_forward_op, (x, w, b, target, None, *options, *wanted))
+        _, lse_parts, denom, *_ = linear_module._traced_forward_op(x, w, b, target, None, *options, *wanted)
         upstream = torch.tensor(0.5, device=DEVICE)
         torch.library.opcheck(linear_module._traced_backward_op,
-                              (x, w, b, target, None, lse_parts, denom, upstream, *options, True, False, True))
+                              (x, w, b, target, None, lse_parts, denom, upstream, *options, *wanted))
+
 
 @pytest.mark.parametrize("plan_kwargs", [dict(chunk=6), dict(vocab_chunk=16)], ids=["chunks", "vocab_slices"])
 @pytest.mark.parametrize("options", [OPTIONS[3], OPTIONS[-1]], ids=option_ids)

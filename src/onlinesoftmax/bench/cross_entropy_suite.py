@@ -266,6 +266,10 @@ def linear_implementations() -> list[Implementation]:
     impls.append(Implementation("quack", skipped="quack has no fused linear cross-entropy"))
     impls.append(Implementation("onlinesoftmax", _linear_step(lambda h, w, t: linear_cross_entropy(h, w, t)),
                                 check=_linear_check))
+    # The traced call: two custom ops, its backward recomputing the logits (four matmuls).
+    impls.append(Implementation("onlinesoftmax torch.compile",
+                                _linear_step(_compiled(lambda h, w, t: linear_cross_entropy(h, w, t))),
+                                check=_linear_check))
     impls.append(Implementation("onlinesoftmax vocab_chunk",
                                 _linear_step(lambda h, w, t: linear_cross_entropy(h, w, t, vocab_chunk="auto")),
                                 check=_linear_check))
@@ -295,8 +299,9 @@ def run_linear(args) -> int:
              "chunks with an fp32 grad-W accumulator (V x H x 4 bytes; chunks of 512 MiB of logits or grad W's "
              "bytes, the larger) where that is the lower peak, else all rows as one chunk and no accumulator. "
              "onlinesoftmax vocab_chunk (vocab_chunk='auto') takes slices of the vocabulary over all the rows: no "
-             "grad-W accumulator, 256 MiB of logits a slice and a float32 grad-h accumulator, four matmuls; see "
-             "docs/perf-cross_entropy.md.")
+             "grad-W accumulator, 256 MiB of logits a slice and a float32 grad-h accumulator, four matmuls. "
+             "onlinesoftmax torch.compile: the same call compiled (two custom ops; the backward recomputes the "
+             "logits, four matmuls); see docs/perf-cross_entropy.md.")
     harness.write_results(args, "linear_cross_entropy", rows, None, notes, earlier_runs=earlier_runs)
     return harness.exit_code(rows)
 

@@ -201,13 +201,13 @@ class _Pass:
             self.grads(grad_x, grad_w, grad_b, start, stop, logits)
 
 
-def _gradient_buffers(x2, weight, bias, wanted, chunks):
+def _gradient_buffers(x2, weight, bias, wanted, chunks, float32_weight=False):
     """grad x in x's dtype (each chunk's rows written once); grad W a float32 accumulator across
-    several chunks, in the weight's dtype for one (its one matmul rounds once)."""
+    several chunks (or ``float32_weight``), in the weight's dtype for one (its one matmul rounds once)."""
     want_x, want_w, want_b = wanted
     empty = _buffers.empty if chunks else (lambda shape, dtype, device: torch.zeros(shape, dtype=dtype, device=device))
     grad_x = empty(x2.shape, x2.dtype, x2.device) if want_x else None
-    w_dtype = compute_dtype(weight.dtype) if chunks > 1 else weight.dtype
+    w_dtype = compute_dtype(weight.dtype) if chunks > 1 or float32_weight else weight.dtype
     grad_w = empty(weight.shape, w_dtype, weight.device) if want_w else None
     grad_b = torch.zeros(bias.shape, dtype=compute_dtype(bias.dtype), device=bias.device) if want_b else None
     return grad_x, grad_w, grad_b
@@ -225,7 +225,7 @@ def _denominators(target, class_weight, vocab, options, dtype, device):
     return denom
 
 
-def _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy, wanted):
+def _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy, wanted, float32_weight=False):
     """(loss, lse parts (2, rows: the lse and its rounding error), denom, grads or None): grads
     computed in the forward when ``wanted`` asks for any and the reduction allows it (not "none")."""
     rows, vocab = x2.shape[0], weight.shape[0]
@@ -234,7 +234,7 @@ def _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strate
     loss_rows = _buffers.empty((rows,), x2.dtype if reduction == "none" else compute_dtype(x2.dtype), x2.device)
     lse_parts = _buffers.empty((2, rows), compute_dtype(x2.dtype), x2.device)
     chunks = -(-rows // chunk_rows)
-    grads = (_gradient_buffers(x2, weight, bias, wanted, chunks) if any(wanted) and reduction != "none"
+    grads = (_gradient_buffers(x2, weight, bias, wanted, chunks, float32_weight) if any(wanted) and reduction != "none"
              else (None,) * 3)
     if rows:
         _Pass(x2, weight, bias, target, class_weight, options, chunk_rows, strategy).forward(
@@ -380,11 +380,11 @@ class _VocabSlicedFunction(torch.autograd.Function):
 # torch.compile: the call as two custom ops
 # --------------------------------------------------------------------------------------------
 # A traced call plans nothing itself (a plan reads the sizes, which torch.compile may trace as
-# symbols): the ops plan their chunks when they run. The forward op computes the loss without
-# gradients and the backward op recomputes the logits chunk by chunk (four matmuls, as
-# reduction="none" takes eagerly), so that what the forward returns has shapes the compiler knows
-# without the plan. chunk and vocab_chunk travel as ints: chunk 0 is "auto"; vocab_chunk -1 is
-# None, 0 "auto".
+# symbols): the ops plan their chunks when they run, and what they return has shapes and dtypes
+# the compiler knows without the plan. For "mean" and "sum" over chunks of rows the forward op
+# computes the gradients too, as the eager call does (three matmuls); otherwise the backward op
+# recomputes the logits (four). chunk and vocab_chunk travel as ints: chunk 0 is "auto";
+# vocab_chunk -1 is None, 0 "auto".
 
 
 def _plan_codes(chunk, vocab_chunk) -> tuple[int, int]:
@@ -404,8 +404,9 @@ def _slice_classes(x2, weight, vocab_chunk):
     return planner.linear_vocab_chunk(x2.shape[0], weight.shape[0], x2.dtype, vocab_chunk)
 
 
-def _chunk_rows(x2, weight, chunk, accumulates_weight: bool) -> int:
-    return planner.linear_chunk_rows(x2.shape[0], weight.shape[0], x2.shape[1], x2.dtype, accumulates_weight, chunk)
+def _chunk_rows(x2, weight, chunk, accumulates_weight: bool, one_chunk_without_accumulator: bool = True) -> int:
+    return planner.linear_chunk_rows(x2.shape[0], weight.shape[0], x2.shape[1], x2.dtype, accumulates_weight, chunk,
+                                     one_chunk_without_accumulator)
 
 
 def _loss(x2, weight, bias, target, class_weight, options, chunk, vocab_chunk, strategy):
@@ -420,24 +421,51 @@ def _loss(x2, weight, bias, target, class_weight, options, chunk, vocab_chunk, s
     return _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy, (False,) * 3)[:3]
 
 
+def _grads_in_forward(reduction: str, vocab_chunk: int, wanted) -> bool:
+    """Whether a traced call's forward computes the gradients (for an upstream gradient of 1, as the
+    eager call's "mean" and "sum" do: three matmuls) rather than its backward recomputing the logits."""
+    return reduction != "none" and vocab_chunk < 0 and any(wanted)
+
+
 @torch.library.custom_op("onlinesoftmax::linear_cross_entropy_forward", mutates_args=())
 def _traced_forward_op(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
                        class_weight: Optional[torch.Tensor], ignore_index: int, reduction: str,
                        label_smoothing: float, z_loss: float, softcap: float, temperature: float, return_lse: bool,
-                       chunk: int, vocab_chunk: int,
-                       strategy: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """_loss of a traced call (chunk and vocab_chunk as _plan_codes gives them)."""
+                       chunk: int, vocab_chunk: int, strategy: Optional[str], want_x: bool, want_w: bool,
+                       want_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                              torch.Tensor]:
+    """(loss, lse parts, denom, grad x, grad weight, grad bias) of a traced call (chunk and
+    vocab_chunk as _plan_codes gives them); the gradients where _grads_in_forward, else empty. grad
+    weight and grad bias come in float32 whatever the chunks: the fake cannot know the chunk count,
+    which decides the eager call's dtype."""
     options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse)
-    return _loss(x2, weight, bias, target, class_weight, options, *_plan_values(chunk, vocab_chunk), strategy)
+    wanted = (want_x, want_w, want_b and bias is not None)
+    chunk, vocab_chunk_value = _plan_values(chunk, vocab_chunk)
+    if _grads_in_forward(reduction, vocab_chunk, wanted):
+        chunk_rows = _chunk_rows(x2, weight, chunk, want_w and compute_dtype(weight.dtype) != weight.dtype,
+                                 one_chunk_without_accumulator=False)
+        loss, lse_parts, denom, grads = _forward(x2, weight, bias, target, class_weight, options, chunk_rows,
+                                                 strategy, wanted, float32_weight=True)
+    else:
+        loss, lse_parts, denom = _loss(x2, weight, bias, target, class_weight, options, chunk, vocab_chunk_value,
+                                       strategy)
+        grads = (None,) * 3
+    dtypes = (x2.dtype, compute_dtype(weight.dtype), compute_dtype(x2.dtype))
+    return loss, lse_parts, denom, *(g if g is not None else x2.new_empty((0,), dtype=dtype)
+                                     for g, dtype in zip(grads, dtypes))
 
 
 @_traced_forward_op.register_fake
 def _(x2, weight, bias, target, class_weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-      return_lse, chunk, vocab_chunk, strategy):
+      return_lse, chunk, vocab_chunk, strategy, want_x, want_w, want_b):
     rows, stats = x2.shape[0], compute_dtype(x2.dtype)
     denom = 3 if needs_denom(reduction, class_weight is not None, label_smoothing) else 0
+    grads = _grads_in_forward(reduction, vocab_chunk, (want_x, want_w, want_b and bias is not None))
     return (x2.new_empty((rows,) if reduction == "none" else ()), x2.new_empty((2, rows), dtype=stats),
-            x2.new_empty((denom,), dtype=stats))
+            x2.new_empty((denom,), dtype=stats), x2.new_empty(x2.shape if grads and want_x else (0,)),
+            weight.new_empty(weight.shape if grads and want_w else (0,), dtype=compute_dtype(weight.dtype)),
+            x2.new_empty(bias.shape if grads and want_b and bias is not None else (0,),
+                         dtype=compute_dtype(x2.dtype)))
 
 
 @torch.library.custom_op("onlinesoftmax::linear_cross_entropy_backward", mutates_args=())
@@ -477,20 +505,32 @@ def _(x2, weight, bias, target, class_weight, lse_parts, denom, grad, ignore_ind
 class _TracedLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, target, class_weight, options, chunk, vocab_chunk, strategy):
-        loss, lse_parts, denom = _traced_forward_op(x2, weight, bias, target, class_weight, *options, chunk,
-                                                    vocab_chunk, strategy)
-        ctx.save_for_backward(x2, weight, bias, target, class_weight, lse_parts, denom)
+        wanted = ctx.needs_input_grad[:3]
+        loss, lse_parts, denom, *grads = _traced_forward_op(x2, weight, bias, target, class_weight, *options, chunk,
+                                                            vocab_chunk, strategy, *wanted)
+        ctx.grads_in_forward = _grads_in_forward(options[1], vocab_chunk, wanted)
+        if ctx.grads_in_forward:
+            ctx.save_for_backward(*grads)
+            ctx.dtypes = (x2.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        else:
+            ctx.save_for_backward(x2, weight, bias, target, class_weight, lse_parts, denom)
         ctx.config = (options, chunk, vocab_chunk, strategy)
         return _loss_and_lse(ctx, loss, lse_parts[0])
 
     @staticmethod
     def backward(ctx, dloss, _dlse):
-        x2, weight, bias, target, class_weight, lse_parts, denom = ctx.saved_tensors
-        options, chunk, vocab_chunk, strategy = ctx.config
         wanted = ctx.needs_input_grad[:3]
-        grads = _traced_backward_op(x2, weight, bias, target, class_weight, lse_parts, denom, dloss, *options, chunk,
-                                    vocab_chunk, strategy, *wanted)
-        return (*(g if want else None for g, want in zip(grads, wanted)), None, None, None, None, None, None)
+        if ctx.grads_in_forward:
+            # The forward's gradients times the upstream one, each rounded once to its input's dtype.
+            grads = tuple((g * dloss).to(dtype) if want else None
+                          for g, dtype, want in zip(ctx.saved_tensors, ctx.dtypes, wanted))
+        else:
+            x2, weight, bias, target, class_weight, lse_parts, denom = ctx.saved_tensors
+            options, chunk, vocab_chunk, strategy = ctx.config
+            grads = _traced_backward_op(x2, weight, bias, target, class_weight, lse_parts, denom, dloss, *options,
+                                        chunk, vocab_chunk, strategy, *wanted)
+            grads = tuple(g if want else None for g, want in zip(grads, wanted))
+        return (*grads, None, None, None, None, None, None)
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -544,10 +584,11 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     once); grad_weight and grad_bias accumulate across chunks in float32 and are rounded to their
     dtype once, in the backward. Extra memory: one chunk of logits plus the fp32 grad_weight
     accumulator (V x H x 4 bytes; none beyond the gradient for an fp32 weight): see the module
-    docstring; ``vocab_chunk`` trades a fourth matmul for that accumulator. "none" recomputes the logits in the backward (4 matmuls instead of 3). The backward
-    may run once. Traceable by ``torch.compile(fullgraph=True)``, dynamic dims included: the
-    compiled call is two custom ops, whose backward recomputes the logits chunk by chunk (four
-    matmuls for every reduction).
+    docstring; ``vocab_chunk`` trades a fourth matmul for that accumulator. "none" recomputes the
+    logits in the backward (4 matmuls instead of 3). The backward may run once. Traceable by
+    ``torch.compile(fullgraph=True)``, dynamic dims included: the compiled call is two custom ops,
+    as many matmuls as the eager call's; its chunks always accumulate grad_weight in float32 (the
+    compiler must know the gradients' dtype before the plan counts the chunks).
 
     Raises
     ------
@@ -606,7 +647,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
         if tracked:
             loss, lse = _TracedLinearFunction.apply(x2, weight, bias, t1, class_weight, options, *codes, strategy)
         else:
-            loss, lse_parts, _ = _traced_forward_op(x2, weight, bias, t1, class_weight, *options, *codes, strategy)
+            loss, lse_parts = _traced_forward_op(x2, weight, bias, t1, class_weight, *options, *codes, strategy,
+                                                 False, False, False)[:2]
             lse = lse_parts[0]
     elif not tracked:
         loss, lse_parts, _ = _loss(x2, weight, bias, t1, class_weight, options, chunk, vocab_chunk, strategy)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from onlinesoftmax.ops.cross_entropy import linear as linear_module, linear_cross_entropy, plan
+from onlinesoftmax.ops.cross_entropy import linear_compile, linear_cross_entropy, plan
 
 from conftest import DEVICE, ON_GPU, TOLERANCE, assert_matches, needs_triton, relative_error
 from cross_entropy_cases import OPTIONS, make_targets, option_ids, reference, resolve_options
@@ -32,9 +32,6 @@ def test_linear_chunk_rows():
     assert plan.linear_chunk_rows(8192, 32000, 4096, torch.float32, False, "auto") == 4096
     assert plan.linear_chunk_rows(100, 128256, 4096, torch.bfloat16, False, "auto") == 100
     assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, 300) == 300
-    # A traced call's one chunk would hold the accumulator too: chunks of grad W's bytes.
-    assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, "auto",
-                                  one_chunk_without_accumulator=False) == 4096
 
 
 def test_linear_vocab_chunk():
@@ -152,10 +149,10 @@ def test_linear_custom_ops_pass_opcheck(gen):
     # Chunks of 4 rows (the gradients in the forward op, or not asked for); vocabulary slices of 8 classes.
     for plan_codes, wanted in (((4, -1), (True, True, True)), ((4, -1), (False,) * 3), ((0, 8), (True, False, True))):
         options = (-100, "mean", 0.1, 0.0, 0.0, 1.0, False, *plan_codes, None)
-        torch.library.opcheck(linear_module._traced_forward_op, (x, w, b, target, None, *options, *wanted))
-        _, lse_parts, denom, *_ = linear_module._traced_forward_op(x, w, b, target, None, *options, *wanted)
+        torch.library.opcheck(linear_compile._traced_forward_op, (x, w, b, target, None, *options, *wanted, True))
+        _, lse_parts, denom, *_ = linear_compile._traced_forward_op(x, w, b, target, None, *options, *wanted, False)
         upstream = torch.tensor(0.5, device=DEVICE)
-        torch.library.opcheck(linear_module._traced_backward_op,
+        torch.library.opcheck(linear_compile._traced_backward_op,
                               (x, w, b, target, None, lse_parts, denom, upstream, *options, *wanted))
 
 

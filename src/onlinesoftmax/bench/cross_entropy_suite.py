@@ -266,7 +266,7 @@ def linear_implementations() -> list[Implementation]:
     impls.append(Implementation("quack", skipped="quack has no fused linear cross-entropy"))
     impls.append(Implementation("onlinesoftmax", _linear_step(lambda h, w, t: linear_cross_entropy(h, w, t)),
                                 check=_linear_check))
-    # The traced call: two custom ops, its backward recomputing the logits (four matmuls).
+    # The traced call: two custom ops, the gradients of "mean" computed in the forward one.
     impls.append(Implementation("onlinesoftmax torch.compile",
                                 _linear_step(_compiled(lambda h, w, t: linear_cross_entropy(h, w, t))),
                                 check=_linear_check))
@@ -300,8 +300,8 @@ def run_linear(args) -> int:
              "bytes, the larger) where that is the lower peak, else all rows as one chunk and no accumulator. "
              "onlinesoftmax vocab_chunk (vocab_chunk='auto') takes slices of the vocabulary over all the rows: no "
              "grad-W accumulator, 256 MiB of logits a slice and a float32 grad-h accumulator, four matmuls. "
-             "onlinesoftmax torch.compile: the same call compiled (two custom ops; the backward recomputes the "
-             "logits, four matmuls); see docs/perf-cross_entropy.md.")
+             "onlinesoftmax torch.compile: the same call compiled (two custom ops, the eager call's chunks and "
+             "three matmuls); see docs/perf-cross_entropy.md.")
     harness.write_results(args, "linear_cross_entropy", rows, None, notes, earlier_runs=earlier_runs)
     return harness.exit_code(rows)
 

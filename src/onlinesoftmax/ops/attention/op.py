@@ -10,7 +10,7 @@ from typing import Optional, Union
 
 import torch
 
-from ... import _validate
+from ... import _autocast, _validate
 from ..._device import remember
 from ..._launch import op_when_compiling
 from .launch import launch_backward, launch_forward
@@ -95,6 +95,7 @@ def _causal_mode(causal, name: str = "attention") -> str:
 # Argument signatures validate() accepted, with its answer: the checks depend only on these (a
 # repeated call, as a training or serving loop makes, skips them).
 _CHECKED: dict = {}
+_any_autocast = torch._C._is_any_autocast_enabled
 
 
 def validate(q, k, v, causal, scale, name: str = "attention"):
@@ -170,7 +171,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
 
     Returns
     -------
-    out : Tensor, shape (B, Hq, Sq, D), dtype of ``q``, contiguous
+    out : Tensor, shape (B, Hq, Sq, D), dtype of ``q`` (inside an autocast region, q, k and v are
+        taken in the region's dtype first, as ``scaled_dot_product_attention`` takes them), contiguous
     lse : Tensor, shape (B, Hq, Sq), float32 (only with ``return_lse=True``)
         ``log(sum_j exp(scale * q_i . k_j))`` over the visible keys: two attentions over disjoint
         key sets merge as ``out = w_a out_a + w_b out_b``, ``w_x = exp(lse_x - logaddexp(lse_a, lse_b))``.
@@ -202,6 +204,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
     >>> onlinesoftmax.attention(q, k, v, causal=True).shape
     torch.Size([1, 2, 5, 32])
     """
+    if _any_autocast() and isinstance(q, torch.Tensor) and _autocast.enabled(q.device.type):
+        # scaled_dot_product_attention's policy: q, k and v in the region's dtype (see _autocast).
+        q, k, v = _autocast.lower_precision(q, k, v)
+        with _autocast.off(q.device.type):
+            return _attention(q, k, v, causal, scale, return_lse)
+    return _attention(q, k, v, causal, scale, return_lse)
+
+
+def _attention(q, k, v, causal, scale, return_lse):
     try:
         # The types too: True == 1 and 1 == 1.0, but validate takes some of these and refuses others.
         # While torch.compile traces, no lookup by shape: it would specialize every dim to its

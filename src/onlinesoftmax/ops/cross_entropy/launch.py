@@ -152,11 +152,13 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
                    loss: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor, ignore_index: int, reduction: str,
                    label_smoothing: float, z_loss: float, softcap: float, temperature: float, read_ignored: bool,
                    class_offset: int = 0, n_classes: Optional[int] = None, stats: bool = False,
-                   reduce_into: bool = False, count_too: bool = False) -> Recipe:
+                   reduce_into: bool = False, count_too: bool = False,
+                   out_dtype: Optional[torch.dtype] = None) -> Recipe:
     """The main forward kernel of ``chosen`` over x's rows; tensors (x, target, w, denom, loss, lse,
     lse_low, parts, counters, out), ``w`` the class weights or x (a valid pointer never read).
-    ``reduce_into`` (the stream kernel's plans): the loss reduced into ``out`` too, as reduce_recipe's
-    launch would (``count_too``: the denominators first); else ``out`` is not used."""
+    ``reduce_into`` (the stream kernel's plans): the loss reduced into ``out`` (of ``out_dtype``)
+    too, as reduce_recipe's launch would (``count_too``: the denominators first); else ``out`` is
+    not used."""
     n_rows, n_cols = x.shape
     n_classes = n_cols if n_classes is None else n_classes
     inv_t = 1.0 / temperature
@@ -165,7 +167,8 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
     # The plan fixes the shape and layout; the rest of what Triton specializes on is here.
     key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, loss.dtype, aligned(x),
            aligned(target), aligned(w), aligned(loss), aligned(lse), aligned(lse_low), ignore_index, class_offset,
-           n_classes, reduction, tuple(flags.values()), read_ignored, stats, reduce_into, count_too)
+           n_classes, reduction, tuple(flags.values()), read_ignored, stats, reduce_into, count_too,
+           out_dtype if reduce_into else None)
     meta = dict(ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
                 Z_IN_ROW=z_loss > 0 and reduction == "none", READ_IGNORED=read_ignored, BLOCK=chosen.block,
                 CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=splits_rows(chosen),
@@ -258,10 +261,11 @@ class ForwardCall:
     eager call is then its allocations and launches: a small call is the host's time."""
 
     def __init__(self, x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                 return_lse, strategy, inplace):
+                 return_lse, strategy, inplace, float32_loss=False):
         n_rows, n_cols = x.shape
         device = x.device
         self.options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
+        self.loss_dtype = loss_dtype = torch.float32 if float32_loss else x.dtype
         self.inplace, self.strategy = inplace, strategy
         self.backward_calls: dict = {}  # upstream gradient's signature -> BackwardCall
         has_weight = weight is not None
@@ -273,9 +277,9 @@ class ForwardCall:
         self.torch_path = chosen.strategy == "torch" or n_rows == 0
         if self.torch_path:
             return
-        self.loss_rows = _buffers.template((n_rows,), x.dtype if reduction == "none" else torch.float32, device)
+        self.loss_rows = _buffers.template((n_rows,), loss_dtype if reduction == "none" else torch.float32, device)
         self.lse = _buffers.template((n_rows,), torch.float32, device)
-        self.loss = None if reduction == "none" else _buffers.template((), x.dtype, device)
+        self.loss = None if reduction == "none" else _buffers.template((), loss_dtype, device)
         # The launches' keys take the alignment of buffers like those every call allocates.
         denom, loss_rows, lse, lse_low = (_buffers.empty_like(t) for t in (self.denom, self.loss_rows, self.lse,
                                                                              self.lse))
@@ -289,7 +293,8 @@ class ForwardCall:
                        and not chosen.plain)
         self.main = forward_recipe(chosen, x, target, weight if has_weight else x, has_weight, loss_rows, lse,
                                    lse_low, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                                   return_lse, reduce_into=self.folded, count_too=count_too).bind()
+                                   return_lse, reduce_into=self.folded, count_too=count_too,
+                                   out_dtype=loss_dtype).bind()
         self.exchange = splits_rows(chosen) or self.folded
         self.reduce = None if self.loss is None or self.folded else reduce_recipe(
             loss_rows, lse, target, weight if has_weight else loss_rows, has_weight, _buffers.empty_like(self.loss),
@@ -300,7 +305,7 @@ class ForwardCall:
         planner.record(self.chosen)
         denom = _buffers.empty_like(self.denom)
         if self.torch_path:
-            return torch_forward(x, target, weight, denom, *self.options, self.inplace)
+            return torch_forward(x, target, weight, denom, *self.options, self.inplace, self.loss_dtype)
         loss_rows, lse, lse_low = (_buffers.empty_like(self.loss_rows), _buffers.empty_like(self.lse),
                                    _buffers.empty_like(self.lse))
         if self.count is not None:
@@ -370,27 +375,30 @@ plan_cache(_CALLS.clear)
 
 def forward_call(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
                  reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
-                 return_lse: bool, strategy: Optional[str] = None, *, inplace: bool = False) -> ForwardCall:
+                 return_lse: bool, strategy: Optional[str] = None, float32_loss: bool = False, *,
+                 inplace: bool = False) -> ForwardCall:
     """The ForwardCall of this signature (launch_forward's arguments), made once."""
     key = ("forward", x.shape, x.stride(), x.dtype, x.device, target.dtype, target.stride(), aligned(x),
            aligned(target), _weight_signature(weight), ignore_index, reduction, label_smoothing, z_loss, softcap,
-           temperature, return_lse, strategy, inplace, interpreter_active())
+           temperature, return_lse, strategy, float32_loss, inplace, interpreter_active())
     call = _CALLS.get(key)
     if call is None:
         call = remember(_CALLS, key, ForwardCall(x, target, weight, ignore_index, reduction, label_smoothing, z_loss,
-                                                 softcap, temperature, return_lse, strategy, inplace))
+                                                 softcap, temperature, return_lse, strategy, inplace, float32_loss))
     return call
 
 
 def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
                    reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
-                   return_lse: bool, strategy: Optional[str] = None, *, inplace: bool = False):
+                   return_lse: bool, strategy: Optional[str] = None, float32_loss: bool = False, *,
+                   inplace: bool = False):
     """(loss, lse, lse_low, denom) of (rows, classes) logits ``x``, lse_low being the float32 lse's
-    rounding error (the backward's, see _triton.split_lse); ``inplace``: x is overwritten with the
-    gradient of the loss (for an upstream gradient of 1). ``inplace`` is keyword-only: the custom
-    ops and the eager path pass the same positional arguments, and a strategy must never land in it."""
+    rounding error (the backward's, see _triton.split_lse); the loss in x's dtype, or float32
+    (``float32_loss``: torch's autocast policy). ``inplace``: x is overwritten with the gradient of
+    the loss (for an upstream gradient of 1). ``inplace`` is keyword-only: the custom ops and the
+    eager path pass the same positional arguments, and a strategy must never land in it."""
     return forward_call(x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                        return_lse, strategy, inplace=inplace)(x, target, weight)
+                        return_lse, strategy, float32_loss, inplace=inplace)(x, target, weight)
 
 
 def launch_backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], lse: torch.Tensor,

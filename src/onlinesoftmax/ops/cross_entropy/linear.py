@@ -36,7 +36,7 @@ from typing import Optional
 
 import torch
 
-from ... import _buffers, _validate
+from ... import _autocast, _buffers, _validate
 from . import plan as planner
 from .launch import count, kernels_take, launch_scale, merge_shard_stats, needs_denom, plain_rows, reduce, \
     rows_backward, rows_forward, shard_loss, shard_stats
@@ -46,6 +46,7 @@ from .op import LOGIT_DTYPES, check_class_weight, check_options, check_target, c
 # Rows of dlogits.T (vocabulary entries) multiplied at once in float32 where cuBLAS cannot
 # accumulate bf16 products into an fp32 output itself.
 FALLBACK_SLICE_ROWS = 8192
+_any_autocast = torch._C._is_any_autocast_enabled
 
 _MIXED_ADDMM: dict = {}
 
@@ -201,13 +202,13 @@ class _Pass:
             self.grads(grad_x, grad_w, grad_b, start, stop, logits)
 
 
-def _gradient_buffers(x2, weight, bias, wanted, chunks, float32_weight=False):
+def _gradient_buffers(x2, weight, bias, wanted, chunks):
     """grad x in x's dtype (each chunk's rows written once); grad W a float32 accumulator across
-    several chunks (or ``float32_weight``), in the weight's dtype for one (its one matmul rounds once)."""
+    several chunks, in the weight's dtype for one (its one matmul rounds once)."""
     want_x, want_w, want_b = wanted
     empty = _buffers.empty if chunks else (lambda shape, dtype, device: torch.zeros(shape, dtype=dtype, device=device))
     grad_x = empty(x2.shape, x2.dtype, x2.device) if want_x else None
-    w_dtype = compute_dtype(weight.dtype) if chunks > 1 or float32_weight else weight.dtype
+    w_dtype = compute_dtype(weight.dtype) if chunks > 1 else weight.dtype
     grad_w = empty(weight.shape, w_dtype, weight.device) if want_w else None
     grad_b = torch.zeros(bias.shape, dtype=compute_dtype(bias.dtype), device=bias.device) if want_b else None
     return grad_x, grad_w, grad_b
@@ -225,21 +226,22 @@ def _denominators(target, class_weight, vocab, options, dtype, device):
     return denom
 
 
-def _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy, wanted, float32_weight=False):
-    """(loss, lse parts (2, rows: the lse and its rounding error), denom, grads or None): grads
-    computed in the forward when ``wanted`` asks for any and the reduction allows it (not "none")."""
+def _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy, wanted, loss_dtype):
+    """(loss in ``loss_dtype``, lse parts (2, rows: the lse and its rounding error), denom, grads or
+    None): grads computed in the forward when ``wanted`` asks for any and the reduction allows it
+    (not "none")."""
     rows, vocab = x2.shape[0], weight.shape[0]
     reduction = options[1]
     denom = _denominators(target, class_weight, vocab, options, x2.dtype, x2.device)
-    loss_rows = _buffers.empty((rows,), x2.dtype if reduction == "none" else compute_dtype(x2.dtype), x2.device)
+    loss_rows = _buffers.empty((rows,), loss_dtype if reduction == "none" else compute_dtype(x2.dtype), x2.device)
     lse_parts = _buffers.empty((2, rows), compute_dtype(x2.dtype), x2.device)
     chunks = -(-rows // chunk_rows)
-    grads = (_gradient_buffers(x2, weight, bias, wanted, chunks, float32_weight) if any(wanted) and reduction != "none"
+    grads = (_gradient_buffers(x2, weight, bias, wanted, chunks) if any(wanted) and reduction != "none"
              else (None,) * 3)
     if rows:
         _Pass(x2, weight, bias, target, class_weight, options, chunk_rows, strategy).forward(
             loss_rows, lse_parts, denom, *grads)
-    loss = _reduce_loss(loss_rows, lse_parts[0], target, class_weight, denom, x2.dtype, vocab, options)
+    loss = _reduce_loss(loss_rows, lse_parts[0], target, class_weight, denom, loss_dtype, vocab, options)
     return loss, lse_parts, denom, grads
 
 
@@ -261,10 +263,10 @@ def _loss_and_lse(ctx, loss, lse):
 
 class _LinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, weight, bias, target, class_weight, options, chunk_rows, strategy):
+    def forward(ctx, x2, weight, bias, target, class_weight, options, chunk_rows, strategy, loss_dtype):
         wanted = ctx.needs_input_grad[:3]
         loss, lse_parts, denom, grads = _forward(x2, weight, bias, target, class_weight, options, chunk_rows,
-                                                 strategy, wanted)
+                                                 strategy, wanted, loss_dtype)
         ctx.options, ctx.chunk_rows, ctx.strategy, ctx.wanted = options, chunk_rows, strategy, wanted
         if options[1] == "none":
             ctx.save_for_backward(x2, weight, bias, target, class_weight, lse_parts, denom)
@@ -289,7 +291,7 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
         grad_x = _scaled(grad_x, upstream, x_dtype) if grad_x is not None else None
         grad_w = _scaled(grad_w, upstream, w_dtype) if grad_w is not None else None
         grad_b = (grad_b * upstream.to(grad_b.dtype)).to(b_dtype) if grad_b is not None else None
-        return grad_x, grad_w, grad_b, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None
 
 
 class _VocabSlices:
@@ -325,14 +327,14 @@ class _VocabSlices:
         bias = None if self.bias is None else self.bias[lo:hi]
         return _chunk_logits(self.x2, self.weight[lo:hi], bias, out, planner.linear_vocab_parts(hi - lo))
 
-    def forward(self, denom):
-        """(loss, lse, lse_low) of every row."""
+    def forward(self, denom, loss_dtype):
+        """(loss in ``loss_dtype``, lse, lse_low) of every row."""
         read_ignored = self.options[6]  # return_lse: the lse of ignored rows too
         stats = torch.stack([shard_stats(self.logits(lo, hi), self.target, self.class_weight, lo, self.vocab,
                                          self.options[:6], self.triton, read_ignored) for lo, hi in self.slices])
         lse, lse_low, s, y_t = merge_shard_stats(stats)
         loss = shard_loss(lse, lse_low, s, y_t, self.target, self.class_weight, denom, self.vocab, self.options,
-                          self.x2.dtype)
+                          loss_dtype)
         return loss, lse, lse_low
 
     def backward(self, lse, lse_low, denom, grad, wanted):
@@ -359,10 +361,10 @@ class _VocabSlices:
 
 class _VocabSlicedFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, weight, bias, target, class_weight, options, vocab_chunk, strategy):
+    def forward(ctx, x2, weight, bias, target, class_weight, options, vocab_chunk, strategy, loss_dtype):
         denom = _denominators(target, class_weight, weight.shape[0], options, x2.dtype, x2.device)
         loss, lse, lse_low = _VocabSlices(x2, weight, bias, target, class_weight, options, vocab_chunk,
-                                          strategy).forward(denom)
+                                          strategy).forward(denom, loss_dtype)
         ctx.save_for_backward(x2, weight, bias, target, class_weight, lse, lse_low, denom)
         ctx.config = (options, vocab_chunk, strategy)
         return _loss_and_lse(ctx, loss, lse)
@@ -372,29 +374,8 @@ class _VocabSlicedFunction(torch.autograd.Function):
         x2, weight, bias, target, class_weight, lse, lse_low, denom = ctx.saved_tensors
         slices = _VocabSlices(x2, weight, bias, target, class_weight, *ctx.config)
         grads = slices.backward(lse, lse_low, denom, dloss, ctx.needs_input_grad[:3])
-        return (*grads, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None)
 
-
-
-# --------------------------------------------------------------------------------------------
-# torch.compile: the call as two custom ops
-# --------------------------------------------------------------------------------------------
-# A traced call plans nothing itself (a plan reads the sizes, which torch.compile may trace as
-# symbols): the ops plan their chunks when they run, and what they return has shapes and dtypes
-# the compiler knows without the plan. For "mean" and "sum" over chunks of rows the forward op
-# computes the gradients too, as the eager call does (three matmuls); otherwise the backward op
-# recomputes the logits (four). chunk and vocab_chunk travel as ints: chunk 0 is "auto";
-# vocab_chunk -1 is None, 0 "auto".
-
-
-def _plan_codes(chunk, vocab_chunk) -> tuple[int, int]:
-    return (0 if chunk == "auto" else chunk,
-            -1 if vocab_chunk is None else 0 if vocab_chunk == "auto" else vocab_chunk)
-
-
-def _plan_values(chunk_code: int, vocab_chunk_code: int) -> tuple:
-    return ("auto" if chunk_code == 0 else chunk_code,
-            None if vocab_chunk_code < 0 else "auto" if vocab_chunk_code == 0 else vocab_chunk_code)
 
 
 def _slice_classes(x2, weight, vocab_chunk):
@@ -404,133 +385,22 @@ def _slice_classes(x2, weight, vocab_chunk):
     return planner.linear_vocab_chunk(x2.shape[0], weight.shape[0], x2.dtype, vocab_chunk)
 
 
-def _chunk_rows(x2, weight, chunk, accumulates_weight: bool, one_chunk_without_accumulator: bool = True) -> int:
-    return planner.linear_chunk_rows(x2.shape[0], weight.shape[0], x2.shape[1], x2.dtype, accumulates_weight, chunk,
-                                     one_chunk_without_accumulator)
+def _chunk_rows(x2, weight, chunk, accumulates_weight: bool) -> int:
+    return planner.linear_chunk_rows(x2.shape[0], weight.shape[0], x2.shape[1], x2.dtype, accumulates_weight, chunk)
 
 
-def _loss(x2, weight, bias, target, class_weight, options, chunk, vocab_chunk, strategy):
-    """(loss, lse parts (2, rows: the lse and its rounding error), denom) without gradients."""
+def _loss(x2, weight, bias, target, class_weight, options, chunk, vocab_chunk, strategy, loss_dtype):
+    """(loss in ``loss_dtype``, lse parts (2, rows: the lse and its rounding error), denom) without
+    gradients."""
     slice_classes = _slice_classes(x2, weight, vocab_chunk)
     if slice_classes is not None:
         denom = _denominators(target, class_weight, weight.shape[0], options, x2.dtype, x2.device)
         loss, lse, lse_low = _VocabSlices(x2, weight, bias, target, class_weight, options, slice_classes,
-                                          strategy).forward(denom)
+                                          strategy).forward(denom, loss_dtype)
         return loss, torch.stack((lse, lse_low)), denom
     chunk_rows = _chunk_rows(x2, weight, chunk, False)
-    return _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy, (False,) * 3)[:3]
-
-
-def _grads_in_forward(reduction: str, vocab_chunk: int, wanted) -> bool:
-    """Whether a traced call's forward computes the gradients (for an upstream gradient of 1, as the
-    eager call's "mean" and "sum" do: three matmuls) rather than its backward recomputing the logits."""
-    return reduction != "none" and vocab_chunk < 0 and any(wanted)
-
-
-@torch.library.custom_op("onlinesoftmax::linear_cross_entropy_forward", mutates_args=())
-def _traced_forward_op(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
-                       class_weight: Optional[torch.Tensor], ignore_index: int, reduction: str,
-                       label_smoothing: float, z_loss: float, softcap: float, temperature: float, return_lse: bool,
-                       chunk: int, vocab_chunk: int, strategy: Optional[str], want_x: bool, want_w: bool,
-                       want_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                              torch.Tensor]:
-    """(loss, lse parts, denom, grad x, grad weight, grad bias) of a traced call (chunk and
-    vocab_chunk as _plan_codes gives them); the gradients where _grads_in_forward, else empty. grad
-    weight and grad bias come in float32 whatever the chunks: the fake cannot know the chunk count,
-    which decides the eager call's dtype."""
-    options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse)
-    wanted = (want_x, want_w, want_b and bias is not None)
-    chunk, vocab_chunk_value = _plan_values(chunk, vocab_chunk)
-    if _grads_in_forward(reduction, vocab_chunk, wanted):
-        chunk_rows = _chunk_rows(x2, weight, chunk, want_w and compute_dtype(weight.dtype) != weight.dtype,
-                                 one_chunk_without_accumulator=False)
-        loss, lse_parts, denom, grads = _forward(x2, weight, bias, target, class_weight, options, chunk_rows,
-                                                 strategy, wanted, float32_weight=True)
-    else:
-        loss, lse_parts, denom = _loss(x2, weight, bias, target, class_weight, options, chunk, vocab_chunk_value,
-                                       strategy)
-        grads = (None,) * 3
-    dtypes = (x2.dtype, compute_dtype(weight.dtype), compute_dtype(x2.dtype))
-    return loss, lse_parts, denom, *(g if g is not None else x2.new_empty((0,), dtype=dtype)
-                                     for g, dtype in zip(grads, dtypes))
-
-
-@_traced_forward_op.register_fake
-def _(x2, weight, bias, target, class_weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-      return_lse, chunk, vocab_chunk, strategy, want_x, want_w, want_b):
-    rows, stats = x2.shape[0], compute_dtype(x2.dtype)
-    denom = 3 if needs_denom(reduction, class_weight is not None, label_smoothing) else 0
-    grads = _grads_in_forward(reduction, vocab_chunk, (want_x, want_w, want_b and bias is not None))
-    return (x2.new_empty((rows,) if reduction == "none" else ()), x2.new_empty((2, rows), dtype=stats),
-            x2.new_empty((denom,), dtype=stats), x2.new_empty(x2.shape if grads and want_x else (0,)),
-            weight.new_empty(weight.shape if grads and want_w else (0,), dtype=compute_dtype(weight.dtype)),
-            x2.new_empty(bias.shape if grads and want_b and bias is not None else (0,),
-                         dtype=compute_dtype(x2.dtype)))
-
-
-@torch.library.custom_op("onlinesoftmax::linear_cross_entropy_backward", mutates_args=())
-def _traced_backward_op(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
-                        class_weight: Optional[torch.Tensor], lse_parts: torch.Tensor, denom: torch.Tensor,
-                        grad: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
-                        softcap: float, temperature: float, return_lse: bool, chunk: int, vocab_chunk: int,
-                        strategy: Optional[str], want_x: bool, want_w: bool,
-                        want_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(grad x, grad weight, grad bias) in their inputs' dtypes for the upstream ``grad``, each
-    empty where not wanted, from the logits recomputed a chunk (or a vocabulary slice) at a time."""
-    options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse)
-    wanted = (want_x, want_w, want_b and bias is not None)
-    chunk, vocab_chunk = _plan_values(chunk, vocab_chunk)
-    slice_classes = _slice_classes(x2, weight, vocab_chunk)
-    if slice_classes is not None:
-        grads = _VocabSlices(x2, weight, bias, target, class_weight, options, slice_classes, strategy).backward(
-            lse_parts[0], lse_parts[1], denom, grad, wanted)
-    else:
-        chunk_rows = _chunk_rows(x2, weight, chunk, want_w and compute_dtype(weight.dtype) != weight.dtype)
-        grads = _gradient_buffers(x2, weight, bias, wanted, -(-x2.shape[0] // chunk_rows))
-        if x2.shape[0]:
-            _Pass(x2, weight, bias, target, class_weight, options, chunk_rows, strategy).backward(
-                lse_parts, denom, grad, *grads)
-    return tuple(g.to(t.dtype) if g is not None else x2.new_empty((0,))
-                 for g, t in zip(grads, (x2, weight, bias if bias is not None else x2)))
-
-
-@_traced_backward_op.register_fake
-def _(x2, weight, bias, target, class_weight, lse_parts, denom, grad, ignore_index, reduction, label_smoothing,
-      z_loss, softcap, temperature, return_lse, chunk, vocab_chunk, strategy, want_x, want_w, want_b):
-    return (x2.new_empty(x2.shape) if want_x else x2.new_empty((0,)),
-            weight.new_empty(weight.shape) if want_w else x2.new_empty((0,)),
-            bias.new_empty(bias.shape) if want_b and bias is not None else x2.new_empty((0,)))
-
-
-class _TracedLinearFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x2, weight, bias, target, class_weight, options, chunk, vocab_chunk, strategy):
-        wanted = ctx.needs_input_grad[:3]
-        loss, lse_parts, denom, *grads = _traced_forward_op(x2, weight, bias, target, class_weight, *options, chunk,
-                                                            vocab_chunk, strategy, *wanted)
-        ctx.grads_in_forward = _grads_in_forward(options[1], vocab_chunk, wanted)
-        if ctx.grads_in_forward:
-            ctx.save_for_backward(*grads)
-            ctx.dtypes = (x2.dtype, weight.dtype, bias.dtype if bias is not None else None)
-        else:
-            ctx.save_for_backward(x2, weight, bias, target, class_weight, lse_parts, denom)
-        ctx.config = (options, chunk, vocab_chunk, strategy)
-        return _loss_and_lse(ctx, loss, lse_parts[0])
-
-    @staticmethod
-    def backward(ctx, dloss, _dlse):
-        wanted = ctx.needs_input_grad[:3]
-        if ctx.grads_in_forward:
-            # The forward's gradients times the upstream one, each rounded once to its input's dtype.
-            grads = tuple((g * dloss).to(dtype) if want else None
-                          for g, dtype, want in zip(ctx.saved_tensors, ctx.dtypes, wanted))
-        else:
-            x2, weight, bias, target, class_weight, lse_parts, denom = ctx.saved_tensors
-            options, chunk, vocab_chunk, strategy = ctx.config
-            grads = _traced_backward_op(x2, weight, bias, target, class_weight, lse_parts, denom, dloss, *options,
-                                        chunk, vocab_chunk, strategy, *wanted)
-            grads = tuple(g if want else None for g, want in zip(grads, wanted))
-        return (*grads, None, None, None, None, None, None)
+    return _forward(x2, weight, bias, target, class_weight, options, chunk_rows, strategy, (False,) * 3,
+                    loss_dtype)[:3]
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -576,7 +446,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     -------
     Tensor, or (Tensor, Tensor) with ``return_lse``
         The loss in x's dtype (0-d, or ``target.shape`` for "none"), and the lse per row in float32
-        (float64 for float64 x).
+        (float64 for float64 x). Inside an autocast region, as torch's ``linear`` then
+        ``cross_entropy``: x, weight and bias are taken in the region's dtype (gradients return in
+        their own) and the loss is float32.
 
     Notes
     -----
@@ -587,8 +459,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     docstring; ``vocab_chunk`` trades a fourth matmul for that accumulator. "none" recomputes the
     logits in the backward (4 matmuls instead of 3). The backward may run once. Traceable by
     ``torch.compile(fullgraph=True)``, dynamic dims included: the compiled call is two custom ops,
-    as many matmuls as the eager call's; its chunks always accumulate grad_weight in float32 (the
-    compiler must know the gradients' dtype before the plan counts the chunks).
+    the eager call's chunks and matmuls; for "mean" and "sum" it rounds grad_weight to the weight's
+    dtype in the forward (the compiler must know the gradients' dtypes before the plan counts the
+    chunks), so an upstream gradient other than 1 rounds it twice, as the eager call's one chunk does.
 
     Raises
     ------
@@ -604,6 +477,18 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     ...                torch.nn.functional.cross_entropy(x @ w.T, t), atol=1e-5)
     True
     """
+    options = (chunk, vocab_chunk, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
+               class_weight, return_lse, strategy)
+    if _any_autocast() and isinstance(x, torch.Tensor) and _autocast.enabled(x.device.type):
+        # torch's x @ weight.T + bias in the region's dtype, and its cross_entropy in float32 (see _autocast).
+        x, weight, bias = _autocast.lower_precision(x, weight, bias)
+        with _autocast.off(x.device.type):
+            return _linear_cross_entropy(x, weight, target, bias, *options, x.dtype in _autocast.HALF)
+    return _linear_cross_entropy(x, weight, target, bias, *options, False)
+
+
+def _linear_cross_entropy(x, weight, target, bias, chunk, vocab_chunk, ignore_index, reduction, label_smoothing,
+                          z_loss, softcap, temperature, class_weight, return_lse, strategy, float32_loss):
     name = "linear_cross_entropy"
     for arg, t in (("x", x), ("weight", weight)):
         _validate.tensor(t, name, arg)
@@ -645,21 +530,33 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     if torch.compiler.is_compiling():
         codes = _plan_codes(chunk, vocab_chunk)
         if tracked:
-            loss, lse = _TracedLinearFunction.apply(x2, weight, bias, t1, class_weight, options, *codes, strategy)
+            loss, lse = _TracedLinearFunction.apply(x2, weight, bias, t1, class_weight, options, *codes, strategy,
+                                                    float32_loss)
         else:
             loss, lse_parts = _traced_forward_op(x2, weight, bias, t1, class_weight, *options, *codes, strategy,
-                                                 False, False, False)[:2]
+                                                 False, False, False, float32_loss)[:2]
             lse = lse_parts[0]
-    elif not tracked:
-        loss, lse_parts, _ = _loss(x2, weight, bias, t1, class_weight, options, chunk, vocab_chunk, strategy)
+        return _shaped(loss, lse, target, reduction, return_lse)
+    loss_dtype = torch.float32 if float32_loss else x.dtype
+    if not tracked:
+        loss, lse_parts, _ = _loss(x2, weight, bias, t1, class_weight, options, chunk, vocab_chunk, strategy,
+                                   loss_dtype)
         lse = lse_parts[0]
     elif vocab_chunk is not None and x2.shape[0]:
         loss, lse = _VocabSlicedFunction.apply(x2, weight, bias, t1, class_weight, options,
-                                               _slice_classes(x2, weight, vocab_chunk), strategy)
+                                               _slice_classes(x2, weight, vocab_chunk), strategy, loss_dtype)
     else:
         chunk_rows = _chunk_rows(x2, weight, chunk, weight.requires_grad and compute_dtype(weight.dtype) != weight.dtype)
         loss, lse = _LinearCrossEntropyFunction.apply(x2, weight, bias, t1, class_weight, options, chunk_rows,
-                                                      strategy)
+                                                      strategy, loss_dtype)
+    return _shaped(loss, lse, target, reduction, return_lse)
+
+
+def _shaped(loss, lse, target, reduction, return_lse):
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return (loss, lse.reshape(target.shape)) if return_lse else loss
+
+
+# The traced call's custom ops need the functions above (their module imports this one's names).
+from .linear_compile import _TracedLinearFunction, _plan_codes, _traced_forward_op  # noqa: E402

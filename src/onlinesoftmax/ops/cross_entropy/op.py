@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ... import _validate
+from ... import _autocast, _validate
 from ..._device import interpreter_active, plan_cache, remember
 from ..._launch import op_when_compiling
 from . import plan as planner
@@ -15,6 +15,7 @@ from .launch import forward_call, launch_backward, launch_forward, launch_scale,
 from .torch_path import compute_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
+_any_autocast = torch._C._is_any_autocast_enabled
 TARGET_DTYPES = (torch.int64, torch.int32)
 # float64 logits run torch's kernels (the Triton kernels take the other three), as the softmax family's do.
 LOGIT_DTYPES = _validate.KERNEL_DTYPES + (torch.float64,)
@@ -25,9 +26,9 @@ LOGIT_DTYPES = _validate.KERNEL_DTYPES + (torch.float64,)
 
 
 def _fake_forward(x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                  return_lse, strategy):
+                  return_lse, strategy, float32_loss=False):
     rows, stats = x.shape[0], compute_dtype(x.dtype)
-    loss = x.new_empty((rows,) if reduction == "none" else ())
+    loss = x.new_empty((rows,) if reduction == "none" else (), dtype=torch.float32 if float32_loss else x.dtype)
     denom = x.new_empty((3 if needs_denom(reduction, weight is not None, label_smoothing) else 0,), dtype=stats)
     return loss, x.new_empty((rows,), dtype=stats), x.new_empty((rows,), dtype=stats), denom
 
@@ -35,10 +36,10 @@ def _fake_forward(x, target, weight, ignore_index, reduction, label_smoothing, z
 @torch.library.custom_op("onlinesoftmax::cross_entropy_forward", mutates_args=())
 def _forward_op(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
                 reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
-                return_lse: bool,
-                strategy: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                return_lse: bool, strategy: Optional[str],
+                float32_loss: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return launch_forward(x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                          return_lse, strategy)
+                          return_lse, strategy, float32_loss)
 
 
 _forward_op.register_fake(_fake_forward)
@@ -47,10 +48,10 @@ _forward_op.register_fake(_fake_forward)
 @torch.library.custom_op("onlinesoftmax::cross_entropy_forward_inplace", mutates_args=("x",))
 def _forward_inplace_op(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
                         reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
-                        return_lse: bool,
-                        strategy: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                        return_lse: bool, strategy: Optional[str],
+                        float32_loss: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return launch_forward(x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                          return_lse, strategy, inplace=True)
+                          return_lse, strategy, float32_loss, inplace=True)
 
 
 _forward_inplace_op.register_fake(_fake_forward)
@@ -100,10 +101,10 @@ def _scale_(x, grad):
 
 class _CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, target, weight, options, inplace, strategy):
+    def forward(ctx, x2, target, weight, options, inplace, strategy, float32_loss):
         # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse),
         # one argument (apply's own work grows with the number of arguments).
-        args = (x2, target, weight, *options, strategy)
+        args = (x2, target, weight, *options, strategy, float32_loss)
         call = None
         if torch.compiler.is_compiling():
             loss, lse, lse_low, denom = (_forward_inplace if inplace else _forward)(*args)
@@ -135,7 +136,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         else:
             x2, target, weight, lse, lse_low, denom = ctx.saved_tensors
             dx = _backward(x2, target, weight, lse, lse_low, denom, dloss, *options, strategy)
-        return dx, None, None, None, None, None
+        return dx, None, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,16 +236,16 @@ def _cpu_torch_plan(logits, options, inplace_backward, strategy, traced=False):
                           strategy="torch")
 
 
-def _torch_cross_entropy(x2, t1, weight, options) -> torch.Tensor:
+def _torch_cross_entropy(x2, t1, weight, options, loss_dtype) -> torch.Tensor:
     """F.cross_entropy of (rows, classes) logits, in float32 for half precision (float64 kept), the
-    loss in the logits' dtype."""
+    loss in ``loss_dtype``."""
     ignore_index, reduction, label_smoothing = options[:3]
     compute = compute_dtype(x2.dtype)
     loss = torch.nn.functional.cross_entropy(
         x2 if x2.dtype == compute else x2.to(compute), t1 if t1.dtype == torch.int64 else t1.long(),
         weight=weight if weight is None or weight.dtype == compute else weight.to(compute), ignore_index=ignore_index,
         reduction=reduction, label_smoothing=label_smoothing)
-    return loss if loss.dtype == x2.dtype else loss.to(x2.dtype)
+    return loss if loss.dtype == loss_dtype else loss.to(loss_dtype)
 
 
 def _check(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
@@ -328,7 +329,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     Returns
     -------
     Tensor, or (Tensor, Tensor) with ``return_lse``
-        The loss in ``logits.dtype``: 0-d, or ``target.shape`` for "none"; and the lse.
+        The loss in ``logits.dtype`` (float32 inside an autocast region, as torch's): 0-d, or
+        ``target.shape`` for "none"; and the lse.
 
     Notes
     -----
@@ -379,6 +381,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
         if signature is not None:
             remember(_CHECKED, signature, checked)
     options, cpu_torch_plan = checked
+    # Inside an autocast region torch computes the loss in float32 (see _autocast).
+    float32_loss = _any_autocast() and _autocast.float32_result("cross_entropy", logits)
     n_classes = logits.shape[-1]
     weight = class_weights(weight)
     # 2-d logits skip the views (each costs microseconds of host time).
@@ -388,7 +392,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
         if not traced:
             planner.record(cpu_torch_plan)
         try:
-            loss = _torch_cross_entropy(x2, t1, weight, options)
+            loss = _torch_cross_entropy(x2, t1, weight, options,
+                                        torch.float32 if float32_loss else logits.dtype)
         except IndexError:  # torch's check of the targets failed: ours names the target (ValueError)
             check_targets_in_range(target, n_classes, ignore_index, "cross_entropy")
             raise
@@ -396,9 +401,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     if target.device.type == "cpu":
         check_targets_in_range(target, n_classes, ignore_index, "cross_entropy")
     if logits.requires_grad and torch.is_grad_enabled():
-        loss, lse = _CrossEntropyFunction.apply(x2, t1, weight, options, inplace_backward, strategy)
+        loss, lse = _CrossEntropyFunction.apply(x2, t1, weight, options, inplace_backward, strategy, float32_loss)
     else:
-        loss, lse, _, _ = _forward(x2, t1, weight, *options, strategy)
+        loss, lse, _, _ = _forward(x2, t1, weight, *options, strategy, float32_loss)
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return (loss, lse.reshape(target.shape)) if return_lse else loss

@@ -399,7 +399,7 @@ def scale_launch(rows: int, cols: int, dtype: torch.dtype, device: torch.device,
 
 
 def linear_chunk_rows(rows: int, vocab: int, hidden: int, dtype: torch.dtype, accumulate_weight_grad: bool,
-                      chunk, one_chunk_without_accumulator: bool = True) -> int:
+                      chunk) -> int:
     """Rows per chunk of linear_cross_entropy: ``chunk`` when it is an int. "auto": the most rows whose
     logits fit LINEAR_CHUNK_BYTES (or grad W's bytes, if more, where chunks accumulate grad W), in
     multiples of LINEAR_CHUNK_MULTIPLE, unless all the rows as one chunk make a peak no higher.
@@ -409,9 +409,7 @@ def linear_chunk_rows(rows: int, vocab: int, hidden: int, dtype: torch.dtype, ac
     forward and beside grad W itself in the backward; one chunk needs no accumulator (its one
     matmul accumulates in float32 inside cuBLAS and writes grad W at once), only all the logits
     beside grad W. At 8192 x 128256 bf16 rows, H = 4096, both peaks are 3.15 GB, and one chunk is
-    the faster run (three whole matmuls, no accumulator traffic). A traced call's gradients are
-    float32 whatever the chunks (``one_chunk_without_accumulator=False``): one chunk would hold the
-    accumulator too, and is never taken for its peak."""
+    the faster run (three whole matmuls, no accumulator traffic)."""
     rows = max(rows, 1)
     if chunk != "auto":
         return max(1, min(int(chunk), rows))
@@ -422,7 +420,7 @@ def linear_chunk_rows(rows: int, vocab: int, hidden: int, dtype: torch.dtype, ac
     budget = max(LINEAR_CHUNK_BYTES, weight_grad) if accumulate_weight_grad else LINEAR_CHUNK_BYTES
     fit = budget // max(1, row_bytes)
     chunk_rows = max(1, min(rows, max(LINEAR_CHUNK_MULTIPLE, fit // LINEAR_CHUNK_MULTIPLE * LINEAR_CHUNK_MULTIPLE)))
-    if accumulate_weight_grad and one_chunk_without_accumulator and chunk_rows < rows:
+    if accumulate_weight_grad and chunk_rows < rows:
         chunked_peak = vocab * hidden * 4 + max(chunk_rows * row_bytes, weight_grad)
         if rows * row_bytes + weight_grad <= chunked_peak:
             return rows

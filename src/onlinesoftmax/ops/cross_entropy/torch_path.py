@@ -185,7 +185,7 @@ class RowTerms:
 
 
 def torch_forward(x, target, weight, denom, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                  inplace):
+                  inplace, loss_dtype=None):
     torch_denom(target, weight, denom, x.shape[1], ignore_index)
     weight = None if weight is None else weight.to(compute_dtype(x.dtype))  # once, not a chunk
     losses, z_terms, lses, lows = [], [], [], []
@@ -201,12 +201,13 @@ def torch_forward(x, target, weight, denom, ignore_index, reduction, label_smoot
             x[rows].copy_(terms.gradient(lse, lse_low, torch.ones(()), denom, reduction, label_smoothing, z_loss,
                                          softcap, temperature))
     loss, z_term, lse, lse_low = (t[0] if len(t) == 1 else torch.cat(t) for t in (losses, z_terms, lses, lows))
+    loss_dtype = loss_dtype or x.dtype
     if reduction == "none":
-        return (loss + z_term).to(x.dtype), lse, lse_low, denom
+        return (loss + z_term).to(loss_dtype), lse, lse_low, denom
     total, total_z = loss.sum(), z_term.sum()
     if reduction == "mean":
         total, total_z = total / denom[1], total_z / denom[0]
-    return (total + total_z).to(x.dtype), lse, lse_low, denom
+    return (total + total_z).to(loss_dtype), lse, lse_low, denom
 
 
 def torch_backward(x, target, weight, denom, lse, lse_low, grad, ignore_index, reduction, label_smoothing, z_loss,

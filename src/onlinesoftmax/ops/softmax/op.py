@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 
-from ... import _validate
+from ... import _autocast, _validate
 from ..._device import interpreter_active, plan_cache, remember
 from ..._launch import op_when_compiling
 from . import eager_route
@@ -201,6 +201,7 @@ def _eager_torch(name, x, dim, strategy, algorithm, dtype, out_dtype) -> tuple[b
 # (A stub that raises on CPU builds of torch, called only for CUDA tensors.)
 _capturing = torch._C._cuda_isCurrentStreamCapturing
 _compiling = torch.compiler.is_compiling
+_any_autocast = torch._C._is_any_autocast_enabled
 
 
 def _runs_torch(torch_path: bool, eager_torch: bool, eager_torch_train: bool, grad: bool) -> bool:
@@ -240,7 +241,10 @@ def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
     # call (bench host measures it): they are kept few and inline. While torch.compile traces, no
     # lookup by shape and no plan: a size read as a Python value would specialize its dim to the
     # traced value, and a model compiled with a dynamic batch would be compiled again at each new
-    # batch size (the custom ops plan each launch when they run).
+    # batch size (the custom ops plan each launch when they run). Inside an autocast region, torch's
+    # policy: float32 out of a half input on CUDA (see _autocast).
+    if _any_autocast() and dtype is None and _autocast.float32_result("log_softmax" if log else "softmax", x):
+        dtype = torch.float32
     traced = _compiling()
     if traced:
         key = None
@@ -438,6 +442,9 @@ def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]] = -1, keepdim: boo
             key = None
         route = _route(key, _logsumexp_route, x, dim, keepdim, strategy)
     dims, compute, torch_plan, torch_path, (eager_forward, eager_train) = route
+    # Inside an autocast region on CUDA torch computes it in float32 and returns float32 (torch's
+    # own call below does so itself).
+    out_dtype = torch.float32 if _any_autocast() and _autocast.float32_result("logsumexp", x) else compute
     if _runs_torch(torch_path, eager_forward, eager_train, x.requires_grad and torch.is_grad_enabled()):
         if not traced:
             planner.record(torch_plan)
@@ -452,11 +459,11 @@ def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]] = -1, keepdim: boo
     if x.dim() == 0:
         return logsumexp(x.reshape(1), 0, strategy=strategy).reshape(())
     if x.requires_grad and torch.is_grad_enabled():
-        lse = _LogSumExpFunction.apply(x, reduced, strategy, x.dtype)
+        lse = _LogSumExpFunction.apply(x, reduced, strategy, out_dtype)
     else:
         lse = _forward(x, reduced, "logsumexp", 1.0, None, "auto", strategy)
-        if lse.dtype != x.dtype:
-            lse = lse.to(x.dtype)
+        if lse.dtype != out_dtype:
+            lse = lse.to(out_dtype)
     if keepdim:
         for d in dims:
             lse = lse.unsqueeze(d)

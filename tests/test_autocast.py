@@ -138,14 +138,17 @@ def test_compiled_calls_take_the_same_dtypes(gen):
     torch._dynamo.reset()
     logits = make_logits((8, 40), torch.bfloat16, gen)
     target = make_targets(8, 40, gen)
+    q = torch.randn(1, 2, 8, 16, generator=gen).to(DEVICE)  # float32: attention takes it in bf16
+    h, w = torch.randn(8, 16, generator=gen).to(DEVICE), torch.randn(40, 16, generator=gen).to(DEVICE)
 
-    def step(x, t):
-        return onlinesoftmax.softmax(x, -1), onlinesoftmax.cross_entropy(x, t)
+    def step(x, t, q, h, w):
+        return (onlinesoftmax.softmax(x, -1), onlinesoftmax.cross_entropy(x, t), onlinesoftmax.attention(q, q, q),
+                onlinesoftmax.linear_cross_entropy(h, w, t))
 
     compiled = torch.compile(step, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
     with _region(torch.bfloat16):
-        eager = step(logits, target)
-        traced = compiled(logits, target)
+        eager = step(logits, target, q, h, w)
+        traced = compiled(logits, target, q, h, w)
     for e, c in zip(eager, traced):
         assert c.dtype == e.dtype
         assert_matches(c, e.double(), e.dtype)

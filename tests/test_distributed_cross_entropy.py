@@ -121,6 +121,26 @@ def check_edge_rows_and_validate_false(rank, world, seed):
             assert plan.last_plan().op == "stats"
 
 
+def check_autocast_loss_dtype(rank, world, seed):
+    # Inside an autocast region the loss is float32, as F.cross_entropy's; the shard's gradient
+    # stays in its dtype.
+    from onlinesoftmax.distributed import cross_entropy
+
+    x, target, _, _ = _case(seed, 7, 41, torch.bfloat16)
+    shard = x[:, slice(*shard_bounds(41, world, rank))].to(DEVICE).requires_grad_()
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        expected = torch.nn.functional.cross_entropy(x.to(DEVICE), target.to(DEVICE)).dtype
+        loss = cross_entropy(shard, target.to(DEVICE))
+    assert loss.dtype == expected == torch.float32, f"loss {loss.dtype}, torch {expected}"
+    x64 = x.double().requires_grad_()
+    ref = reference(x64, target)
+    ref.backward()
+    loss.backward()
+    assert_matches(loss.detach(), ref.detach(), torch.float32, "autocast loss")
+    assert shard.grad.dtype == torch.bfloat16
+    assert_matches(shard.grad, x64.grad[:, slice(*shard_bounds(41, world, rank))], torch.bfloat16, "autocast grad")
+
+
 def check_mismatched_shards_raise_everywhere(rank, world, seed):
     from onlinesoftmax.distributed import cross_entropy
 
@@ -142,7 +162,7 @@ def check_mismatched_shards_raise_everywhere(rank, world, seed):
 def test_vocabulary_parallel_cross_entropy(world, gen):
     seed = int(torch.randint(0, 2**31, (1,), generator=gen))
     run_world(world, __name__, ["check_options_and_reductions", "check_edge_rows_and_validate_false",
-                      "check_mismatched_shards_raise_everywhere"], seed)
+                      "check_autocast_loss_dtype", "check_mismatched_shards_raise_everywhere"], seed)
 
 
 def test_needs_an_initialized_process_group():

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import torch
 
-_any_enabled = torch._C._is_any_autocast_enabled
+# Whether any autocast region is active: one C call, which the public functions make first (bound
+# to a module-level name: an eager call pays no attribute lookup for it).
+any_enabled = torch._C._is_any_autocast_enabled
 HALF = (torch.float16, torch.bfloat16)
 
 # The device types on which torch computes each op in float32 inside an autocast region.
@@ -34,7 +36,7 @@ def enabled(device_type: str) -> bool:
     eager call pays it), the public query while torch.compile traces (dynamo follows that one)."""
     if torch.compiler.is_compiling():
         return torch.is_autocast_enabled(device_type)
-    return _any_enabled() and torch.is_autocast_enabled(device_type)
+    return any_enabled() and torch.is_autocast_enabled(device_type)
 
 
 def float32_result(op: str, x) -> bool:

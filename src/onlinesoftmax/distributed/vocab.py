@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .. import _validate
+from .. import _autocast, _validate
 from .._device import triton_runs_on
 from ..ops.cross_entropy.launch import launch_backward, merge_shard_stats, needs_denom, shard_loss, shard_stats
 from ..ops.cross_entropy.torch_path import torch_denom
@@ -55,13 +55,13 @@ def _offsets(shard_size: int, group, validate: bool, logits: torch.Tensor, reduc
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, target, weight, group, offset, total, options, triton, read_ignored):
+    def forward(ctx, x2, target, weight, group, offset, total, options, triton, read_ignored, loss_dtype):
         stats = shard_stats(x2, target, weight, offset, total, options, triton, read_ignored)
         lse, lse_low, s, y_t = merge_shard_stats(all_gather(stats, group))  # the one collective: (world, 4, rows)
         denom = torch.empty(3 if needs_denom(options[1], weight is not None, options[2]) else 0,
                             dtype=torch.float32, device=x2.device)
         torch_denom(target, weight, denom, total, options[0])
-        loss = shard_loss(lse, lse_low, s, y_t, target, weight, denom, total, options, x2.dtype)
+        loss = shard_loss(lse, lse_low, s, y_t, target, weight, denom, total, options, loss_dtype)
         ctx.save_for_backward(x2, target, weight, lse, lse_low, denom)
         ctx.config = (offset, total, options, triton)
         ctx.mark_non_differentiable(lse)
@@ -74,7 +74,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         offset, total, (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature), triton = ctx.config
         dx = launch_backward(x2, target, weight, lse, lse_low, denom, dloss, ignore_index, reduction, label_smoothing, z_loss,
                              softcap, temperature, None if triton else "torch", offset, total)
-        return dx, None, None, None, None, None, None, None, None
+        return dx, None, None, None, None, None, None, None, None, None
 
 
 def cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, group=None, *, ignore_index: int = -100,
@@ -111,8 +111,9 @@ def cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, group=None, 
     Returns
     -------
     Tensor, or (Tensor, Tensor) with ``return_lse``
-        The loss (0-d, or ``target.shape`` for "none") in the logits' dtype, and the float32 lse
-        of the full rows, identical on every rank.
+        The loss (0-d, or ``target.shape`` for "none") in the logits' dtype (float32 inside an
+        autocast region, as :func:`onlinesoftmax.cross_entropy`'s), and the float32 lse of the full
+        rows, identical on every rank.
 
     Raises
     ------
@@ -149,13 +150,14 @@ def cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, group=None, 
     x2 = logits_shard.reshape(target.numel(), logits_shard.shape[-1])  # (an empty shard: no -1 to infer)
     t1 = target.reshape(-1)
     options = (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature))
+    # Inside an autocast region torch computes the loss in float32 (see onlinesoftmax._autocast).
+    loss_dtype = torch.float32 if _autocast.float32_result("cross_entropy", logits_shard) else logits_shard.dtype
+    args = (x2, t1, weight, group, offset, total, options, triton, return_lse, loss_dtype)
     if logits_shard.requires_grad and torch.is_grad_enabled():
-        loss, lse = _VocabParallelCrossEntropy.apply(x2, t1, weight, group, offset, total, options, triton,
-                                                     return_lse)
+        loss, lse = _VocabParallelCrossEntropy.apply(*args)
     else:
         with torch.no_grad():
-            loss, lse = _VocabParallelCrossEntropy.forward(NoContext(), x2, t1, weight, group, offset, total,
-                                                           options, triton, return_lse)
+            loss, lse = _VocabParallelCrossEntropy.forward(NoContext(), *args)
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return (loss, lse.reshape(target.shape)) if return_lse else loss

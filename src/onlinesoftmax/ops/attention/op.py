@@ -11,6 +11,7 @@ from typing import Optional, Union
 import torch
 
 from ... import _autocast, _validate
+from ..._autocast import any_enabled as _any_autocast
 from ..._device import remember
 from ..._launch import op_when_compiling
 from .launch import launch_backward, launch_forward
@@ -95,7 +96,6 @@ def _causal_mode(causal, name: str = "attention") -> str:
 # Argument signatures validate() accepted, with its answer: the checks depend only on these (a
 # repeated call, as a training or serving loop makes, skips them).
 _CHECKED: dict = {}
-_any_autocast = torch._C._is_any_autocast_enabled
 
 
 def validate(q, k, v, causal, scale, name: str = "attention"):

@@ -37,6 +37,7 @@ from typing import Optional
 import torch
 
 from ... import _autocast, _buffers, _validate
+from ..._autocast import any_enabled as _any_autocast
 from . import plan as planner
 from .launch import count, kernels_take, launch_scale, merge_shard_stats, needs_denom, plain_rows, reduce, \
     rows_backward, rows_forward, shard_loss, shard_stats
@@ -46,7 +47,6 @@ from .op import LOGIT_DTYPES, check_class_weight, check_options, check_target, c
 # Rows of dlogits.T (vocabulary entries) multiplied at once in float32 where cuBLAS cannot
 # accumulate bf16 products into an fp32 output itself.
 FALLBACK_SLICE_ROWS = 8192
-_any_autocast = torch._C._is_any_autocast_enabled
 
 _MIXED_ADDMM: dict = {}
 

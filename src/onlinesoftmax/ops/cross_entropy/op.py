@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from ... import _autocast, _validate
+from ..._autocast import any_enabled as _any_autocast
 from ..._device import interpreter_active, plan_cache, remember
 from ..._launch import op_when_compiling
 from . import plan as planner
@@ -15,7 +16,6 @@ from .launch import forward_call, launch_backward, launch_forward, launch_scale,
 from .torch_path import compute_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
-_any_autocast = torch._C._is_any_autocast_enabled
 TARGET_DTYPES = (torch.int64, torch.int32)
 # float64 logits run torch's kernels (the Triton kernels take the other three), as the softmax family's do.
 LOGIT_DTYPES = _validate.KERNEL_DTYPES + (torch.float64,)
@@ -101,9 +101,11 @@ def _scale_(x, grad):
 
 class _CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, target, weight, options, inplace, strategy, float32_loss):
+    def forward(ctx, x2, target, weight, options, launch):
         # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse),
-        # one argument (apply's own work grows with the number of arguments).
+        # launch: (inplace, strategy, float32_loss); tuples, since apply's own work grows with the
+        # number of arguments.
+        inplace, strategy, float32_loss = launch
         args = (x2, target, weight, *options, strategy, float32_loss)
         call = None
         if torch.compiler.is_compiling():
@@ -136,7 +138,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         else:
             x2, target, weight, lse, lse_low, denom = ctx.saved_tensors
             dx = _backward(x2, target, weight, lse, lse_low, denom, dloss, *options, strategy)
-        return dx, None, None, None, None, None, None
+        return dx, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -401,7 +403,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     if target.device.type == "cpu":
         check_targets_in_range(target, n_classes, ignore_index, "cross_entropy")
     if logits.requires_grad and torch.is_grad_enabled():
-        loss, lse = _CrossEntropyFunction.apply(x2, t1, weight, options, inplace_backward, strategy, float32_loss)
+        loss, lse = _CrossEntropyFunction.apply(x2, t1, weight, options, (inplace_backward, strategy, float32_loss))
     else:
         loss, lse, _, _ = _forward(x2, t1, weight, *options, strategy, float32_loss)
     if reduction == "none":

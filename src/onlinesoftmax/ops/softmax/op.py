@@ -17,6 +17,7 @@ from typing import NamedTuple, Optional, Sequence, Union
 import torch
 
 from ... import _autocast, _validate
+from ..._autocast import any_enabled as _any_autocast
 from ..._device import interpreter_active, plan_cache, remember
 from ..._launch import op_when_compiling
 from . import eager_route
@@ -201,7 +202,6 @@ def _eager_torch(name, x, dim, strategy, algorithm, dtype, out_dtype) -> tuple[b
 # (A stub that raises on CPU builds of torch, called only for CUDA tensors.)
 _capturing = torch._C._cuda_isCurrentStreamCapturing
 _compiling = torch.compiler.is_compiling
-_any_autocast = torch._C._is_any_autocast_enabled
 
 
 def _runs_torch(torch_path: bool, eager_torch: bool, eager_torch_train: bool, grad: bool) -> bool:

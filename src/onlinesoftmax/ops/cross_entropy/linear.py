@@ -377,7 +377,6 @@ class _VocabSlicedFunction(torch.autograd.Function):
         return (*grads, None, None, None, None, None, None)
 
 
-
 def _slice_classes(x2, weight, vocab_chunk):
     """The classes a vocabulary slice takes, or None where the call takes chunks of rows."""
     if vocab_chunk is None or not x2.shape[0]:

@@ -41,8 +41,8 @@ def _traced_forward_op(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[to
                        class_weight: Optional[torch.Tensor], ignore_index: int, reduction: str,
                        label_smoothing: float, z_loss: float, softcap: float, temperature: float, return_lse: bool,
                        chunk: int, vocab_chunk: int, strategy: Optional[str], want_x: bool, want_w: bool,
-                       want_b: bool, float32_loss: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                              torch.Tensor]:
+                       want_b: bool, float32_loss: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                  torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, lse parts, denom, grad x, grad weight, grad bias) of a traced call (chunk and
     vocab_chunk as _plan_codes gives them); the gradients where _grads_in_forward, else empty, in
     their inputs' dtypes (the fake cannot know the chunk count, which decides the dtype of the eager

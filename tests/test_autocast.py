@@ -2,8 +2,9 @@
 region (onlinesoftmax._autocast), values against float64, gradients in the inputs' dtypes.
 
 What torch gives is read from torch itself in the same region (on CUDA: softmax, log_softmax,
-logsumexp and cross_entropy in float32; on the CPU cross_entropy alone; attention and the linear
-projection in the region's dtype on both), so the tests hold whatever the device's policy."""
+logsumexp and cross_entropy in float32, and softmax_topk as torch.topk of that softmax; on the CPU
+cross_entropy alone; attention and the linear projection in the region's dtype on both), so the
+tests hold whatever the device's policy."""
 
 from __future__ import annotations
 
@@ -52,6 +53,24 @@ def test_softmax_family_takes_torchs_dtype(op, dtype, autocast_dtype, route, gen
     (ref * upstream).sum().backward()
     assert x.grad.dtype == dtype
     assert_matches(x.grad, x64.grad, dtype, f"{op} gradient")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_softmax_topk_takes_the_dtype_of_torchs_pair(dtype, gen):
+    # torch.topk(torch.softmax(x, -1), k): float32 values of a half x on CUDA, x's dtype on the CPU.
+    x = make_logits((5, 97), dtype, gen).requires_grad_()
+    with _region(torch.bfloat16):
+        expected = torch.topk(torch.softmax(x.detach(), -1), 6, -1).values.dtype
+        values, indices = onlinesoftmax.softmax_topk(x, 6)
+    assert values.dtype == expected, f"softmax_topk of {dtype}: values {values.dtype}, torch {expected}"
+    x64 = x.detach().double().requires_grad_()
+    ref = torch.softmax(x64, -1).gather(-1, indices)
+    assert_matches(values.detach(), ref.detach(), values.dtype, "values")
+    upstream = torch.randn(ref.shape, generator=gen, dtype=torch.float64).to(DEVICE)
+    (values * upstream.to(values.dtype)).sum().backward()
+    (ref * upstream).sum().backward()
+    assert x.grad.dtype == dtype
+    assert_matches(x.grad, x64.grad, dtype, "gradient")
 
 
 @pytest.mark.parametrize("inplace", [False, True], ids=["keep", "inplace"])

@@ -147,8 +147,8 @@ def test_topk_selections(dtype, k, strategy, num_chunks, strided):
         x2[1, 10] = float("nan")
         x2[2] = float("-inf")
         x2[4, 3:300:64] = 30.0
-        values, indices, lse, lse_low = topk_launch.launch_forward(x2, k, 0.9, strategy, 64, num_chunks, lane_keep,
-                                                                   second_read)
+        values, indices, lse, lse_low = topk_launch.launch_forward(x2, k, 0.9, strategy, 64, num_chunks,
+                                                                   lane_keep=lane_keep, second_read=second_read)
         dv = torch.randn_like(values, dtype=torch.float32)
         dx = topk_launch.launch_backward(x2, lse, lse_low, indices, dv, torch.randn_like(lse), 0.9, strategy, 64,
                                          num_chunks)

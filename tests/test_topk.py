@@ -44,7 +44,7 @@ def run(x2, k, path, temperature=1.0):
     strategy, num_chunks, block, lane_keep, *second_read = path
     second_read = second_read[0] if second_read else "chunk"
     values, indices, lse, _ = topk_module.launch_forward(x2, k, temperature, strategy, block, num_chunks,
-                                                         lane_keep, second_read)
+                                                         lane_keep=lane_keep, second_read=second_read)
     chosen = plan.last_topk_plan()
     assert chosen.strategy == strategy and chosen.lane_keep == lane_keep, chosen
     assert chosen.second_read == second_read, chosen
@@ -315,7 +315,7 @@ def test_any_dim_and_strided_views(dim, gen):
 def test_gradient(path, dtype, gen):
     strategy, num_chunks, block, _ = path
     x = make_logits((3, 300), dtype, gen, outliers=False).requires_grad_()
-    values, indices, lse = topk_op._SoftmaxTopkFunction.apply(x, 6, 0.8, strategy, block, num_chunks)
+    values, indices, lse = topk_op._SoftmaxTopkFunction.apply(x, 6, 0.8, strategy, block, num_chunks, False)
     dv = torch.randn(values.shape, generator=gen, dtype=torch.float64).to(DEVICE)
     dlse = torch.randn(lse.shape, generator=gen, dtype=torch.float64).to(DEVICE)
     ((values.double() * dv).sum() + (lse.double() * dlse).sum()).backward()
@@ -346,7 +346,7 @@ def test_gradient_at_large_logits(path, offset, gen):
     else:
         if not TRITON_RUNS:
             pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")
-        values, indices, lse = topk_op._SoftmaxTopkFunction.apply(x, 6, 1.0, *path[:3])
+        values, indices, lse = topk_op._SoftmaxTopkFunction.apply(x, 6, 1.0, *path[:3], False)
         ((values.double() * dv).sum() + (lse.double() * dlse).sum()).backward()
         grad = x.grad
     x64 = x.detach().double().requires_grad_()
@@ -372,8 +372,8 @@ def test_deterministic(gen):
     x = make_logits((2, 400), torch.float32, gen)
     selections = ((0, None), (1, "chunk"), (2, "chunk"), (1, "lanes"), (2, "lanes"))
     for lane_keep, second_read in selections if ON_GPU else selections[::4]:
-        first = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_keep, second_read)
-        second = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_keep, second_read)
+        first = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_keep=lane_keep, second_read=second_read)
+        second = topk_module.launch_forward(x, 16, 1.0, "split", 64, 5, lane_keep=lane_keep, second_read=second_read)
         for a, b in zip(first, second):
             assert torch.equal(a, b)
 
@@ -385,9 +385,9 @@ def test_without_the_lse(path, gen):
     bit for bit, and no lse; the public function takes it only where nothing needs the lse."""
     x = make_logits((3, 300), torch.bfloat16, gen)
     strategy, num_chunks, block, lane_keep = path
-    with_lse = topk_module.launch_forward(x, 7, 1.5, strategy, block, num_chunks, lane_keep)
-    values, indices, lse, lse_low = topk_module.launch_forward(x, 7, 1.5, strategy, block, num_chunks, lane_keep,
-                                                               write_lse=False)
+    with_lse = topk_module.launch_forward(x, 7, 1.5, strategy, block, num_chunks, lane_keep=lane_keep)
+    values, indices, lse, lse_low = topk_module.launch_forward(x, 7, 1.5, strategy, block, num_chunks,
+                                                               lane_keep=lane_keep, write_lse=False)
     assert lse is None and lse_low is None and torch.equal(values, with_lse[0]) and torch.equal(indices, with_lse[1])
     calls = []
     real = topk_module.launch_forward
@@ -447,7 +447,7 @@ def test_rows_read_with_and_without_the_alignment_hint(dtype, gen):
     combos = (("single", 0), ("single", 1), ("split", 2), ("split", 0))
     for i, x2 in enumerate((base[:, :1024], base[:, 8:], base[:, 1:1025], base[:, 3:1000])):
         for strategy, lane_keep in combos if ON_GPU else (combos[i % 4], combos[(i + 1) % 4]):
-            values, indices, lse, _ = topk_module.launch_forward(x2, 5, 1.0, strategy, None, None, lane_keep)
+            values, indices, lse, _ = topk_module.launch_forward(x2, 5, 1.0, strategy, None, None, lane_keep=lane_keep)
             ref_values, ref_indices, ref_lse = expected(x2, 5)
             assert torch.equal(indices.cpu(), ref_indices), (x2.shape, x2.storage_offset(), strategy, lane_keep)
             assert_matches(values, ref_values, dtype, "values")

@@ -113,10 +113,12 @@ def main():
                 if chosen.strategy == "single" and pps != 4:
                     continue  # the programs-per-SM knob only moves split plans
                 try:
-                    got = topk_launch.launch_forward(xs[0][0], k, 1.0, None, block, None, lane_keep, second_read)[1]
+                    got = topk_launch.launch_forward(xs[0][0], k, 1.0, None, block, None, lane_keep=lane_keep,
+                                                     second_read=second_read)[1]
                     ok = bool(torch.equal(got, want)) or dtype != torch.float32  # bf16 ties: torch's order
-                    us = graph_time_ms(lambda x: topk_launch.launch_forward(x, k, 1.0, None, block, None, lane_keep,
-                                                                            second_read), xs) * 1e3
+                    us = graph_time_ms(lambda x: topk_launch.launch_forward(x, k, 1.0, None, block, None,
+                                                                            lane_keep=lane_keep,
+                                                                            second_read=second_read), xs) * 1e3
                     base_us = None
                     if (block, nw, pps) not in normalizer_timed:
                         normalizer_timed.add((block, nw, pps))

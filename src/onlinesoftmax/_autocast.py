@@ -5,8 +5,9 @@ Inside an autocast region torch's own ops change dtypes (``torch.amp``'s op list
 to 2.13 have them):
 
 - on CUDA, ``softmax`` and ``log_softmax`` of a half-precision tensor compute and return float32
-  (``dtype=torch.float32`` where none is given); ``logsumexp`` and ``cross_entropy`` run in float32,
-  so the loss and the lse are float32;
+  (``dtype=torch.float32`` where none is given), and so does ``torch.topk`` of that softmax (our
+  softmax_topk); ``logsumexp`` and ``cross_entropy`` run in float32, so the loss and the lse are
+  float32;
 - on the CPU, ``cross_entropy`` alone does;
 - ``scaled_dot_product_attention`` and ``linear`` take their floating inputs (float64 excepted) in
   the region's dtype, on both.

@@ -43,14 +43,15 @@ class _Prepared:
 
     __slots__ = ("plan", "stream", "merge", "outputs", "scratch")
 
-    def __init__(self, x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton, write_lse):
+    def __init__(self, x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton, write_lse,
+                 values_dtype):
         n_rows, device = x2.shape[0], x2.device
         # values, indices, lse (lse_low takes the lse's template)
-        self.outputs = (_buffers.template((n_rows, k), x2.dtype, device),
+        self.outputs = (_buffers.template((n_rows, k), values_dtype, device),
                         _buffers.template((n_rows, k), torch.int64, device),
                         _buffers.template((n_rows,), torch.float32, device))
         self.plan, self.stream, self.merge = _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read,
-                                                      is_aligned, use_triton, write_lse)
+                                                      is_aligned, use_triton, write_lse, values_dtype)
         chosen = self.plan
         self.scratch = None
         if chosen is not None and (chosen.strategy == "split" or chosen.compact):
@@ -60,7 +61,8 @@ class _Prepared:
                             _buffers.template((n_rows, chosen.num_chunks), torch.float32, device))
 
 
-def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton, write_lse):
+def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton, write_lse,
+             values_dtype):
     """(plan, bound stream launch, bound merge launch or None) of a forward signature; (None, None,
     None) for the torch path."""
     n_rows, n_cols = x2.shape
@@ -69,8 +71,8 @@ def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_alig
     chosen = planner.topk_plan(n_rows, n_cols, k, x2.dtype, x2.device, strategy, block, num_chunks,
                                lane_keep=lane_keep, second_read=second_read)
     # The plan fixes every integer argument but x's strides; with x's alignment they complete the
-    # compiled-kernel key (see onlinesoftmax._launch).
-    launch_key = (chosen, x2.stride(0), x2.stride(1), is_aligned, planner.TOPK_FEW_SURVIVORS, write_lse)
+    # compiled-kernel key (see onlinesoftmax._launch), with the values' dtype (their stores cast to it).
+    launch_key = (chosen, x2.stride(0), x2.stride(1), is_aligned, planner.TOPK_FEW_SURVIVORS, write_lse, values_dtype)
     common = dict(BLOCK=chosen.block, K_POW2=chosen.k_pow2, FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS,
                   COMPACT=chosen.compact, LANE_KEEP=chosen.lane_keep,
                   READ_SUSPECT_LANES=chosen.second_read == "lanes",
@@ -79,29 +81,32 @@ def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_alig
     if chosen.strategy == "single":
         return chosen, _topk_stream.bind((n_rows, 1), launch_key, FINAL=True, **common), None
     stream = _topk_stream.bind((n_rows, chosen.num_chunks), launch_key, FINAL=False, **common)
-    merge = _topk_merge.bind((n_rows,), (chosen, write_lse), K_POW2=chosen.k_pow2,
+    merge = _topk_merge.bind((n_rows,), (chosen, write_lse, values_dtype), K_POW2=chosen.k_pow2,
                              CHUNKS_POW2=next_power_of_2(chosen.num_chunks), WRITE_LSE=write_lse,
                              num_warps=planner.TOPK_MERGE_WARPS)
     return chosen, stream, merge
 
 
 def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optional[str] = None,
-                   block: Optional[int] = None, num_chunks: Optional[int] = None,
+                   block: Optional[int] = None, num_chunks: Optional[int] = None, float32_values: bool = False,
                    lane_keep: Optional[int] = None, second_read: Optional[str] = None, write_lse: bool = True):
     """(values, indices, lse, lse_low) of a (rows, cols) tensor, lse + lse_low being the lse in two
-    floats (the backward's; see _triton.split_lse); ``strategy``/``block``/``num_chunks``/``lane_keep``/
-    ``second_read`` force the plan. ``write_lse=False``: the kernels leave the lse out and both are
-    returned as None where they run (two allocations fewer for a caller that drops it)."""
+    floats (the backward's; see _triton.split_lse); the values in x's dtype, or float32
+    (``float32_values``: torch's autocast policy for the softmax). ``strategy``/``block``/
+    ``num_chunks``/``lane_keep``/``second_read`` force the plan. ``write_lse=False``: the kernels
+    leave the lse out and both are returned as None where they run (two allocations fewer for a
+    caller that drops it)."""
     n_rows, n_cols = x2.shape
     is_aligned = aligned(x2)
     # Everything but the tensors is decided once per signature: a decode step calls this once per
     # generated token, and the host's Python is most of a small call's time.
     signature = (x2.shape, x2.stride(), x2.dtype, x2.device, k, strategy, block, num_chunks, lane_keep, second_read,
-                 is_aligned, write_lse, x2.is_cuda or interpreter_active())
+                 is_aligned, write_lse, float32_values, x2.is_cuda or interpreter_active())
     prepared = _PREPARED.get(signature)
     if prepared is None:
         prepared = remember(_PREPARED, signature, _Prepared(x2, k, strategy, block, num_chunks, lane_keep,
-                                                            second_read, is_aligned, signature[-1], write_lse))
+                                                            second_read, is_aligned, signature[-1], write_lse,
+                                                            torch.float32 if float32_values else x2.dtype))
     chosen, stream, merge = prepared.plan, prepared.stream, prepared.merge
     values, indices = _buffers.empty_like(prepared.outputs[0]), _buffers.empty_like(prepared.outputs[1])
     if chosen is None:

@@ -6,7 +6,8 @@ from typing import Optional
 
 import torch
 
-from ... import _validate
+from ... import _autocast, _validate
+from ..._autocast import any_enabled as _any_autocast
 from ..._device import plan_cache, remember
 from ..._launch import op_when_compiling
 from . import plan as planner
@@ -20,14 +21,16 @@ from .launch import launch_backward, launch_forward, rows_view
 
 @torch.library.custom_op("onlinesoftmax::softmax_topk", mutates_args=())
 def _forward_op(x2: torch.Tensor, k: int, temperature: float, strategy: Optional[str], block: Optional[int],
-                num_chunks: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return launch_forward(x2, k, temperature, strategy, block, num_chunks)
+                num_chunks: Optional[int],
+                float32_values: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch_forward(x2, k, temperature, strategy, block, num_chunks, float32_values)
 
 
 @_forward_op.register_fake
-def _(x2, k, temperature, strategy, block, num_chunks):
+def _(x2, k, temperature, strategy, block, num_chunks, float32_values=False):
     rows = x2.shape[0]
-    return (x2.new_empty((rows, k)), x2.new_empty((rows, k), dtype=torch.int64),
+    return (x2.new_empty((rows, k), dtype=torch.float32 if float32_values else x2.dtype),
+            x2.new_empty((rows, k), dtype=torch.int64),
             x2.new_empty((rows,), dtype=torch.float32), x2.new_empty((rows,), dtype=torch.float32))
 
 
@@ -54,8 +57,8 @@ _backward = op_when_compiling(_backward_op, launch_backward)
 
 class _SoftmaxTopkFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, k, temperature, strategy, block, num_chunks):
-        values, indices, lse, lse_low = _forward(x2, k, temperature, strategy, block, num_chunks)
+    def forward(ctx, x2, k, temperature, strategy, block, num_chunks, float32_values):
+        values, indices, lse, lse_low = _forward(x2, k, temperature, strategy, block, num_chunks, float32_values)
         ctx.save_for_backward(x2, lse, lse_low, indices)
         ctx.config = (temperature, strategy, block, num_chunks)
         ctx.mark_non_differentiable(indices)
@@ -70,7 +73,7 @@ class _SoftmaxTopkFunction(torch.autograd.Function):
         if dlse is None:
             dlse = torch.zeros(lse.shape, dtype=torch.float32, device=x2.device)
         dx = _backward(x2, lse, lse_low, indices, dv, dlse, *ctx.config)
-        return dx, None, None, None, None, None
+        return dx, None, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,7 +136,8 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, temperature: float =
     Returns
     -------
     values : Tensor
-        ``x``'s shape with ``dim`` of size ``k``, in ``x.dtype``, descending along ``dim``.
+        ``x``'s shape with ``dim`` of size ``k``, in ``x.dtype`` (float32 inside a CUDA autocast
+        region, as ``torch.topk(torch.softmax(x, dim), k)`` there), descending along ``dim``.
     indices : Tensor
         int64, same shape: positions along ``dim``.
     lse : Tensor, only with ``return_lse``
@@ -186,7 +190,10 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, temperature: float =
     # microseconds of host time, which decode-sized calls feel).
     as_rows = x.dim() == 2 and dim == 1
     x2 = x if as_rows else rows_view(x, dim)
-    args = (x2, k, float(temperature), strategy, None, None)
+    # Inside an autocast region on CUDA torch's softmax is float32, and so are the values
+    # torch.topk takes from it (see onlinesoftmax._autocast).
+    float32_values = _any_autocast() and _autocast.float32_result("softmax", x)
+    args = (x2, k, float(temperature), strategy, None, None, float32_values)
     if x.requires_grad and torch.is_grad_enabled():
         values, indices, lse = _SoftmaxTopkFunction.apply(*args)
     elif return_lse or torch.compiler.is_compiling():

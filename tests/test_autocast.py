@@ -32,6 +32,15 @@ def _region(dtype):
     return torch.autocast(DEVICE.type, dtype=dtype)
 
 
+def _check_gradient(out, ref, leaf, ref_leaf, gen, what):
+    """The leaf's gradient for a random upstream one: in the leaf's dtype, against float64."""
+    upstream = torch.randn(ref.shape, generator=gen, dtype=torch.float64).to(DEVICE)
+    (out * upstream.to(out.dtype)).sum().backward()
+    (ref * upstream).sum().backward()
+    assert leaf.grad.dtype == leaf.dtype
+    assert_matches(leaf.grad, ref_leaf.grad, leaf.dtype, f"{what} gradient")
+
+
 @pytest.mark.parametrize("route", ["kernels", pytest.param("eager_route", marks=pytest.mark.eager_torch_route)])
 @pytest.mark.parametrize("autocast_dtype", AUTOCAST_DTYPES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
@@ -48,11 +57,7 @@ def test_softmax_family_takes_torchs_dtype(op, dtype, autocast_dtype, route, gen
     x64 = x.detach().double().requires_grad_()
     ref = theirs(x64, -1)
     assert_matches(out.detach(), ref.detach(), out.dtype, op)
-    upstream = torch.randn(ref.shape, generator=gen, dtype=torch.float64).to(DEVICE)
-    (out * upstream.to(out.dtype)).sum().backward()
-    (ref * upstream).sum().backward()
-    assert x.grad.dtype == dtype
-    assert_matches(x.grad, x64.grad, dtype, f"{op} gradient")
+    _check_gradient(out, ref, x, x64, gen, op)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
@@ -66,11 +71,7 @@ def test_softmax_topk_takes_the_dtype_of_torchs_pair(dtype, gen):
     x64 = x.detach().double().requires_grad_()
     ref = torch.softmax(x64, -1).gather(-1, indices)
     assert_matches(values.detach(), ref.detach(), values.dtype, "values")
-    upstream = torch.randn(ref.shape, generator=gen, dtype=torch.float64).to(DEVICE)
-    (values * upstream.to(values.dtype)).sum().backward()
-    (ref * upstream).sum().backward()
-    assert x.grad.dtype == dtype
-    assert_matches(x.grad, x64.grad, dtype, "gradient")
+    _check_gradient(values, ref, x, x64, gen, "softmax_topk")
 
 
 @pytest.mark.parametrize("inplace", [False, True], ids=["keep", "inplace"])
@@ -88,11 +89,7 @@ def test_cross_entropy_takes_torchs_dtype(dtype, reduction, inplace, gen):
         loss = onlinesoftmax.cross_entropy(x, target, reduction=reduction, inplace_backward=inplace)
     assert loss.dtype == expected, f"cross_entropy of {dtype}: loss {loss.dtype}, torch {expected}"
     assert_matches(loss.detach(), ref.detach(), loss.dtype, "loss")
-    upstream = torch.randn(ref.shape, generator=gen, dtype=torch.float64).to(DEVICE)
-    (loss * upstream.to(loss.dtype)).sum().backward()
-    (ref * upstream).sum().backward()
-    assert leaf.grad.dtype == dtype
-    assert_matches(leaf.grad, ref_leaf.grad, dtype, "gradient")
+    _check_gradient(loss, ref, leaf, ref_leaf, gen, "cross_entropy")
 
 
 def _within_twice_torchs_error(ours, torchs, ref, what):

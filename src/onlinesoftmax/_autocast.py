@@ -47,14 +47,11 @@ def float32_result(op: str, x) -> bool:
             and enabled(x.device.type))
 
 
-def lower_precision(*tensors):
-    """The tensors as ``scaled_dot_product_attention`` and ``linear`` take them in the autocast region
-    of their device, if one is active: floating tensors but float64 cast to its dtype (None and
-    other tensors as they are). Returns the tensors unchanged where no region is active."""
-    first = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
-    if first is None or not enabled(first.device.type):
-        return tensors
-    dtype = torch.get_autocast_dtype(first.device.type)
+def lower_precision(device_type: str, *tensors):
+    """The tensors as ``scaled_dot_product_attention`` and ``linear`` take them in the active
+    autocast region of ``device_type`` (callers check it is active): floating tensors but float64
+    cast to its dtype, None and other tensors as they are."""
+    dtype = torch.get_autocast_dtype(device_type)
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
                  and t.dtype != dtype else t for t in tensors)
 

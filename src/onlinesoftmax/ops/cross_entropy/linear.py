@@ -480,7 +480,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
                class_weight, return_lse, strategy)
     if _any_autocast() and isinstance(x, torch.Tensor) and _autocast.enabled(x.device.type):
         # torch's x @ weight.T + bias in the region's dtype, and its cross_entropy in float32 (see _autocast).
-        x, weight, bias = _autocast.lower_precision(x, weight, bias)
+        x, weight, bias = _autocast.lower_precision(x.device.type, x, weight, bias)
         with _autocast.off(x.device.type):
             return _linear_cross_entropy(x, weight, target, bias, *options, x.dtype in _autocast.HALF)
     return _linear_cross_entropy(x, weight, target, bias, *options, False)

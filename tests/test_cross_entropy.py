@@ -24,7 +24,7 @@ from conftest import (DEVICE, ON_GPU, TRITON_RUNS, assert_matches, compiled_for_
 from cross_entropy_cases import OPTIONS, make_targets, option_ids, reference, resolve_options
 
 # Strategies of the forward with the gradient in place, and where each one runs.
-INPLACE_STRATEGIES = ("on_chip", "split_on_chip", "two_pass") if TRITON_RUNS else ("torch",)
+INPLACE_STRATEGIES = ("on_chip", "split_on_chip", "two_pass", "separate") if TRITON_RUNS else ("torch",)
 FORWARD_STRATEGIES = ("stream",) if TRITON_RUNS else ("torch",)
 # Losses are sums of many rounded terms: a reduced bf16/fp16 loss is one rounding of an fp32 sum,
 # within the table's bound; the gradients are elementwise, within it too.
@@ -619,12 +619,22 @@ def test_plans_for_the_gpu():
     assert choose("forward_grad", 8192, 128260, torch.float32, plain=True).align == 32
     assert not choose("forward_grad", 8192, 50260, torch.float32, plain=True).edges
     assert not choose("forward_grad", 8192, 128264, torch.bfloat16, plain=True).edges
-    held = choose("forward_grad", 512, 128256, torch.bfloat16)
+    # From one row an SM two_pass; fewer rows take the separate launches (stream, then backward)
+    # from 4 MiB of logits, split_on_chip below.
+    assert choose("forward_grad", 132, 128256, torch.bfloat16).strategy == "two_pass"
+    assert choose("forward_grad", 132, 128256, torch.float32).strategy == "two_pass"
+    few = choose("forward_grad", 131, 128256, torch.bfloat16)
+    stream = choose("forward", 131, 128256, torch.bfloat16)
+    assert (few.strategy, few.reads, few.op) == ("separate", 2, "forward_grad")
+    assert (few.grid, few.block, few.num_warps) == (stream.grid, stream.block, stream.num_warps)
+    assert few.backward_grid == choose("backward", 131, 128256, torch.bfloat16).grid
+    assert "the backward kernel" in few.describe()
+    assert choose("forward_grad", 64, 2_000_000, torch.bfloat16).strategy == "separate"
+    held = choose("forward_grad", 16, 128256, torch.bfloat16)  # 3.9 MiB
     assert (held.strategy, held.block, held.num_chunks, held.num_warps) == ("split_on_chip", 8192, 16, 16)
-    gpt2 = choose("forward_grad", 512, 50257, torch.bfloat16)
-    assert gpt2.edges and gpt2.num_chunks == 7  # 50257 + 7 head columns in 8192-column tiles
+    gpt2 = choose("forward_grad", 16, 50257, torch.bfloat16)
+    assert gpt2.strategy == "split_on_chip" and gpt2.edges and gpt2.num_chunks == 7  # + 7 head columns, 8192 a tile
     assert choose("forward_grad", 64, 4000, torch.float32).strategy == "on_chip"
-    assert choose("forward_grad", 64, 2_000_000, torch.bfloat16).strategy == "two_pass"
     # two_pass keeps each row in L2 between its reads; its warps by element size and row length.
     assert big.hold_l2 and "L2" in big.describe()
     fp32 = choose("forward_grad", 8192, 128256, torch.float32)
@@ -637,7 +647,7 @@ def test_plans_for_the_gpu():
     assert (short.strategy, short.block, short.num_warps) == ("two_pass", 8192, 8)
     middle = choose("forward_grad", 8192, 50257, torch.bfloat16)
     assert (middle.strategy, middle.block, middle.num_warps) == ("two_pass", 8192, 16)
-    assert choose("forward_grad", 512, 128256, torch.float32).strategy == "split_on_chip"
+    assert choose("forward_grad", 8, 128256, torch.float32).strategy == "split_on_chip"
     fwd = choose("forward", 8192, 128256, torch.bfloat16)
     assert (fwd.strategy, fwd.num_chunks, fwd.tiles_per_chunk, fwd.num_warps) == ("stream", 16, 1, 8)
     assert choose("backward", 8192, 128256, torch.float32).grid == (8192, 32)

@@ -81,6 +81,28 @@ PLANS = {"chunks": dict(chunk=8), "one_chunk": dict(chunk=1000), "vocab_slices":
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 def test_linear_matches_torch(reduction, dtype, plan_kwargs, gen):
+    _check_linear(reduction, dtype, plan_kwargs, gen)
+
+
+@needs_triton
+@pytest.mark.parametrize("reduction", ["mean", "sum"])  # ("none" recomputes the logits in its backward)
+def test_linear_chunks_through_the_separate_launches(reduction, gen, monkeypatch):
+    # A chunk's in-place kernel as its "separate" launches (the forward's stream kernel, then the
+    # backward kernel over the logits buffer), the plan few long rows take on the GPU.
+    choose, ran = plan.choose, set()
+
+    def separate(op, rows, cols, dtype, device, strategy=None, *args, **kwargs):
+        chosen = choose(op, rows, cols, dtype, device, "separate" if op == "forward_grad" else strategy, *args, **kwargs)
+        ran.add((op, chosen.strategy))
+        return chosen
+
+    monkeypatch.setattr(plan, "choose", separate)
+    _check_linear(reduction, torch.bfloat16, dict(chunk=8), gen)
+    assert {("forward_grad", "separate"), ("forward", "stream"), ("backward", "backward")} <= ran, ran
+
+
+def _check_linear(reduction, dtype, plan_kwargs, gen):
+    """Loss and gradients of a linear_cross_entropy call (29 rows, H 16, V 75, every option) against float64."""
     x, w, b, target = _linear_case(29, 16, 75, dtype, gen)
     upstream = (torch.randn(29, generator=gen, dtype=torch.float64) if reduction == "none" else torch.tensor(0.7)).to(DEVICE)
     options = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3)

@@ -218,11 +218,12 @@ def test_attention_forward_row_paths(head_dim, n_keys, mode):
 # cross_entropy: every strategy, in place and separate, rows starting inside 16-byte vectors
 # --------------------------------------------------------------------------------------------
 
-CROSS_ENTROPY_CASES = [("stream", False), ("on_chip", True), ("split_on_chip", True), ("two_pass", True)]
+CROSS_ENTROPY_CASES = [("stream", False), ("on_chip", True), ("split_on_chip", True), ("two_pass", True),
+                       ("separate", True)]
 
 
 @pytest.mark.parametrize("strategy,inplace", CROSS_ENTROPY_CASES,
-                         ids=["stream-backward", "on_chip", "split_on_chip", "two_pass"])
+                         ids=["stream-backward", "on_chip", "split_on_chip", "two_pass", "separate"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_cross_entropy_strategies(dtype, strategy, inplace):
     # 20011 columns: several tiles a row, every row starting at another alignment (edges); one row

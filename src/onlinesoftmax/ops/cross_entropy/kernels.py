@@ -622,16 +622,18 @@ def cross_entropy_backward_kernel(
     label_smoothing, z_loss, softcap, tanh_scale, inv_temperature,
     BLOCK: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr, EDGES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr, Z: tl.constexpr, MEAN: tl.constexpr,
+    UNIT_GRAD: tl.constexpr,
 ):
     # Elementwise: program (row, k) writes tile k of the row. dx has x's strides (or is x: each
-    # element is read before the same program writes it). An ignored row is not read.
+    # element is read before the same program writes it). An ignored row is not read. UNIT_GRAD:
+    # an upstream gradient of 1, grad_ptr not read (the in-place forward's "separate" strategy).
     row = tl.program_id(0)
     k = tl.program_id(1)
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_classes)
     target_col = target_column(target - class_offset, n_cols)
     lse = tl.load(lse_ptr + row)
     lse_low = tl.load(lse_low_ptr + row)
-    upstream = tl.load(grad_ptr + row.to(tl.int64) * grad_stride).to(tl.float32)
+    upstream = 1.0 if UNIT_GRAD else tl.load(grad_ptr + row.to(tl.int64) * grad_stride).to(tl.float32)
     w_t, w_sum = class_weights(weight_ptr, target, valid, bad, denom_ptr, n_classes, HAS_WEIGHT, SMOOTH)
     scale, scale_z = gradient_scales(denom_ptr, upstream, MEAN)
     a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes, SMOOTH, Z)

@@ -148,6 +148,12 @@ def splits_rows(chosen: planner.Plan) -> bool:
     return chosen.num_chunks > 1 or chosen.strategy == "split_on_chip"
 
 
+def separate_plans(x: torch.Tensor) -> tuple[planner.Plan, planner.Plan]:
+    """The two launches of the strategy "separate" over logits ``x``: the forward's stream plan, the backward's."""
+    args = (*x.shape, x.dtype, x.device, None, x.stride(0), x.stride(1))
+    return planner.choose("forward", *args), planner.choose("backward", *args)
+
+
 def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, w: torch.Tensor, has_weight: bool,
                    loss: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor, ignore_index: int, reduction: str,
                    label_smoothing: float, z_loss: float, softcap: float, temperature: float, read_ignored: bool,
@@ -204,6 +210,13 @@ def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, we
     """The main forward kernel of ``chosen`` over x's rows: loss, lse and lse_low (the lse's rounding
     error) per row (``stats``: the four planes of distributed statistics into ``loss``), and for
     "forward_grad" the gradient over x."""
+    if chosen.strategy == "separate":  # the stream's launch, then the backward's over x
+        first, second = separate_plans(x)
+        rows_forward(first, x, target, weight, denom, loss, lse, lse_low, ignore_index, reduction, label_smoothing,
+                     z_loss, softcap, temperature, read_ignored, class_offset, n_classes, stats)
+        rows_backward(second, x, x, target, weight, denom, lse, lse_low, lse, ignore_index, reduction,
+                      label_smoothing, z_loss, softcap, temperature, class_offset, n_classes, unit_grad=True)
+        return
     w = weight if weight is not None else x
     recipe = forward_recipe(chosen, x, target, w, weight is not None, loss, lse, lse_low, ignore_index, reduction,
                             label_smoothing, z_loss, softcap, temperature, read_ignored, class_offset, n_classes,
@@ -215,9 +228,9 @@ def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, we
 def backward_recipe(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, target: torch.Tensor, w: torch.Tensor,
                     has_weight: bool, lse: torch.Tensor, lse_low: torch.Tensor, grad: torch.Tensor, ignore_index: int,
                     reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
-                    class_offset: int = 0, n_classes: Optional[int] = None) -> Recipe:
+                    class_offset: int = 0, n_classes: Optional[int] = None, unit_grad: bool = False) -> Recipe:
     """The backward kernel of ``chosen``; tensors (x, dx, target, w, denom, lse, lse_low, grad), ``w``
-    the class weights or x."""
+    the class weights or x; ``unit_grad``: for an upstream gradient of 1, ``grad`` not read."""
     n_rows, n_cols = x.shape
     n_classes = n_cols if n_classes is None else n_classes
     inv_t = 1.0 / temperature
@@ -226,23 +239,24 @@ def backward_recipe(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, tar
     grad_stride = grad.stride(0) if grad.dim() else 0
     key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, dx.dtype, grad.dtype,
            grad_stride, aligned(x), aligned(dx), aligned(target), aligned(w), aligned(grad), aligned(lse),
-           aligned(lse_low), ignore_index, class_offset, n_classes, tuple(flags.values()))
+           aligned(lse_low), ignore_index, class_offset, n_classes, tuple(flags.values()), unit_grad)
     scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), grad_stride, ignore_index, class_offset, n_classes,
                label_smoothing, z_loss, softcap, tanh_scale, inv_t)
     return Recipe(_backward, chosen.grid, key, scalars, dict(
         BLOCK=chosen.block, ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
-        num_warps=chosen.num_warps, **flags))
+        num_warps=chosen.num_warps, UNIT_GRAD=unit_grad, **flags))
 
 
 def rows_backward(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, target: torch.Tensor,
                   weight: Optional[torch.Tensor], denom: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor,
                   grad: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
-                  softcap: float, temperature: float, class_offset: int = 0, n_classes: Optional[int] = None) -> None:
+                  softcap: float, temperature: float, class_offset: int = 0, n_classes: Optional[int] = None,
+                  unit_grad: bool = False) -> None:
     """dx (x's strides, or x itself) <- the gradient of x's rows from their lse and the upstream ``grad``
-    (a 0-d tensor, or one value a row for "none")."""
+    (a 0-d tensor, or one value a row for "none"; ``unit_grad``: 1, ``grad`` not read)."""
     w = weight if weight is not None else x
     backward_recipe(chosen, x, dx, target, w, weight is not None, lse, lse_low, grad, ignore_index, reduction,
-                    label_smoothing, z_loss, softcap, temperature, class_offset, n_classes)(
+                    label_smoothing, z_loss, softcap, temperature, class_offset, n_classes, unit_grad)(
         x, dx, target, w, denom, lse, lse_low, grad)
 
 
@@ -288,14 +302,18 @@ class ForwardCall:
         self.count = (count_recipe(target, weight if has_weight else denom, has_weight, n_cols, ignore_index).bind()
                       if count_first else None)
         count_too = denom.numel() > 0 and not count_first
+        # "separate": the stream's launch (its plan the main one), then the backward kernel's over x.
+        first, second = separate_plans(x) if chosen.strategy == "separate" else (chosen, None)
         # The stream kernel's last row to finish reduces the loss (planner.REDUCE_IN_ROWS_LAUNCH).
-        self.folded = (planner.REDUCE_IN_ROWS_LAUNCH and self.loss is not None and chosen.strategy in ("stream", "two_pass")
-                       and not chosen.plain)
-        self.main = forward_recipe(chosen, x, target, weight if has_weight else x, has_weight, loss_rows, lse,
-                                   lse_low, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                                   return_lse, reduce_into=self.folded, count_too=count_too,
-                                   out_dtype=loss_dtype).bind()
-        self.exchange = splits_rows(chosen) or self.folded
+        self.folded = (planner.REDUCE_IN_ROWS_LAUNCH and self.loss is not None and first.strategy in ("stream", "two_pass")
+                       and not first.plain)
+        w = weight if has_weight else x
+        self.main = forward_recipe(first, x, target, w, has_weight, loss_rows, lse, lse_low, ignore_index, reduction,
+                                   label_smoothing, z_loss, softcap, temperature, return_lse, reduce_into=self.folded,
+                                   count_too=count_too, out_dtype=loss_dtype).bind()
+        self.write_grad = None if second is None else backward_recipe(
+            second, x, x, target, w, has_weight, lse, lse_low, lse, *self.options, unit_grad=True).bind()
+        self.exchange = splits_rows(first) or self.folded
         self.reduce = None if self.loss is None or self.folded else reduce_recipe(
             loss_rows, lse, target, weight if has_weight else loss_rows, has_weight, _buffers.empty_like(self.loss),
             n_cols, ignore_index, reduction, z_loss, count_too).bind()
@@ -313,6 +331,8 @@ class ForwardCall:
         parts, counters = _exchange(self.chosen, x.device) if self.exchange else (lse, lse)
         loss = lse if self.loss is None else _buffers.empty_like(self.loss)
         self.main(x, target, x if weight is None else weight, denom, loss_rows, lse, lse_low, parts, counters, loss)
+        if self.write_grad is not None:
+            self.write_grad(x, x, target, x if weight is None else weight, denom, lse, lse_low, lse)
         if self.loss is None:
             return loss_rows, lse, lse_low, denom
         if self.reduce is not None:

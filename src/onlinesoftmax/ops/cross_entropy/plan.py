@@ -13,6 +13,8 @@ linear_cross_entropy's chunks).
     Triton's interpreter runs programs one after another, so there a row is one chunk.
     ``two_pass``: one program streams its row twice (normalizer, then gradient): two reads, for
     rows longer than split_on_chip holds.
+    ``separate``: the forward's ``stream`` launch, then the ``backward`` kernel writing the
+    gradient over the logits: two reads, each spread over every tile of every row (few long rows).
 ``backward``: the gradient from the saved lse, an elementwise kernel (``backward``).
 ``stats``: a vocabulary shard's per-row (m, d, smoothing sum, target logit), ``stream``.
 ``torch`` (any op): CPU tensors without the interpreter, torch's own ops in float32.
@@ -29,9 +31,9 @@ from ... import _device
 from ..._validate import KERNEL_DTYPES
 
 OPS = ("forward", "forward_grad", "backward", "stats")
-STRATEGIES = ("stream", "on_chip", "split_on_chip", "two_pass", "backward", "torch")
+STRATEGIES = ("stream", "on_chip", "split_on_chip", "two_pass", "separate", "backward", "torch")
 SERVES = {"forward": ("stream",), "stats": ("stream",), "backward": ("backward",),
-          "forward_grad": ("on_chip", "split_on_chip", "two_pass")}
+          "forward_grad": ("on_chip", "split_on_chip", "two_pass", "separate")}
 
 # Every kernel's tiles give a thread this many elements. ptxas for sm_90 (Triton 3.6), registers
 # a thread at 16 / 32 elements: split_on_chip bf16 32 / 80 (8 / 3 programs an SM at 8192
@@ -63,8 +65,22 @@ ON_CHIP_MAX_COLS = {4: 4096, 2: 8192}
 # docs/notes/2026-11/sweep_cross_entropy-h100.log and sweep_cross_entropy-two_pass-h100.log):
 # bf16 8192 x 128256 2.465 -> 2.369 ms, 8192 x 50257 1.091 -> 0.956, 8192 x 32000 0.668 -> 0.551;
 # fp32 (with the two tables below) 8192 x 128256 4.547 -> 4.279, 8192 x 32000 1.125 -> 0.884.
-# With fewer rows split_on_chip keeps the GPU busy where one program a row could not.
-TWO_PASS_MIN_ROWS_PER_SM = {4: 4, 2: 4}
+# From one row an SM (4 before, when fewer rows took split_on_chip): on the H200, CUDA-graph replays
+# of an inplace training step at 132-527 rows, split_on_chip -> two_pass, ms: bf16 132 x 128256
+# 0.0643 -> 0.0381, 527 x 128256 0.2125 -> 0.1170, 333 x 256003 0.2742 -> 0.1783; fp32 333 x 32001
+# 0.0585 -> 0.0449, 527 x 256003 0.6051 -> 0.4590 (scripts/probes/probe_cross_entropy_inplace_strategies.py,
+# docs/notes/2026-11/probe_cross_entropy_inplace_strategies-h200.log). separate took 1.00-1.23x
+# two_pass's time there, but 0.93x at bf16 527 x 32001 and 0.97x at 333 x 256003; fp32 1.03-1.19x,
+# but 0.91x and 0.97x at 333 and 527 x 256003 (rows of 1 MB; two_pass is the plan from 528 rows
+# too, where at 1024 x 256003 separate took 0.96x). The H100 was not measured.
+TWO_PASS_MIN_ROWS_PER_SM = {4: 1, 2: 1}
+# Fewer rows take separate (the forward's stream launch, then the backward kernel over the logits:
+# every tile of every row a program) where their logits take at least this many bytes, split_on_chip
+# below (one launch less, GPU times within 1.5 us). Same probe, split_on_chip -> separate, ms: bf16
+# 64 x 128256 0.0378 -> 0.0263, 64 x 256003 0.0638 -> 0.0424, 16 x 256003 0.0212 -> 0.0185; fp32 64
+# x 256003 0.0819 -> 0.0682, but 64 x 32001 (8 MB) 0.0154 -> 0.0164; below: bf16 16 x 128256 0.0142
+# -> 0.0144, 16 x 50257 0.0134 -> 0.0140.
+SEPARATE_MIN_BYTES = 4 * 2**20
 # two_pass: the first read asks L2 to keep the row for the second, which, with the gradient's
 # stores, asks it to drop the lines (eviction hints). Same sweep, bf16 8192 x 128256 2.373 ->
 # 2.236 ms, 8192 x 50257 0.960 -> 0.926; fp32 8192 x 32000 1.095 -> 1.032.
@@ -218,11 +234,12 @@ class Plan:
     contiguous: bool = True  # unit column stride
     hold_l2: bool = False  # two_pass: eviction hints keep the row in L2 between its two reads
     plain: bool = False  # two_pass by its kernel for plain rows (see choose's ``plain``)
+    backward_grid: tuple = ()  # separate: the grid of its second launch, the backward kernel's
 
     @property
     def reads(self) -> int:
         """Reads of the logits from device memory."""
-        return 2 if self.strategy == "two_pass" else 1
+        return 2 if self.strategy in ("two_pass", "separate") else 1
 
     def bytes_moved(self) -> int:
         """Fewest bytes any implementation moves: logits read once; the gradient, where made, written
@@ -246,6 +263,10 @@ class Plan:
             + (", gradient written over them" if self.op == "forward_grad" else "")
             + ("; L2 asked to keep each row between its reads" if self.hold_l2 else "")
             + ("; the kernel for plain rows" if self.plain else ""),
+        ]
+        if self.strategy == "separate":
+            lines.append(f"then:        the backward kernel, grid {self.backward_grid}")
+        lines += [
             f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (floor)",
         ]
         if bandwidth_gbs:
@@ -347,10 +368,16 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
             strategy = "on_chip"
         elif TWO_PASS_MIN_ROWS_PER_SM[elem] and rows >= TWO_PASS_MIN_ROWS_PER_SM[elem] * sms:
             strategy = "two_pass"
+        elif rows * cols * elem >= SEPARATE_MIN_BYTES:
+            strategy = "separate"
         elif split_tile <= SPLIT_MAX_TILE:
             strategy = "split_on_chip"
         else:
             strategy = "two_pass"
+    if strategy == "separate":  # described by its first launch (the stream's plan), and its second's grid
+        layout_args = (dtype, device_type, None, align, edges, contiguous, stride_mod, sms, interpreting)
+        first, second = (_choose(part, rows, cols, *layout_args) for part in ("forward", "backward"))
+        return dataclasses.replace(first, op=op, strategy=strategy, backward_grid=second.grid)
     if strategy == "two_pass":
         row_bytes = cols * elem
         edges_from, run_bytes = PLAIN_EDGES[elem]

@@ -213,6 +213,14 @@ def one_chunk_tail_variants():
             plan.BACKWARD_OPS, {4: warp_bytes, 2: warp_bytes}))
 
 
+def few_mid_rows_variants():
+    # A strategy's plan, then the tables that set its programs' work: warps held whole (a quarter,
+    # half), looped's tiles and warps, split_row_on_chip's tiles and warps a chunk.
+    yield from mid_long_row_variants()
+    yield from looped_variants()
+    yield from split_on_chip_variants()
+
+
 def mid_long_row_variants():
     # Rows of 8193-16384 elements held whole: the tile of 16384 on fewer warps than the table's 32
     # (two or four programs an SM in place of one).
@@ -423,6 +431,13 @@ CASES = [
       for dtype in (torch.bfloat16, torch.float32, torch.float16)
       for rows in (600, 1207, 3000, 6000, 16384, 50000) for cols in (70, 143, 180, 273, 350)
       if dtype != torch.float16 or rows in (1207, 16384)),
+    # Few rows of 4K-32K elements (the H200's random-shape sweep of seed 3013: bf16 log_softmax
+    # 15 x 18419 at 0.81x torch under CUDA graphs, softmax 0.97x): held whole (fewer warps too),
+    # looped, split across programs (run with --variants few_mid_rows).
+    *((torch.bfloat16, rows, cols, strategy, variants) for rows, cols in (
+        (15, 18419), (4, 28637), (12, 4324), (64, 18419), (15, 16384), (32, 12001), (8, 30011))
+      for strategy, variants in (("row_on_chip", few_mid_rows_variants), ("looped", few_mid_rows_variants),
+                                 ("split_row_on_chip", few_mid_rows_variants))),
 ]
 
 

@@ -1211,6 +1211,15 @@ def test_padded_two_byte_rows_leave_row_on_chip():
     assert strategy("softmax", 474, 23612, torch.float32) == "row_on_chip"
     assert strategy("softmax", 2048, 4096) == "row_on_chip"  # a power of two
     assert chosen("softmax", 2048, 8200).num_warps == plan.ROW_ON_CHIP_TAIL_WARPS
+    # Few 2-byte rows off 16-byte boundaries (one an SM at most) also take a head of 16384, forward
+    # only (ROW_ON_CHIP_TAIL_FEW_ROWS_*); more rows, rows on boundaries and fuller tiles do not.
+    assert strategy("log_softmax", 132, 18419) == strategy("softmax", 15, 18419) == "row_on_chip 16384+2048"
+    assert chosen("softmax", 15, 18419).num_warps == plan.ROW_ON_CHIP_TAIL_WARPS
+    assert strategy("log_softmax", 133, 18419) == "row_on_chip"
+    assert strategy("softmax", 15, 17000) == "row_on_chip"
+    assert strategy("softmax", 15, 20011) == "row_on_chip"  # 61% of the tile
+    assert strategy("logsumexp", 15, 18419) == "row_on_chip"
+    assert strategy("softmax", 15, 18419, torch.float32) == "row_on_chip"
 
 
 @needs_triton

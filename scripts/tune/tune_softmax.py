@@ -213,6 +213,23 @@ def one_chunk_tail_variants():
             plan.BACKWARD_OPS, {4: warp_bytes, 2: warp_bytes}))
 
 
+def wide_head_variants():
+    # 2-byte forward rows of 16385-24576 elements held as a head of 16384 and a tail (the table
+    # stops at a head of 8192: H100, many rows), the tail on 8 or 16 warps.
+    # Rows filling up to 60% of their tile too (18419 elements fill 56% of 32768; the table: 55%).
+    for warps, fill in itertools.product((8, 16), (0.55, 0.6)):
+        yield dict(ROW_ON_CHIP_TAIL_MAX_HEAD={**plan.ROW_ON_CHIP_TAIL_MAX_HEAD, "forward": {4: 16384, 2: 16384}},
+                   ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD={**plan.ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD,
+                                                         "forward": {4: 16384, 2: 16384}},
+                   ROW_ON_CHIP_TAIL_BELOW_FILL={**plan.ROW_ON_CHIP_TAIL_BELOW_FILL, "forward": {4: 0.55, 2: fill}},
+                   ROW_ON_CHIP_TAIL_WARPS=warps)
+
+
+def few_rows_tail_off_variants():
+    # The head and tail for few rows off 16-byte boundaries (ROW_ON_CHIP_TAIL_FEW_ROWS_*) off: the whole tile.
+    yield dict(ROW_ON_CHIP_TAIL_FEW_ROWS_MAX_HEAD={4: 0, 2: 0})
+
+
 def few_mid_rows_variants():
     # A strategy's plan, then the tables that set its programs' work: warps held whole (a quarter,
     # half), looped's tiles and warps, split_row_on_chip's tiles and warps a chunk.
@@ -438,6 +455,14 @@ CASES = [
         (15, 18419), (4, 28637), (12, 4324), (64, 18419), (15, 16384), (32, 12001), (8, 30011))
       for strategy, variants in (("row_on_chip", few_mid_rows_variants), ("looped", few_mid_rows_variants),
                                  ("split_row_on_chip", few_mid_rows_variants))),
+    # The same rows as a head of 16384 and a tail, from few rows to many (run with --variants wide_head).
+    *((torch.bfloat16, rows, cols, "row_on_chip", wide_head_variants) for rows, cols in (
+        (15, 18419), (64, 18419), (16, 17000), (64, 20011), (132, 18419), (264, 18419), (528, 18419),
+        (2048, 18419), (1024, 17000))),
+    # The rule that took them (run with --variants few_rows_tail_off), on rows of 17001-19001 elements.
+    *((torch.bfloat16, rows, cols, "row_on_chip", few_rows_tail_off_variants) for rows, cols in (
+        (15, 18419), (64, 18419), (132, 18419), (15, 17001), (64, 17001), (132, 17001), (32, 19001),
+        (100, 19001))),
 ]
 
 

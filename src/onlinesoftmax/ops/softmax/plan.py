@@ -105,6 +105,13 @@ ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD = {"forward": {4: 16384, 2: 8192}, "backwar
 ROW_ON_CHIP_TAIL_MIN_COLS = 4096
 ROW_ON_CHIP_MIN_TAIL = 16
 ROW_ON_CHIP_TAIL_WARPS = 8
+# ... and 2-byte forward rows off 16-byte boundaries, at most one an SM, up to 60% of their tile,
+# with heads up to 16384 (H200, graphs, GB/s, whole tile -> head and tail, log_softmax: 15 x 18419
+# 154 -> 186, torch 178; 132 x 18419 1191 -> 1381, torch 1365; but 528 x 18419 1789 -> 1580 and rows
+# on boundaries 16 x 17000 235 -> 191: docs/perf-h200.md, "Few rows of 4K-32K elements").
+ROW_ON_CHIP_TAIL_FEW_ROWS_PER_SM = 1
+ROW_ON_CHIP_TAIL_FEW_ROWS_BELOW_FILL = {4: 0.0, 2: 0.6}
+ROW_ON_CHIP_TAIL_FEW_ROWS_MAX_HEAD = {4: 0, 2: 16384}
 # logsumexp's rows too, by the forward's table (its kernel is the forward's without the write). H100,
 # ms, plan without tails -> tail at 8 warps: bf16 16384 x 4097 0.1811 -> 0.1148; rows fuller than the
 # table's 55% were mixed (docs/notes/2026-11/probe_tailed_rows-logsumexp-h100.log).
@@ -345,8 +352,9 @@ def _half_empty_tile(cols: int, longer_than: int, min_fill: float) -> bool:
     return cols > longer_than and cols < min_fill * next_power_of_2(cols)
 
 
-def _tailed_tile(op: str, cols: int, elem: int, misaligned_rows: bool) -> tuple[int, int]:
-    """(head, tail) of a row row_on_chip holds as a power-of-two head and a tail tile, else (0, 0)."""
+def _tailed_tile(op: str, cols: int, elem: int, misaligned_rows: bool, few_rows: bool = False) -> tuple[int, int]:
+    """(head, tail) of a row row_on_chip holds as a power-of-two head and a tail tile, else (0, 0).
+    ``few_rows``: at most ROW_ON_CHIP_TAIL_FEW_ROWS_PER_SM an SM."""
     backward = op in BACKWARD_OPS
     direction = "backward" if backward else "forward"
     head = next_power_of_2(cols) // 2
@@ -358,6 +366,10 @@ def _tailed_tile(op: str, cols: int, elem: int, misaligned_rows: bool) -> tuple[
             return 0, 0
         tail = max(ROW_ON_CHIP_MIN_TAIL, next_power_of_2(cols - head))
         return (head, tail) if tail < head and tail <= ROW_ON_CHIP_SHORT_TAIL_MAX_TAIL[elem] else (0, 0)
+    if (few_rows and misaligned_rows and not backward and op != "logsumexp"
+            and head <= ROW_ON_CHIP_TAIL_FEW_ROWS_MAX_HEAD[elem]
+            and _half_empty_tile(cols, ROW_ON_CHIP_TAIL_MIN_COLS, ROW_ON_CHIP_TAIL_FEW_ROWS_BELOW_FILL[elem])):
+        return head, max(ROW_ON_CHIP_MIN_TAIL, next_power_of_2(cols - head))
     fill = ROW_ON_CHIP_TAIL_BELOW_FILL[direction][elem]
     if (not _half_empty_tile(cols, ROW_ON_CHIP_TAIL_MIN_COLS, fill)
             or head > ROW_ON_CHIP_TAIL_MAX_HEAD[direction][elem]
@@ -504,11 +516,12 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
     backward = op in BACKWARD_OPS
     elem = dtype.itemsize
     on_chip_max = (BACKWARD_ROW_ON_CHIP_MAX_COLS if backward else ROW_ON_CHIP_MAX_COLS)[elem]
+    few_tailed_rows = rows <= ROW_ON_CHIP_TAIL_FEW_ROWS_PER_SM * sms
     if strategy is None:
         on_chip = algorithm == "auto" and next_power_of_2(cols) <= on_chip_max
         if on_chip and backward and _one_chunk_tile(op, rows, cols, elem, sms, misaligned_rows):
             strategy = "split_row_on_chip"
-        elif on_chip and _tailed_tile(op, cols, elem, misaligned_rows)[0]:
+        elif on_chip and _tailed_tile(op, cols, elem, misaligned_rows, few_tailed_rows)[0]:
             strategy = "row_on_chip"
         elif on_chip and op != "logsumexp" and _half_empty_tile(cols, STREAM_BLOCK[elem], ROW_ON_CHIP_MIN_FILL[elem]):
             if backward:
@@ -544,7 +557,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                          f"{strategy!r} reads the row once; use algorithm='auto'")
     if strategy == "row_on_chip":
         # At least 2: 16-bit tiles are widened two values a register (_triton.widen_opaque).
-        block, tail = _tailed_tile(op, cols, elem, misaligned_rows)
+        block, tail = _tailed_tile(op, cols, elem, misaligned_rows, few_tailed_rows)
         block = block or max(2, next_power_of_2(cols))
         # A short row's head and tail pack as its power-of-two tile would (ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL).
         short_tail = tail and cols <= ROW_ON_CHIP_TAIL_MIN_COLS

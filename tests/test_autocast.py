@@ -122,6 +122,26 @@ def test_attention_takes_the_regions_dtype(causal, gen):
         _within_twice_torchs_error(ours.grad, theirs.grad, r.grad, f"grad {name}")
 
 
+def test_attention_with_kvcache_takes_the_regions_dtype(gen):
+    # A float32 q (the float32 layer before it) over a bf16 cache: refused outside a region, taken
+    # in bf16 inside one, as scaled_dot_product_attention takes it over the same keys; the cache is
+    # read as it is, so the result is the call's with q cast first.
+    q = torch.randn(2, 1, 4, 32, generator=gen).to(DEVICE)
+    k_cache, v_cache = (torch.randn(2, 40, 2, 32, generator=gen).to(torch.bfloat16).to(DEVICE) for _ in range(2))
+    lens = torch.tensor([40, 17], dtype=torch.int32).to(DEVICE)
+    with pytest.raises(TypeError):
+        onlinesoftmax.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)
+    expected = onlinesoftmax.attention_with_kvcache(q.to(torch.bfloat16), k_cache, v_cache, cache_seqlens=lens)
+    with _region(torch.bfloat16):
+        out = onlinesoftmax.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)
+        keys, values = (c[:1].transpose(1, 2) for c in (k_cache, v_cache))
+        torch_out = F.scaled_dot_product_attention(q[:1].transpose(1, 2), keys, values, enable_gqa=True)
+    assert out.dtype == torch_out.dtype == torch.bfloat16
+    assert torch.equal(out, expected)
+    _within_twice_torchs_error(out[:1].transpose(1, 2), torch_out, F.scaled_dot_product_attention(
+        q[:1].transpose(1, 2).to(torch.bfloat16).double(), keys.double(), values.double(), enable_gqa=True), "out")
+
+
 @pytest.mark.parametrize("plan_kwargs", [dict(chunk=8), dict(vocab_chunk=32)], ids=["chunks", "vocab_slices"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_linear_cross_entropy_as_torchs_linear_then_loss(reduction, plan_kwargs, gen):

@@ -10,7 +10,7 @@ to 2.13 have them):
   float32;
 - on the CPU, ``cross_entropy`` alone does;
 - ``scaled_dot_product_attention`` and ``linear`` take their floating inputs (float64 excepted) in
-  the region's dtype, on both.
+  the region's dtype, on both (our attention and attention_with_kvcache as the former).
 
 A drop-in gives what torch gives, so the public functions apply the same policy. The half-precision
 tensors are read as they are (an upcast to float32 is exact, and the kernels compute in float32);

@@ -8,7 +8,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from ... import _buffers, _device, _validate
+from ... import _autocast, _buffers, _device, _validate
+from ..._autocast import any_enabled as _any_autocast
 from ..._launch import Launcher, aligned, op_when_compiling, vector_width
 from . import kernels, plan as planner
 
@@ -417,7 +418,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     Returns
     -------
-    out : Tensor, shape (B, Sq, Hq, D), dtype of ``q``, contiguous
+    out : Tensor, shape (B, Sq, Hq, D), dtype of ``q``, contiguous (inside an autocast region q,
+        k_cache and v_cache are taken in the region's dtype, as scaled_dot_product_attention takes
+        them: a float32 q of a float32 layer before it, say)
     lse : Tensor, shape (B, Hq, Sq), float32 (only with ``return_lse=True``)
         Natural-log log-sum-exp of each query's scaled, masked scores: flash-attn's
         ``softmax_lse`` layout. Merge with other partial attentions through :func:`merge_attention`.
@@ -456,6 +459,18 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     >>> onlinesoftmax.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens).shape
     torch.Size([2, 1, 8, 64])
     """
+    if _any_autocast() and isinstance(q, torch.Tensor) and _autocast.enabled(q.device.type):
+        # scaled_dot_product_attention's policy over the cache (see _autocast); caches already in
+        # the region's dtype are not copied.
+        q, k_cache, v_cache = _autocast.lower_precision(q.device.type, q, k_cache, v_cache)
+        with _autocast.off(q.device.type):
+            return _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale,
+                                           num_splits, return_lse)
+    return _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                   return_lse)
+
+
+def _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse):
     # The checks run once a signature (a decode step calls this once a layer a token; on the CPU
     # machine, launches recorded, they were a quarter of the call: 25.7 -> 19.1 us); a signature
     # holds everything they look at.

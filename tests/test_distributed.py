@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import onlinesoftmax
-from onlinesoftmax import distributed
+from onlinesoftmax import _autocast, distributed
 
 from conftest import DEVICE, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, make_logits, relative_error
 from worlds import run_world, shard_bounds
@@ -208,6 +208,45 @@ def check_attention(rank, world, seed):
                 bound = max(TOLERANCE[dtype], 2 * relative_error(shard(single[i].grad), ref))
                 err = relative_error(leaves[i].grad, ref)
                 assert err <= bound, f"attention {name} {what}: relative error {err:.3e} > {bound:.2e} ({dtype})"
+    # Inside an autocast region float32 q, k and v (a model kept in float32) are taken in the
+    # region's dtype, as onlinesoftmax.attention and SDPA take them: the bf16 call's result, bit for bit.
+    q32 = torch.randn(1, 4, 9, 32, generator=gen).to(DEVICE)
+    k32, v32 = (take_shard(torch.randn(1, 2, 11, 32, generator=gen), 2, world, rank).to(DEVICE) for _ in range(2))
+    with torch.no_grad():
+        expected = distributed.attention(q32.to(dtype), k32.to(dtype), v32.to(dtype), causal=True)
+        with torch.autocast(DEVICE.type, dtype=dtype):
+            out = distributed.attention(q32, k32, v32, causal=True)
+    assert out.dtype == dtype and bitwise_equal(out, expected), f"rank {rank}/{world}: attention under autocast"
+
+
+def check_autocast(rank, world, seed):
+    # Inside an autocast region a half shard's softmax, log_softmax and logsumexp, and softmax_topk's
+    # values, are float32 where torch's are (CUDA): the calls on the shard in float32, bit for bit,
+    # with the gradient in the shard's dtype. On the CPU, whose policy leaves them as they are,
+    # CUDA's is applied for the check.
+    gen = torch.Generator().manual_seed(seed)
+    shard = take_shard(make_logits((5, 37), torch.bfloat16, gen, outliers=False), 1, world, rank)
+    upstream = {2: torch.randn(shard.shape, generator=gen).to(DEVICE), 1: torch.randn(5, generator=gen).to(DEVICE)}
+    policy = dict(_autocast.FLOAT32_OPS)
+    _autocast.FLOAT32_OPS.update(dict.fromkeys(("softmax", "log_softmax", "logsumexp"), ("cuda", "cpu")))
+    try:
+        for name in ("softmax", "log_softmax", "logsumexp"):
+            op = getattr(distributed, name)
+            leaf = shard.clone().requires_grad_()
+            with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+                out = op(leaf, dim=-1)
+            expected = op(shard.float(), dim=-1)
+            assert out.dtype == torch.float32 and bitwise_equal(out.detach(), expected), f"{name} rank {rank}"
+            (out * upstream[out.dim()]).sum().backward()
+            assert leaf.grad.dtype == torch.bfloat16, name
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            values, indices = distributed.softmax_topk(shard, 3, dim=-1)
+        expected_values, expected_indices = distributed.softmax_topk(shard, 3, dim=-1)
+        assert values.dtype == torch.float32 and torch.equal(indices, expected_indices)
+        assert_matches(values, expected_values.double(), torch.bfloat16, f"top-k values rank {rank}")
+    finally:
+        _autocast.FLOAT32_OPS.clear()
+        _autocast.FLOAT32_OPS.update(policy)
 
 
 def check_bad_input(rank, world, seed):
@@ -235,7 +274,8 @@ def check_bad_input(rank, world, seed):
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_ops(world, gen):
     seed = int(gen.initial_seed())
-    run_world(world, __name__, ["check_softmax_family", "check_gradients", "check_topk", "check_attention"], seed)
+    run_world(world, __name__, ["check_softmax_family", "check_gradients", "check_topk", "check_attention",
+                                "check_autocast"], seed)
 
 
 def test_bad_input_errors_without_hanging(gen):

@@ -12,7 +12,8 @@ to 2.13 have them):
 - ``scaled_dot_product_attention`` and ``linear`` take their floating inputs (float64 excepted) in
   the region's dtype, on both (our attention and attention_with_kvcache as the former).
 
-A drop-in gives what torch gives, so the public functions apply the same policy. The half-precision
+A drop-in gives what torch gives, so the public functions apply the same policy (the distributed
+ops as their local counterparts). The half-precision
 tensors are read as they are (an upcast to float32 is exact, and the kernels compute in float32);
 what changes is the dtype written. Their own torch ops run with autocast off (the policy is applied
 once, at the boundary). The gradients come back in the inputs' dtypes, as through torch's casts.

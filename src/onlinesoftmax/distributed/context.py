@@ -13,6 +13,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from .. import _autocast
+from .._autocast import any_enabled as _any_autocast
 from ..ops.attention import attention as attention_op
 from ..ops.attention import launch as attention_launch
 from ..ops.attention.op import validate as validate_attention
@@ -170,7 +172,8 @@ def attention(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, 
 
     Returns
     -------
-    out : Tensor, shape (B, Hq, Sq, D), dtype of ``q``; bitwise the same on every rank
+    out : Tensor, shape (B, Hq, Sq, D), dtype of ``q`` (inside an autocast region q, k and v are
+        taken in its dtype, as :func:`onlinesoftmax.attention` takes them); bitwise the same on every rank
     lse : Tensor (only with ``return_lse``)
 
     Notes
@@ -193,6 +196,12 @@ def attention(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, 
     As :func:`onlinesoftmax.attention`, plus RuntimeError (not initialized) and ValueError (the
     group cannot communicate this device's tensors; shapes other than the key length differ).
     """
+    if _any_autocast() and isinstance(q, torch.Tensor) and _autocast.enabled(q.device.type):
+        # As onlinesoftmax.attention (scaled_dot_product_attention's policy): q, k and v in the
+        # region's dtype, the call run with autocast off (see onlinesoftmax._autocast).
+        q, k_shard, v_shard = _autocast.lower_precision(q.device.type, q, k_shard, v_shard)
+        with _autocast.off(q.device.type):
+            return attention(q, k_shard, v_shard, causal=causal, scale=scale, group=group, return_lse=return_lse)
     name = "distributed.attention"
     mode, scale = validate_attention(q, k_shard, v_shard, causal, scale, name)
     check_group(q.device, group, name)

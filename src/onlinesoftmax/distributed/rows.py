@@ -36,12 +36,14 @@ partials, normalize and backward kernels, fed with one partial per rank) on CUDA
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from .. import _validate, cpu
+from .. import _autocast, _validate, cpu
+from .._autocast import any_enabled as _any_autocast
 from .._device import triton_runs_on
 from ..ops.softmax import launch as rows
 from ..ops.topk import softmax_topk as softmax_topk_op
@@ -141,13 +143,25 @@ def _prepare(x, dim, group, validate, strategy, name):
     return x, dim, chosen
 
 
+def _autocast_policy(op: str, x: torch.Tensor):
+    """(x, the context to run in): inside an autocast region, x in float32 where torch computes
+    ``op`` of it in float32 (onlinesoftmax._autocast; the result is then torch's, at the cost of a
+    float32 copy of the shard, where the local ops read the half tensor as it is: a collective
+    follows here anyway), and the region turned off for our own torch ops."""
+    if _any_autocast() and _autocast.enabled(x.device.type):
+        return (x.float() if _autocast.float32_result(op, x) else x), _autocast.off(x.device.type)
+    return x, contextlib.nullcontext()
+
+
 def _softmax_like(x, dim, group, validate, strategy, log):
     name = "distributed.log_softmax" if log else "distributed.softmax"
     x, dim, chosen = _prepare(x, dim, group, validate, strategy, name)
-    if x.requires_grad and torch.is_grad_enabled():
-        return _ShardedSoftmaxFunction.apply(x, dim, log, group, chosen)
-    with torch.no_grad():
-        return _ShardedSoftmaxFunction.forward(NoContext(), x, dim, log, group, chosen)
+    x, region = _autocast_policy("log_softmax" if log else "softmax", x)
+    with region:
+        if x.requires_grad and torch.is_grad_enabled():
+            return _ShardedSoftmaxFunction.apply(x, dim, log, group, chosen)
+        with torch.no_grad():
+            return _ShardedSoftmaxFunction.forward(NoContext(), x, dim, log, group, chosen)
 
 
 def softmax(x_shard: torch.Tensor, dim: int = -1, group=None, *, validate: bool = True,
@@ -174,7 +188,7 @@ def softmax(x_shard: torch.Tensor, dim: int = -1, group=None, *, validate: bool 
     -------
     Tensor
         This rank's shard of ``softmax(concat(all shards, dim), dim)``: same shape and dtype as
-        ``x_shard``. Bitwise identical across runs. NaN/inf semantics of ``torch.softmax`` over
+        ``x_shard`` (float32 for a half shard inside a CUDA autocast region, as torch.softmax). Bitwise identical across runs. NaN/inf semantics of ``torch.softmax`` over
         the whole row (a NaN or +inf on any rank makes the row NaN on every rank).
 
     Notes
@@ -219,7 +233,8 @@ def logsumexp(x_shard: torch.Tensor, dim: int = -1, group=None, *, validate: boo
     """``log(sum(exp(x)))`` over a dimension sharded across ranks; the same result on every rank.
 
     Returns ``M + log(D)`` from the merged pair, with ``dim`` removed, in ``x_shard.dtype``
-    (computed in float32), bitwise identical on all ranks. One all_gather of 8 bytes per row.
+    (computed in float32; returned in float32 for a half shard inside a CUDA autocast region, as
+    torch.logsumexp), bitwise identical on all ranks. One all_gather of 8 bytes per row.
     Conventions of ``torch.logsumexp`` over the whole row (all ``-inf`` gives ``-inf``, ``+inf``
     gives ``+inf``, NaN gives NaN). Differentiable with no collective in the backward pass: the
     gradient of this rank's shard is ``dlse * exp(x_shard - lse)`` with this rank's ``dlse``.
@@ -227,11 +242,12 @@ def logsumexp(x_shard: torch.Tensor, dim: int = -1, group=None, *, validate: boo
     """
     name = "distributed.logsumexp"
     x, dim, chosen = _prepare(x_shard, dim, group, validate, strategy, name)
-    if x.requires_grad and torch.is_grad_enabled():
-        return _ShardedLogSumExpFunction.apply(x, dim, group, chosen)
-    with torch.no_grad():
-        ctx = NoContext()
-        return _ShardedLogSumExpFunction.forward(ctx, x, dim, group, chosen)
+    x, region = _autocast_policy("logsumexp", x)
+    with region:
+        if x.requires_grad and torch.is_grad_enabled():
+            return _ShardedLogSumExpFunction.apply(x, dim, group, chosen)
+        with torch.no_grad():
+            return _ShardedLogSumExpFunction.forward(NoContext(), x, dim, group, chosen)
 
 
 def softmax_topk(x_shard: torch.Tensor, k: int, dim: int = -1, group=None, *, temperature: float = 1.0,
@@ -257,7 +273,8 @@ def softmax_topk(x_shard: torch.Tensor, k: int, dim: int = -1, group=None, *, te
     Returns
     -------
     values : Tensor
-        Probabilities normalized over the whole row, ``dim`` of size k, dtype of ``x_shard``.
+        Probabilities normalized over the whole row, ``dim`` of size k, dtype of ``x_shard``
+        (float32 inside a CUDA autocast region, as :func:`onlinesoftmax.softmax_topk`).
     indices : Tensor
         int64 global indices (shard offset + local index); ties go to the lower global index.
     lse : Tensor, float32, only with ``return_lse``
@@ -273,6 +290,15 @@ def softmax_topk(x_shard: torch.Tensor, k: int, dim: int = -1, group=None, *, te
     returns; probabilities are ``exp(x / T - lse)``, whose relative error is at most
     ``|lse| * 2**-24`` from the float32 lse. Not differentiable.
     """
+    if _any_autocast() and isinstance(x_shard, torch.Tensor) and _autocast.enabled(x_shard.device.type):
+        # Inside a CUDA autocast region float32 values, as torch.topk of torch's softmax there.
+        values_dtype = torch.float32 if _autocast.float32_result("softmax", x_shard) else None
+        with _autocast.off(x_shard.device.type):
+            return _softmax_topk(x_shard, k, dim, group, temperature, return_lse, validate, values_dtype)
+    return _softmax_topk(x_shard, k, dim, group, temperature, return_lse, validate, None)
+
+
+def _softmax_topk(x_shard, k, dim, group, temperature, return_lse, validate, values_dtype):
     name = "distributed.softmax_topk"
     x, dim = _checked(x_shard, dim, name, temperature)
     check_group(x.device, group, name)
@@ -321,7 +347,7 @@ def softmax_topk(x_shard: torch.Tensor, k: int, dim: int = -1, group=None, *, te
     logits, glob_idx = logits.gather(1, by_index), glob_idx.gather(1, by_index)
     order = torch.argsort(logits, dim=1, descending=True, stable=True)[:, :k]
     top_logits, top_idx = logits.gather(1, order), glob_idx.gather(1, order)
-    values = torch.exp(top_logits - lse[:, None]).to(x.dtype)
+    values = torch.exp(top_logits - lse[:, None]).to(values_dtype or x.dtype)
     out_shape = list(x.shape)
     out_shape[dim] = k
     values, top_idx = from_rows(values, out_shape, dim), from_rows(top_idx, out_shape, dim)

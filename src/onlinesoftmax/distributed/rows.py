@@ -188,8 +188,9 @@ def softmax(x_shard: torch.Tensor, dim: int = -1, group=None, *, validate: bool 
     -------
     Tensor
         This rank's shard of ``softmax(concat(all shards, dim), dim)``: same shape and dtype as
-        ``x_shard`` (float32 for a half shard inside a CUDA autocast region, as torch.softmax). Bitwise identical across runs. NaN/inf semantics of ``torch.softmax`` over
-        the whole row (a NaN or +inf on any rank makes the row NaN on every rank).
+        ``x_shard`` (float32 for a half shard inside a CUDA autocast region, as torch.softmax).
+        Bitwise identical across runs. NaN/inf semantics of ``torch.softmax`` over the whole row
+        (a NaN or +inf on any rank makes the row NaN on every rank).
 
     Notes
     -----

@@ -627,7 +627,7 @@ def test_plans_for_the_gpu():
     stream = choose("forward", 131, 128256, torch.bfloat16)
     assert (few.strategy, few.reads, few.op) == ("separate", 2, "forward_grad")
     assert (few.grid, few.block, few.num_warps) == (stream.grid, stream.block, stream.num_warps)
-    assert few.backward_grid == choose("backward", 131, 128256, torch.bfloat16).grid
+    assert few.parts == (stream, choose("backward", 131, 128256, torch.bfloat16))
     assert "the backward kernel" in few.describe()
     assert choose("forward_grad", 64, 2_000_000, torch.bfloat16).strategy == "separate"
     held = choose("forward_grad", 16, 128256, torch.bfloat16)  # 3.9 MiB

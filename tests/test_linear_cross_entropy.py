@@ -93,7 +93,7 @@ def test_linear_chunks_through_the_separate_launches(reduction, gen, monkeypatch
 
     def separate(op, rows, cols, dtype, device, strategy=None, *args, **kwargs):
         chosen = choose(op, rows, cols, dtype, device, "separate" if op == "forward_grad" else strategy, *args, **kwargs)
-        ran.add((op, chosen.strategy))
+        ran.update((p.op, p.strategy) for p in (chosen,) + chosen.parts)
         return chosen
 
     monkeypatch.setattr(plan, "choose", separate)

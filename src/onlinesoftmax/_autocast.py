@@ -57,6 +57,15 @@ def lower_precision(device_type: str, *tensors):
                  and t.dtype != dtype else t for t in tensors)
 
 
+def call_lower_precision(fn, tensors: tuple, *args, **kwargs):
+    """``fn(*tensors, *args, **kwargs)`` inside the active autocast region (callers check it is),
+    the tensors as lower_precision gives them and the region off for the call: the public
+    functions that take scaled_dot_product_attention's policy."""
+    device_type = tensors[0].device.type
+    with off(device_type):
+        return fn(*lower_precision(device_type, *tensors), *args, **kwargs)
+
+
 def off(device_type: str):
     """A context in which torch's ops inside ours are not cast again."""
     return torch.autocast(device_type, enabled=False)

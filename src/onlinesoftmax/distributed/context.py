@@ -199,9 +199,8 @@ def attention(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, 
     if _any_autocast() and isinstance(q, torch.Tensor) and _autocast.enabled(q.device.type):
         # As onlinesoftmax.attention (scaled_dot_product_attention's policy): q, k and v in the
         # region's dtype, the call run with autocast off (see onlinesoftmax._autocast).
-        q, k_shard, v_shard = _autocast.lower_precision(q.device.type, q, k_shard, v_shard)
-        with _autocast.off(q.device.type):
-            return attention(q, k_shard, v_shard, causal=causal, scale=scale, group=group, return_lse=return_lse)
+        return _autocast.call_lower_precision(attention, (q, k_shard, v_shard), causal=causal, scale=scale,
+                                              group=group, return_lse=return_lse)
     name = "distributed.attention"
     mode, scale = validate_attention(q, k_shard, v_shard, causal, scale, name)
     check_group(q.device, group, name)

@@ -206,9 +206,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
     """
     if _any_autocast() and isinstance(q, torch.Tensor) and _autocast.enabled(q.device.type):
         # scaled_dot_product_attention's policy: q, k and v in the region's dtype (see _autocast).
-        q, k, v = _autocast.lower_precision(q.device.type, q, k, v)
-        with _autocast.off(q.device.type):
-            return _attention(q, k, v, causal, scale, return_lse)
+        return _autocast.call_lower_precision(_attention, (q, k, v), causal, scale, return_lse)
     return _attention(q, k, v, causal, scale, return_lse)
 
 

@@ -624,9 +624,8 @@ def cross_entropy_backward_kernel(
     HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr, Z: tl.constexpr, MEAN: tl.constexpr,
     UNIT_GRAD: tl.constexpr,
 ):
-    # Elementwise: program (row, k) writes tile k of the row. dx has x's strides (or is x: each
-    # element is read before the same program writes it). An ignored row is not read. UNIT_GRAD:
-    # an upstream gradient of 1, grad_ptr not read (the in-place forward's "separate" strategy).
+    # Elementwise: program (row, k) writes tile k of the row. dx has x's strides (or is x: each element
+    # is read before the same program writes it). An ignored row is not read. UNIT_GRAD: grad_ptr unread.
     row = tl.program_id(0)
     k = tl.program_id(1)
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_classes)

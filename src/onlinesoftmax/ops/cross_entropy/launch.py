@@ -148,12 +148,6 @@ def splits_rows(chosen: planner.Plan) -> bool:
     return chosen.num_chunks > 1 or chosen.strategy == "split_on_chip"
 
 
-def separate_plans(x: torch.Tensor) -> tuple[planner.Plan, planner.Plan]:
-    """The two launches of the strategy "separate" over logits ``x``: the forward's stream plan, the backward's."""
-    args = (*x.shape, x.dtype, x.device, None, x.stride(0), x.stride(1))
-    return planner.choose("forward", *args), planner.choose("backward", *args)
-
-
 def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, w: torch.Tensor, has_weight: bool,
                    loss: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor, ignore_index: int, reduction: str,
                    label_smoothing: float, z_loss: float, softcap: float, temperature: float, read_ignored: bool,
@@ -211,7 +205,7 @@ def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, we
     error) per row (``stats``: the four planes of distributed statistics into ``loss``), and for
     "forward_grad" the gradient over x."""
     if chosen.strategy == "separate":  # the stream's launch, then the backward's over x
-        first, second = separate_plans(x)
+        first, second = chosen.parts
         rows_forward(first, x, target, weight, denom, loss, lse, lse_low, ignore_index, reduction, label_smoothing,
                      z_loss, softcap, temperature, read_ignored, class_offset, n_classes, stats)
         rows_backward(second, x, x, target, weight, denom, lse, lse_low, lse, ignore_index, reduction,
@@ -303,7 +297,7 @@ class ForwardCall:
                       if count_first else None)
         count_too = denom.numel() > 0 and not count_first
         # "separate": the stream's launch (its plan the main one), then the backward kernel's over x.
-        first, second = separate_plans(x) if chosen.strategy == "separate" else (chosen, None)
+        first, second = chosen.parts if chosen.strategy == "separate" else (chosen, None)
         # The stream kernel's last row to finish reduces the loss (planner.REDUCE_IN_ROWS_LAUNCH).
         self.folded = (planner.REDUCE_IN_ROWS_LAUNCH and self.loss is not None and first.strategy in ("stream", "two_pass")
                        and not first.plain)

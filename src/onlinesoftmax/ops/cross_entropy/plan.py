@@ -234,7 +234,7 @@ class Plan:
     contiguous: bool = True  # unit column stride
     hold_l2: bool = False  # two_pass: eviction hints keep the row in L2 between its two reads
     plain: bool = False  # two_pass by its kernel for plain rows (see choose's ``plain``)
-    backward_grid: tuple = ()  # separate: the grid of its second launch, the backward kernel's
+    parts: tuple = ()  # separate: the plans of its two launches, the forward's stream and the backward
 
     @property
     def reads(self) -> int:
@@ -265,7 +265,7 @@ class Plan:
             + ("; the kernel for plain rows" if self.plain else ""),
         ]
         if self.strategy == "separate":
-            lines.append(f"then:        the backward kernel, grid {self.backward_grid}")
+            lines.append(f"then:        the backward kernel, grid {self.parts[1].grid}")
         lines += [
             f"bytes moved: {self.bytes_moved() / 1e6:.2f} MB (floor)",
         ]
@@ -374,10 +374,10 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
             strategy = "split_on_chip"
         else:
             strategy = "two_pass"
-    if strategy == "separate":  # described by its first launch (the stream's plan), and its second's grid
+    if strategy == "separate":  # described by its first launch (the stream's plan); both in ``parts``
         layout_args = (dtype, device_type, None, align, edges, contiguous, stride_mod, sms, interpreting)
-        first, second = (_choose(part, rows, cols, *layout_args) for part in ("forward", "backward"))
-        return dataclasses.replace(first, op=op, strategy=strategy, backward_grid=second.grid)
+        parts = tuple(_choose(part, rows, cols, *layout_args) for part in ("forward", "backward"))
+        return dataclasses.replace(parts[0], op=op, strategy=strategy, parts=parts)
     if strategy == "two_pass":
         row_bytes = cols * elem
         edges_from, run_bytes = PLAIN_EDGES[elem]

@@ -462,10 +462,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if _any_autocast() and isinstance(q, torch.Tensor) and _autocast.enabled(q.device.type):
         # scaled_dot_product_attention's policy over the cache (see _autocast); caches already in
         # the region's dtype are not copied.
-        q, k_cache, v_cache = _autocast.lower_precision(q.device.type, q, k_cache, v_cache)
-        with _autocast.off(q.device.type):
-            return _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale,
-                                           num_splits, return_lse)
+        return _autocast.call_lower_precision(_attention_with_kvcache, (q, k_cache, v_cache), cache_seqlens,
+                                              block_table, causal, scale, num_splits, return_lse)
     return _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
                                    return_lse)
 

@@ -105,10 +105,9 @@ ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD = {"forward": {4: 16384, 2: 8192}, "backwar
 ROW_ON_CHIP_TAIL_MIN_COLS = 4096
 ROW_ON_CHIP_MIN_TAIL = 16
 ROW_ON_CHIP_TAIL_WARPS = 8
-# ... and 2-byte forward rows off 16-byte boundaries, at most one an SM, up to 60% of their tile,
-# with heads up to 16384 (H200, graphs, GB/s, whole tile -> head and tail, log_softmax: 15 x 18419
-# 154 -> 186, torch 178; 132 x 18419 1191 -> 1381, torch 1365; but 528 x 18419 1789 -> 1580 and rows
-# on boundaries 16 x 17000 235 -> 191: docs/perf-h200.md, "Few rows of 4K-32K elements").
+# ... and 2-byte forward rows off 16-byte boundaries, at most one an SM, up to 60% of their tile, heads
+# up to 16384 (H200, graphs, log_softmax GB/s: 15 x 18419 154 -> 186, torch 178; but 528 x 18419 1789
+# -> 1580, and rows on boundaries lost: docs/perf-h200.md, "Few rows of 4K-32K elements").
 ROW_ON_CHIP_TAIL_FEW_ROWS_PER_SM = 1
 ROW_ON_CHIP_TAIL_FEW_ROWS_BELOW_FILL = {4: 0.0, 2: 0.6}
 ROW_ON_CHIP_TAIL_FEW_ROWS_MAX_HEAD = {4: 0, 2: 16384}
@@ -353,7 +352,7 @@ def _half_empty_tile(cols: int, longer_than: int, min_fill: float) -> bool:
 
 
 def _tailed_tile(op: str, cols: int, elem: int, misaligned_rows: bool, few_rows: bool = False) -> tuple[int, int]:
-    """(head, tail) of a row row_on_chip holds as a power-of-two head and a tail tile, else (0, 0).
+    """(head, tail) of a row row_on_chip holds as a power-of-two head and a tail tile, else (0, 0);
     ``few_rows``: at most ROW_ON_CHIP_TAIL_FEW_ROWS_PER_SM an SM."""
     backward = op in BACKWARD_OPS
     direction = "backward" if backward else "forward"
@@ -366,14 +365,12 @@ def _tailed_tile(op: str, cols: int, elem: int, misaligned_rows: bool, few_rows:
             return 0, 0
         tail = max(ROW_ON_CHIP_MIN_TAIL, next_power_of_2(cols - head))
         return (head, tail) if tail < head and tail <= ROW_ON_CHIP_SHORT_TAIL_MAX_TAIL[elem] else (0, 0)
-    if (few_rows and misaligned_rows and not backward and op != "logsumexp"
-            and head <= ROW_ON_CHIP_TAIL_FEW_ROWS_MAX_HEAD[elem]
-            and _half_empty_tile(cols, ROW_ON_CHIP_TAIL_MIN_COLS, ROW_ON_CHIP_TAIL_FEW_ROWS_BELOW_FILL[elem])):
-        return head, max(ROW_ON_CHIP_MIN_TAIL, next_power_of_2(cols - head))
-    fill = ROW_ON_CHIP_TAIL_BELOW_FILL[direction][elem]
-    if (not _half_empty_tile(cols, ROW_ON_CHIP_TAIL_MIN_COLS, fill)
-            or head > ROW_ON_CHIP_TAIL_MAX_HEAD[direction][elem]
-            or (misaligned_rows and head > ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD[direction][elem])):
+    few = (few_rows and misaligned_rows and not backward and op != "logsumexp"
+           and head <= ROW_ON_CHIP_TAIL_FEW_ROWS_MAX_HEAD[elem]
+           and _half_empty_tile(cols, ROW_ON_CHIP_TAIL_MIN_COLS, ROW_ON_CHIP_TAIL_FEW_ROWS_BELOW_FILL[elem]))
+    if not few and (not _half_empty_tile(cols, ROW_ON_CHIP_TAIL_MIN_COLS, ROW_ON_CHIP_TAIL_BELOW_FILL[direction][elem])
+                    or head > ROW_ON_CHIP_TAIL_MAX_HEAD[direction][elem]
+                    or (misaligned_rows and head > ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD[direction][elem])):
         return 0, 0
     return head, max(ROW_ON_CHIP_MIN_TAIL, next_power_of_2(cols - head))
 

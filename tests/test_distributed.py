@@ -20,7 +20,7 @@ import onlinesoftmax
 from onlinesoftmax import _autocast, distributed
 
 from conftest import DEVICE, ON_GPU, TOLERANCE, TRITON_RUNS, assert_matches, make_logits, relative_error
-from worlds import run_world, shard_bounds
+from worlds import bits, gathered_equal_everywhere, run_world, shard_bounds
 
 STRATEGIES = ("split_row", "torch") if TRITON_RUNS and not ON_GPU else (("split_row",) if ON_GPU else ("torch",))
 
@@ -30,20 +30,8 @@ def take_shard(t, dim, world, rank):
     return t.narrow(dim, start, stop - start)
 
 
-def bits(t):
-    """The tensor's bit patterns as integers: NaN compares equal to the same NaN."""
-    return t.contiguous().reshape(-1).view(torch.uint8)
-
-
 def bitwise_equal(a, b):
     return a.dtype == b.dtype and torch.equal(bits(a), bits(b))
-
-
-def gathered_equal_everywhere(t):
-    """True when every rank holds bitwise the same tensor."""
-    out = [torch.empty_like(bits(t)) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, bits(t))
-    return all(torch.equal(o, out[0]) for o in out)
 
 
 def edge_logits(shape, dtype, gen, world):

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from conftest import DEVICE, TRITON_RUNS, assert_matches
-from worlds import run_world, shard_bounds
+from worlds import gathered_equal_everywhere, run_world, shard_bounds
 from test_cross_entropy import reference
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -31,13 +31,6 @@ OPTIONS = [
     {"weight": True, "label_smoothing": 0.2},
     {"softcap": 6.0, "temperature": 0.8, "weight": True},
 ]
-
-
-def same_on_every_rank(t):
-    bits = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
-    out = [torch.empty_like(bits) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, bits)
-    return all(torch.equal(o, out[0]) for o in out)
 
 
 def _case(seed, rows, classes, dtype, ignore_every=4):
@@ -62,7 +55,7 @@ def _compare(rank, world, x, target, upstream, dtype, strategy, what, **options)
     device_options = {k: (v.to(DEVICE) if torch.is_tensor(v) else v) for k, v in options.items()}
     loss, lse = cross_entropy(shard, target.to(DEVICE), strategy=strategy, return_lse=True, **device_options)
     (loss * g.to(loss.dtype).to(DEVICE)).sum().backward()
-    assert same_on_every_rank(loss) and same_on_every_rank(lse), f"{what}: ranks differ"
+    assert gathered_equal_everywhere(loss) and gathered_equal_everywhere(lse), f"{what}: ranks differ"
     assert_matches(loss.detach(), ref.detach(), dtype, f"{what} loss (rank {rank})")
     assert_matches(lse, torch.logsumexp(_transformed(x64.detach(), options), -1), torch.float32, f"{what} lse")
     assert_matches(shard.grad, x64.grad[:, start:stop], dtype, f"{what} grad (rank {rank})")

@@ -46,6 +46,19 @@ def _worker(rank, world, init_file, seed, module, checks):
         dist.destroy_process_group()
 
 
+def bits(t):
+    """The tensor's bit patterns as integers: NaN compares equal to the same NaN."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def gathered_equal_everywhere(t):
+    """True when every rank holds bitwise the same tensor. Gathered where the tensor lives: NCCL
+    has no CPU collectives, and gloo takes CUDA tensors."""
+    out = [torch.empty_like(bits(t)) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, bits(t))
+    return all(torch.equal(o, out[0]) for o in out)
+
+
 def run_world(world: int, module: str, checks: list[str], seed: int) -> None:
     """Run ``module``'s named check functions on every rank of a fresh world; fail on error or timeout."""
     with tempfile.TemporaryDirectory() as tmp:

@@ -245,6 +245,39 @@ def test_cross_entropy_strategies(dtype, strategy, inplace):
     assert _rel(leaf.grad, ref_x.grad) < tol
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy_shard_merge(reduction):
+    # The sharded ops' merges without a process group: three shards of the classes (the middle one
+    # empty) reduced to their statistics, stacked as the all_gather returns them, and merged into
+    # the loss by the vocabulary-parallel kernel (1500 rows: two blocks of its one program); a long
+    # row's chunk partials merged into the (m, d) pair a sharded softmax sends. Against float64 torch.
+    from cross_entropy_cases import reference
+
+    from onlinesoftmax.ops.cross_entropy import launch as ce_launch
+    from onlinesoftmax.ops.softmax import launch as softmax_launch
+
+    gen = torch.Generator().manual_seed(0)
+    rows, cols = 1500, 3001
+    x = (3 * torch.randn(rows, cols, generator=gen)).to(DEVICE)
+    target = torch.randint(0, cols, (rows,), generator=gen)
+    target[::5] = -100
+    target = target.to(DEVICE)
+    weight = (torch.rand(cols, generator=gen) + 0.5).to(DEVICE)
+    options = (-100, reduction, 0.1, 1e-3, 0.0, 1.0)
+    stats = torch.stack([ce_launch.shard_stats(x[:, a:b], target, weight, a, cols, options, True, False)
+                         for a, b in ((0, 1200), (1200, 1200), (1200, cols))])
+    loss, lse, _, _ = ce_launch.merge_shard_loss(stats, target, weight, cols, options, torch.float32)
+    # The references on the CPU: racecheck reports torch's own float64 reduction kernels.
+    x64, target_cpu = x.cpu().double(), target.cpu()
+    ref = reference(x64, target_cpu, reduction=reduction, label_smoothing=0.1, z_loss=1e-3, weight=weight.cpu().double())
+    assert _rel(loss.cpu(), ref) < 1e-5
+    valid = target_cpu != -100
+    assert _rel(lse.cpu()[valid], torch.logsumexp(x64, -1)[valid]) < 1e-6
+    long_rows = 3 * torch.randn(4, 200003, generator=gen)
+    m, d = softmax_launch.row_normalizers(long_rows.to(DEVICE)).cpu()
+    assert _rel(m + torch.log(d), torch.logsumexp(long_rows.double(), -1)) < 1e-6
+
+
 # --------------------------------------------------------------------------------------------
 # attention_with_kvcache: the direct and split paths and their merge, contiguous and paged caches
 # --------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
-"""Benchmark of the sharded ops: softmax and softmax_topk over a dimension split across GPUs.
+"""Benchmark of the sharded ops: softmax, softmax_topk and cross_entropy over a dimension split across GPUs.
 
 Run under torchrun, one GPU per rank (rank 0 writes the results)::
 
-    torchrun --nproc-per-node 2 -m onlinesoftmax bench distributed --dtype bf16 --name h200x2
+    torchrun --nproc-per-node 2 -m onlinesoftmax bench distributed --dtype bf16
 
 For each shape, every rank holds an even shard of the last dim and these are timed (CUDA events
 around a loop of calls, ranks started together by a barrier; the slowest rank's mean counts):
@@ -14,6 +14,17 @@ around a loop of calls, ranks started together by a barrier; the slowest rank's 
 * ``collective``: the all_gather of the same payload alone (8 bytes per row for softmax);
 * ``gather + single-GPU``: all_gather the shards, then the single-GPU op on the whole row;
 * ``single-GPU whole``: the single-GPU op on the whole tensor on one GPU (no communication).
+
+cross_entropy (the vocabulary sharded, Megatron's layout) times one training step of a 'mean' loss,
+the forward and the gradient of the logits, with the same ``sharded total``, ``collective`` (its 16
+bytes a row), ``gather + single-GPU`` and ``single-GPU whole``, and instead of ``local kernels``:
+
+* ``shard alone``: :func:`onlinesoftmax.cross_entropy` over this rank's shard as if it were the
+  whole vocabulary (the local bytes, no collective);
+* ``megatron (torch ops)``: Megatron-LM's vocabulary-parallel algorithm written in torch ops, as its
+  ``_VocabParallelCrossEntropy`` runs it: the logits in float32 (its default), three all_reduces
+  (the max, the target's logit, the sum of exponentials), the gradient from the saved
+  exponentials.
 
 Targets (issue 7): the collective adds <= 30 us per call, and ``sharded total`` beats
 ``gather + single-GPU``.
@@ -31,6 +42,7 @@ from . import harness
 from .shapes import parse_dims
 
 DEFAULT_SHAPES = [(64, 262144), (8, 1048576)]
+CROSS_ENTROPY_SHAPES = [(8192, 128256), (4096, 256000)]
 TOPK_K = 50
 # Keep NVLink multicast off (the lent machines require it; harmless elsewhere).
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -85,13 +97,13 @@ def _rows_for(label, dtype, op, x_full, shard, world, rank):
 
     if op == "softmax":
         x2 = shard.contiguous()
-        pairs = all_gather(torch.stack(softmax_rows.row_normalizers(x2)), None)
+        pairs = all_gather(softmax_rows.row_normalizers(x2), None)
         payload = torch.empty(2 * rows_n, dtype=torch.float32, device="cuda")
-        m_parts, d_parts = pairs[:, 0].t().contiguous(), pairs[:, 1].t().contiguous()
+        parts = pairs.permute(1, 2, 0).contiguous()
 
         def local_kernels():
             softmax_rows.row_normalizers(x2)
-            return softmax_rows.normalize_rows(x2, m_parts, d_parts, False)
+            return softmax_rows.normalize_rows(x2, parts, False)
 
         impls = {
             "sharded total": lambda: distributed.softmax(shard, -1, validate=False),
@@ -126,23 +138,105 @@ def _rows_for(label, dtype, op, x_full, shard, world, rank):
     return rows
 
 
+def _megatron_step(shard, target, lo, world):
+    """Megatron-LM's vocabulary-parallel cross-entropy, forward and the logits' gradient, in torch ops."""
+    rows, n_local = shard.shape
+    x = shard.to(torch.float32, copy=True)  # Megatron subtracts the max in place
+    x_max = x.amax(-1)
+    dist.all_reduce(x_max, op=dist.ReduceOp.MAX)
+    x -= x_max.unsqueeze(-1)
+    here = (target >= lo) & (target < lo + n_local)
+    local_target = torch.where(here, target - lo, 0)
+    predicted = x.gather(-1, local_target.unsqueeze(-1)).squeeze(-1) * here
+    dist.all_reduce(predicted)
+    exp = x.exp_()
+    sum_exp = exp.sum(-1)
+    dist.all_reduce(sum_exp)
+    loss = (sum_exp.log() - predicted).mean()
+    grad = exp.div_(sum_exp.unsqueeze(-1))
+    grad[torch.arange(rows, device=grad.device), local_target] -= here.float()
+    return loss, grad.mul_(1.0 / rows).to(shard.dtype)
+
+
+def _cross_entropy_rows(label, dtype, x_full, shard, world, rank, seed):
+    import onlinesoftmax
+    from onlinesoftmax import distributed
+
+    from onlinesoftmax.distributed._group import all_gather
+
+    rows_n, n_local = shard.shape
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    target = torch.randint(0, x_full.shape[1], (rows_n,), generator=gen, device="cuda")
+    leaf, whole_leaf = shard.detach().requires_grad_(), x_full.detach().requires_grad_()
+    lo = rank * n_local
+
+    def step(fn, x):
+        loss = fn(x)
+        return loss, torch.autograd.grad(loss, x)[0]
+
+    def gather_then_single():
+        whole = all_gather(shard, None).permute(1, 0, 2).reshape(rows_n, world * n_local).requires_grad_()
+        loss, grad = step(lambda w: onlinesoftmax.cross_entropy(w, target), whole)
+        return loss, grad[:, lo:lo + n_local]
+
+    impls = {
+        "sharded total": lambda: step(lambda s: distributed.cross_entropy(s, target, validate=False), leaf),
+        "shard alone": lambda: step(lambda s: onlinesoftmax.cross_entropy(s, target.remainder(n_local)), leaf),
+        "megatron (torch ops)": lambda: _megatron_step(shard, target, lo, world),
+        "collective": lambda: all_gather(torch.empty((4, rows_n), dtype=torch.float32, device="cuda"), None),
+        "gather + single-GPU": gather_then_single,
+        "single-GPU whole": lambda: step(lambda w: onlinesoftmax.cross_entropy(w, target), whole_leaf),
+    }
+    x64 = x_full.double().requires_grad_()
+    ref_loss = torch.nn.functional.cross_entropy(x64, target)
+    ref_grad = torch.autograd.grad(ref_loss, x64)[0][:, lo:lo + n_local]
+    errors = {}
+    for name in ("sharded total", "megatron (torch ops)"):
+        loss, grad = impls[name]()
+        errors[name] = max(harness.relative_error(loss, ref_loss), harness.relative_error(grad, ref_grad))
+    del x64, ref_grad
+    status = "ok" if errors["sharded total"] <= harness.tolerance(dtype) else "WRONG"
+    moved = 3 * x_full.numel() * dtype.itemsize  # the logits read twice, the gradient written once
+    rows = []
+    for name, fn in impls.items():
+        ms = _timed_ms(fn)
+        rows.append(harness.Row(case=f"cross_entropy {label}", dtype=str(dtype).replace("torch.", ""),
+                                direction="forward+backward", impl=name, ms=ms,
+                                gbs=None if name == "collective" else harness.gbs(moved, ms),
+                                rel_error=errors.get(name), status=status))
+    return rows
+
+
 def run(args) -> int:
     if not _init():
         return 2
     rank, world = dist.get_rank(), dist.get_world_size()
-    shapes = [parse_dims(s, 2) for s in args.shape] if args.shape else DEFAULT_SHAPES
+    # Every rank draws the same logits from rank 0's seed: the default seed is the clock's, read by
+    # each process on its own.
+    seed = torch.tensor([args.seed], dtype=torch.int64, device="cuda")
+    dist.broadcast(seed, 0)
+    args.seed = int(seed.item())
+    if args.shape:  # every op at the shapes asked for
+        cases = [(("softmax", "softmax_topk", "cross_entropy"), *parse_dims(s, 2)) for s in args.shape]
+    else:
+        cases = ([(("softmax", "softmax_topk"), *shape) for shape in DEFAULT_SHAPES]
+                 + [(("cross_entropy",), *shape) for shape in CROSS_ENTROPY_SHAPES])
     dtypes = [DTYPES[d] for d in (args.dtype or "fp32,bf16").split(",")]
     rows = []
     for dtype in dtypes:
-        for n_rows, n_cols in shapes:
+        for ops, n_rows, n_cols in cases:
             if n_cols % world:
                 raise ValueError(f"the benchmark splits the columns evenly: {n_cols} is not a multiple of {world}")
             gen = torch.Generator(device="cuda").manual_seed(args.seed)
             x_full = (torch.randn((n_rows, n_cols), generator=gen, device="cuda") * 3).to(dtype)
             n_local = n_cols // world
             shard = x_full[:, rank * n_local:(rank + 1) * n_local].contiguous()
-            for op in ("softmax", "softmax_topk"):
-                rows += _rows_for(f"{n_rows}x{n_cols}", dtype, op, x_full, shard, world, rank)
+            for op in ops:
+                if op == "cross_entropy":
+                    rows += _cross_entropy_rows(f"{n_rows}x{n_cols}", dtype, x_full, shard, world, rank, args.seed)
+                else:
+                    rows += _rows_for(f"{n_rows}x{n_cols}", dtype, op, x_full, shard, world, rank)
+            del x_full, shard
     by_case = {}
     for r in rows:
         by_case.setdefault((r.case, r.dtype), {})[r.impl] = r.ms
@@ -154,7 +248,10 @@ def run(args) -> int:
                for (case, dt), t in by_case.items()}
     if rank == 0:
         notes = (f"{world} ranks, even shards of the last dim, NCCL; k = {TOPK_K} for top-k. GB/s counts one read "
-                 "of the whole input (and one write of the output for softmax) over all ranks.\n\n"
+                 "of the whole input (and one write of the output for softmax) over all ranks; for cross_entropy "
+                 "(a training step: the loss and the logits' gradient) two reads of the logits and one write of "
+                 "the gradient. 'megatron (torch ops)': Megatron-LM's vocabulary-parallel algorithm in torch ops "
+                 "(float32 logits, three all_reduces).\n\n"
                  + "\n".join(f"- {case}: collective {s['collective_us']:.1f} us, sharded total "
                              f"{s['sharded_total_us']:.1f} us, gather + single-GPU {s['gather_single_us']:.1f} us"
                              for case, s in summary.items()))

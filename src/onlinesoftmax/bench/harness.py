@@ -228,6 +228,7 @@ def environment(command: str) -> dict:
             import subprocess
             env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                            capture_output=True, text=True, timeout=10).stdout.strip()
+            env["driver"] = env["driver"].splitlines()[0] if env["driver"] else "unknown"  # a line a GPU
         except (OSError, subprocess.SubprocessError):
             env["driver"] = "unknown"
     else:

@@ -89,10 +89,9 @@ class _ShardedSoftmaxFunction(torch.autograd.Function):
     def forward(ctx, x, dim, log, group, strategy):
         triton = strategy == "split_row"
         x2 = rows_view(x, dim)
-        m, d = rows.row_normalizers(x2, triton)
-        pairs = all_gather(torch.stack([m, d]), group)  # the one collective: (world, 2, rows)
+        pairs = all_gather(rows.row_normalizers(x2, triton), group)  # the one collective: (world, 2, rows)
         # Each rank's pair is one partial of the row; the kernel merges them in rank order.
-        y2 = rows.normalize_rows(x2, pairs[:, 0].t().contiguous(), pairs[:, 1].t().contiguous(), log, triton)
+        y2 = rows.normalize_rows(x2, pairs.permute(1, 2, 0).contiguous(), log, triton)
         ctx.save_for_backward(y2)
         ctx.config = (dim, log, group, triton, x.shape)
         return from_rows(y2, x.shape, dim)
@@ -111,7 +110,7 @@ class _ShardedLogSumExpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim, group, strategy):
         x2 = rows_view(x, dim)
-        pairs = all_gather(torch.stack(rows.row_normalizers(x2, strategy == "split_row")), group)
+        pairs = all_gather(rows.row_normalizers(x2, strategy == "split_row"), group)
         lse = cpu.finish_lse(*cpu.merge_normalizers(pairs[:, 0], pairs[:, 1], 0))
         lse = lse.reshape(x.shape[:dim] + x.shape[dim + 1:])
         ctx.save_for_backward(x, lse)
@@ -329,7 +328,7 @@ def _softmax_topk(x_shard, k, dim, group, temperature, return_lse, validate, val
     cand = torch.nn.functional.pad(cand, (0, k - k_local), value=float("-inf"))
     local_idx = torch.nn.functional.pad(local_idx.to(torch.int64), (0, k - k_local), value=-1)
     payload = torch.cat([
-        torch.tensor([n], dtype=torch.int64, device=x.device).view(torch.uint8),
+        torch.full((1,), n, dtype=torch.int64, device=x.device).view(torch.uint8),  # torch.tensor would synchronize
         torch.cat([local_lse.float()[:, None], cand], 1).contiguous().view(torch.uint8).reshape(-1),
         local_idx.contiguous().view(torch.uint8).reshape(-1),
     ])

@@ -26,7 +26,8 @@ import torch.distributed as dist
 
 from .. import _autocast, _validate
 from .._device import triton_runs_on
-from ..ops.cross_entropy.launch import launch_backward, merge_shard_stats, needs_denom, shard_loss, shard_stats
+from ..ops.cross_entropy.launch import launch_backward, merge_shard_loss, merge_shard_stats, needs_denom, shard_loss, \
+    shard_stats
 from ..ops.cross_entropy.torch_path import torch_denom
 from ..ops.cross_entropy.op import REDUCTIONS, check_call, check_class_weight, class_weights, \
     check_targets_in_range
@@ -57,11 +58,15 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, target, weight, group, offset, total, options, triton, read_ignored, loss_dtype):
         stats = shard_stats(x2, target, weight, offset, total, options, triton, read_ignored)
-        lse, lse_low, s, y_t = merge_shard_stats(all_gather(stats, group))  # the one collective: (world, 4, rows)
-        denom = torch.empty(3 if needs_denom(options[1], weight is not None, options[2]) else 0,
-                            dtype=torch.float32, device=x2.device)
-        torch_denom(target, weight, denom, total, options[0])
-        loss = shard_loss(lse, lse_low, s, y_t, target, weight, denom, total, options, loss_dtype)
+        gathered = all_gather(stats, group)  # the one collective: (world, 4, rows)
+        if triton and target.numel():
+            loss, lse, lse_low, denom = merge_shard_loss(gathered, target, weight, total, options, loss_dtype)
+        else:
+            lse, lse_low, s, y_t = merge_shard_stats(gathered)
+            denom = torch.empty(3 if needs_denom(options[1], weight is not None, options[2]) else 0,
+                                dtype=torch.float32, device=x2.device)
+            torch_denom(target, weight, denom, total, options[0])
+            loss = shard_loss(lse, lse_low, s, y_t, target, weight, denom, total, options, loss_dtype)
         ctx.save_for_backward(x2, target, weight, lse, lse_low, denom)
         ctx.config = (offset, total, options, triton)
         ctx.mark_non_differentiable(lse)

@@ -27,7 +27,7 @@ from .kernels import (
     cross_entropy_stream_kernel,
     cross_entropy_two_pass_plain_kernel,
 )
-from .small_kernels import cross_entropy_reduce_kernel, scale_rows_kernel
+from .small_kernels import cross_entropy_reduce_kernel, cross_entropy_shard_merge_kernel, scale_rows_kernel
 from .torch_path import RowTerms, compute_dtype, row_losses, row_normalizer, torch_backward, torch_forward
 
 _stream = Launcher(cross_entropy_stream_kernel)
@@ -36,6 +36,7 @@ _on_chip = Launcher(cross_entropy_on_chip_kernel)
 _backward = Launcher(cross_entropy_backward_kernel)
 _reduce = Launcher(cross_entropy_reduce_kernel)
 _scale = Launcher(scale_rows_kernel)
+_shard_merge = Launcher(cross_entropy_shard_merge_kernel)
 
 
 def kernels_take(x: torch.Tensor, dtype: Optional[torch.dtype] = None) -> bool:
@@ -508,6 +509,29 @@ def merge_shard_stats(gathered: torch.Tensor):
     d_all = (d * torch.exp(m - ref)).sum(0)
     log_d = torch.log(d_all)
     return m_all + log_d, cpu.split_lse(m_all, log_d)[1], s.sum(0), y_t.amax(0)
+
+
+def merge_shard_loss(gathered: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], total: int,
+                     options: tuple, dtype: torch.dtype):
+    """(loss, lse, lse_low, denom) from every shard's statistics stacked in class order (shards, 4,
+    rows), in one launch: merge_shard_stats, the denominators and shard_loss in a Triton kernel
+    (cross_entropy_shard_merge_kernel). The loss in ``dtype``, reduced as ``options[1]`` says."""
+    ignore_index, reduction, label_smoothing, z_loss = options[:4]
+    n_shards, _, rows = gathered.shape
+    device, has_weight = gathered.device, weight is not None
+    count = needs_denom(reduction, has_weight, label_smoothing)
+    denom = _buffers.empty((3 if count else 0,), torch.float32, device)
+    lse, lse_low = _buffers.empty((rows,), torch.float32, device), _buffers.empty((rows,), torch.float32, device)
+    reduced = reduction != "none"
+    loss = _buffers.empty(() if reduced else (rows,), dtype, device)
+    w = weight if has_weight else lse
+    key = ("shard_merge", rows, n_shards, total, target.dtype, target.stride(0), aligned(target), aligned(gathered),
+           has_weight, w.dtype, aligned(w), dtype, ignore_index, reduction, count, label_smoothing > 0, z_loss > 0)
+    _shard_merge((1,), key, gathered, target, w, denom if count else lse, loss, lse, lse_low, loss,
+                 rows, n_shards, total, target.stride(0), ignore_index, float(label_smoothing), float(z_loss),
+                 BLOCK=planner.REDUCE_BLOCK, COUNT=count, REDUCE=reduced, MEAN=reduction == "mean",
+                 HAS_WEIGHT=has_weight, SMOOTH=label_smoothing > 0, Z=z_loss > 0, num_warps=planner.REDUCE_WARPS)
+    return loss, lse, lse_low, denom
 
 
 def shard_loss(lse, lse_low, s, y_t, target, weight, denom, total, options, dtype):

@@ -1,12 +1,14 @@
-"""cross_entropy's small kernels: the denominators and the reduction of the rows' losses, and the
-scaling of an in-place gradient by the upstream one (the row kernels are in kernels.py)."""
+"""cross_entropy's small kernels: the denominators and the reduction of the rows' losses, the
+scaling of an in-place gradient by the upstream one, and the loss from vocabulary shards'
+statistics (the row kernels are in kernels.py)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .kernels import edge_columns, reduce_rows, row_tile
+from ..._triton import NEG_INF, nan_max, split_lse
+from .kernels import class_weights, edge_columns, reduce_rows, row_loss, row_tile
 
 
 @triton.jit
@@ -53,3 +55,63 @@ def scale_rows_kernel(
                 edge_x = tl.load(x_ptr + base + edge_cols, mask=edge_mask, other=0.0)
                 tl.store(out_ptr + base + edge_cols, (edge_x.to(tl.float32) * upstream).to(out_ptr.dtype.element_ty),
                          mask=edge_mask)
+
+
+@triton.jit
+def cross_entropy_shard_merge_kernel(
+    stats_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, out_ptr,
+    n_rows, n_shards, n_classes, target_stride, ignore_index, label_smoothing, z_loss,
+    BLOCK: tl.constexpr, COUNT: tl.constexpr, REDUCE: tl.constexpr, MEAN: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z: tl.constexpr,
+):
+    # One program: every shard's (4, rows) statistics (m, d, smoothing sum, target logit; stacked in
+    # class order, (shards, 4, rows)) merged into the rows' lse and loss, then the loss reduced, rows
+    # and shards in a fixed order: every rank gets the same bits. In torch ops this was some forty
+    # launches, the host's time of a sharded training step (launch.merge_shard_stats, shard_loss).
+    if COUNT:  # denom first: the mean's denominators, and W for class weights with smoothing
+        reduce_rows(loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, n_rows, n_classes, target_stride,
+                    ignore_index, 0.0, BLOCK, True, False, False, HAS_WEIGHT, False, False)
+        tl.debug_barrier()  # this program's threads read denom back
+    lanes = tl.arange(0, BLOCK)
+    plane = n_rows.to(tl.int64)
+    total = tl.zeros([BLOCK], tl.float32)
+    total_z = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_rows, BLOCK):
+        rows = start + lanes
+        live = rows < n_rows
+        m = tl.full([BLOCK], NEG_INF, tl.float32)
+        for shard in range(n_shards):
+            m = nan_max(m, tl.load(stats_ptr + shard * 4 * plane + rows, mask=live, other=NEG_INF))
+        ref = tl.where(m == NEG_INF, 0.0, m)
+        d = tl.zeros([BLOCK], tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        y_t = tl.full([BLOCK], NEG_INF, tl.float32)
+        for shard in range(n_shards):
+            base = stats_ptr + shard * 4 * plane + rows
+            d += tl.load(base + plane, mask=live, other=0.0) * tl.exp(tl.load(base, mask=live, other=NEG_INF) - ref)
+            s += tl.load(base + 2 * plane, mask=live, other=0.0)
+            y_t = nan_max(y_t, tl.load(base + 3 * plane, mask=live, other=NEG_INF))
+        lse, lse_low = split_lse(m, d)
+        target = tl.load(target_ptr + rows.to(tl.int64) * target_stride, mask=live, other=ignore_index).to(tl.int64)
+        valid = live & (target != ignore_index)
+        bad = valid & ((target < 0) | (target >= n_classes))
+        w_t, w_sum = class_weights(weight_ptr, target, valid, bad, denom_ptr, n_classes, HAS_WEIGHT, SMOOTH)
+        loss = row_loss(lse, lse_low, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes, SMOOTH,
+                        Z and not REDUCE)
+        tl.store(lse_ptr + rows, lse, mask=live)
+        tl.store(lse_low_ptr + rows, lse_low, mask=live)
+        if REDUCE:
+            total += loss
+            if Z:
+                total_z += tl.where(valid, lse * lse, 0.0)
+        else:
+            tl.store(loss_ptr + rows, loss.to(loss_ptr.dtype.element_ty), mask=live)
+    if REDUCE:
+        loss_sum = tl.sum(total, 0)
+        z_sum = z_loss * tl.sum(total_z, 0)
+        if MEAN:  # all rows ignored: 0 / 0 = NaN, as torch
+            loss_sum = loss_sum / tl.load(denom_ptr + 1)
+            z_sum = z_sum / tl.load(denom_ptr)
+        if Z:
+            loss_sum += z_sum
+        tl.store(out_ptr, loss_sum.to(out_ptr.dtype.element_ty))

@@ -215,6 +215,17 @@ def split_row_partials_kernel(
 
 
 @triton.jit
+def merge_partials_kernel(parts_ptr, pair_ptr, num_chunks, CHUNKS_POW2: tl.constexpr):
+    # A row's (m, d) from its chunks' partials, into the (2, rows) planes of pair_ptr: one launch
+    # where torch ops took six (a sharded row's one collective sends this pair).
+    row = tl.program_id(0)
+    n_rows = tl.num_programs(0).to(tl.int64)
+    m, d = merge_row_partials(parts_ptr, n_rows * num_chunks, row, num_chunks, CHUNKS_POW2, False)
+    tl.store(pair_ptr + row, m)
+    tl.store(pair_ptr + n_rows + row, d)
+
+
+@triton.jit
 def split_row_normalize_kernel(
     x_ptr, y_ptr, lse_ptr, parts_ptr,
     n_cols, inner,

@@ -26,6 +26,7 @@ from .kernels import (
     PARTIAL_SUM,
     looped_backward_kernel,
     looped_softmax_kernel,
+    merge_partials_kernel,
     row_on_chip_backward_kernel,
     row_on_chip_softmax_kernel,
     split_row_backward_apply_kernel,
@@ -148,6 +149,7 @@ _row_on_chip_softmax = Launcher(row_on_chip_softmax_kernel)
 _looped_softmax = Launcher(looped_softmax_kernel)
 _split_row_partials = Launcher(split_row_partials_kernel)
 _split_row_normalize = Launcher(split_row_normalize_kernel)
+_merge_partials = Launcher(merge_partials_kernel)
 _split_row_on_chip_softmax = Launcher(split_row_on_chip_softmax_kernel)
 _split_row_on_chip_backward = Launcher(split_row_on_chip_backward_kernel)
 _row_on_chip_backward = Launcher(row_on_chip_backward_kernel)
@@ -473,28 +475,32 @@ def _split_row_plan(op: str, t: torch.Tensor) -> planner.Plan:
     return chosen
 
 
-def row_normalizers(x2: torch.Tensor, triton: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """(m, d) of every row of ``x2``, float32; (-inf, 0) where a row has no column."""
+def row_normalizers(x2: torch.Tensor, triton: bool = True) -> torch.Tensor:
+    """(2, rows) float32: the m and the d of every row of ``x2``; (-inf, 0) where a row has no column."""
     rows, n = x2.shape
     if n == 0 or rows == 0:
-        return (torch.full((rows,), float("-inf"), device=x2.device), torch.zeros(rows, device=x2.device))
+        return torch.stack([torch.full((rows,), float("-inf"), device=x2.device), torch.zeros(rows, device=x2.device)])
     if not (triton and triton_runs_on(x2.device)):
-        return cpu.normalizer(x2.float())
+        return torch.stack(cpu.normalizer(x2.float()))
     chosen = _split_row_plan("logsumexp", x2)
     parts = _buffers.empty((2, rows, chosen.num_chunks), torch.float32, x2.device)  # the m and d planes
     _split_row_partials(
         chosen.grid, (chosen, aligned(x2)), x2, parts, n, 1, n, 1, 0, chosen.chunk_size, chosen.num_chunks, 1.0,
         BLOCK=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), CONTIGUOUS=True,
         PASS=PARTIAL_ONLINE, ALIGN=_contiguous_rows_align(x2), num_warps=chosen.num_warps)
-    return cpu.merge_normalizers(parts[0], parts[1], 1)
+    pair = _buffers.empty((2, rows), torch.float32, x2.device)
+    chunks_pow2 = next_power_of_2(chosen.num_chunks)
+    _merge_partials((rows,), (chosen.num_chunks, chunks_pow2), parts, pair, chosen.num_chunks, CHUNKS_POW2=chunks_pow2,
+                    num_warps=1)
+    return pair
 
 
-def normalize_rows(x2: torch.Tensor, m_parts: torch.Tensor, d_parts: torch.Tensor, log: bool,
-                   triton: bool = True) -> torch.Tensor:
-    """softmax (or log_softmax) of ``x2``'s rows from (rows, n) float32 partials, merged in index order."""
+def normalize_rows(x2: torch.Tensor, parts: torch.Tensor, log: bool, triton: bool = True) -> torch.Tensor:
+    """softmax (or log_softmax) of ``x2``'s rows from the (2, rows, n) float32 planes of n partial
+    (m, d) pairs a row, merged in index order."""
     rows, n = x2.shape
     if not (triton and triton_runs_on(x2.device)):
-        m, d = cpu.merge_normalizers(m_parts, d_parts, 1)
+        m, d = cpu.merge_normalizers(parts[0], parts[1], 1)
         xt = x2.float()
         y = (xt - m[:, None]) - torch.log(d)[:, None] if log else torch.exp(xt - m[:, None]) / d[:, None]
         return y.to(x2.dtype)
@@ -502,8 +508,7 @@ def normalize_rows(x2: torch.Tensor, m_parts: torch.Tensor, d_parts: torch.Tenso
     if y.numel() == 0:
         return y
     chosen = _split_row_plan("softmax", x2)
-    n_partials = m_parts.shape[1]
-    parts = torch.stack([m_parts, d_parts])  # the (m, d) planes the kernel merges
+    n_partials = parts.shape[2]
     _split_row_normalize(
         (rows, chosen.num_chunks), (chosen, aligned(x2), n_partials, log),
         x2, y, x2, parts, n, 1, n, 1, 0, n, 1, 0, chosen.chunk_size, n_partials, 1.0,

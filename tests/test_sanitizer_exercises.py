@@ -269,7 +269,8 @@ def test_cross_entropy_shard_merge(reduction):
     loss, lse, _, _ = ce_launch.merge_shard_loss(stats, target, weight, cols, options, torch.float32)
     # The references on the CPU: racecheck reports torch's own float64 reduction kernels.
     x64, target_cpu = x.cpu().double(), target.cpu()
-    ref = reference(x64, target_cpu, reduction=reduction, label_smoothing=0.1, z_loss=1e-3, weight=weight.cpu().double())
+    ref = reference(x64, target_cpu, reduction=reduction, label_smoothing=0.1, z_loss=1e-3,
+                    weight=weight.cpu().double())
     assert _rel(loss.cpu(), ref) < 1e-5
     valid = target_cpu != -100
     assert _rel(lse.cpu()[valid], torch.logsumexp(x64, -1)[valid]) < 1e-6

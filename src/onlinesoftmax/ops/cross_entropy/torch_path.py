@@ -67,7 +67,8 @@ def torch_denom(target, weight, denom, n_classes, ignore_index):
         valid = target != ignore_index
         n_valid = valid.sum().to(denom.dtype)
         if weight is None:
-            denom.copy_(torch.stack([n_valid, n_valid, torch.full_like(n_valid, n_classes)]))  # no host-to-device copy: no sync
+            # full_like, not a tensor from a Python number: that copy from the host synchronizes.
+            denom.copy_(torch.stack([n_valid, n_valid, torch.full_like(n_valid, n_classes)]))
         else:
             w = weight.to(denom.dtype)
             w_t = torch.where(valid, w[torch.where(valid, target, 0).clamp(0, n_classes - 1)], 0.0)

@@ -37,6 +37,7 @@ from ..._triton import (
     take_ticket,
     wait_for_row,
 )
+from .reductions import reduce_rows
 
 # --------------------------------------------------------------------------------------------
 # Row helpers
@@ -269,55 +270,6 @@ def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target_col, lse, lse_low, 
 # --------------------------------------------------------------------------------------------
 # Forward: loss and lse from one read (strategies "stream" and, with WRITE_GRAD, "two_pass")
 # --------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def reduce_rows(loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, n_rows, n_classes, target_stride,
-                ignore_index, z_loss, BLOCK: tl.constexpr, COUNT: tl.constexpr, SUM: tl.constexpr,
-                MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, Z: tl.constexpr, VOLATILE: tl.constexpr):
-    # One program, rows in a fixed order: bitwise reproducible. COUNT writes denom = (valid rows, sum of
-    # their targets' weights, sum of all class weights); SUM reduces the rows' losses (and the z term,
-    # over valid rows) into out. VOLATILE: this launch's other programs wrote the losses and lse.
-    lanes = tl.arange(0, BLOCK)
-    if COUNT:
-        count = tl.zeros([BLOCK], tl.int32)
-        weights = tl.zeros([BLOCK], tl.float32)
-        for start in range(0, n_rows, BLOCK):
-            rows = start + lanes
-            t = tl.load(target_ptr + rows.to(tl.int64) * target_stride, mask=rows < n_rows, other=ignore_index)
-            ok = (rows < n_rows) & (t != ignore_index)
-            count += ok.to(tl.int32)
-            if HAS_WEIGHT:
-                weights += tl.load(weight_ptr + t, mask=ok & (t >= 0) & (t < n_classes), other=0.0).to(tl.float32)
-        n_valid = tl.sum(count, 0).to(tl.float32)
-        tl.store(denom_ptr, n_valid)
-        if HAS_WEIGHT:
-            tl.store(denom_ptr + 1, tl.sum(weights, 0))
-            w_sum = tl.zeros([BLOCK], tl.float32)
-            for start in range(0, n_classes, BLOCK):
-                w_sum += tl.load(weight_ptr + start + lanes, mask=start + lanes < n_classes, other=0.0).to(tl.float32)
-            tl.store(denom_ptr + 2, tl.sum(w_sum, 0))
-        else:
-            tl.store(denom_ptr + 1, n_valid)
-            tl.store(denom_ptr + 2, n_classes * 1.0)
-    if SUM:
-        total = tl.zeros([BLOCK], tl.float32)
-        total_z = tl.zeros([BLOCK], tl.float32)
-        for start in range(0, n_rows, BLOCK):
-            rows = start + lanes
-            total += tl.load(loss_ptr + rows, mask=rows < n_rows, other=0.0, volatile=VOLATILE).to(tl.float32)
-            if Z:
-                t = tl.load(target_ptr + rows.to(tl.int64) * target_stride, mask=rows < n_rows, other=ignore_index)
-                lse = tl.load(lse_ptr + rows, mask=(rows < n_rows) & (t != ignore_index), other=0.0, volatile=VOLATILE)
-                total_z += lse * lse
-        loss = tl.sum(total, 0)
-        loss_z = z_loss * tl.sum(total_z, 0)
-        if MEAN:  # all rows ignored: 0 / 0 = NaN, as torch
-            loss = loss / tl.load(denom_ptr + 1)
-            loss_z = loss_z / tl.load(denom_ptr)
-        if Z:
-            loss += loss_z
-        tl.store(out_ptr, loss.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit

@@ -8,7 +8,8 @@ import triton
 import triton.language as tl
 
 from ..._triton import NEG_INF, nan_max, split_lse
-from .kernels import class_weights, edge_columns, reduce_rows, row_loss, row_tile
+from .kernels import class_weights, edge_columns, row_loss, row_tile
+from .reductions import reduce_rows, store_reduced_loss
 
 
 @triton.jit
@@ -18,7 +19,7 @@ def cross_entropy_reduce_kernel(
     BLOCK: tl.constexpr, COUNT: tl.constexpr, SUM: tl.constexpr, MEAN: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, Z: tl.constexpr,
 ):
-    # One program (see kernels.reduce_rows; the stream kernel's last row to finish runs the same).
+    # One program (see reductions.reduce_rows; the stream kernel's last row to finish runs the same).
     reduce_rows(loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, n_rows, n_classes, target_stride,
                 ignore_index, z_loss, BLOCK, COUNT, SUM, MEAN, HAS_WEIGHT, Z, False)
 
@@ -107,11 +108,4 @@ def cross_entropy_shard_merge_kernel(
         else:
             tl.store(loss_ptr + rows, loss.to(loss_ptr.dtype.element_ty), mask=live)
     if REDUCE:
-        loss_sum = tl.sum(total, 0)
-        z_sum = z_loss * tl.sum(total_z, 0)
-        if MEAN:  # all rows ignored: 0 / 0 = NaN, as torch
-            loss_sum = loss_sum / tl.load(denom_ptr + 1)
-            z_sum = z_sum / tl.load(denom_ptr)
-        if Z:
-            loss_sum += z_sum
-        tl.store(out_ptr, loss_sum.to(out_ptr.dtype.element_ty))
+        store_reduced_loss(total, total_z, z_loss, denom_ptr, out_ptr, MEAN, Z)

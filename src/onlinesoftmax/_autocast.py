@@ -57,6 +57,12 @@ def lower_precision(device_type: str, *tensors):
                  and t.dtype != dtype else t for t in tensors)
 
 
+def active_for(t) -> bool:
+    """Whether an autocast region is active on tensor ``t``'s device (False for a non-tensor, which
+    the caller's own checks then refuse)."""
+    return any_enabled() and isinstance(t, torch.Tensor) and enabled(t.device.type)
+
+
 def call_lower_precision(fn, tensors: tuple, *args, **kwargs):
     """``fn(*tensors, *args, **kwargs)`` inside the active autocast region (callers check it is),
     the tensors as lower_precision gives them and the region off for the call: the public

@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 
 from .. import _autocast
-from .._autocast import any_enabled as _any_autocast
 from ..ops.attention import attention as attention_op
 from ..ops.attention import launch as attention_launch
 from ..ops.attention.op import validate as validate_attention
@@ -196,7 +195,7 @@ def attention(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, 
     As :func:`onlinesoftmax.attention`, plus RuntimeError (not initialized) and ValueError (the
     group cannot communicate this device's tensors; shapes other than the key length differ).
     """
-    if _any_autocast() and isinstance(q, torch.Tensor) and _autocast.enabled(q.device.type):
+    if _autocast.active_for(q):
         # As onlinesoftmax.attention (scaled_dot_product_attention's policy): q, k and v in the
         # region's dtype, the call run with autocast off (see onlinesoftmax._autocast).
         return _autocast.call_lower_precision(attention, (q, k_shard, v_shard), causal=causal, scale=scale,

@@ -43,7 +43,6 @@ import torch
 import torch.distributed as dist
 
 from .. import _autocast, _validate, cpu
-from .._autocast import any_enabled as _any_autocast
 from .._device import triton_runs_on
 from ..ops.softmax import launch as rows
 from ..ops.topk import softmax_topk as softmax_topk_op
@@ -147,7 +146,7 @@ def _autocast_policy(op: str, x: torch.Tensor):
     ``op`` of it in float32 (onlinesoftmax._autocast; the result is then torch's, at the cost of a
     float32 copy of the shard, where the local ops read the half tensor as it is: a collective
     follows here anyway), and the region turned off for our own torch ops."""
-    if _any_autocast() and _autocast.enabled(x.device.type):
+    if _autocast.active_for(x):
         return (x.float() if _autocast.float32_result(op, x) else x), _autocast.off(x.device.type)
     return x, contextlib.nullcontext()
 
@@ -290,7 +289,7 @@ def softmax_topk(x_shard: torch.Tensor, k: int, dim: int = -1, group=None, *, te
     returns; probabilities are ``exp(x / T - lse)``, whose relative error is at most
     ``|lse| * 2**-24`` from the float32 lse. Not differentiable.
     """
-    if _any_autocast() and isinstance(x_shard, torch.Tensor) and _autocast.enabled(x_shard.device.type):
+    if _autocast.active_for(x_shard):
         # Inside a CUDA autocast region float32 values, as torch.topk of torch's softmax there.
         values_dtype = torch.float32 if _autocast.float32_result("softmax", x_shard) else None
         with _autocast.off(x_shard.device.type):

@@ -11,7 +11,6 @@ from typing import Optional, Union
 import torch
 
 from ... import _autocast, _validate
-from ..._autocast import any_enabled as _any_autocast
 from ..._device import remember
 from ..._launch import op_when_compiling
 from .launch import launch_backward, launch_forward
@@ -204,7 +203,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
     >>> onlinesoftmax.attention(q, k, v, causal=True).shape
     torch.Size([1, 2, 5, 32])
     """
-    if _any_autocast() and isinstance(q, torch.Tensor) and _autocast.enabled(q.device.type):
+    if _autocast.active_for(q):
         # scaled_dot_product_attention's policy: q, k and v in the region's dtype (see _autocast).
         return _autocast.call_lower_precision(_attention, (q, k, v), causal, scale, return_lse)
     return _attention(q, k, v, causal, scale, return_lse)

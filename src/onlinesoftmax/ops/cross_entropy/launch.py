@@ -512,22 +512,24 @@ def merge_shard_stats(gathered: torch.Tensor):
 
 
 def merge_shard_loss(gathered: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], total: int,
-                     options: tuple, dtype: torch.dtype):
+                     options: tuple, dtype: torch.dtype, denom: Optional[torch.Tensor] = None):
     """(loss, lse, lse_low, denom) from every shard's statistics stacked in class order (shards, 4,
     rows), in one launch: merge_shard_stats, the denominators and shard_loss in a Triton kernel
-    (cross_entropy_shard_merge_kernel). The loss in ``dtype``, reduced as ``options[1]`` says."""
+    (cross_entropy_shard_merge_kernel). The loss in ``dtype``, reduced as ``options[1]`` says.
+    ``denom``: the denominators already counted (linear_cross_entropy's), else counted here."""
     ignore_index, reduction, label_smoothing, z_loss = options[:4]
     n_shards, _, rows = gathered.shape
     device, has_weight = gathered.device, weight is not None
-    count = needs_denom(reduction, has_weight, label_smoothing)
-    denom = _buffers.empty((3 if count else 0,), torch.float32, device)
+    count = denom is None and needs_denom(reduction, has_weight, label_smoothing)
+    if denom is None:
+        denom = _buffers.empty((3 if count else 0,), torch.float32, device)
     lse, lse_low = _buffers.empty((rows,), torch.float32, device), _buffers.empty((rows,), torch.float32, device)
     reduced = reduction != "none"
     loss = _buffers.empty(() if reduced else (rows,), dtype, device)
     w = weight if has_weight else lse
     key = ("shard_merge", rows, n_shards, total, target.dtype, target.stride(0), aligned(target), aligned(gathered),
            has_weight, w.dtype, aligned(w), dtype, ignore_index, reduction, count, label_smoothing > 0, z_loss > 0)
-    _shard_merge((1,), key, gathered, target, w, denom if count else lse, loss, lse, lse_low, loss,
+    _shard_merge((1,), key, gathered, target, w, denom if denom.numel() else lse, loss, lse, lse_low, loss,
                  rows, n_shards, total, target.stride(0), ignore_index, float(label_smoothing), float(z_loss),
                  BLOCK=planner.REDUCE_BLOCK, COUNT=count, REDUCE=reduced, MEAN=reduction == "mean",
                  HAS_WEIGHT=has_weight, SMOOTH=label_smoothing > 0, Z=z_loss > 0, num_warps=planner.REDUCE_WARPS)

@@ -37,10 +37,9 @@ from typing import Optional
 import torch
 
 from ... import _autocast, _buffers, _validate
-from ..._autocast import any_enabled as _any_autocast
 from . import plan as planner
-from .launch import count, kernels_take, launch_scale, merge_shard_stats, needs_denom, plain_rows, reduce, \
-    rows_backward, rows_forward, shard_loss, shard_stats
+from .launch import count, kernels_take, launch_scale, merge_shard_loss, merge_shard_stats, needs_denom, plain_rows, \
+    reduce, rows_backward, rows_forward, shard_loss, shard_stats
 from .torch_path import RowTerms, compute_dtype, torch_denom
 from .op import LOGIT_DTYPES, check_class_weight, check_options, check_target, check_targets_in_range, class_weights
 
@@ -332,6 +331,10 @@ class _VocabSlices:
         read_ignored = self.options[6]  # return_lse: the lse of ignored rows too
         stats = torch.stack([shard_stats(self.logits(lo, hi), self.target, self.class_weight, lo, self.vocab,
                                          self.options[:6], self.triton, read_ignored) for lo, hi in self.slices])
+        if self.triton and self.target.numel():
+            loss, lse, lse_low, _ = merge_shard_loss(stats, self.target, self.class_weight, self.vocab, self.options,
+                                                     loss_dtype, denom)
+            return loss, lse, lse_low
         lse, lse_low, s, y_t = merge_shard_stats(stats)
         loss = shard_loss(lse, lse_low, s, y_t, self.target, self.class_weight, denom, self.vocab, self.options,
                           loss_dtype)
@@ -478,7 +481,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     """
     options = (chunk, vocab_chunk, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
                class_weight, return_lse, strategy)
-    if _any_autocast() and isinstance(x, torch.Tensor) and _autocast.enabled(x.device.type):
+    if _autocast.active_for(x):
         # torch's x @ weight.T + bias in the region's dtype, and its cross_entropy in float32 (see _autocast).
         x, weight, bias = _autocast.lower_precision(x.device.type, x, weight, bias)
         with _autocast.off(x.device.type):

@@ -9,7 +9,6 @@ from typing import Optional, Sequence, Union
 import torch
 
 from ... import _autocast, _buffers, _device, _validate
-from ..._autocast import any_enabled as _any_autocast
 from ..._launch import Launcher, aligned, op_when_compiling, vector_width
 from . import kernels, plan as planner
 
@@ -459,7 +458,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     >>> onlinesoftmax.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens).shape
     torch.Size([2, 1, 8, 64])
     """
-    if _any_autocast() and isinstance(q, torch.Tensor) and _autocast.enabled(q.device.type):
+    if _autocast.active_for(q):
         # scaled_dot_product_attention's policy over the cache (see _autocast); caches already in
         # the region's dtype are not copied.
         return _autocast.call_lower_precision(_attention_with_kvcache, (q, k_cache, v_cache), cache_seqlens,

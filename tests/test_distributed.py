@@ -117,20 +117,42 @@ def check_gradients(rank, world, seed):
 
 def check_topk(rank, world, seed):
     gen = torch.Generator().manual_seed(seed)
-    # (3, 8): k exceeds some shards
-    for dtype, shape, k in ((torch.float32, (6, 50), 5), (torch.bfloat16, (4, 9), 4), (torch.float32, (3, 8), 8)):
-        x = make_logits(shape, dtype, gen)
-        x[0] = 1.0  # a tied row: lower global index first
-        shard = take_shard(x, -1, world, rank)
-        values, indices, lse = distributed.softmax_topk(shard, k, -1, temperature=0.7, return_lse=True)
-        ref_values, ref_indices, ref_lse = onlinesoftmax.softmax_topk(x, k, -1, temperature=0.7, return_lse=True)
-        what = f"rank {rank}/{world} {dtype} {shape} k {k}"
-        assert torch.equal(indices.cpu(), ref_indices.cpu()), f"topk indices {what}: {indices} vs {ref_indices}"
-        assert torch.equal(indices[0].cpu(), torch.arange(k)), f"topk ties {what}"
-        probs = torch.softmax(x.double() / 0.7, -1)
-        assert_matches(values, probs.gather(-1, ref_indices), dtype, f"topk values {what}")
-        assert_matches(lse, ref_lse.double(), torch.float32, f"topk lse {what}")
-        assert gathered_equal_everywhere(values) and gathered_equal_everywhere(indices)
+    # (3, 8) k 8: k exceeds some shards (their lists part empty, or all with 8 columns at world 3);
+    # edge rows (-inf on a shard, all -inf, +inf, NaN, +1000); k 1; k 300, past the kernels' list
+    # (the torch merge); a row of ties, +0.0 and -0.0 among them (lower global index first).
+    cases = ((torch.float32, (6, 50), 5, False), (torch.bfloat16, (4, 9), 4, False), (torch.float32, (3, 8), 8, False),
+             (torch.float32, (6, 41), 7, True), (torch.float16, (6, 33), 1, True), (torch.float32, (2, 650), 300, False))
+    for strategy in STRATEGIES:
+        for dtype, shape, k, edges in cases:
+            x = edge_logits(shape, dtype, gen, world) if edges else make_logits(shape, dtype, gen)
+            tied = 5 if edges else 0
+            x[tied] = 0.0
+            x[tied, 1::2] = -0.0
+            shard = take_shard(x, -1, world, rank)
+            # The edge rows at T = 1: x / T of the +1000 row (1430 at T = 0.7, an ulp of 1.2e-4) is
+            # rounded on the CPU and fused into exp's argument on the GPU, either an error of 1e-4 in
+            # every probability, against whichever reference.
+            t = 1.0 if edges else 0.7
+            what = f"rank {rank}/{world} {strategy} {dtype} {shape} k {k}"
+            values, indices, lse = distributed.softmax_topk(shard, k, -1, temperature=t, return_lse=True,
+                                                            strategy=strategy)
+            assert distributed.last_strategy() == strategy
+            ref_values, ref_indices, ref_lse = onlinesoftmax.softmax_topk(x, k, -1, temperature=t, return_lse=True)
+            assert torch.equal(indices.cpu(), ref_indices.cpu()), f"topk indices {what}: {indices} vs {ref_indices}"
+            assert torch.equal(indices[tied].cpu(), torch.arange(k)), f"topk ties {what}"
+            probs = torch.softmax(x.double() / t, -1)
+            assert_matches(values, probs.gather(-1, ref_indices), dtype, f"topk values {what}")
+            assert_matches(lse, ref_lse.double(), torch.float32, f"topk lse {what}")
+            assert gathered_equal_everywhere(values) and gathered_equal_everywhere(indices)
+            again = distributed.softmax_topk(shard, k, -1, temperature=t, validate=False, strategy=strategy)
+            assert bitwise_equal(again[0], values) and torch.equal(again[1], indices), f"topk unvalidated {what}"
+    # Not the last dim: a shard of dim 0 of a (cols, rows) tensor.
+    x = make_logits((4, 23), torch.float32, gen)
+    shard = take_shard(x.t().contiguous(), 0, world, rank)
+    values, indices = distributed.softmax_topk(shard, 3, 0)
+    ref_values, ref_indices = onlinesoftmax.softmax_topk(x, 3, -1)
+    assert torch.equal(indices.t().cpu(), ref_indices.cpu()), f"topk dim 0 rank {rank}/{world}"
+    assert_matches(values.t(), ref_values, torch.float32, f"topk dim 0 rank {rank}/{world}")
 
 
 def attention_reference(q, k, v, mode):

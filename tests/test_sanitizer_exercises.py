@@ -279,6 +279,33 @@ def test_cross_entropy_shard_merge(reduction):
     assert _rel(m + torch.log(d), torch.logsumexp(long_rows.double(), -1)) < 1e-6
 
 
+@pytest.mark.parametrize("rows", [3, 300], ids=["chunks_folded", "one_chunk"])
+def test_sharded_topk_and_softmax_merges(rows):
+    # The sharded softmax_topk's and softmax's kernels without a process group: three shards (the
+    # middle one empty) reduced to their payloads (3 rows: chunks folded into one partial a row),
+    # stacked as the all_gather returns them, merged; the softmax normalized from the ranks' pairs
+    # read in the gather's layout. Indices against the one-device op, values against float64 on
+    # the CPU.
+    from onlinesoftmax.distributed.topk import shard_payload
+    from onlinesoftmax.ops.softmax import launch as softmax_launch
+
+    gen = torch.Generator().manual_seed(0)
+    cols, k = 70001, 50
+    x = 3 * torch.randn(rows, cols, generator=gen)
+    cuts = ((0, 30000), (30000, 30000), (30000, cols))
+    shards = [x[:, a:b].contiguous().to(DEVICE) for a, b in cuts]
+    payloads = torch.stack([shard_payload(shard, k, 0.7)[0] for shard in shards])
+    values, indices, lse = topk_launch.launch_shard_merge(payloads, rows, k, torch.float32)
+    _, ref_indices = onlinesoftmax.softmax_topk(x.to(DEVICE), k, temperature=0.7)
+    assert torch.equal(indices, ref_indices)
+    probs = torch.softmax((x * (1.0 / 0.7)).double(), -1)
+    assert _rel(values.cpu(), probs.gather(-1, indices.cpu())) < 1e-5
+    assert _rel(lse.cpu(), torch.logsumexp((x * (1.0 / 0.7)).double(), -1)) < 1e-6
+    pairs = torch.stack([softmax_launch.row_normalizers(shard) for shard in shards])
+    y = softmax_launch.normalize_rows(shards[2], pairs, False, gathered=True)
+    assert _rel(y.cpu(), torch.softmax(x.double(), -1)[:, 30000:]) < 1e-5
+
+
 # --------------------------------------------------------------------------------------------
 # attention_with_kvcache: the direct and split paths and their merge, contiguous and paged caches
 # --------------------------------------------------------------------------------------------

@@ -286,11 +286,17 @@ def test_k_edge_cases_and_errors(gen):
 
 @needs_triton
 def test_large_k_uses_torch_path(gen):
-    # K above the kernels' list (256) runs the vectorized torch path with the same semantics.
-    x = make_logits((2, 400), torch.float32, gen)
+    # K above the kernels' list (256) runs the vectorized torch path with the same semantics: rows
+    # tied at the k-th value (on CUDA tensors the tie-break once built a CPU mask and raised) and a
+    # NaN row among them.
+    x = make_logits((4, 400), torch.float32, gen)
+    x[2] = 1.0
+    x[3, :350] = 1.0
+    x[3, 7] = float("nan")
     values, indices = onlinesoftmax.softmax_topk(x, 300)
     ref_values, ref_indices, _ = expected(x, 300)
-    assert torch.equal(indices.cpu(), ref_indices)
+    assert torch.equal(indices[:3].cpu(), ref_indices[:3])
+    assert torch.equal(indices[3].cpu(), torch.arange(300))
     assert_matches(values, ref_values, torch.float32, "values")
 
 
@@ -550,3 +556,41 @@ def test_more_than_2_31_elements(shape, strategy, gen):
     assert torch.equal(indices[-2:], ref_indices)
     assert_matches(values[-2:], ref_values, torch.bfloat16, "values")
     assert_matches(lse[-2:], ref_lse, torch.float32, "lse")
+
+
+@needs_triton
+@pytest.mark.parametrize("many_rows, k", [(False, 40), (True, 5)], ids=["chunks_folded", "one_chunk"])
+def test_shard_partials_merged_across_ranks(many_rows, k, gen):
+    # onlinesoftmax.distributed.softmax_topk's kernels without a process group: a row cut into five
+    # shards (one empty, one shorter than k), each reduced to its payload, stacked as an all_gather
+    # returns them and merged. The same indices as the one-device op on the whole row, probabilities
+    # against float64; ties across shards (+0.0 and -0.0 among them), -inf on a shard, NaN, +inf and
+    # all -inf rows.
+    from onlinesoftmax.distributed.topk import shard_payload
+
+    # Few rows split a long shard into chunks, folded into one partial a row; many take one chunk
+    # (the plan's thresholds: 8 rows on the interpreter's 4 SMs, 2 an SM on a GPU).
+    rows = (300 if ON_GPU else 9) if many_rows else 3
+    cols = 6003 if ON_GPU else 603
+    x = make_logits((rows, cols), torch.float32, gen)
+    x[0] = 0.0
+    x[0, 1::2] = -0.0
+    x[1, :cols // 4] = float("-inf")
+    x[2, 500] = float("nan")
+    if rows > 3:
+        x[3] = float("-inf")
+        x[4, 599] = float("inf")
+    cuts = [0, cols // 4, cols // 4, cols // 4 + 2, cols * 14 // 15, cols]
+    payloads = []
+    for a, b in zip(cuts, cuts[1:]):
+        payloads.append(shard_payload(x[:, a:b].contiguous(), k, 0.7)[0])
+        if b - a > cols // 2:
+            assert (plan.last_topk_plan().num_chunks > 1) != many_rows, plan.last_topk_plan()
+    values, indices, lse = topk_module.launch_shard_merge(torch.stack(payloads), rows, k, torch.float32)
+    ref_values, ref_indices, ref_lse = onlinesoftmax.softmax_topk(x, k, temperature=0.7, return_lse=True)
+    assert torch.equal(indices.cpu(), ref_indices.cpu())
+    assert torch.equal(indices[0].cpu(), torch.arange(k))
+    want, _, want_lse = expected(x, k, 0.7)
+    assert_matches(values, want, torch.float32, "values")
+    assert_matches(lse, want_lse, torch.float32, "lse")
+    assert torch.equal(values.isnan(), ref_values.isnan())

@@ -137,6 +137,18 @@ def merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2: tl.cons
                              tl.load(parts_ptr + n_parts + row_parts, mask=part_mask, other=0.0, volatile=VOLATILE), 0)
 
 
+@triton.jit
+def merge_rank_pairs(pairs_ptr, n_rows, row, n_ranks, RANKS_POW2: tl.constexpr):
+    """(m, d) of ``row`` from every rank's pair planes as an all_gather lays them out, (n_ranks,
+    2, n_rows): a rank's m plane, then its d plane. Merged in rank order, as merge_row_partials
+    merges chunks (the same values give the same bits)."""
+    rank = tl.arange(0, RANKS_POW2)
+    at = rank.to(tl.int64) * 2 * n_rows + row
+    live = rank < n_ranks
+    return merge_normalizers(tl.load(pairs_ptr + at, mask=live, other=NEG_INF),
+                             tl.load(pairs_ptr + at + n_rows, mask=live, other=0.0), 0)
+
+
 # Rows that do not start on a 16-byte boundary (a row of 50257 bf16 elements starts at a different
 # alignment in every row) are read and written in whole 16-byte granules: Triton issues 16-byte
 # accesses only where it can prove both the address and the mask uniform across each access, which

@@ -222,7 +222,7 @@ def _softmax_topk_rows(x2, k, inv_temperature, values, indices, lse, lse_low) ->
         chosen = above | (ties & (ties.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
         # Rows holding NaN (their result is NaN, with indices 0..k-1 set below) keep any k columns.
         nan_rows = torch.isnan(rows).any(-1, keepdim=True)
-        chosen = torch.where(nan_rows, torch.arange(rows.shape[-1]) < k, chosen)
+        chosen = torch.where(nan_rows, torch.arange(rows.shape[-1], device=rows.device) < k, chosen)
         order = order.index_put((crowded,), chosen.nonzero()[:, 1].reshape(-1, k))
     # Within the k, by value with the lower index first (-0.0 and 0.0 compare equal).
     order = order.sort(-1).values

@@ -9,8 +9,9 @@ around a loop of calls, ranks started together by a barrier; the slowest rank's 
 
 * ``sharded total``: :func:`onlinesoftmax.distributed.softmax` (or ``softmax_topk``) end to end,
   one collective per call (``validate=False``);
-* ``local kernels``: the same call's per-rank compute alone (the partials kernel, the merge and
-  the normalize kernel fed with every rank's pair; for top-k, the single-GPU op on the shard);
+* ``local kernels``: the same call's per-rank compute alone (the partials kernel and the normalize
+  kernel fed with every rank's pair; for top-k, the shard's partials and the merge of every
+  rank's);
 * ``collective``: the all_gather of the same payload alone (8 bytes per row for softmax);
 * ``gather + single-GPU``: all_gather the shards, then the single-GPU op on the whole row;
 * ``single-GPU whole``: the single-GPU op on the whole tensor on one GPU (no communication).
@@ -87,7 +88,9 @@ def _rows_for(label, dtype, op, x_full, shard, world, rank):
     from onlinesoftmax import distributed
 
     from onlinesoftmax.distributed._group import all_gather
+    from onlinesoftmax.distributed.topk import shard_payload
     from onlinesoftmax.ops.softmax import launch as softmax_rows
+    from onlinesoftmax.ops.topk import launch as topk_launch
 
     rows_n, n_local = shard.shape
 
@@ -99,11 +102,10 @@ def _rows_for(label, dtype, op, x_full, shard, world, rank):
         x2 = shard.contiguous()
         pairs = all_gather(softmax_rows.row_normalizers(x2), None)
         payload = torch.empty(2 * rows_n, dtype=torch.float32, device="cuda")
-        parts = pairs.permute(1, 2, 0).contiguous()
 
         def local_kernels():
             softmax_rows.row_normalizers(x2)
-            return softmax_rows.normalize_rows(x2, parts, False)
+            return softmax_rows.normalize_rows(x2, pairs, False, gathered=True)
 
         impls = {
             "sharded total": lambda: distributed.softmax(shard, -1, validate=False),
@@ -115,10 +117,17 @@ def _rows_for(label, dtype, op, x_full, shard, world, rank):
         err = harness.relative_error(out, ref)
         moved = x_full.numel() * dtype.itemsize * 2  # read x and write y once, over all ranks
     else:
-        payload = torch.empty(8 + rows_n * (TOPK_K + 1) * 4 + rows_n * TOPK_K * 8, dtype=torch.uint8, device="cuda")
+        x2 = shard.contiguous()
+        payload, keys, part_m, part_d = shard_payload(x2, TOPK_K, 1.0)
+        gathered = all_gather(payload, None)
+
+        def local_kernels():
+            topk_launch.launch_shard_partial(x2, TOPK_K, 1.0, keys, part_m, part_d)
+            return topk_launch.launch_shard_merge(gathered, rows_n, TOPK_K, x2.dtype, write_lse=False)
+
         impls = {
             "sharded total": lambda: distributed.softmax_topk(shard, TOPK_K, -1, validate=False),
-            "local kernels": lambda: onlinesoftmax.softmax_topk(shard, TOPK_K, -1, return_lse=True),
+            "local kernels": local_kernels,
             "single-GPU whole": lambda: onlinesoftmax.softmax_topk(x_full, TOPK_K),
         }
         values, indices = distributed.softmax_topk(shard, TOPK_K, -1)

@@ -93,10 +93,17 @@ def rows_view(x: torch.Tensor, dim: int) -> torch.Tensor:
     for i, size in enumerate(x.shape):
         if i != dim:
             rows *= size
+    if dim == x.dim() - 1 and x.is_contiguous():
+        # The common call, the last dim of a contiguous shard: no op at all where x is 2-d (each
+        # view or movedim is host time on a call that is mostly host time).
+        return x if x.dim() == 2 else x.view(rows, x.shape[dim])
     return x.movedim(dim, -1).reshape(rows, x.shape[dim]).contiguous()
 
 
 def from_rows(y2: torch.Tensor, like_shape, dim: int) -> torch.Tensor:
+    """The (rows, n) result ``y2`` in the shape of ``like_shape`` with ``dim`` of size n."""
+    if dim == len(like_shape) - 1:
+        return y2 if y2.dim() == len(like_shape) else y2.reshape(like_shape)
     moved = list(like_shape)
     moved.append(moved.pop(dim))
     return y2.reshape(moved).movedim(-1, dim)

@@ -40,12 +40,10 @@ import contextlib
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from .. import _autocast, _validate, cpu
 from .._device import triton_runs_on
 from ..ops.softmax import launch as rows
-from ..ops.topk import softmax_topk as softmax_topk_op
 from ._group import NoContext, all_gather, check_group, from_rows, gather_shapes, rows_view
 
 DimensionError = _validate.DimensionError
@@ -90,7 +88,7 @@ class _ShardedSoftmaxFunction(torch.autograd.Function):
         x2 = rows_view(x, dim)
         pairs = all_gather(rows.row_normalizers(x2, triton), group)  # the one collective: (world, 2, rows)
         # Each rank's pair is one partial of the row; the kernel merges them in rank order.
-        y2 = rows.normalize_rows(x2, pairs.permute(1, 2, 0).contiguous(), log, triton)
+        y2 = rows.normalize_rows(x2, pairs, log, triton, gathered=True)
         ctx.save_for_backward(y2)
         ctx.config = (dim, log, group, triton, x.shape)
         return from_rows(y2, x.shape, dim)
@@ -247,109 +245,3 @@ def logsumexp(x_shard: torch.Tensor, dim: int = -1, group=None, *, validate: boo
             return _ShardedLogSumExpFunction.apply(x, dim, group, chosen)
         with torch.no_grad():
             return _ShardedLogSumExpFunction.forward(NoContext(), x, dim, group, chosen)
-
-
-def softmax_topk(x_shard: torch.Tensor, k: int, dim: int = -1, group=None, *, temperature: float = 1.0,
-                 sorted: bool = True, return_lse: bool = False, validate: bool = True):
-    """The k most probable entries of a softmax over a dimension sharded across ranks.
-
-    Parameters
-    ----------
-    x_shard : Tensor
-        This rank's contiguous shard of ``dim`` (as :func:`softmax`).
-    k : int
-        How many entries to return; at most the total size of ``dim`` over all ranks.
-    dim, group, validate
-        As :func:`softmax`.
-    temperature : float
-        Divides the logits before the softmax.
-    sorted : bool
-        Accepted for the signature of :func:`onlinesoftmax.softmax_topk`; the result is always
-        sorted by decreasing probability (the global selection sorts the candidates).
-    return_lse : bool
-        Also return the log-sum-exp of the whole row (of ``x / temperature``), float32.
-
-    Returns
-    -------
-    values : Tensor
-        Probabilities normalized over the whole row, ``dim`` of size k, dtype of ``x_shard``
-        (float32 inside a CUDA autocast region, as :func:`onlinesoftmax.softmax_topk`).
-    indices : Tensor
-        int64 global indices (shard offset + local index); ties go to the lower global index.
-    lse : Tensor, float32, only with ``return_lse``
-        Identical on every rank.
-
-    Notes
-    -----
-    Each rank runs :func:`onlinesoftmax.softmax_topk` on its shard with ``return_lse`` and sends
-    its ``min(k, shard size)`` candidates (logits and local indices), its per-row log-sum-exp and
-    its shard size in ONE all_gather (a byte buffer: the int64 indices travel bit-exact); every
-    rank then selects the same global top k from the ``world * k`` candidates. The per-rank pair
-    travels as its log-sum-exp ``m + log d``, 4 bytes per row, because that is what the top-k op
-    returns; probabilities are ``exp(x / T - lse)``, whose relative error is at most
-    ``|lse| * 2**-24`` from the float32 lse. Not differentiable.
-    """
-    if _autocast.active_for(x_shard):
-        # Inside a CUDA autocast region float32 values, as torch.topk of torch's softmax there.
-        values_dtype = torch.float32 if _autocast.float32_result("softmax", x_shard) else None
-        with _autocast.off(x_shard.device.type):
-            return _softmax_topk(x_shard, k, dim, group, temperature, return_lse, validate, values_dtype)
-    return _softmax_topk(x_shard, k, dim, group, temperature, return_lse, validate, None)
-
-
-def _softmax_topk(x_shard, k, dim, group, temperature, return_lse, validate, values_dtype):
-    name = "distributed.softmax_topk"
-    x, dim = _checked(x_shard, dim, name, temperature)
-    check_group(x.device, group, name)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"{name}: k must be a positive int, got {k!r}")
-    if x.dim() == 0:
-        raise ValueError(f"{name}: a 0-d tensor has no dimension to shard")
-    world = dist.get_world_size(group)
-    if validate:
-        table = gather_shapes(x, dim, group, name, extra=k)
-        total = int(table[:, 3].sum())
-        if k > total:
-            raise ValueError(f"{name}: k={k} is larger than the sharded dim's total size {total}")
-    x2 = rows_view(x, dim)
-    rows, n = x2.shape
-    k_local = min(k, n)
-    inv_t = 1.0 / float(temperature)
-    if k_local > 0:
-        _, local_idx, local_lse = softmax_topk_op(x2, k_local, -1, temperature=temperature, return_lse=True)
-        cand = torch.gather(x2, 1, local_idx).float() * inv_t
-    else:
-        local_idx = torch.zeros((rows, 0), dtype=torch.int64, device=x.device)
-        local_lse = torch.full((rows,), float("-inf"), device=x.device)
-        cand = torch.zeros((rows, 0), device=x.device)
-    # Fixed-size payload per rank: [shard size (int64)] + per row [lse, k logits, k int64 indices];
-    # a shard with fewer than k columns pads with -inf logits at index -1 (never selected: k <= total).
-    cand = torch.nn.functional.pad(cand, (0, k - k_local), value=float("-inf"))
-    local_idx = torch.nn.functional.pad(local_idx.to(torch.int64), (0, k - k_local), value=-1)
-    payload = torch.cat([
-        torch.full((1,), n, dtype=torch.int64, device=x.device).view(torch.uint8),  # torch.tensor would synchronize
-        torch.cat([local_lse.float()[:, None], cand], 1).contiguous().view(torch.uint8).reshape(-1),
-        local_idx.contiguous().view(torch.uint8).reshape(-1),
-    ])
-    gathered = all_gather(payload, group)  # the one collective: (world, bytes)
-    sizes = gathered[:, :8].contiguous().view(torch.int64).reshape(world)
-    offsets = torch.cumsum(sizes, 0) - sizes
-    float_bytes = rows * (k + 1) * 4
-    floats = gathered[:, 8:8 + float_bytes].contiguous().view(torch.float32).reshape(world, rows, k + 1)
-    idx = gathered[:, 8 + float_bytes:].contiguous().view(torch.int64).reshape(world, rows, k)
-    lse = torch.logsumexp(floats[:, :, 0], 0)  # in rank order, the same on every rank
-    glob_idx = torch.where(idx >= 0, idx + offsets[:, None, None], torch.iinfo(torch.int64).max)
-    logits = floats[:, :, 1:].permute(1, 0, 2).reshape(rows, world * k)
-    glob_idx = glob_idx.permute(1, 0, 2).reshape(rows, world * k)
-    # Ties: lower global index first. Sort by index, then stably by logit.
-    by_index = torch.argsort(glob_idx, dim=1, stable=True)
-    logits, glob_idx = logits.gather(1, by_index), glob_idx.gather(1, by_index)
-    order = torch.argsort(logits, dim=1, descending=True, stable=True)[:, :k]
-    top_logits, top_idx = logits.gather(1, order), glob_idx.gather(1, order)
-    values = torch.exp(top_logits - lse[:, None]).to(values_dtype or x.dtype)
-    out_shape = list(x.shape)
-    out_shape[dim] = k
-    values, top_idx = from_rows(values, out_shape, dim), from_rows(top_idx, out_shape, dim)
-    if return_lse:
-        return values, top_idx, lse.reshape(x.shape[:dim] + x.shape[dim + 1:])
-    return values, top_idx

@@ -36,6 +36,7 @@ from ..._triton import (
     grad_from_dot,
     known_multiple,
     max_keep_nan,
+    merge_rank_pairs,
     merge_row_partials,
     nan_max,
     row_offset,
@@ -234,16 +235,21 @@ def split_row_normalize_kernel(
     chunk_size, n_partials, inv_temperature,
     BLOCK: tl.constexpr, PARTIALS_POW2: tl.constexpr, CONTIGUOUS: tl.constexpr,
     LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr, ALIGN: tl.constexpr,
+    RANK_MAJOR: tl.constexpr = False,
 ):
     # Every program merges all of its row's n_partials partials itself (a chunk's each, or a rank's
     # each in onlinesoftmax.distributed; from L2, in the same fixed tree order), which saves a
-    # launch and keeps the result deterministic.
+    # launch and keeps the result deterministic. RANK_MAJOR: the partials are the ranks' pairs as
+    # the all_gather left them (merge_rank_pairs), read in place rather than permuted first.
     # Programs run in the reverse of the partials launch's order: the chunks that launch read
     # last are the ones still in L2, so they are read again first.
     row = tl.num_programs(0) - 1 - tl.program_id(0)
     chunk = tl.num_programs(1) - 1 - tl.program_id(1)
-    n_parts = tl.num_programs(0).to(tl.int64) * n_partials  # the planes of split_row_partials_kernel
-    m, d = merge_row_partials(parts_ptr, n_parts, row, n_partials, PARTIALS_POW2, False)
+    if RANK_MAJOR:
+        m, d = merge_rank_pairs(parts_ptr, tl.num_programs(0).to(tl.int64), row, n_partials, PARTIALS_POW2)
+    else:
+        n_parts = tl.num_programs(0).to(tl.int64) * n_partials  # the planes of split_row_partials_kernel
+        m, d = merge_row_partials(parts_ptr, n_parts, row, n_partials, PARTIALS_POW2, False)
     if WRITE_LSE:
         tl.store(lse_ptr + row, finish_lse(m, d))
     if WRITE_Y:

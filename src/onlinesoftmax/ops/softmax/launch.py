@@ -483,23 +483,30 @@ def row_normalizers(x2: torch.Tensor, triton: bool = True) -> torch.Tensor:
     if not (triton and triton_runs_on(x2.device)):
         return torch.stack(cpu.normalizer(x2.float()))
     chosen = _split_row_plan("logsumexp", x2)
-    parts = _buffers.empty((2, rows, chosen.num_chunks), torch.float32, x2.device)  # the m and d planes
+    pair = _buffers.empty((2, rows), torch.float32, x2.device)
+    # The m and d planes of the chunks' partials; one chunk's planes are the pair itself.
+    parts = pair if chosen.num_chunks == 1 else _buffers.empty((2, rows, chosen.num_chunks), torch.float32, x2.device)
     _split_row_partials(
         chosen.grid, (chosen, aligned(x2)), x2, parts, n, 1, n, 1, 0, chosen.chunk_size, chosen.num_chunks, 1.0,
         BLOCK=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), CONTIGUOUS=True,
         PASS=PARTIAL_ONLINE, ALIGN=_contiguous_rows_align(x2), num_warps=chosen.num_warps)
-    pair = _buffers.empty((2, rows), torch.float32, x2.device)
+    if chosen.num_chunks == 1:
+        return pair
     chunks_pow2 = next_power_of_2(chosen.num_chunks)
     _merge_partials((rows,), (chosen.num_chunks, chunks_pow2), parts, pair, chosen.num_chunks, CHUNKS_POW2=chunks_pow2,
                     num_warps=1)
     return pair
 
 
-def normalize_rows(x2: torch.Tensor, parts: torch.Tensor, log: bool, triton: bool = True) -> torch.Tensor:
+def normalize_rows(x2: torch.Tensor, parts: torch.Tensor, log: bool, triton: bool = True,
+                   gathered: bool = False) -> torch.Tensor:
     """softmax (or log_softmax) of ``x2``'s rows from the (2, rows, n) float32 planes of n partial
-    (m, d) pairs a row, merged in index order."""
+    (m, d) pairs a row, merged in index order; ``gathered``: from (n, 2, rows), the all_gather of n
+    ranks' row_normalizers, as it is."""
     rows, n = x2.shape
     if not (triton and triton_runs_on(x2.device)):
+        if gathered:
+            parts = parts.permute(1, 2, 0)
         m, d = cpu.merge_normalizers(parts[0], parts[1], 1)
         xt = x2.float()
         y = (xt - m[:, None]) - torch.log(d)[:, None] if log else torch.exp(xt - m[:, None]) / d[:, None]
@@ -508,12 +515,13 @@ def normalize_rows(x2: torch.Tensor, parts: torch.Tensor, log: bool, triton: boo
     if y.numel() == 0:
         return y
     chosen = _split_row_plan("softmax", x2)
-    n_partials = parts.shape[2]
+    n_partials = parts.shape[0 if gathered else 2]
     _split_row_normalize(
-        (rows, chosen.num_chunks), (chosen, aligned(x2), n_partials, log),
+        (rows, chosen.num_chunks), (chosen, aligned(x2), n_partials, log, gathered),
         x2, y, x2, parts, n, 1, n, 1, 0, n, 1, 0, chosen.chunk_size, n_partials, 1.0,
         BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(n_partials), CONTIGUOUS=True,
-        LOG=log, WRITE_Y=True, WRITE_LSE=False, ALIGN=_contiguous_rows_align(x2), num_warps=chosen.num_warps)
+        LOG=log, WRITE_Y=True, WRITE_LSE=False, ALIGN=_contiguous_rows_align(x2), RANK_MAJOR=gathered,
+        num_warps=chosen.num_warps)
     return y
 
 

@@ -87,6 +87,14 @@ def merge_sorted_lists(best_desc, other_asc):
 def write_topk(candidates, m, d, row, k, values_ptr, indices_ptr, lse_ptr, lse_low_ptr, out_stride_row,
                K_POW2: tl.constexpr, WRITE_LSE: tl.constexpr):
     x, cols = unpack_keys(candidates)
+    write_selected(x, cols, m, d, row, k, values_ptr, indices_ptr, lse_ptr, lse_low_ptr, out_stride_row, K_POW2,
+                   WRITE_LSE)
+
+
+@triton.jit
+def write_selected(x, cols, m, d, row, k, values_ptr, indices_ptr, lse_ptr, lse_low_ptr, out_stride_row,
+                   K_POW2: tl.constexpr, WRITE_LSE: tl.constexpr):
+    # The row's k best (values x / T, their columns), normalized by the row's (m, d).
     # torch.softmax gives an all-NaN row when the row holds NaN or +inf, or is all -inf; every
     # probability then ties, and the lower index wins: indices 0..k-1.
     nan_row = (m != m) | (m == float("inf")) | (m == NEG_INF)
@@ -317,11 +325,14 @@ def topk_stream_kernel(
 def topk_merge_kernel(
     part_m_ptr, part_d_ptr, part_keys_ptr, values_ptr, indices_ptr, lse_ptr, lse_low_ptr,
     k, out_stride_row, num_chunks,
-    K_POW2: tl.constexpr, CHUNKS_POW2: tl.constexpr, WRITE_LSE: tl.constexpr,
+    K_POW2: tl.constexpr, CHUNKS_POW2: tl.constexpr, WRITE_LSE: tl.constexpr, PARTIAL: tl.constexpr = False,
 ):
     # One program per row takes the top K_POW2 of all its chunks' lists in one tl.topk over one
     # load (a loop folding one list at a time would wait on a load per chunk). Keys are unique
     # (they hold the column), so the result does not depend on the order of the chunks.
+    # PARTIAL: the row's merged (m, d) and list are one partial again, stored where a single
+    # chunk's would be (lse_ptr, lse_low_ptr: the m and d; indices_ptr: K_POW2 keys a row) for a
+    # caller that merges further: the sharded softmax_topk sends them to the other ranks.
     row = tl.program_id(0)
     chunk_idx = tl.arange(0, CHUNKS_POW2)
     parts = row.to(tl.int64) * num_chunks + chunk_idx
@@ -332,8 +343,52 @@ def topk_merge_kernel(
     keys = tl.load(part_keys_ptr + row.to(tl.int64) * num_chunks * K_POW2 + key_idx,
                    mask=key_idx < num_chunks * K_POW2, other=EMPTY_KEY)
     candidates = tl.topk(keys, K_POW2)
-    write_topk(candidates, m, d, row, k, values_ptr, indices_ptr, lse_ptr, lse_low_ptr, out_stride_row, K_POW2,
-               WRITE_LSE)
+    if PARTIAL:
+        tl.store(lse_ptr + row, m)
+        tl.store(lse_low_ptr + row, d)
+        tl.store(indices_ptr + row.to(tl.int64) * K_POW2 + tl.arange(0, K_POW2), candidates)
+    else:
+        write_topk(candidates, m, d, row, k, values_ptr, indices_ptr, lse_ptr, lse_low_ptr, out_stride_row, K_POW2,
+                   WRITE_LSE)
+
+
+@triton.jit
+def topk_shard_merge_kernel(
+    gathered_ptr, gathered_f32_ptr, values_ptr, indices_ptr, lse_ptr, lse_low_ptr,
+    world, k, out_stride_row, payload_len, md_start, md_plane, sizes_at,
+    K_POW2: tl.constexpr, WORLD_POW2: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    # A sharded row's top k from every rank's partial (onlinesoftmax.distributed.softmax_topk): the
+    # all_gather's (world, payload_len) int64 rows, each a rank's K_POW2 keys a row, then its m and
+    # d planes (float32, from int64 slot md_start, md_plane floats apart), then its shard size at
+    # sizes_at. One program a row. A rank's keys hold its own columns; they are re-keyed by (value,
+    # rank, place in the rank's list), which orders ties as global columns do (the ranks' shards
+    # are in rank order, a list's ties in column order) whatever the row's length, and the global
+    # column is the winner's own plus the sizes of the shards before it.
+    row = tl.program_id(0)
+    rank = tl.arange(0, WORLD_POW2)
+    live = rank < world
+    base = rank.to(tl.int64) * payload_len
+    sizes = tl.load(gathered_ptr + base + sizes_at, mask=live, other=0)
+    pair = 2 * (base + md_start) + row
+    m, d = merge_normalizers(tl.load(gathered_f32_ptr + pair, mask=live, other=NEG_INF),
+                             tl.load(gathered_f32_ptr + pair + md_plane, mask=live, other=0.0), 0)
+    slot = tl.arange(0, K_POW2)
+    keys = tl.load(gathered_ptr + base[:, None] + row.to(tl.int64) * K_POW2 + slot[None, :], mask=live[:, None],
+                   other=EMPTY_KEY)
+    place = (rank[:, None] * K_POW2 + slot[None, :]).to(tl.int64)
+    rekeyed = tl.where(keys == EMPTY_KEY, EMPTY_KEY, ((keys >> 32) << 32) | (0x7FFFFFFF - place))
+    best = tl.topk(tl.reshape(rekeyed, [WORLD_POW2 * K_POW2]), K_POW2)
+    x, place_of_best = unpack_keys(best)
+    src_rank = place_of_best // K_POW2
+    taken = best != EMPTY_KEY  # only short of k where k exceeds the row (validate=False)
+    own = tl.load(gathered_ptr + src_rank.to(tl.int64) * payload_len + row.to(tl.int64) * K_POW2
+                  + place_of_best % K_POW2, mask=taken, other=EMPTY_KEY)
+    _, own_cols = unpack_keys(own)
+    before = tl.sum(tl.where(rank[None, :] < src_rank[:, None], sizes[None, :], 0), 1)
+    cols = tl.where(taken, before + own_cols.to(tl.int64), -1)
+    write_selected(x, cols, m, d, row, k, values_ptr, indices_ptr, lse_ptr, lse_low_ptr, out_stride_row, K_POW2,
+                   WRITE_LSE)
 
 
 # --------------------------------------------------------------------------------------------

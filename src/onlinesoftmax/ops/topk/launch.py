@@ -10,7 +10,7 @@ from ... import _buffers, cpu
 from ..._device import interpreter_active, next_power_of_2, plan_cache, remember
 from ..._launch import Launcher, aligned
 from . import plan as planner
-from .kernels import topk_backward_kernel, topk_merge_kernel, topk_stream_kernel
+from .kernels import EMPTY_KEY, topk_backward_kernel, topk_merge_kernel, topk_shard_merge_kernel, topk_stream_kernel
 
 
 def _row_align(x2: torch.Tensor, is_aligned: bool) -> int:
@@ -129,6 +129,103 @@ def launch_forward(x2: torch.Tensor, k: int, temperature: float, strategy: Optio
            x2.stride(1), k, chosen.chunk_size, chosen.num_chunks, inv_t)
     merge(part_m, part_d, part_keys, values, indices, lse_arg, lse_low_arg, k, k, chosen.num_chunks)
     return values, indices, lse, lse_low
+
+
+# --------------------------------------------------------------------------------------------
+# A row sharded across ranks (onlinesoftmax.distributed.softmax_topk): one partial a row on each
+# rank, all of them merged on every rank
+# --------------------------------------------------------------------------------------------
+
+_topk_shard_merge = Launcher(topk_shard_merge_kernel)
+_SHARD_PREPARED: dict = {}
+plan_cache(_SHARD_PREPARED.clear)
+
+
+def shard_layout(rows: int, k: int) -> tuple:
+    """(k_pow2, md_start, md_plane, sizes_at, length): a rank's payload for a sharded top-k of
+    ``rows`` rows, in int64 slots: ``rows * k_pow2`` keys from slot 0, the m and the d planes
+    (float32, ``md_plane`` floats each) from slot md_start, the shard size at slot sizes_at.
+    Every segment starts on 16 bytes, so its views keep the alignment the compiled kernels are
+    keyed with, and the length is even, so every rank's row of the gathered payloads does too."""
+    k_pow2 = max(2, next_power_of_2(k))  # topk_plan's list
+    md_start = rows * k_pow2
+    md_plane = -(-rows // 4) * 4
+    sizes_at = md_start + md_plane  # the two planes fill md_plane int64 slots
+    return k_pow2, md_start, md_plane, sizes_at, sizes_at + 2
+
+
+def _shard_partial_launches(x2: torch.Tensor, k: int, is_aligned: bool):
+    """(plan, stream, fold or None, scratch templates or None) of a shard's partials: the chunks'
+    stream, then, where the plan splits the row, the merge launch folding them into one."""
+    n_rows, n_cols = x2.shape
+    chosen = planner.topk_plan(n_rows, n_cols, k, x2.dtype, x2.device)
+    key = ("shard", chosen, x2.stride(0), x2.stride(1), is_aligned, planner.TOPK_FEW_SURVIVORS)
+    stream = _topk_stream.bind(
+        (n_rows, chosen.num_chunks), key, BLOCK=chosen.block, K_POW2=chosen.k_pow2,
+        FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS, COMPACT=chosen.compact, LANE_KEEP=chosen.lane_keep,
+        READ_SUSPECT_LANES=chosen.second_read == "lanes", CONTIGUOUS=x2.stride(1) == 1,
+        ROW_ALIGN=_row_align(x2, is_aligned), FINAL=False, WRITE_LSE=False, num_warps=chosen.num_warps)
+    if chosen.num_chunks == 1:
+        return chosen, stream, None, None
+    fold = _topk_merge.bind((n_rows,), ("shard", chosen), K_POW2=chosen.k_pow2,
+                            CHUNKS_POW2=next_power_of_2(chosen.num_chunks), WRITE_LSE=False, PARTIAL=True,
+                            num_warps=planner.TOPK_MERGE_WARPS)
+    scratch = (_buffers.template((n_rows, chosen.num_chunks, chosen.k_pow2), torch.int64, x2.device),
+               _buffers.template((n_rows, chosen.num_chunks), torch.float32, x2.device))
+    return chosen, stream, fold, scratch
+
+
+def launch_shard_partial(x2: torch.Tensor, k: int, temperature: float, keys: torch.Tensor, part_m: torch.Tensor,
+                         part_d: torch.Tensor) -> None:
+    """Write the (m, d) of every row of ``x2 / temperature`` and its best ``min(k, cols)`` columns
+    as a sorted list of a k-sized list's keys (this shard's own columns; empty slots after them)
+    into ``keys`` (rows, k_pow2), ``part_m`` and ``part_d`` (rows): views of a shard_layout payload.
+    CUDA tensors (or the interpreter), k <= planner.TOPK_MAX_K."""
+    n_rows, n_cols = x2.shape
+    if n_cols == 0 or n_rows == 0:
+        keys.fill_(EMPTY_KEY.value)
+        part_m.fill_(float("-inf"))
+        part_d.zero_()
+        return
+    is_aligned = aligned(x2)
+    signature = (x2.shape, x2.stride(), x2.dtype, x2.device, k, is_aligned)
+    prepared = _SHARD_PREPARED.get(signature)
+    if prepared is None:
+        prepared = remember(_SHARD_PREPARED, signature, _shard_partial_launches(x2, k, is_aligned))
+    chosen, stream, fold, scratch = prepared
+    planner.record_topk(chosen)
+    # The plan's list holds the k that every rank's payload is sized for; a shorter shard selects
+    # all of its columns (the kernels take any k up to the list's length).
+    k_here = min(k, n_cols)
+    if fold is None:
+        stream(x2, keys, keys, part_m, part_d, part_m, part_d, keys, n_cols, k_here, x2.stride(0), x2.stride(1),
+               k, n_cols, 1, 1.0 / temperature)
+        return
+    chunk_keys, chunk_m, chunk_d = (_buffers.empty_like(scratch[0]), _buffers.empty_like(scratch[1]),
+                                    _buffers.empty_like(scratch[1]))
+    stream(x2, keys, keys, part_m, part_d, chunk_m, chunk_d, chunk_keys, n_cols, k_here, x2.stride(0), x2.stride(1),
+           k, chosen.chunk_size, chosen.num_chunks, 1.0 / temperature)
+    fold(chunk_m, chunk_d, chunk_keys, keys, keys, part_m, part_d, k_here, k, chosen.num_chunks)
+
+
+def launch_shard_merge(gathered: torch.Tensor, rows: int, k: int, values_dtype: torch.dtype, write_lse: bool = True):
+    """(values (rows, k) in values_dtype, int64 global indices (rows, k), lse (rows,) float32, or
+    None without ``write_lse``) of the rows whose partials every rank wrote (launch_shard_partial)
+    and an all_gather collected in ``gathered`` (world, length) int64, merged in one launch."""
+    world = gathered.shape[0]
+    k_pow2, md_start, md_plane, sizes_at, length = shard_layout(rows, k)
+    device = gathered.device
+    values = _buffers.empty((rows, k), values_dtype, device)
+    indices = _buffers.empty((rows, k), torch.int64, device)
+    # Without the lse its pointers are placeholders the kernel never writes (two allocations fewer).
+    lse, lse_low = ((_buffers.empty((rows,), torch.float32, device), _buffers.empty((rows,), torch.float32, device))
+                    if write_lse else (values, values))
+    if rows:
+        _topk_shard_merge((rows,), (world, rows, k, values_dtype, write_lse), gathered, gathered.view(torch.float32),
+                          values, indices, lse, lse_low, world, k, k, length, md_start, md_plane, sizes_at,
+                          K_POW2=k_pow2, WORLD_POW2=max(2, next_power_of_2(world)), WRITE_LSE=write_lse,
+                          num_warps=planner.TOPK_MERGE_WARPS)
+    return values, indices, lse if write_lse else None
 
 
 def launch_backward(x2: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor, indices: torch.Tensor,

@@ -16,6 +16,10 @@ around a loop of calls, ranks started together by a barrier; the slowest rank's 
 * ``gather + single-GPU``: all_gather the shards, then the single-GPU op on the whole row;
 * ``single-GPU whole``: the single-GPU op on the whole tensor on one GPU (no communication).
 
+Each is also replayed from a CUDA graph of one call on every rank (the "graph ms" column: what a
+captured training step or serving loop sees, without the host's launches), None where a rank
+could not capture it.
+
 cross_entropy (the vocabulary sharded, Megatron's layout) times one training step of a 'mean' loss,
 the forward and the gradient of the logits, with the same ``sharded total``, ``collective`` (its 16
 bytes a row), ``gather + single-GPU`` and ``single-GPU whole``, and instead of ``local kernels``:
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -80,6 +85,41 @@ def _timed_ms(fn, reps: int = 50, warmup: int = 10) -> float:
     torch.cuda.synchronize()
     ms = torch.tensor([start.elapsed_time(end) / reps], device="cuda")
     dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+    return ms.item()
+
+
+def _graph_ms(fn, reps: int = 20) -> Optional[float]:
+    """Mean ms a call replayed from a CUDA graph of one call, the slower rank's; None where any
+    rank could not capture it, and then no rank replays (one rank's collective alone would hang)."""
+    graph = None
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()  # allocations and compilations outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+    except Exception:  # an op that synchronizes or allocates in a way capture forbids
+        graph = None
+    torch.cuda.synchronize()
+    captured = torch.tensor([graph is not None], dtype=torch.int32, device="cuda")
+    dist.all_reduce(captured, op=dist.ReduceOp.MIN)
+    if not captured.item():
+        return None
+    graph.replay()  # the first replay uploads the graph
+    torch.cuda.synchronize()
+    dist.barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    ms = torch.tensor([start.elapsed_time(end) / reps], device="cuda")
+    dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+    del graph
     return ms.item()
 
 
@@ -143,7 +183,8 @@ def _rows_for(label, dtype, op, x_full, shard, world, rank):
         counts_bytes = name not in ("collective",)
         rows.append(harness.Row(case=f"{op} {label}", dtype=str(dtype).replace("torch.", ""), direction="forward",
                                 impl=name, ms=ms, gbs=harness.gbs(moved, ms) if counts_bytes else None,
-                                rel_error=err if name == "sharded total" else None, status=status))
+                                graph_ms=_graph_ms(fn), rel_error=err if name == "sharded total" else None,
+                                status=status))
     return rows
 
 
@@ -211,9 +252,17 @@ def _cross_entropy_rows(label, dtype, x_full, shard, world, rank, seed):
         ms = _timed_ms(fn)
         rows.append(harness.Row(case=f"cross_entropy {label}", dtype=str(dtype).replace("torch.", ""),
                                 direction="forward+backward", impl=name, ms=ms,
-                                gbs=None if name == "collective" else harness.gbs(moved, ms),
+                                gbs=None if name == "collective" else harness.gbs(moved, ms), graph_ms=_graph_ms(fn),
                                 rel_error=errors.get(name), status=status))
     return rows
+
+
+def _us(ms: Optional[float]) -> Optional[float]:
+    return None if ms is None else 1e3 * ms
+
+
+def _shown(us: Optional[float]) -> str:
+    return "not captured" if us is None else f"{us:.1f} us"
 
 
 def run(args) -> int:
@@ -246,14 +295,17 @@ def run(args) -> int:
                 else:
                     rows += _rows_for(f"{n_rows}x{n_cols}", dtype, op, x_full, shard, world, rank)
             del x_full, shard
-    by_case = {}
+    by_case, graphs = {}, {}
     for r in rows:
         by_case.setdefault((r.case, r.dtype), {})[r.impl] = r.ms
+        graphs.setdefault((r.case, r.dtype), {})[r.impl] = r.graph_ms
     summary = {f"{case} {dt}": {"collective_us": 1e3 * t["collective"],
                                 "sharded_total_us": 1e3 * t["sharded total"],
                                 "gather_single_us": 1e3 * t["gather + single-GPU"],
                                 "collective_le_30us": t["collective"] * 1e3 <= 30.0,
-                                "sharded_beats_gather": t["sharded total"] < t["gather + single-GPU"]}
+                                "sharded_beats_gather": t["sharded total"] < t["gather + single-GPU"],
+                                "graph_sharded_total_us": _us(graphs[(case, dt)]["sharded total"]),
+                                "graph_gather_single_us": _us(graphs[(case, dt)]["gather + single-GPU"])}
                for (case, dt), t in by_case.items()}
     if rank == 0:
         notes = (f"{world} ranks, even shards of the last dim, NCCL; k = {TOPK_K} for top-k. GB/s counts one read "
@@ -262,7 +314,9 @@ def run(args) -> int:
                  "the gradient. 'megatron (torch ops)': Megatron-LM's vocabulary-parallel algorithm in torch ops "
                  "(float32 logits, three all_reduces).\n\n"
                  + "\n".join(f"- {case}: collective {s['collective_us']:.1f} us, sharded total "
-                             f"{s['sharded_total_us']:.1f} us, gather + single-GPU {s['gather_single_us']:.1f} us"
+                             f"{s['sharded_total_us']:.1f} us, gather + single-GPU {s['gather_single_us']:.1f} us; "
+                             f"under CUDA graphs {_shown(s['graph_sharded_total_us'])} and "
+                             f"{_shown(s['graph_gather_single_us'])}"
                              for case, s in summary.items()))
         harness.write_results(args, "distributed", rows, None, notes, {"world_size": world, "summary": summary})
     dist.barrier()

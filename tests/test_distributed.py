@@ -146,6 +146,12 @@ def check_topk(rank, world, seed):
             assert gathered_equal_everywhere(values) and gathered_equal_everywhere(indices)
             again = distributed.softmax_topk(shard, k, -1, temperature=t, validate=False, strategy=strategy)
             assert bitwise_equal(again[0], values) and torch.equal(again[1], indices), f"topk unvalidated {what}"
+            if not edges and shape[1] < 60:
+                # Unchecked, k past the row leaves index -1 and NaN in the slots past it.
+                past = distributed.softmax_topk(shard, shape[1] + 2, -1, validate=False, strategy=strategy)
+                assert torch.equal(past[1][:, :shape[1]].sort(-1).values.cpu(), torch.arange(shape[1]).expand(
+                    shape[0], -1)) and (past[1][:, shape[1]:] == -1).all(), f"topk past the row {what}"
+                assert past[0][:, shape[1]:].isnan().all() and not past[0][:, :shape[1]].isnan().any()
     # Not the last dim: a shard of dim 0 of a (cols, rows) tensor.
     x = make_logits((4, 23), torch.float32, gen)
     shard = take_shard(x.t().contiguous(), 0, world, rank)

@@ -43,7 +43,8 @@ def softmax_topk(x_shard: torch.Tensor, k: int, dim: int = -1, group=None, *, te
         This rank's contiguous shard of ``dim`` (as :func:`softmax`).
     k : int
         How many entries to return; at most the total size of ``dim`` over all ranks (checked with
-        ``validate=True``; without the check a larger k leaves index -1 in the slots past the row).
+        ``validate=True``; without the check a larger k leaves index -1 and a NaN value in the slots
+        past the row).
     dim, group, validate
         As :func:`softmax`.
     temperature : float
@@ -181,6 +182,7 @@ def _merged_by_torch(x2, k, temperature, group, values_dtype, strategy):
     # Rows that torch's softmax makes NaN (a NaN or +inf, or all -inf: no finite lse) as the kernels
     # give them: NaN values at indices 0..k-1.
     undefined = ~torch.isfinite(lse)[:, None]
-    values = torch.where(undefined, float("nan"), values).to(values_dtype)
-    top_idx = torch.where(undefined, torch.arange(k, device=x2.device), top_idx)
+    past_the_row = top_idx == torch.iinfo(torch.int64).max  # k above the row's length (validate=False)
+    values = torch.where(undefined | past_the_row, float("nan"), values).to(values_dtype)
+    top_idx = torch.where(undefined, torch.arange(k, device=x2.device), torch.where(past_the_row, -1, top_idx))
     return values, top_idx, lse.float()

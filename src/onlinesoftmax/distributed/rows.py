@@ -88,7 +88,7 @@ class _ShardedSoftmaxFunction(torch.autograd.Function):
         x2 = rows_view(x, dim)
         pairs = all_gather(rows.row_normalizers(x2, triton), group)  # the one collective: (world, 2, rows)
         # Each rank's pair is one partial of the row; the kernel merges them in rank order.
-        y2 = rows.normalize_rows(x2, pairs, log, triton, gathered=True)
+        y2 = rows.normalize_rows(x2, pairs, log, triton)
         ctx.save_for_backward(y2)
         ctx.config = (dim, log, group, triton, x.shape)
         return from_rows(y2, x.shape, dim)

@@ -498,16 +498,13 @@ def row_normalizers(x2: torch.Tensor, triton: bool = True) -> torch.Tensor:
     return pair
 
 
-def normalize_rows(x2: torch.Tensor, parts: torch.Tensor, log: bool, triton: bool = True,
-                   gathered: bool = False) -> torch.Tensor:
-    """softmax (or log_softmax) of ``x2``'s rows from the (2, rows, n) float32 planes of n partial
-    (m, d) pairs a row, merged in index order; ``gathered``: from (n, 2, rows), the all_gather of n
-    ranks' row_normalizers, as it is."""
+def normalize_rows(x2: torch.Tensor, pairs: torch.Tensor, log: bool, triton: bool = True) -> torch.Tensor:
+    """softmax (or log_softmax) of ``x2``'s rows from n partial (m, d) pairs a row, merged in index
+    order: ``pairs`` (n, 2, rows) float32, as an all_gather of n ranks' row_normalizers lays them
+    out."""
     rows, n = x2.shape
     if not (triton and triton_runs_on(x2.device)):
-        if gathered:
-            parts = parts.permute(1, 2, 0)
-        m, d = cpu.merge_normalizers(parts[0], parts[1], 1)
+        m, d = cpu.merge_normalizers(pairs[:, 0], pairs[:, 1], 0)
         xt = x2.float()
         y = (xt - m[:, None]) - torch.log(d)[:, None] if log else torch.exp(xt - m[:, None]) / d[:, None]
         return y.to(x2.dtype)
@@ -515,12 +512,12 @@ def normalize_rows(x2: torch.Tensor, parts: torch.Tensor, log: bool, triton: boo
     if y.numel() == 0:
         return y
     chosen = _split_row_plan("softmax", x2)
-    n_partials = parts.shape[0 if gathered else 2]
+    n_partials = pairs.shape[0]
     _split_row_normalize(
-        (rows, chosen.num_chunks), (chosen, aligned(x2), n_partials, log, gathered),
-        x2, y, x2, parts, n, 1, n, 1, 0, n, 1, 0, chosen.chunk_size, n_partials, 1.0,
+        (rows, chosen.num_chunks), (chosen, aligned(x2), n_partials, log, "rank_major"),
+        x2, y, x2, pairs, n, 1, n, 1, 0, n, 1, 0, chosen.chunk_size, n_partials, 1.0,
         BLOCK=chosen.block_cols, PARTIALS_POW2=next_power_of_2(n_partials), CONTIGUOUS=True,
-        LOG=log, WRITE_Y=True, WRITE_LSE=False, ALIGN=_contiguous_rows_align(x2), RANK_MAJOR=gathered,
+        LOG=log, WRITE_Y=True, WRITE_LSE=False, ALIGN=_contiguous_rows_align(x2), RANK_MAJOR=True,
         num_warps=chosen.num_warps)
     return y
 

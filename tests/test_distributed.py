@@ -294,6 +294,30 @@ def test_sharded_ops(world, gen):
                                 "check_autocast"], seed)
 
 
+@pytest.mark.skipif(not TRITON_RUNS, reason="the Triton kernels need a GPU or TRITON_INTERPRET=1")
+def test_shard_pairs_and_normalize_from_the_gathered_layout(gen):
+    # Without a process group: rows long enough that the shard's pair is a fold of several chunks
+    # (the last program of a row merges them), three shards' pairs stacked as the all_gather lays
+    # them out, one shard normalized from them; rows with -inf on one shard, all -inf, NaN.
+    from onlinesoftmax.ops.softmax import launch as softmax_launch, plan as softmax_plan
+
+    x = make_logits((4, 3 * 9001), torch.float32, gen)
+    x[0, :9001] = float("-inf")
+    x[1] = float("-inf")
+    x[2, 20000] = float("nan")
+    shards = [x[:, i * 9001:(i + 1) * 9001].contiguous() for i in range(3)]
+    pairs = torch.stack([softmax_launch.row_normalizers(shard) for shard in shards])
+    assert softmax_plan.last_plan().num_chunks > 1, softmax_plan.last_plan()
+    for shard, pair in zip(shards, pairs):
+        m, d = pair.double().cpu()
+        ref = torch.logsumexp(shard.double().cpu(), -1)
+        assert_matches(m + torch.log(d), ref, torch.float32, "a shard's pair")
+    y = softmax_launch.normalize_rows(shards[1], pairs, False)
+    assert_matches(y, torch.softmax(x.double(), -1)[:, 9001:18002], torch.float32, "normalized from the pairs")
+    y = softmax_launch.normalize_rows(shards[1], pairs, True)
+    assert_matches(y, torch.log_softmax(x.double(), -1)[:, 9001:18002], torch.float32, "log, from the pairs")
+
+
 def test_bad_input_errors_without_hanging(gen):
     run_world(2, __name__, ["check_bad_input"], int(gen.initial_seed()))
 

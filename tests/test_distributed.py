@@ -297,8 +297,8 @@ def test_sharded_ops(world, gen):
 @pytest.mark.skipif(not TRITON_RUNS, reason="the Triton kernels need a GPU or TRITON_INTERPRET=1")
 def test_shard_pairs_and_normalize_from_the_gathered_layout(gen):
     # Without a process group: rows long enough that the shard's pair is a fold of several chunks
-    # (the last program of a row merges them), three shards' pairs stacked as the all_gather lays
-    # them out, one shard normalized from them; rows with -inf on one shard, all -inf, NaN.
+    # (a second launch merges them), three shards' pairs stacked as the all_gather lays them out,
+    # one shard normalized from them; rows with -inf on one shard, all -inf, NaN.
     from onlinesoftmax.ops.softmax import launch as softmax_launch, plan as softmax_plan
 
     x = make_logits((4, 3 * 9001), torch.float32, gen)

@@ -480,20 +480,6 @@ def chunk_span(chunk, chunk_size, head, n_cols, BLOCK_COLS: tl.constexpr, ALIGN:
 
 
 @triton.jit
-def last_to_arrive(sync_ptr, row, num_chunks):
-    """Arrive at ``row``'s counter (as wait_for_row, without waiting): True for the last of the
-    row's ``num_chunks`` programs, which zeroes the counter and may then read the partials the
-    others stored before arriving, with ``volatile=True`` loads."""
-    tl.debug_barrier()
-    count_ptr = sync_ptr + COUNTER_STRIDE * (1 + row)
-    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel") + 1
-    last = arrived == num_chunks
-    if last:
-        tl.atomic_xchg(count_ptr, 0, sem="acq_rel")
-    return last
-
-
-@triton.jit
 def wait_for_row(sync_ptr, row, num_chunks):
     """Arrive at ``row``'s counter and wait until all ``num_chunks`` programs of the row have.
 

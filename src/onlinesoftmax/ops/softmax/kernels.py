@@ -35,7 +35,6 @@ from ..._triton import (
     grad_dot,
     grad_from_dot,
     known_multiple,
-    last_to_arrive,
     max_keep_nan,
     merge_rank_pairs,
     merge_row_partials,
@@ -217,25 +216,14 @@ def split_row_partials_kernel(
 
 
 @triton.jit
-def row_normalizers_kernel(x_ptr, parts_ptr, pair_ptr, sync_ptr, n_cols, chunk_size, num_chunks,
-                           BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr):
-    # Every row's (m, d) into the (2, rows) planes of pair_ptr (what a sharded row's collective
-    # sends) in one launch: a row's chunks store their partials, and the last of its programs to
-    # finish merges them (in chunk order, whichever program it is). Where partials and a merge
-    # launch took two: a launch is host time, and a sharded call is mostly host time.
+def merge_partials_kernel(parts_ptr, pair_ptr, num_chunks, CHUNKS_POW2: tl.constexpr):
+    # A row's (m, d) from its chunks' partials, into the (2, rows) planes of pair_ptr: one launch
+    # where torch ops took six (a sharded row's one collective sends this pair).
     row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    start = chunk * chunk_size
-    stop = tl.minimum(start + chunk_size, n_cols)
-    x_row, head = aligned_row(x_ptr, row.to(tl.int64) * n_cols, ALIGN)
-    m, d = stream_online_normalizer(x_row, 1, start, stop, head, 1.0, BLOCK, True, ALIGN)
     n_rows = tl.num_programs(0).to(tl.int64)
-    n_parts = n_rows * num_chunks
-    store_row_partial(parts_ptr, n_parts, row, chunk, num_chunks, m, d)
-    if last_to_arrive(sync_ptr, row, num_chunks):
-        m, d = merge_row_partials(parts_ptr, n_parts, row, num_chunks, CHUNKS_POW2, True)
-        tl.store(pair_ptr + row, m)
-        tl.store(pair_ptr + n_rows + row, d)
+    m, d = merge_row_partials(parts_ptr, n_rows * num_chunks, row, num_chunks, CHUNKS_POW2, False)
+    tl.store(pair_ptr + row, m)
+    tl.store(pair_ptr + n_rows + row, d)
 
 
 @triton.jit

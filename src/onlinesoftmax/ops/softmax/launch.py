@@ -26,9 +26,9 @@ from .kernels import (
     PARTIAL_SUM,
     looped_backward_kernel,
     looped_softmax_kernel,
+    merge_partials_kernel,
     row_on_chip_backward_kernel,
     row_on_chip_softmax_kernel,
-    row_normalizers_kernel,
     split_row_backward_apply_kernel,
     split_row_backward_dot_kernel,
     split_row_normalize_kernel,
@@ -149,7 +149,7 @@ _row_on_chip_softmax = Launcher(row_on_chip_softmax_kernel)
 _looped_softmax = Launcher(looped_softmax_kernel)
 _split_row_partials = Launcher(split_row_partials_kernel)
 _split_row_normalize = Launcher(split_row_normalize_kernel)
-_row_normalizers = Launcher(row_normalizers_kernel)
+_merge_partials = Launcher(merge_partials_kernel)
 _split_row_on_chip_softmax = Launcher(split_row_on_chip_softmax_kernel)
 _split_row_on_chip_backward = Launcher(split_row_on_chip_backward_kernel)
 _row_on_chip_backward = Launcher(row_on_chip_backward_kernel)
@@ -484,19 +484,17 @@ def row_normalizers(x2: torch.Tensor, triton: bool = True) -> torch.Tensor:
         return torch.stack(cpu.normalizer(x2.float()))
     chosen = _split_row_plan("logsumexp", x2)
     pair = _buffers.empty((2, rows), torch.float32, x2.device)
+    # The m and d planes of the chunks' partials; one chunk's planes are the pair itself.
+    parts = pair if chosen.num_chunks == 1 else _buffers.empty((2, rows, chosen.num_chunks), torch.float32, x2.device)
+    _split_row_partials(
+        chosen.grid, (chosen, aligned(x2)), x2, parts, n, 1, n, 1, 0, chosen.chunk_size, chosen.num_chunks, 1.0,
+        BLOCK=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks), CONTIGUOUS=True,
+        PASS=PARTIAL_ONLINE, ALIGN=_contiguous_rows_align(x2), num_warps=chosen.num_warps)
     if chosen.num_chunks == 1:
-        # One chunk's partials are the pair itself.
-        _split_row_partials(
-            chosen.grid, (chosen, aligned(x2)), x2, pair, n, 1, n, 1, 0, chosen.chunk_size, 1, 1.0,
-            BLOCK=chosen.block_cols, CHUNKS_POW2=1, CONTIGUOUS=True, PASS=PARTIAL_ONLINE,
-            ALIGN=_contiguous_rows_align(x2), num_warps=chosen.num_warps)
         return pair
-    # The chunks' m and d planes and the rows' arrival counters, kept per stream (row_exchange).
-    parts, counters = _buffers.row_exchange(2 * rows * chosen.num_chunks, COUNTER_STRIDE.value * (1 + rows),
-                                            x2.device)
-    _row_normalizers(chosen.grid, (chosen, aligned(x2)), x2, parts, pair, counters, n, chosen.chunk_size,
-                     chosen.num_chunks, BLOCK=chosen.block_cols, CHUNKS_POW2=next_power_of_2(chosen.num_chunks),
-                     ALIGN=_contiguous_rows_align(x2), num_warps=chosen.num_warps)
+    chunks_pow2 = next_power_of_2(chosen.num_chunks)
+    _merge_partials((rows,), (chosen.num_chunks, chunks_pow2), parts, pair, chosen.num_chunks, CHUNKS_POW2=chunks_pow2,
+                    num_warps=1)
     return pair
 
 

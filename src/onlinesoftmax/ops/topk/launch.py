@@ -57,8 +57,21 @@ class _Prepared:
         if chosen is not None and (chosen.strategy == "split" or chosen.compact):
             # Each program's candidate list (split) and compaction scratch (compact plans), then
             # the split's partial (m, d); a single one-by-one launch touches none of them.
-            self.scratch = (_buffers.template((n_rows, chosen.num_chunks, chosen.k_pow2), torch.int64, device),
-                            _buffers.template((n_rows, chosen.num_chunks), torch.float32, device))
+            self.scratch = _chunk_scratch(chosen, n_rows, device)
+
+
+def _chunk_scratch(chosen: planner.TopkPlan, n_rows: int, device: torch.device) -> tuple:
+    """Templates of the chunks' candidate lists (int64 keys) and of their (m, d) (float32)."""
+    return (_buffers.template((n_rows, chosen.num_chunks, chosen.k_pow2), torch.int64, device),
+            _buffers.template((n_rows, chosen.num_chunks), torch.float32, device))
+
+
+def _stream_meta(chosen: planner.TopkPlan, x2: torch.Tensor, is_aligned: bool, write_lse: bool) -> dict:
+    """The stream kernel's constexprs and warps for a plan, but FINAL."""
+    return dict(BLOCK=chosen.block, K_POW2=chosen.k_pow2, FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS,
+                COMPACT=chosen.compact, LANE_KEEP=chosen.lane_keep, READ_SUSPECT_LANES=chosen.second_read == "lanes",
+                CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2, is_aligned), WRITE_LSE=write_lse,
+                num_warps=chosen.num_warps)
 
 
 def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_aligned, use_triton, write_lse,
@@ -73,11 +86,7 @@ def _prepare(x2, k, strategy, block, num_chunks, lane_keep, second_read, is_alig
     # The plan fixes every integer argument but x's strides; with x's alignment they complete the
     # compiled-kernel key (see onlinesoftmax._launch), with the values' dtype (their stores cast to it).
     launch_key = (chosen, x2.stride(0), x2.stride(1), is_aligned, planner.TOPK_FEW_SURVIVORS, write_lse, values_dtype)
-    common = dict(BLOCK=chosen.block, K_POW2=chosen.k_pow2, FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS,
-                  COMPACT=chosen.compact, LANE_KEEP=chosen.lane_keep,
-                  READ_SUSPECT_LANES=chosen.second_read == "lanes",
-                  CONTIGUOUS=x2.stride(1) == 1, ROW_ALIGN=_row_align(x2, is_aligned), WRITE_LSE=write_lse,
-                  num_warps=chosen.num_warps)
+    common = _stream_meta(chosen, x2, is_aligned, write_lse)
     if chosen.strategy == "single":
         return chosen, _topk_stream.bind((n_rows, 1), launch_key, FINAL=True, **common), None
     stream = _topk_stream.bind((n_rows, chosen.num_chunks), launch_key, FINAL=False, **common)
@@ -147,7 +156,7 @@ def shard_layout(rows: int, k: int) -> tuple:
     (float32, ``md_plane`` floats each) from slot md_start, the shard size at slot sizes_at.
     Every segment starts on 16 bytes, so its views keep the alignment the compiled kernels are
     keyed with, and the length is even, so every rank's row of the gathered payloads does too."""
-    k_pow2 = max(2, next_power_of_2(k))  # topk_plan's list
+    k_pow2 = planner.list_length(k)
     md_start = rows * k_pow2
     md_plane = -(-rows // 4) * 4
     sizes_at = md_start + md_plane  # the two planes fill md_plane int64 slots
@@ -160,19 +169,14 @@ def _shard_partial_launches(x2: torch.Tensor, k: int, is_aligned: bool):
     n_rows, n_cols = x2.shape
     chosen = planner.topk_plan(n_rows, n_cols, k, x2.dtype, x2.device)
     key = ("shard", chosen, x2.stride(0), x2.stride(1), is_aligned, planner.TOPK_FEW_SURVIVORS)
-    stream = _topk_stream.bind(
-        (n_rows, chosen.num_chunks), key, BLOCK=chosen.block, K_POW2=chosen.k_pow2,
-        FEW_SURVIVORS=planner.TOPK_FEW_SURVIVORS, COMPACT=chosen.compact, LANE_KEEP=chosen.lane_keep,
-        READ_SUSPECT_LANES=chosen.second_read == "lanes", CONTIGUOUS=x2.stride(1) == 1,
-        ROW_ALIGN=_row_align(x2, is_aligned), FINAL=False, WRITE_LSE=False, num_warps=chosen.num_warps)
+    stream = _topk_stream.bind((n_rows, chosen.num_chunks), key, FINAL=False,
+                               **_stream_meta(chosen, x2, is_aligned, False))
     if chosen.num_chunks == 1:
         return chosen, stream, None, None
     fold = _topk_merge.bind((n_rows,), ("shard", chosen), K_POW2=chosen.k_pow2,
                             CHUNKS_POW2=next_power_of_2(chosen.num_chunks), WRITE_LSE=False, PARTIAL=True,
                             num_warps=planner.TOPK_MERGE_WARPS)
-    scratch = (_buffers.template((n_rows, chosen.num_chunks, chosen.k_pow2), torch.int64, x2.device),
-               _buffers.template((n_rows, chosen.num_chunks), torch.float32, x2.device))
-    return chosen, stream, fold, scratch
+    return chosen, stream, fold, _chunk_scratch(chosen, n_rows, x2.device)
 
 
 def launch_shard_partial(x2: torch.Tensor, k: int, temperature: float, keys: torch.Tensor, part_m: torch.Tensor,

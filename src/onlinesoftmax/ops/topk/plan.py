@@ -96,6 +96,11 @@ class TopkPlan:
         return "\n".join(lines)
 
 
+def list_length(k: int) -> int:
+    """The candidate list's length for k (K_POW2): a power of two, at least 2."""
+    return max(2, next_power_of_2(k))
+
+
 @plan_cache
 def _clear():
     topk_plan.cache_clear()
@@ -111,7 +116,7 @@ def topk_plan(rows: int, cols: int, k: int, dtype: torch.dtype, device: torch.de
     and sweeps)."""
     if strategy is not None and strategy not in TOPK_STRATEGIES:
         raise ValueError(f"softmax_topk: strategy must be None or one of {TOPK_STRATEGIES}, got {strategy!r}")
-    k_pow2 = max(2, next_power_of_2(k))
+    k_pow2 = list_length(k)
     if lane_keep is not None and (lane_keep not in (0, 1, 2) or (lane_keep == 2 and k > TOPK_LANE_KEEP2_MAX_K)):
         raise ValueError(f"softmax_topk: lane_keep must be 0, 1 or 2 (2 for k <= {TOPK_LANE_KEEP2_MAX_K}), "
                          f"got {lane_keep} for k={k}")

@@ -527,15 +527,23 @@ def test_split_row_on_chip_tiles_by_direction_and_element_size(plan_override):
 def test_misaligned_rows_of_a_large_tile_split(plan_override):
     # Rows off 16-byte boundaries (misaligned_rows) whose row_on_chip tile is above
     # ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and at least ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL full take
-    # split_row_on_chip, forward and backward; aligned rows, emptier tiles, logsumexp and fp32 stay.
-    plan_override(ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7}, ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS=16384)
+    # split_row_on_chip, forward and backward, but for fewer than ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM
+    # rows an SM of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES vectors; aligned rows, emptier tiles, logsumexp and fp32 stay.
+    plan_override(ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7}, ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS=16384,
+                  ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM=1, ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES=8)
     cuda = torch.device("cuda")
 
-    def strategy(op, cols, dtype=torch.bfloat16, misaligned=True):
-        return plan._choose(op, 262, cols, dtype, cuda, "auto", None, 132, False, misaligned).strategy
+    def strategy(op, cols, dtype=torch.bfloat16, misaligned=True, rows=262, row_multiple=None):
+        row_multiple = row_multiple or cols & -cols  # a contiguous tensor's (lowest set bit of its length)
+        return plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False, misaligned, misaligned,
+                            row_multiple).strategy
 
     for op in ("softmax", "log_softmax", "softmax_backward", "log_softmax_backward"):
         assert strategy(op, 32076) == strategy(op, 23612) == "split_row_on_chip", op
+        assert strategy(op, 26020, rows=132) == "split_row_on_chip", op
+        assert strategy(op, 26020, rows=131) == strategy(op, 32076, torch.float16, rows=8) == "row_on_chip", op
+        # Rows of 2- or 4-byte vectors split however few.
+        assert strategy(op, 32001, rows=8) == strategy(op, 26022, rows=8) == "split_row_on_chip", op
         assert strategy(op, 32076, misaligned=False) == "row_on_chip", op
         assert strategy(op, 32076, torch.float32) == "row_on_chip", op
         assert strategy(op, 22000) != "split_row_on_chip", op  # 67% of the tile
@@ -759,7 +767,7 @@ def test_split_row_on_chip_warps_and_tiles_by_programs():
 
     assert chosen("softmax", 1, 262147) == (4096, 65, 4, 0)  # 33 programs of 8192: fewer than the SMs
     assert chosen("log_softmax", 4, 128257) == (4096, 32, 4, 0)
-    assert chosen("softmax", 49, 24083) == (8192, 3, 8, 0)  # 147 programs: one uncapped wave
+    assert chosen("softmax", 264, 24083) == (8192, 3, 8, 0)  # 792 programs: one uncapped wave
     assert chosen("softmax", 256, 50257) == (8192, 7, 4, 0)  # 1792 programs in granules: uncapped
     assert chosen("log_softmax", 256, 151936, granules=False) == (8192, 19, 4, 0)  # the 2-byte log: never capped
     assert chosen("softmax", 64, 128256, granules=False) == (8192, 16, 8, 32)  # capped

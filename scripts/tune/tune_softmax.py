@@ -238,6 +238,14 @@ def few_mid_rows_variants():
     yield from split_on_chip_variants()
 
 
+def few_long_rows_on_chip_variants():
+    # 2-byte rows of 20K-32K elements held whole: the tile of 32768 on a quarter and half the warps,
+    # or as a head of 16384 and a tail for few rows filling up to all of it, the tail on 8 or 16 warps.
+    yield from mid_long_row_variants()
+    for warps in (8, 16):
+        yield dict(ROW_ON_CHIP_TAIL_FEW_ROWS_BELOW_FILL={4: 0.0, 2: 1.0}, ROW_ON_CHIP_TAIL_WARPS=warps)
+
+
 def mid_long_row_variants():
     # Rows of 8193-16384 elements held whole: the tile of 16384 on fewer warps than the table's 32
     # (two or four programs an SM in place of one).
@@ -463,6 +471,27 @@ CASES = [
     *((torch.bfloat16, rows, cols, "row_on_chip", few_rows_tail_off_variants) for rows, cols in (
         (15, 18419), (64, 18419), (132, 18419), (15, 17001), (64, 17001), (132, 17001), (32, 19001),
         (100, 19001))),
+    # Few 2-byte rows of 20K-32K elements filling 60-98% of their tile (the H200's fp16 sweep of seed
+    # 3201: log_softmax 43 x 26020 at 0.88x torch under CUDA graphs, split_row_on_chip's four
+    # chunks a row): held whole or as a head and a tail, looped, split (run with --variants
+    # few_long_rows_on_chip,looped,split_on_chip).
+    *((dtype, rows, cols, strategy, variants) for dtype, rows, cols in (
+        (torch.float16, 8, 26020), (torch.float16, 43, 26020), (torch.float16, 132, 26020),
+        (torch.float16, 43, 22001), (torch.float16, 43, 30011), (torch.bfloat16, 43, 26020))
+      for strategy, variants in (("row_on_chip", few_long_rows_on_chip_variants), ("looped", looped_variants),
+                                 ("split_row_on_chip", split_on_chip_variants))),
+    # ... held whole against split, from few rows to a few an SM, forward and backward (run with
+    # [--backward] [--log] --variants current_only).
+    *((dtype, rows, cols, strategy, current_only_variants) for dtype, rows, cols in (
+        (torch.float16, 16, 32076), (torch.float16, 43, 32076), (torch.float16, 66, 26020),
+        (torch.float16, 99, 26020), (torch.float16, 131, 32076), (torch.float16, 262, 26020),
+        (torch.bfloat16, 66, 32076), (torch.bfloat16, 262, 32076), (torch.bfloat16, 528, 32076),
+        (torch.bfloat16, 1024, 32076), (torch.bfloat16, 4096, 30011), (torch.bfloat16, 8192, 26020),
+        (torch.bfloat16, 16384, 23001), (torch.float16, 2048, 32001), (torch.float16, 8192, 28001),
+        (torch.bfloat16, 2, 30011), (torch.bfloat16, 4, 28637), (torch.bfloat16, 4, 32001),
+        (torch.bfloat16, 11, 27783), (torch.bfloat16, 32, 32001), (torch.bfloat16, 49, 24083),
+        (torch.bfloat16, 100, 30011))
+      for strategy in ("row_on_chip", "split_row_on_chip")),
 ]
 
 

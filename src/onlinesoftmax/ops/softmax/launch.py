@@ -140,7 +140,8 @@ def _make_recipe(t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: O
     granule, misaligned, row_multiple = _row_granule(t.element_size(), n_cols, inner, in_strides, out_strides,
                                                      contiguous)
     chosen = planner.choose(op, n_rows, n_cols, t.dtype, t.device, algorithm, strategy,
-                            misaligned_rows=granule > 1 and misaligned, granule_rows=granule > 1)
+                            misaligned_rows=granule > 1 and misaligned, granule_rows=granule > 1,
+                            row_multiple=row_multiple)
     return _Recipe(chosen, laid_out is not t, inner, in_strides, out_strides, contiguous,
                    t.shape[:dim] + t.shape[dim + 1:], inline_ptx_allowed(), granule, row_multiple)
 

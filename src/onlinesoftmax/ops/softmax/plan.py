@@ -49,6 +49,13 @@ ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS = 16384
 # 1522 -> 1751 (torch 1404 / 1528), 131x32076 1030 -> 1110 / 1285 -> 1467; aligned rows stay
 # (262x20000: 1548 on chip, 1114 split) (docs/notes/2026-11/sweep_strategies-misaligned-h100.log).
 ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
+# ... but for fewer than this many rows an SM whose starts and lengths are multiples of
+# ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES (read a vector of that size a load), held whole. H200, graphs, GB/s,
+# split -> whole (torch): fp16 log_softmax 43 x 26020 591 -> 832 (608), 131 x 32076 1523 -> 2082 (1438),
+# its backward 2152 -> 3275 (1570); odd lengths lost: bf16 32 x 32001 578 -> 441 (378)
+# (notes/2026-11/tune_softmax-few_long_rows-h200.log).
+ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM = 1
+ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES = 8
 # Backward rows off 16-byte boundaries whose row_on_chip tile is at least MIN_TILE elements (by
 # element size; None: never) take looped where the rows' tiles hold MIN_ELEMENTS_PER_SM an SM, but
 # for the full tiles that _full_large_tile splits: held whole, such a row takes 50 registers a
@@ -307,12 +314,14 @@ def _split_on_chip_tile(backward: bool, cols: int, elem: int, sms: int) -> int:
     return max(smallest, next_power_of_2(cdiv(cols, _split_on_chip_max_chunks(sms))))
 
 
-def _full_large_tile(cols: int, elem: int) -> bool:
+def _full_large_tile(rows: int, cols: int, elem: int, sms: int, row_multiple: int) -> bool:
     """Rows whose row_on_chip tile is above ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and at least
-    ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL full."""
+    ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL full, but few rows of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES vectors."""
     fill = ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL[elem]
     tile = next_power_of_2(cols)
-    return fill is not None and tile > ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and cols >= fill * tile
+    few_whole = (rows < ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM * sms
+                 and row_multiple * elem >= ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES)
+    return fill is not None and tile > ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and cols >= fill * tile and not few_whole
 
 
 def _misaligned_backward_looped(rows: int, cols: int, elem: int, sms: int) -> bool:
@@ -454,7 +463,8 @@ class Plan(RegisterCap):
 
 def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device,
            algorithm: str = "auto", strategy: str | None = None, sms: int | None = None,
-           interpreting: bool | None = None, misaligned_rows: bool = False, granule_rows: bool = False) -> Plan:
+           interpreting: bool | None = None, misaligned_rows: bool = False, granule_rows: bool = False,
+           row_multiple: int = 1) -> Plan:
     """Pick the strategy and launch parameters for ``rows`` independent rows of ``cols`` elements.
 
     ``sms`` overrides the device's multiprocessor count (to plan for a GPU this machine lacks);
@@ -462,14 +472,15 @@ def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.devi
     ``misaligned_rows`` whether rows start off 16-byte boundaries and are cut at 16-byte boundaries
     of memory (split_row_on_chip then covers up to 15 more elements a row); ``granule_rows``
     whether the kernels read rows in 16-byte granules (misaligned rows, and rows whose length or
-    stride is no multiple of 16 elements: see ops/softmax/launch.py's _row_granule).
+    stride is no multiple of 16 elements: see ops/softmax/launch.py's _row_granule); ``row_multiple``
+    there, the most elements up to a granule that every row's start and length are multiples of.
     Decisions are cached: planning is on every call's path, ahead of a kernel of a few microseconds.
     """
     device = torch.device(device)
     if interpreting is None:
         interpreting = interpreter_active()
     return _choose(op, rows, cols, dtype, device, algorithm, strategy, sms or sm_count(device), interpreting,
-                   misaligned_rows, granule_rows)
+                   misaligned_rows, granule_rows, row_multiple)
 
 
 @plan_cache
@@ -479,7 +490,7 @@ def _clear():
 
 @functools.lru_cache(maxsize=4096)
 def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpreting, misaligned_rows=False,
-            granule_rows=False) -> Plan:
+            granule_rows=False, row_multiple=1) -> Plan:
     granule_rows = granule_rows or misaligned_rows  # misaligned rows are read in granules
     if op not in FORWARD_OPS + BACKWARD_OPS:
         raise ValueError(f"unknown op {op!r}")
@@ -527,7 +538,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 strategy = "split_row_on_chip"
             else:
                 strategy = "row_on_chip"
-        elif on_chip and misaligned_rows and op != "logsumexp" and _full_large_tile(cols, elem):
+        elif on_chip and misaligned_rows and op != "logsumexp" and _full_large_tile(rows, cols, elem, sms, row_multiple):
             strategy = "split_row_on_chip"
         elif on_chip and backward and misaligned_rows and _misaligned_backward_looped(rows, cols, elem, sms):
             strategy = "looped"

@@ -7,10 +7,10 @@ the same on every rank and across runs). See ``rows.py`` for why one gather and 
 all-reduces.
 """
 
-from ._group import check_group
+from ._group import check_group, last_strategy
 from .context import attention, merge_attention
 from .vocab import cross_entropy
-from .rows import DimensionError, last_strategy, log_softmax, logsumexp, softmax
+from .rows import DimensionError, log_softmax, logsumexp, softmax
 from .topk import softmax_topk
 
 __all__ = ["softmax", "log_softmax", "logsumexp", "softmax_topk", "merge_attention", "attention", "cross_entropy",

@@ -1,4 +1,5 @@
-"""Process groups for the sharded ops: the group check, the one all_gather, the shape check.
+"""Process groups for the sharded ops: the group check, the one all_gather, the shape check; and
+what the row-sharded ops (softmax family, softmax_topk) share: the shard's checks, the local strategy.
 
 A gloo group communicates CPU tensors; CUDA tensors given to a gloo group are staged through host
 memory for the collective (one copy each way of a few bytes per row), so that several processes
@@ -8,10 +9,13 @@ exercises them on a machine with one GPU. NCCL communicates CUDA tensors in plac
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.distributed as dist
 
-from .. import _buffers
+from .. import _buffers, _validate
+from .._device import triton_runs_on
 
 # Length of the per-rank description exchanged by the shape check: ndim, dim, dtype code, the
 # shard size along dim, an op-specific value (k for top-k), then up to 11 sizes.
@@ -120,3 +124,39 @@ class NoContext:
 
     def set_materialize_grads(self, value):
         pass
+
+
+# --------------------------------------------------------------------------------------------
+# The row-sharded ops' shard checks and local strategy
+# --------------------------------------------------------------------------------------------
+
+STRATEGIES = ("split_row", "torch")
+
+_last_strategy: Optional[str] = None
+
+
+def last_strategy() -> Optional[str]:
+    """The local strategy of the most recent softmax-family or softmax_topk call in this process:
+    "split_row" or "torch"."""
+    return _last_strategy
+
+
+def local_strategy(x: torch.Tensor, strategy: Optional[str], name: str) -> str:
+    """The strategy a row-sharded call runs on its shard ``x`` (checked; remembered for last_strategy)."""
+    global _last_strategy
+    if strategy is not None:
+        _validate.choice(strategy, STRATEGIES, name, "strategy")
+    if strategy == "split_row" and not triton_runs_on(x.device):
+        raise ValueError(f"{name}: strategy 'split_row' runs Triton kernels, which need a CUDA tensor "
+                         "(or TRITON_INTERPRET=1 for CPU tensors)")
+    _last_strategy = strategy or ("split_row" if triton_runs_on(x.device) else "torch")
+    return _last_strategy
+
+
+def checked_shard(x, dim: int, name: str, temperature=1.0):
+    """(x, dim normalized) after the checks every row-sharded op makes of its shard."""
+    _validate.tensor(x, name)
+    _validate.float_dtype(x, name)
+    _validate.device(x, name)
+    _validate.positive(temperature, name, "temperature")
+    return x, _validate.dim(dim, x.dim(), name)

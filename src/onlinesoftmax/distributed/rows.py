@@ -42,40 +42,11 @@ from typing import Optional
 import torch
 
 from .. import _autocast, _validate, cpu
-from .._device import triton_runs_on
 from ..ops.softmax import launch as rows
-from ._group import NoContext, all_gather, check_group, from_rows, gather_shapes, rows_view
+from ._group import (NoContext, all_gather, check_group, checked_shard, from_rows, gather_shapes, local_strategy,
+                     rows_view)
 
 DimensionError = _validate.DimensionError
-STRATEGIES = ("split_row", "torch")
-
-_last_strategy: Optional[str] = None
-
-
-def last_strategy() -> Optional[str]:
-    """The local strategy of the most recent softmax-family call in this process: "split_row" or "torch"."""
-    return _last_strategy
-
-
-def _strategy(x: torch.Tensor, strategy: Optional[str], name: str) -> str:
-    global _last_strategy
-    if strategy is not None:
-        _validate.choice(strategy, STRATEGIES, name, "strategy")
-    if strategy == "split_row" and not triton_runs_on(x.device):
-        raise ValueError(f"{name}: strategy 'split_row' runs Triton kernels, which need a CUDA tensor "
-                         "(or TRITON_INTERPRET=1 for CPU tensors)")
-    _last_strategy = strategy or ("split_row" if triton_runs_on(x.device) else "torch")
-    return _last_strategy
-
-
-def _checked(x, dim, name, temperature=1.0):
-    _validate.tensor(x, name)
-    _validate.float_dtype(x, name)
-    _validate.device(x, name)
-    _validate.positive(temperature, name, "temperature")
-    return x, _validate.dim(dim, x.dim(), name)
-
-
 # --------------------------------------------------------------------------------------------
 # Autograd: the forward's one collective gathers (m, d) per row, the backward's the row's dot
 # --------------------------------------------------------------------------------------------
@@ -129,11 +100,11 @@ class _ShardedLogSumExpFunction(torch.autograd.Function):
 
 
 def _prepare(x, dim, group, validate, strategy, name):
-    x, dim = _checked(x, dim, name)
+    x, dim = checked_shard(x, dim, name)
     check_group(x.device, group, name)
     if x.dim() == 0:
         raise ValueError(f"{name}: a 0-d tensor has no dimension to shard")
-    chosen = _strategy(x, strategy, name)
+    chosen = local_strategy(x, strategy, name)
     if validate:
         gather_shapes(x, dim, group, name)
     return x, dim, chosen

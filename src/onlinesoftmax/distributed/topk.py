@@ -28,8 +28,7 @@ import torch.distributed as dist
 from .. import _autocast, _buffers, cpu
 from ..ops.topk import launch as topk_launch
 from ..ops.topk.plan import TOPK_MAX_K
-from ._group import all_gather, check_group, from_rows, gather_shapes, rows_view
-from .rows import _checked, _strategy
+from ._group import all_gather, check_group, checked_shard, from_rows, gather_shapes, local_strategy, rows_view
 
 
 def softmax_topk(x_shard: torch.Tensor, k: int, dim: int = -1, group=None, *, temperature: float = 1.0,
@@ -88,13 +87,13 @@ def softmax_topk(x_shard: torch.Tensor, k: int, dim: int = -1, group=None, *, te
 
 def _softmax_topk(x_shard, k, dim, group, temperature, return_lse, validate, values_dtype, strategy):
     name = "distributed.softmax_topk"
-    x, dim = _checked(x_shard, dim, name, temperature)
+    x, dim = checked_shard(x_shard, dim, name, temperature)
     check_group(x.device, group, name)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"{name}: k must be a positive int, got {k!r}")
     if x.dim() == 0:
         raise ValueError(f"{name}: a 0-d tensor has no dimension to shard")
-    chosen = _strategy(x, strategy, name)
+    chosen = local_strategy(x, strategy, name)
     if validate:
         table = gather_shapes(x, dim, group, name, extra=k)
         total = int(table[:, 3].sum())

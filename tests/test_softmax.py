@@ -530,7 +530,8 @@ def test_misaligned_rows_of_a_large_tile_split(plan_override):
     # split_row_on_chip, forward and backward, but for fewer than ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM
     # rows an SM of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES vectors; aligned rows, emptier tiles, logsumexp and fp32 stay.
     plan_override(ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7}, ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS=16384,
-                  ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM=1, ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES=8)
+                  ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM={"forward": 2, "backward": 8},
+                  ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES=8)
     cuda = torch.device("cuda")
 
     def strategy(op, cols, dtype=torch.bfloat16, misaligned=True, rows=262, row_multiple=None):
@@ -539,9 +540,10 @@ def test_misaligned_rows_of_a_large_tile_split(plan_override):
                             row_multiple).strategy
 
     for op in ("softmax", "log_softmax", "softmax_backward", "log_softmax_backward"):
-        assert strategy(op, 32076) == strategy(op, 23612) == "split_row_on_chip", op
-        assert strategy(op, 26020, rows=132) == "split_row_on_chip", op
-        assert strategy(op, 26020, rows=131) == strategy(op, 32076, torch.float16, rows=8) == "row_on_chip", op
+        few = 8 * 132 if op.endswith("backward") else 2 * 132
+        assert strategy(op, 32001) == strategy(op, 23612, rows=few) == strategy(op, 32076, rows=few) \
+            == "split_row_on_chip", op
+        assert strategy(op, 26020, rows=few - 1) == strategy(op, 32076, torch.float16, rows=8) == "row_on_chip", op
         # Rows of 2- or 4-byte vectors split however few.
         assert strategy(op, 32001, rows=8) == strategy(op, 26022, rows=8) == "split_row_on_chip", op
         assert strategy(op, 32076, misaligned=False) == "row_on_chip", op

@@ -49,12 +49,12 @@ ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS = 16384
 # 1522 -> 1751 (torch 1404 / 1528), 131x32076 1030 -> 1110 / 1285 -> 1467; aligned rows stay
 # (262x20000: 1548 on chip, 1114 split) (docs/notes/2026-11/sweep_strategies-misaligned-h100.log).
 ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
-# ... but for fewer than this many rows an SM whose starts and lengths are multiples of
-# ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES (read a vector of that size a load), held whole. H200, graphs, GB/s,
-# split -> whole (torch): fp16 log_softmax 43 x 26020 591 -> 832 (608), 131 x 32076 1523 -> 2082 (1438),
-# its backward 2152 -> 3275 (1570); odd lengths lost: bf16 32 x 32001 578 -> 441 (378)
-# (notes/2026-11/tune_softmax-few_long_rows-h200.log).
-ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM = 1
+# ... but for fewer than this many rows an SM (by direction) whose starts and lengths are multiples
+# of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES (read a vector of that size a load), held whole. H200, graphs,
+# GB/s, split -> whole (torch): fp16 log_softmax 43 x 26020 591 -> 832 (608), 131 x 32076 1523 -> 2082
+# (1438); backward bf16 1024 x 32076 3180 -> 3793 (2738); but log_softmax 528 x 32076 2528 -> 2319 and
+# odd lengths, bf16 32 x 32001 578 -> 441 (notes/2026-11/tune_softmax-few_long_rows-h200.log).
+ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM = {"forward": 2, "backward": 8}
 ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES = 8
 # Backward rows off 16-byte boundaries whose row_on_chip tile is at least MIN_TILE elements (by
 # element size; None: never) take looped where the rows' tiles hold MIN_ELEMENTS_PER_SM an SM, but
@@ -314,14 +314,18 @@ def _split_on_chip_tile(backward: bool, cols: int, elem: int, sms: int) -> int:
     return max(smallest, next_power_of_2(cdiv(cols, _split_on_chip_max_chunks(sms))))
 
 
-def _full_large_tile(rows: int, cols: int, elem: int, sms: int, row_multiple: int) -> bool:
+def _full_large_tile(cols: int, elem: int) -> bool:
     """Rows whose row_on_chip tile is above ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and at least
-    ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL full, but few rows of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES vectors."""
+    ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL full."""
     fill = ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL[elem]
     tile = next_power_of_2(cols)
-    few_whole = (rows < ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM * sms
-                 and row_multiple * elem >= ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES)
-    return fill is not None and tile > ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and cols >= fill * tile and not few_whole
+    return fill is not None and tile > ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and cols >= fill * tile
+
+
+def _few_vector_rows(backward: bool, rows: int, elem: int, sms: int, row_multiple: int) -> bool:
+    """Rows of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES vectors, fewer than ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM an SM."""
+    per_sm = ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM["backward" if backward else "forward"]
+    return rows < per_sm * sms and row_multiple * elem >= ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES
 
 
 def _misaligned_backward_looped(rows: int, cols: int, elem: int, sms: int) -> bool:
@@ -538,8 +542,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 strategy = "split_row_on_chip"
             else:
                 strategy = "row_on_chip"
-        elif on_chip and misaligned_rows and op != "logsumexp" and _full_large_tile(rows, cols, elem, sms, row_multiple):
-            strategy = "split_row_on_chip"
+        elif on_chip and misaligned_rows and op != "logsumexp" and _full_large_tile(cols, elem):
+            whole = _few_vector_rows(backward, rows, elem, sms, row_multiple)
+            strategy = "row_on_chip" if whole else "split_row_on_chip"
         elif on_chip and backward and misaligned_rows and _misaligned_backward_looped(rows, cols, elem, sms):
             strategy = "looped"
         elif (on_chip and not backward and _many_misaligned_rows(op, rows, elem, sms, misaligned_rows)

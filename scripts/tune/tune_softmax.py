@@ -490,7 +490,8 @@ CASES = [
         (torch.bfloat16, 16384, 23001), (torch.float16, 2048, 32001), (torch.float16, 8192, 28001),
         (torch.bfloat16, 2, 30011), (torch.bfloat16, 4, 28637), (torch.bfloat16, 4, 32001),
         (torch.bfloat16, 11, 27783), (torch.bfloat16, 32, 32001), (torch.bfloat16, 49, 24083),
-        (torch.bfloat16, 100, 30011))
+        (torch.bfloat16, 100, 30011), (torch.bfloat16, 474, 23612), (torch.float16, 474, 23612),
+        (torch.bfloat16, 1000, 23612))
       for strategy in ("row_on_chip", "split_row_on_chip")),
 ]
 

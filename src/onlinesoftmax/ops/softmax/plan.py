@@ -50,7 +50,8 @@ ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS = 16384
 # (262x20000: 1548 on chip, 1114 split) (docs/notes/2026-11/sweep_strategies-misaligned-h100.log).
 ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
 # ... but for fewer than this many rows an SM (by direction) whose starts and lengths are multiples
-# of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES (read a vector of that size a load), held whole. H200, graphs,
+# of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES, held whole: read a vector of that size a load (ROW_ALIGN, which
+# the H100's runs above predate; odd lengths load 2 bytes and stay split). H200, graphs,
 # GB/s, split -> whole (torch): fp16 log_softmax 43 x 26020 591 -> 832 (608), 131 x 32076 1523 -> 2082
 # (1438); backward bf16 1024 x 32076 3180 -> 3793 (2738); but log_softmax 528 x 32076 2528 -> 2319 and
 # odd lengths, bf16 32 x 32001 578 -> 441 (notes/2026-11/tune_softmax-few_long_rows-h200.log).
@@ -152,13 +153,9 @@ ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS = 16
 # (torch 1395) (docs/notes/2026-11/tune_softmax-row_on_chip_tile-h100.json, -short_rows-, -forward_tile_512-).
 ROW_TILE_ELEMENTS = {"forward": 512, "backward": 4096}
 # ... and, in the forward, no more rows a program than leave every SM one (a power of two at most
-# rows / SMs; one row a program where the rows are fewer than the SMs). 10 x 221 had been one
-# program of 16 rows on 8 warps: under CUDA graphs, µs a call, packed -> spread (torch), bf16
-# softmax 4.70 -> 3.00 (3.59), log_softmax 5.24 -> 3.12 (3.10), fp32 4.49 -> 3.22 (3.16), 5.51 ->
-# 3.04 (3.15); 32 x 1000 fp32 4.08 -> 3.38, 64 x 512 log_softmax 3.90 -> 3.06; the largest loss
-# 0.15 µs (bf16 softmax 16 x 710, 3.27 -> 3.42), about what an unchanged plan moved between two
-# columns; faster in 30 of the 36 cells it changes (scripts/probes/probe_small_rows_graph.py,
-# docs/notes/2026-11/probe_small_rows_graph-h100.log). Eager calls this small run torch's kernel (EAGER_HOST_US); the backward was not measured.
+# rows / SMs). Under CUDA graphs, µs a call, packed -> spread (torch): bf16 softmax 10 x 221 4.70 ->
+# 3.00 (3.59); faster in 30 of the 36 cells it changes, the largest loss 0.15 µs (bf16 softmax 16 x
+# 710); the backward not measured (docs/notes/2026-11/probe_small_rows_graph-h100.log).
 ROW_TILE_SPREAD_OVER_SMS = True
 # The cap leaves each SM at least this many programs. More made rows of 143 elements one a program
 # (1207 x 143 on the H200: 220 -> 287 GB/s, fp32 429 -> 571; torch 280, 556) and others slower
@@ -194,12 +191,9 @@ LOG_BACKWARD_STREAM = {2: (4096, 16), 4: (2048, 16)}
 SOFTMAX_BACKWARD_STREAM = {2: (4096, 16)}
 SOFTMAX_BACKWARD_STREAM_MAX_COLS = 16384
 # split_row: programs an SM to aim for, by rows (the first entry whose row count is >= the rows
-# applies). One row: 2 wide programs an SM beat 4 narrower ones (bf16 64x128256, then split_row:
-# 1771 against 1515 GB/s) and kept bf16 1x16777216 at its best (1603-1627 GB/s). More rows: 8, which
-# cuts each of a few hundred long rows into more chunks than 2 an SM would (198 rows: 6 chunks, not
-# 2), so the programs balance over the SMs. H100, scripts/tune/tune_softmax.py, 198 x 615032
-# (docs/notes/2026-11/tune_softmax-split_row_rows-h100.log): forward bf16 1131 -> 1288 GB/s (torch
-# 1280), fp32 1409 -> 1700 (torch 1345); log_softmax backward bf16 1685 -> 1855, fp32 1675 -> 1955.
+# applies). One row: 2 wide programs an SM beat 4 narrower ones (bf16 64x128256: 1771 against 1515
+# GB/s). More rows: 8, so that a few hundred long rows balance over the SMs (H100, 198 x 615032 bf16
+# 1131 -> 1288 GB/s, torch 1280: docs/notes/2026-11/tune_softmax-split_row_rows-h100.log).
 SPLIT_PROGRAMS_PER_SM = ((1, 2), (1 << 62, 8))
 SPLIT_WARPS = 16
 SPLIT_MAX_CHUNKS = 1024  # the merge loads all of a row's partials in one tile
@@ -210,15 +204,11 @@ SPLIT_BELOW_ROWS_PER_SM = 2  # below this many rows an SM, rows alone cannot fil
 SPLIT_ON_CHIP_TILE_BYTES = {"forward": 16384, "backward": {4: 32768, 2: 16384}}
 # One warp per this many bytes of a program's tile ...
 SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
-# ... except the 2-byte backward of rows that start off 16-byte boundaries (the kernel then reads the
-# row's partial granules on their own): 4 warps an 8192-element tile instead of 16. bf16 2048 x 50257
-# on the H100, GB/s of y, dy and dx (scripts/tune/tune_softmax.py --backward [--log];
-# docs/notes/2026-11/tune_softmax-split_on_chip_backward_misaligned-h100.log): log_softmax 1896 ->
-# 2568 (torch 2189), softmax 2311 -> 2753; on the aligned rows of the bench grid the same warps lost
-# (256 x 151936 2564 -> 2345, 64 x 128256 1954 -> 1968), so those keep 16. Rows read in granules
-# that start on 16-byte boundaries (a length of 8 mod 16) take it too: bf16 log_softmax backward
-# 1742 x 95704 0.491 -> 0.373 ms, 512 x 128264 0.207 -> 0.158 (torch 0.491, 0.196;
-# docs/notes/2026-11/probe_whole_granule_rows-{granules-,}h100.log).
+# ... except the 2-byte backward of rows read in granules (the kernel then reads the row's partial
+# granules on their own): 4 warps an 8192-element tile instead of 16. H100, GB/s, bf16 2048 x 50257
+# log_softmax 1896 -> 2568 (torch 2189); aligned rows lost (256 x 151936 2564 -> 2345); granule rows
+# on 16-byte starts gained (1742 x 95704 0.491 -> 0.373 ms) (docs/notes/2026-11/
+# tune_softmax-split_on_chip_backward_misaligned-h100.log, probe_whole_granule_rows-{granules-,}h100.log).
 SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES = {4: 8192, 2: 4096}
 # Uncapped forward launches past one wave take a warp per this many bytes (bf16 2048 x 50257 2636 -> 2939 GB/s);
 # rows in fewer programs than SMs take chunks of FEW_PROGRAMS_TILE_BYTES, the same bytes a warp (forward bf16
@@ -239,10 +229,8 @@ SPLIT_ON_CHIP_MAX_CHUNKS_PER_SM = 0.5  # a row's programs must be resident toget
 SPLIT_ON_CHIP_MAX_REGISTERS = {"softmax": {4: 0, 2: 32}, "log_softmax": 0, "logsumexp": 0,
                                "softmax_backward": 0, "log_softmax_backward": 0}
 # ... and only where a chunk fills at least this share of its power-of-two tile: below it the capped
-# kernels spill (ptxas for sm_90, scripts/probes/kernel_resources.py: bf16 softmax chunks of 4512,
-# 5504 and 5680 in 8192-element tiles took a 456-byte stack at 32 registers, chunks of 6144 and up
-# none; fp32 chunks of 4320 and 5680 a 152-byte one), and a bf16 1024 x 17000 forward so capped ran
-# at 179 GB/s on the H100 (docs/notes/2026-11/sweep_strategies-padded-h100.log).
+# kernels spill (scripts/probes/kernel_resources.py: bf16 softmax chunks of 4512-5680 in 8192-element
+# tiles, a 456-byte stack), and bf16 1024 x 17000 so capped ran at 179 GB/s on the H100.
 SPLIT_ON_CHIP_CAP_MIN_FILL = 0.75
 # ... and up to this many bytes of the tile a thread (bf16 tiles of 4096 on 2 warps spilled under it).
 SPLIT_ON_CHIP_CAP_MAX_THREAD_BYTES = 64

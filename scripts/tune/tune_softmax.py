@@ -253,6 +253,16 @@ def mid_long_row_variants():
         yield dict(WARPS_BY_TILE_ELEMENTS=scaled_warps(warps_scale))
 
 
+def crossed(shapes, strategies):
+    """CASES rows: each (dtype, rows, cols) of ``shapes`` under each (strategy, variants) of ``strategies``."""
+    return [(dtype, rows, cols, strategy, variants) for dtype, rows, cols in shapes for strategy, variants in strategies]
+
+
+def plans_of(*strategies):
+    """(strategy, current_only_variants) pairs: each strategy's plan as its tables give it."""
+    return [(strategy, current_only_variants) for strategy in strategies]
+
+
 CASES = [
     # (dtype, rows, cols, strategy, variants)
     (torch.float32, 64, 128256, "split_row_on_chip", split_on_chip_variants),
@@ -344,21 +354,20 @@ CASES = [
         (torch.bfloat16, 600, 150), (torch.float16, 5000, 140))),
     # Rows of 8193-16384 elements, backward: bf16 log_softmax 3077 x 12867 at 0.66x torch eager in the
     # H200's random-shape sweep (seed 3008; softmax 1.13x), held whole on 32 warps; the other strategies beside.
-    *((torch.bfloat16, rows, cols, strategy, variants) for rows, cols in (
-        (3077, 12867), (4096, 10007), (2048, 12800), (8192, 13001), (1024, 12867), (3077, 16384))
-      for strategy, variants in (("row_on_chip", mid_long_row_variants), ("looped", looped_variants),
-                                 ("split_row_on_chip", split_on_chip_variants))),
+    *crossed(((torch.bfloat16, rows, cols) for rows, cols in (
+        (3077, 12867), (4096, 10007), (2048, 12800), (8192, 13001), (1024, 12867), (3077, 16384))),
+        (("row_on_chip", mid_long_row_variants), ("looped", looped_variants),
+         ("split_row_on_chip", split_on_chip_variants))),
     # Then the strategies' plans alone around it: misaligned tiles of 8192 and 32768, a row on 16-byte
     # boundaries read in granules (12872), fp16 and fp32.
-    *((dtype, rows, cols, strategy, current_only_variants) for dtype, rows, cols in (
+    *crossed((
         (torch.bfloat16, 4096, 7001), (torch.bfloat16, 2048, 6007), (torch.bfloat16, 1024, 21001),
         (torch.bfloat16, 512, 20011), (torch.bfloat16, 3077, 12872), (torch.float16, 3077, 12867),
         (torch.float32, 3077, 12867), (torch.float32, 4096, 10007), (torch.bfloat16, 262, 32076),
         (torch.bfloat16, 1000, 32076), (torch.bfloat16, 8143, 8187), (torch.bfloat16, 64, 12867),
         (torch.float16, 2, 16364), (torch.float16, 5, 10421), (torch.bfloat16, 132, 12867),
         (torch.bfloat16, 264, 12867), (torch.bfloat16, 396, 12867), (torch.bfloat16, 264, 21001),
-        (torch.bfloat16, 264, 7001))
-      for strategy in ("row_on_chip", "looped", "split_row_on_chip")),
+        (torch.bfloat16, 264, 7001)), plans_of("row_on_chip", "looped", "split_row_on_chip")),
     # The forward's rows that start off 16-byte boundaries, held whole (46-48 registers a thread at
     # 12867 on 32 warps: one program an SM) against the other strategies, with their aligned
     # neighbours (5008, 12872); bf16 and fp32, tiles of 8192-32768 (run with --variants
@@ -475,14 +484,14 @@ CASES = [
     # 3201: log_softmax 43 x 26020 at 0.88x torch under CUDA graphs, split_row_on_chip's four
     # chunks a row): held whole or as a head and a tail, looped, split (run with --variants
     # few_long_rows_on_chip,looped,split_on_chip).
-    *((dtype, rows, cols, strategy, variants) for dtype, rows, cols in (
+    *crossed((
         (torch.float16, 8, 26020), (torch.float16, 43, 26020), (torch.float16, 132, 26020),
-        (torch.float16, 43, 22001), (torch.float16, 43, 30011), (torch.bfloat16, 43, 26020))
-      for strategy, variants in (("row_on_chip", few_long_rows_on_chip_variants), ("looped", looped_variants),
-                                 ("split_row_on_chip", split_on_chip_variants))),
+        (torch.float16, 43, 22001), (torch.float16, 43, 30011), (torch.bfloat16, 43, 26020)),
+        (("row_on_chip", few_long_rows_on_chip_variants), ("looped", looped_variants),
+         ("split_row_on_chip", split_on_chip_variants))),
     # ... held whole against split, from few rows to a few an SM, forward and backward (run with
     # [--backward] [--log] --variants current_only).
-    *((dtype, rows, cols, strategy, current_only_variants) for dtype, rows, cols in (
+    *crossed((
         (torch.float16, 16, 32076), (torch.float16, 43, 32076), (torch.float16, 66, 26020),
         (torch.float16, 99, 26020), (torch.float16, 131, 32076), (torch.float16, 262, 26020),
         (torch.bfloat16, 66, 32076), (torch.bfloat16, 262, 32076), (torch.bfloat16, 528, 32076),
@@ -491,8 +500,7 @@ CASES = [
         (torch.bfloat16, 2, 30011), (torch.bfloat16, 4, 28637), (torch.bfloat16, 4, 32001),
         (torch.bfloat16, 11, 27783), (torch.bfloat16, 32, 32001), (torch.bfloat16, 49, 24083),
         (torch.bfloat16, 100, 30011), (torch.bfloat16, 474, 23612), (torch.float16, 474, 23612),
-        (torch.bfloat16, 1000, 23612))
-      for strategy in ("row_on_chip", "split_row_on_chip")),
+        (torch.bfloat16, 1000, 23612)), plans_of("row_on_chip", "split_row_on_chip")),
 ]
 
 

@@ -916,6 +916,33 @@ def test_many_misaligned_rows_held_as_one_chunk(cols, dtype, gen):
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("cols, strategy", [(26020, "row_on_chip"), (26021, "split_row_on_chip")])
+def test_few_long_misaligned_rows_whole_where_rows_are_8_byte_vectors(cols, strategy, dtype, gen):
+    # Few 2-byte rows off 16-byte boundaries filling most of a tile of 32768: held whole where every
+    # row starts and ends on 8 bytes (26020), split where rows are of an odd length (26021), forward
+    # and backward; rows of -inf, NaN, a lone -inf and huge magnitudes among them, against float64.
+    rows = plan.ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM["forward"] * _device.sm_count(DEVICE) - 1
+    x = make_logits((rows, cols), dtype, gen, scale=2.0, outliers=False)
+    x[1] = float("-inf")
+    x[2, 7] = float("nan")
+    x[3, 0] = float("-inf")
+    x[4] = x[4] * 2000
+    x.requires_grad_()
+    dy = make_logits(x.shape, dtype, gen, scale=1.0)
+    for op, (ours, ref) in OPS.items():
+        out = ours(x, -1)
+        assert plan.last_plan().strategy == strategy, op
+        assert_matches(out, ref(x.detach().double(), -1), dtype, f"{op} {rows}x{cols}")
+        (dx,) = torch.autograd.grad(out, x, dy)
+        assert plan.last_plan().strategy == strategy, op
+        y64, dy64 = out.detach().double(), dy.double()
+        dx64 = (dy64 - y64.exp() * dy64.sum(-1, keepdim=True)) if op == "log_softmax" else \
+            y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+        assert_matches(dx, dx64, dtype, f"d{op} {rows}x{cols}")
+
+
+@needs_triton
 @pytest.mark.parametrize("strategy", ["row_on_chip", "looped", "split_row", "split_row_on_chip"])
 def test_repeated_calls_reuse_launches_safely(strategy, gen):
     # The launchers cache a recipe per call signature and a compiled kernel per recipe and pointer

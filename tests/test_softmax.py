@@ -31,6 +31,24 @@ def runnable(strategy):
     return strategy in strategies_here()
 
 
+def grad64(op: str, out: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """The float64 gradient of softmax or log_softmax over the last dim, from our output ``out``."""
+    y64, dy64 = out.detach().double(), dy.double()
+    if op == "log_softmax":
+        return dy64 - y64.exp() * dy64.sum(-1, keepdim=True)
+    return y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+
+
+def edge_row_logits(shape, dtype, gen) -> torch.Tensor:
+    """Logits (rows >= 5) with rows of -inf, a NaN, a lone -inf and huge magnitudes, needing grad."""
+    x = make_logits(shape, dtype, gen, scale=2.0, outliers=False)
+    x[1] = float("-inf")
+    x[2, 7] = float("nan")
+    x[3, 0] = float("-inf")
+    x[4] = x[4] * 2000
+    return x.requires_grad_()
+
+
 def strategy_params():
     return [pytest.param(s, a, id=f"{s}-{a}",
                          marks=[] if s in ("torch", "vectorized") else [needs_triton]) for s, a in STRATEGY_ALGORITHMS]
@@ -335,10 +353,7 @@ def test_eager_backward_found_by_upstream_layout(op, gen):
             dy = dy.t().contiguous().t() if kind == "transposed" else dy[:1].expand_as(out) if kind == "broadcast" else dy
             (dx,) = torch.autograd.grad(out, x, dy, retain_graph=True)
             assert plan.last_plan().op == f"{op}_backward" and dx.dtype == torch.bfloat16
-            y64, dy64 = out.detach().double(), dy.double()
-            dx64 = (dy64 - y64.exp() * dy64.sum(-1, keepdim=True)) if op == "log_softmax" else \
-                y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
-            assert_matches(dx, dx64, torch.bfloat16, f"d{op} {kind} dy, out {out_dtype}")
+            assert_matches(dx, grad64(op, out, dy), torch.bfloat16, f"d{op} {kind} dy, out {out_dtype}")
 
 
 @needs_triton
@@ -871,10 +886,7 @@ def test_rows_of_no_multiple_of_16_are_read_in_granules(rows_start, strategy, dt
         (dx,) = torch.autograd.grad(out, x, dy)
         assert launched and set(launched) == {expected}, launched
         assert_matches(out, ref(x.detach().double(), -1), dtype, f"{op} {strategy}")
-        y64, dy64 = out.detach().double(), dy.double()
-        dx64 = (dy64 - y64.exp() * dy64.sum(-1, keepdim=True)) if op == "log_softmax" else \
-            y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
-        assert_matches(dx, dx64, dtype, f"d{op} {strategy}")
+        assert_matches(dx, grad64(op, out, dy), dtype, f"d{op} {strategy}")
     launched.clear()
     view = x.detach()[:, 1:]
     assert_matches(onlinesoftmax.softmax(view, -1, strategy=strategy), torch.softmax(view.double(), -1), dtype)
@@ -889,12 +901,7 @@ def test_many_misaligned_rows_held_as_one_chunk(cols, dtype, gen):
     # split_row_on_chip chunk (no exchange), forward and backward (rows under 75% of the tile: a
     # head and a tail); rows of -inf, NaN, a lone -inf and huge magnitudes among them, against float64.
     rows = plan.MISALIGNED_MIN_ROWS_PER_SM[dtype.itemsize] * _device.sm_count(DEVICE)
-    x = make_logits((rows, cols), dtype, gen, scale=2.0, outliers=False)
-    x[1] = float("-inf")
-    x[2, 7] = float("nan")
-    x[3, 0] = float("-inf")
-    x[4] = x[4] * 2000
-    x.requires_grad_()
+    x = edge_row_logits((rows, cols), dtype, gen)
     dy = make_logits(x.shape, dtype, gen, scale=1.0)
     tile = 8192 if cols < 8192 else 16384
     for op, (ours, ref) in OPS.items():
@@ -909,10 +916,7 @@ def test_many_misaligned_rows_held_as_one_chunk(cols, dtype, gen):
         chosen = plan.last_plan()
         assert (chosen.strategy, chosen.num_chunks, chosen.block_cols + chosen.tail_cols) == \
             ("split_row_on_chip", 1, {5001: 4096 + 1024, 10007: 8192 + 2048}.get(cols, tile))
-        y64, dy64 = out.detach().double(), dy.double()
-        dx64 = (dy64 - y64.exp() * dy64.sum(-1, keepdim=True)) if op == "log_softmax" else \
-            y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
-        assert_matches(dx, dx64, dtype, f"d{op} {rows}x{cols}")
+        assert_matches(dx, grad64(op, out, dy), dtype, f"d{op} {rows}x{cols}")
 
 
 @needs_triton
@@ -923,12 +927,7 @@ def test_few_long_misaligned_rows_whole_where_rows_are_8_byte_vectors(cols, stra
     # row starts and ends on 8 bytes (26020), split where rows are of an odd length (26021), forward
     # and backward; rows of -inf, NaN, a lone -inf and huge magnitudes among them, against float64.
     rows = plan.ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM["forward"] * _device.sm_count(DEVICE) - 1
-    x = make_logits((rows, cols), dtype, gen, scale=2.0, outliers=False)
-    x[1] = float("-inf")
-    x[2, 7] = float("nan")
-    x[3, 0] = float("-inf")
-    x[4] = x[4] * 2000
-    x.requires_grad_()
+    x = edge_row_logits((rows, cols), dtype, gen)
     dy = make_logits(x.shape, dtype, gen, scale=1.0)
     for op, (ours, ref) in OPS.items():
         out = ours(x, -1)
@@ -936,10 +935,7 @@ def test_few_long_misaligned_rows_whole_where_rows_are_8_byte_vectors(cols, stra
         assert_matches(out, ref(x.detach().double(), -1), dtype, f"{op} {rows}x{cols}")
         (dx,) = torch.autograd.grad(out, x, dy)
         assert plan.last_plan().strategy == strategy, op
-        y64, dy64 = out.detach().double(), dy.double()
-        dx64 = (dy64 - y64.exp() * dy64.sum(-1, keepdim=True)) if op == "log_softmax" else \
-            y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
-        assert_matches(dx, dx64, dtype, f"d{op} {rows}x{cols}")
+        assert_matches(dx, grad64(op, out, dy), dtype, f"d{op} {rows}x{cols}")
 
 
 @needs_triton

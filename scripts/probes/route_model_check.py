@@ -54,10 +54,7 @@ def torch_forward_cells(results: str) -> dict:
 def plan_of(op: str, rows: int, cols: int, dtype: torch.dtype, sms: int) -> plan.Plan:
     """The plan of a contiguous (rows, cols) call, with the launcher's own reading of its rows (in
     16-byte granules or not: softmax_launch._row_granule)."""
-    strides = (cols, 1, 0)
-    granule, misaligned, row_multiple = softmax_launch._row_granule(dtype.itemsize, cols, 1, strides, strides, True)
-    return plan.choose(op, rows, cols, dtype, torch.device("cuda"), sms=sms, interpreting=False,
-                       misaligned_rows=granule > 1 and misaligned, granule_rows=granule > 1, row_multiple=row_multiple)
+    return softmax_launch.contiguous_plan(op, rows, cols, dtype, torch.device("cuda"), sms=sms, interpreting=False)
 
 
 def eager_ratios_by_route(results: str, sms: int) -> None:

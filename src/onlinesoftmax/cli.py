@@ -128,16 +128,13 @@ def explain(args) -> int:
         rows, cols = args.shape
         print(plan.topk_plan(rows, cols, args.k, dtype, device, sms=sms).describe(args.bandwidth))
         return 0
-    from .ops.softmax import eager_route, launch, plan
+    from .ops.softmax import eager_route, launch
 
     rows, cols = args.shape
-    # The GPU's plan, also where TRITON_INTERPRET=1 would give the interpreter's (one chunk a row), for
-    # a contiguous tensor's rows as the launcher reads them (in 16-byte granules or not).
-    strides = (cols, 1, 0)
-    granule, misaligned, row_multiple = launch._row_granule(dtype.itemsize, cols, 1, strides, strides, True)
-    chosen = plan.choose(args.op, rows, cols, dtype, device, args.algorithm, args.strategy, sms=sms, interpreting=False,
-                         misaligned_rows=granule > 1 and misaligned and rows > 1, granule_rows=granule > 1,
-                         row_multiple=row_multiple)
+    # The GPU's plan for a contiguous tensor, also where TRITON_INTERPRET=1 would give the
+    # interpreter's (one chunk a row).
+    chosen = launch.contiguous_plan(args.op, rows, cols, dtype, device, args.algorithm, args.strategy, sms=sms,
+                                    interpreting=False)
     print(chosen.describe(args.bandwidth))
     if args.strategy is None:
         note = eager_route.eager_torch_note(chosen, sms=sms)

@@ -132,18 +132,28 @@ def _row_granule(elem: int, n_cols: int, inner: int, in_strides: tuple, out_stri
     return granule, misaligned, min(granule, common & -common) if common else granule
 
 
-def _make_recipe(t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: Optional[str]) -> _Recipe:
+def _make_recipe(t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: Optional[str],
+                 device: Optional[torch.device] = None, **choose_args) -> _Recipe:
     n_rows, n_cols = _shape_rows(t.shape, dim)
     laid_out, inner, in_strides, side = _row_layout(t, dim)
     out_strides = _contiguous_row_strides(t.shape, dim, inner, side)
     contiguous = in_strides[1] == 1 and out_strides[1] == 1
     granule, misaligned, row_multiple = _row_granule(t.element_size(), n_cols, inner, in_strides, out_strides,
                                                      contiguous)
-    chosen = planner.choose(op, n_rows, n_cols, t.dtype, t.device, algorithm, strategy,
+    chosen = planner.choose(op, n_rows, n_cols, t.dtype, device or t.device, algorithm, strategy,
                             misaligned_rows=granule > 1 and misaligned, granule_rows=granule > 1,
-                            row_multiple=row_multiple)
+                            row_multiple=row_multiple, **choose_args)
     return _Recipe(chosen, laid_out is not t, inner, in_strides, out_strides, contiguous,
                    t.shape[:dim] + t.shape[dim + 1:], inline_ptx_allowed(), granule, row_multiple)
+
+
+def contiguous_plan(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device,
+                    algorithm: str = "auto", strategy: Optional[str] = None, **choose_args) -> planner.Plan:
+    """The plan the launchers make for a contiguous (rows, cols) tensor on ``device``, its rows read
+    as they read them (_row_granule), from the layout alone: what ``explain`` prints and the probes
+    model. ``choose_args``: planner.choose's ``sms`` and ``interpreting``."""
+    layout = torch.empty((rows, cols), dtype=dtype, device="meta")
+    return _make_recipe(layout, 1, op, algorithm, strategy, torch.device(device), **choose_args).plan
 
 
 _row_on_chip_softmax = Launcher(row_on_chip_softmax_kernel)

@@ -51,10 +51,9 @@ ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS = 16384
 ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
 # ... but for fewer than this many rows an SM (by direction) whose starts and lengths are multiples
 # of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES, held whole: read a vector of that size a load (ROW_ALIGN, which
-# the H100's runs above predate; odd lengths load 2 bytes and stay split). H200, graphs,
-# GB/s, split -> whole (torch): fp16 log_softmax 43 x 26020 591 -> 832 (608), 131 x 32076 1523 -> 2082
-# (1438); backward bf16 1024 x 32076 3180 -> 3793 (2738); but log_softmax 528 x 32076 2528 -> 2319 and
-# odd lengths, bf16 32 x 32001 578 -> 441 (notes/2026-11/tune_softmax-few_long_rows-h200.log).
+# the H100's runs above predate). H200, graphs, GB/s, split -> whole: fp16 log_softmax 43 x 26020 591
+# -> 832 (torch 608), bf16 backward 1024 x 32076 3180 -> 3793; but log_softmax 528 x 32076 2528 -> 2319,
+# odd lengths bf16 32 x 32001 578 -> 441 (notes/2026-11/tune_softmax-few_long_rows-h200.log).
 ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM = {"forward": 2, "backward": 8}
 ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES = 8
 # Backward rows off 16-byte boundaries whose row_on_chip tile is at least MIN_TILE elements (by
@@ -82,19 +81,15 @@ MISALIGNED_ONE_CHUNK_WARP_BYTES = {
     "softmax_backward": {torch.float32: 8192, torch.bfloat16: 2048, torch.float16: 4096},
     "log_softmax_backward": {torch.float32: 2048, torch.bfloat16: 2048, torch.float16: 4096}}
 # One-chunk backward rows under MISALIGNED_ONE_CHUNK_TAIL_BELOW_FILL of their tile (a chunk's margin
-# included) are held as a head of half the tile and a tail tile, a warp per MISALIGNED_ONE_CHUNK_TAIL_WARP_BYTES
-# of the head. H200, GB/s, whole tile -> head and tail, softmax / log_softmax (aligned neighbour): fp32
-# 4096 x 10007 3799 / 3713 -> 4144 / 4113 (4121 / 4191), bf16 8192 x 5001 3929 / 3724 -> 4001 / 4013 (4038 /
-# 3715); rows filling 79% lost (fp32 3077 x 12867 log 3963 -> 3654) (perf-h200.md).
+# included) are held as a head of half the tile and a tail, a warp per ..._TAIL_WARP_BYTES of the head.
+# H200, GB/s: fp32 softmax 4096 x 10007 3799 -> 4144; rows filling 79% lost (perf-h200.md).
 MISALIGNED_ONE_CHUNK_TAIL_BELOW_FILL = {4: 0.75, 2: 0.75}
 MISALIGNED_ONE_CHUNK_TAIL_WARP_BYTES = {"softmax_backward": {4: 4096, 2: 2048}, "log_softmax_backward": {4: 2048, 2: 2048}}
 MISALIGNED_FORWARD_SPLIT_MIN_TILE = 16384
 ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS = {8192: 8}
 # float32 log_softmax rows longer than ROW_ON_CHIP_LOG_SPLIT_MIN_COLS that fill less than this share
-# of row_on_chip's power-of-two tile (by element size) take split_row_on_chip, forward: the 32-warp
-# log_softmax tile lost to it where softmax's did not. H100, ms, row_on_chip -> split_row_on_chip:
-# 9682 x 8604 0.3048 -> 0.2567 (torch 0.3336); softmax stays (0.2271 on chip, 0.2591 split), and so
-# do rows of at most 8192; 2-byte rows: not measured, never (notes/2026-11/probe_mid_rows_forward-h100.log).
+# of row_on_chip's tile take split_row_on_chip, forward. H100, ms: 9682 x 8604 0.3048 -> 0.2567 (torch
+# 0.3336); softmax stays (0.2271 on chip, 0.2591 split) (notes/2026-11/probe_mid_rows_forward-h100.log).
 ROW_ON_CHIP_LOG_MIN_FILL = {4: 0.6, 2: 0.0}
 ROW_ON_CHIP_LOG_SPLIT_MIN_COLS = 8192
 # Rows longer than ROW_ON_CHIP_TAIL_MIN_COLS that fill less than this share of row_on_chip's
@@ -102,11 +97,9 @@ ROW_ON_CHIP_LOG_SPLIT_MIN_COLS = 8192
 # ROW_ON_CHIP_TAIL_MAX_HEAD) and a tail tile after it (the next power of two of the rest, at least
 # ROW_ON_CHIP_MIN_TAIL), on ROW_ON_CHIP_TAIL_WARPS warps; by direction and element size (0: never).
 # Rows that start off 16-byte boundaries only up to a head of ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD
-# (2-byte backward: a head of 8192 lost to looped, 4096 won, bf16 16384 x 4097 log_softmax 0.2116 ->
-# 0.1511 ms, torch 0.1926: notes/2026-11/probe_tailed_rows-misaligned-h100.log). H100, ms, plan
-# before -> tail at 8 warps, softmax / log_softmax: bf16 forward 2048 x 8200 0.0379 -> 0.0296 /
-# 0.0382 -> 0.0295, but 8192 x 5000 (61% full) 0.0643 -> 0.0702 and heads of 16384 slower; fp32
-# backward 1024 x 17000 0.0964 -> 0.0774 / 0.0855 -> 0.0780 (notes/2026-11/probe_tailed_rows-h100.log).
+# (2-byte backward: bf16 16384 x 4097 log_softmax 0.2116 -> 0.1511 ms at a head of 4096). H100, ms,
+# plan before -> tail at 8 warps: bf16 softmax 2048 x 8200 0.0379 -> 0.0296, but 8192 x 5000 (61%
+# full) 0.0643 -> 0.0702 (notes/2026-11/probe_tailed_rows-h100.log, probe_tailed_rows-misaligned-h100.log).
 ROW_ON_CHIP_TAIL_BELOW_FILL = {"forward": {4: 0.55, 2: 0.55}, "backward": {4: 0.8, 2: 0.6}}
 ROW_ON_CHIP_TAIL_MAX_HEAD = {"forward": {4: 16384, 2: 8192}, "backward": {4: 16384, 2: 16384}}
 ROW_ON_CHIP_TAIL_MISALIGNED_MAX_HEAD = {"forward": {4: 16384, 2: 8192}, "backward": {4: 16384, 2: 4096}}
@@ -125,15 +118,12 @@ ROW_ON_CHIP_TAIL_FEW_ROWS_MAX_HEAD = {4: 0, 2: 16384}
 ROW_ON_CHIP_TAIL_LOGSUMEXP = True
 # Shorter rows, softmax and log_softmax forward: rows of ROW_ON_CHIP_SHORT_TAIL_MIN_COLS to
 # ROW_ON_CHIP_TAIL_MIN_COLS elements under ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL of their power-of-two
-# tile (the width) take a head and a tail too, heads up to ROW_ON_CHIP_SHORT_TAIL_MAX_HEAD, tails up to
-# ROW_ON_CHIP_SHORT_TAIL_MAX_TAIL. They pack as the width would, except: below
-# ROW_ON_CHIP_SHORT_TAIL_SPREAD_ROWS_PER_SM rows an SM one row a program (with a tail of at most
-# ROW_ON_CHIP_SHORT_TAIL_FEW_ROWS_MAX_TAIL_SHARE of the head, else no tail); from
-# ROW_TILE_MANY_ROWS_PER_SM rows an SM, ROW_TILE_MANY_ROWS_ELEMENTS // width rows a program on
-# ROW_ON_CHIP_SHORT_TAIL_MANY_ROWS_WARPS warps. H200, CUDA graphs, 70 shapes of 70-350 elements:
-# softmax 1.08x -> 1.24x torch, log_softmax 0.94x -> 1.08x; the caps are where it measured slower
-# (docs/perf-h200.md, notes/2026-11/tune_softmax-short_tail_off-h200.json). logsumexp keeps its
-# plan: its head and tail put three rows' results on other rows (notes/2026-11/check_short_tail-h200.log).
+# tile (the width) take a head and a tail too, within the MAX_HEAD / MAX_TAIL caps, packed as the
+# width would be but one row a program below SPREAD_ROWS_PER_SM rows an SM (a tail of at most
+# FEW_ROWS_MAX_TAIL_SHARE of the head) and, from ROW_TILE_MANY_ROWS_PER_SM, ROW_TILE_MANY_ROWS_ELEMENTS
+# // width rows on MANY_ROWS_WARPS warps. H200, graphs, 70 shapes of 70-350 elements: softmax 1.08x ->
+# 1.24x torch, log_softmax 0.94x -> 1.08x (notes/2026-11/tune_softmax-short_tail_off-h200.json); not
+# logsumexp, whose results it put on other rows (notes/2026-11/check_short_tail-h200.log).
 ROW_ON_CHIP_SHORT_TAIL_BELOW_FILL = {4: 0.76, 2: 0.76}
 ROW_ON_CHIP_SHORT_TAIL_MIN_COLS = 64
 ROW_ON_CHIP_SHORT_TAIL_MAX_HEAD = {4: 128, 2: 256}
@@ -162,12 +152,9 @@ ROW_TILE_SPREAD_OVER_SMS = True
 # (bf16 4096 x 64 500 -> 386, 2048 x 200 700 -> 578 at 8; tune_softmax-spread-h200.json).
 ROW_TILE_SPREAD_PROGRAMS_PER_SM = 1
 # ... and rows the forward's tile holds one a program (257-512 elements) go two a program on two
-# warps, not one on one, from this many rows an SM: more than one wave of one-warp programs (Hopper
-# runs at most 32 programs an SM). H200, CUDA graphs, GB/s, softmax / log_softmax (torch), one ->
-# two rows a program: bf16 16384 x 384 2127 -> 2986 (1869) / 2127 -> 2853 (2407), fp32 8583 x 288
-# 2709 -> 3265 (2694) / 2740 -> 3264 (3063); at 16 rows an SM fp32 lost (4096 x 500 3143 -> 3024),
-# at fewer one a program was as fast or faster; shorter rows keep the tile of 512 at any count
-# (docs/notes/2026-11/tune_softmax-mid_rows-h200.json, -spread-, -many_rows-).
+# warps from this many rows an SM: more than one wave of one-warp programs (Hopper runs at most 32
+# an SM). H200, graphs, GB/s: bf16 softmax 16384 x 384 2127 -> 2986 (torch 1869); at 16 rows an SM
+# fp32 lost (4096 x 500 3143 -> 3024) (docs/notes/2026-11/tune_softmax-mid_rows-h200.json, -many_rows-).
 ROW_TILE_MANY_ROWS_PER_SM = 32
 ROW_TILE_MANY_ROWS_ELEMENTS = 1024
 # (tile elements up to, num_warps): about 16 elements a thread, four 16-byte loads of fp32.

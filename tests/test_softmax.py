@@ -542,10 +542,13 @@ def test_split_row_on_chip_tiles_by_direction_and_element_size(plan_override):
 def test_misaligned_rows_of_a_large_tile_split(plan_override):
     # Rows off 16-byte boundaries (misaligned_rows) whose row_on_chip tile is above
     # ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and at least ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL full take
-    # split_row_on_chip, forward and backward, but for fewer than ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM
-    # rows an SM of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES vectors; aligned rows, emptier tiles, logsumexp and fp32 stay.
+    # split_row_on_chip, forward and backward, but rows of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES vectors
+    # below ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM rows an SM (by op and dtype; None: any
+    # count) are held whole; aligned rows, emptier tiles, logsumexp and fp32 stay.
+    limits = {"softmax": 2, "log_softmax": 3, "softmax_backward": 8, "log_softmax_backward": 5}
     plan_override(ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL={4: None, 2: 0.7}, ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS=16384,
-                  ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM={"forward": 2, "backward": 8},
+                  ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM={
+                      op: {torch.bfloat16: limit, torch.float16: None} for op, limit in limits.items()},
                   ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES=8)
     cuda = torch.device("cuda")
 
@@ -554,18 +557,44 @@ def test_misaligned_rows_of_a_large_tile_split(plan_override):
         return plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False, misaligned, misaligned,
                             row_multiple).strategy
 
-    for op in ("softmax", "log_softmax", "softmax_backward", "log_softmax_backward"):
-        few = 8 * 132 if op.endswith("backward") else 2 * 132
+    for op, limit in limits.items():
+        few = limit * 132
         assert strategy(op, 32001) == strategy(op, 23612, rows=few) == strategy(op, 32076, rows=few) \
             == "split_row_on_chip", op
         assert strategy(op, 26020, rows=few - 1) == strategy(op, 32076, torch.float16, rows=8) == "row_on_chip", op
+        assert strategy(op, 26020, torch.float16, rows=64 * 132) == "row_on_chip", op  # None: any count
         # Rows of 2- or 4-byte vectors split however few.
         assert strategy(op, 32001, rows=8) == strategy(op, 26022, rows=8) == "split_row_on_chip", op
+        assert strategy(op, 32001, torch.float16, rows=8) == "split_row_on_chip", op
         assert strategy(op, 32076, misaligned=False) == "row_on_chip", op
         assert strategy(op, 32076, torch.float32) == "row_on_chip", op
         assert strategy(op, 22000) != "split_row_on_chip", op  # 67% of the tile
         assert strategy(op, 16001) != "split_row_on_chip", op  # a tile of 16384
     assert strategy("logsumexp", 32076) == "row_on_chip"
+
+
+def test_misaligned_one_chunk_rows_of_vectors_held_whole(plan_override):
+    # ROW_ON_CHIP_VECTOR_ROWS_WHOLE_TILES: rows off 16-byte boundaries that MISALIGNED_ONE_CHUNK_* take
+    # as one chunk are held whole where they are rows of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES vectors and
+    # the table names their tile for the op and dtype; odd lengths, other tiles, ops and dtypes stay.
+    plan_override(MISALIGNED_MIN_ROWS_PER_SM={4: 8, 2: 4}, ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES=8,
+                  MISALIGNED_ONE_CHUNK_TILES={"forward": {4: (16384,), 2: (8192, 16384)},
+                                              "backward": {4: (16384,), 2: (8192, 16384)}},
+                  MISALIGNED_ONE_CHUNK_MIN_FILL={"forward": 0.0, "backward": 0.6},
+                  ROW_ON_CHIP_VECTOR_ROWS_WHOLE_TILES={"softmax": {torch.bfloat16: (8192,)},
+                                                       "softmax_backward": {torch.float16: (8192,)}})
+    cuda = torch.device("cuda")
+
+    def choose(op, cols, dtype, rows=1056):
+        chosen = plan._choose(op, rows, cols, dtype, cuda, "auto", None, 132, False, True, True, cols & -cols)
+        return chosen.strategy, chosen.num_chunks
+
+    bf16, fp16 = torch.bfloat16, torch.float16
+    assert choose("softmax", 6004, bf16) == choose("softmax_backward", 6004, fp16) == ("row_on_chip", 1)
+    for op, cols, dtype in (("softmax", 6001, bf16), ("softmax", 6004, fp16), ("softmax", 12004, bf16),
+                            ("log_softmax", 6004, bf16), ("softmax_backward", 6004, bf16),
+                            ("softmax_backward", 6001, fp16), ("log_softmax_backward", 6004, fp16)):
+        assert choose(op, cols, dtype) == ("split_row_on_chip", 1), (op, cols, dtype)
 
 
 def test_misaligned_backward_rows_of_large_tiles_loop(plan_override):
@@ -926,7 +955,7 @@ def test_few_long_misaligned_rows_whole_where_rows_are_8_byte_vectors(cols, stra
     # Few 2-byte rows off 16-byte boundaries filling most of a tile of 32768: held whole where every
     # row starts and ends on 8 bytes (26020), split where rows are of an odd length (26021), forward
     # and backward; rows of -inf, NaN, a lone -inf and huge magnitudes among them, against float64.
-    rows = plan.ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM["forward"] * _device.sm_count(DEVICE) - 1
+    rows = plan.ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM["log_softmax"][dtype] * _device.sm_count(DEVICE) - 1
     x = edge_row_logits((rows, cols), dtype, gen)
     dy = make_logits(x.shape, dtype, gen, scale=1.0)
     for op, (ours, ref) in OPS.items():
@@ -1215,7 +1244,8 @@ def test_padded_two_byte_rows_leave_row_on_chip():
     # bf16 rows a little over a power of two fill half of row_on_chip's tile. Up to a head of 8192
     # (forward) or 16384 (backward) the row is held as that head and a tail tile; rows that start
     # off 16-byte boundaries are streamed in the backward (looped) and held across programs in the
-    # forward where the tile is at most 16384; logsumexp, short rows and well-filled tiles stay.
+    # forward where the tile is at most 16384 or rows are many; logsumexp, short rows and well-filled
+    # tiles stay.
     cuda = torch.device("cuda")
     def chosen(op, rows, cols, dtype=torch.bfloat16, strategy=None):
         misaligned = (cols * dtype.itemsize) % 16 != 0
@@ -1233,6 +1263,10 @@ def test_padded_two_byte_rows_leave_row_on_chip():
     assert strategy("softmax", 256, 10001) == "row_on_chip"  # 61% of the tile
     assert strategy("softmax", 4096, 10001) == "split_row_on_chip"  # as many rows (MISALIGNED_FORWARD_*)
     assert strategy("softmax", 1024, 9500) == "split_row_on_chip"  # 58%, off 16-byte boundaries
+    # ... and at a tile of 32768 too, from ROW_ON_CHIP_HALF_EMPTY_SPLIT_MIN_ROWS_PER_SM rows an SM
+    assert strategy("log_softmax", 396, 18038) == strategy("softmax", 982, 18038) == "split_row_on_chip"
+    assert strategy("log_softmax", 395, 18038) == strategy("softmax", 982, 18040) == "row_on_chip"
+    assert strategy("log_softmax_backward", 982, 18038) == "looped"
     assert strategy("logsumexp", 9682, 8604) == "row_on_chip 8192+512"  # as the forwards (ROW_ON_CHIP_TAIL_LOGSUMEXP)
     assert strategy("logsumexp", 4096, 10001) == "row_on_chip"
     assert strategy("softmax_backward", 5576, 4944) == "row_on_chip"  # 60% of the tile

@@ -501,6 +501,39 @@ CASES = [
         (torch.bfloat16, 11, 27783), (torch.bfloat16, 32, 32001), (torch.bfloat16, 49, 24083),
         (torch.bfloat16, 100, 30011), (torch.bfloat16, 474, 23612), (torch.float16, 474, 23612),
         (torch.bfloat16, 1000, 23612)), plans_of("row_on_chip", "split_row_on_chip")),
+    # 2-byte rows of 8-byte starts (lengths 4 mod 8) where the other rules for rows off 16-byte
+    # boundaries decide, many rows an SM: one chunk (tiles of 8192 and 16384), the forward's split
+    # (tiles from 16384), the backward's looped; the plan (None) against each strategy held to its
+    # tables (run with [--backward] [--log] --variants current_only).
+    *crossed((
+        (torch.float16, 1056, 6004), (torch.bfloat16, 4096, 7004), (torch.float16, 1056, 12004),
+        (torch.bfloat16, 4096, 12004), (torch.float16, 528, 14004), (torch.bfloat16, 528, 26020),
+        (torch.float16, 2048, 26020), (torch.bfloat16, 2048, 20004), (torch.bfloat16, 4096, 26020),
+        (torch.float16, 4096, 32004), (torch.bfloat16, 8192, 32004), (torch.float16, 16384, 26020),
+        (torch.float16, 1056, 20004), (torch.bfloat16, 1056, 26020), (torch.float16, 264, 6004),
+        (torch.float16, 16384, 6004), (torch.bfloat16, 4096, 4404), (torch.bfloat16, 8192, 8188),
+        (torch.float16, 2048, 5004), (torch.bfloat16, 1056, 7604), (torch.float16, 2048, 16380),
+        (torch.bfloat16, 264, 12004), (torch.bfloat16, 16384, 12004), (torch.float16, 1056, 9004)),
+        plans_of(None, "row_on_chip", "split_row_on_chip", "looped")),
+    # 2-byte rows of 16385-19000 elements on 4- or 8-byte boundaries, a few an SM (a random sweep's
+    # bf16 log_softmax 982 x 18038 at 0.89x torch under CUDA graphs, whole at 55% of its tile): held
+    # whole, as a head of 16384 and a tail, split, looped, the plan (run with --variants
+    # wide_head,current_only).
+    *crossed((
+        (torch.bfloat16, 982, 18038), (torch.bfloat16, 500, 18038), (torch.bfloat16, 2000, 18038),
+        (torch.bfloat16, 4000, 18038), (torch.float16, 982, 18038), (torch.bfloat16, 982, 17502),
+        (torch.bfloat16, 982, 19002), (torch.bfloat16, 982, 18040)),
+        (("row_on_chip", wide_head_variants), *plans_of(None, "split_row_on_chip", "looped"))),
+    # ... and from one row an SM to four, held whole against split (--variants current_only).
+    *crossed((
+        (torch.bfloat16, 150, 18038), (torch.bfloat16, 264, 18038), (torch.bfloat16, 396, 18038),
+        (torch.float16, 264, 17502), (torch.bfloat16, 1024, 17002)), plans_of(None, "row_on_chip", "split_row_on_chip")),
+    # Long rows' backward where the bf16 sweep of seed 3302 had a step behind torch eager (log_softmax
+    # 254 x 121650 0.75x, 1 x 305684 0.83x): the plan against split and looped (--backward --log
+    # --variants current_only).
+    *crossed((
+        (torch.bfloat16, 254, 121650), (torch.bfloat16, 254, 121648), (torch.bfloat16, 1, 305684)),
+        plans_of(None, "split_row_on_chip", "looped")),
 ]
 
 

@@ -35,12 +35,14 @@ ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
 BACKWARD_ROW_ON_CHIP_MAX_COLS = {4: 32768, 2: 32768}
 # 2-byte rows longer than one stream block that fill less than this share of row_on_chip's
 # power-of-two tile are not held whole: the idle lanes cut what an SM has in flight. The backward
-# takes looped; the forward split_row_on_chip where that tile is at most
-# ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and rows start off 16-byte boundaries (on aligned rows its chunks
-# compile to 106 registers, not 32). H100, GB/s, bf16 9682 x 8604 forward 1264-1300 -> 1715-1924,
-# backward 1663-1758 -> 2498-2538; forward 1024 x 17000 split 179-870: kept; fp32 lost: never
-# (docs/notes/2026-11/sweep_strategies-padded-h100.log).
+# takes looped; the forward split_row_on_chip where rows start off 16-byte boundaries (aligned rows'
+# chunks compile to 106 registers, not 32), up to a tile of ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS or from
+# ROW_ON_CHIP_HALF_EMPTY_SPLIT_MIN_ROWS_PER_SM rows an SM. GB/s: H100 bf16 9682 x 8604 forward
+# 1264-1300 -> 1715-1924, backward 1663-1758 -> 2498-2538, aligned 1024 x 17000 split 179-870; H200
+# log_softmax 982 x 18038 1691 -> 2318 (torch 1882), 264 x 18038 1718 -> 1551; fp32 lost: never
+# (notes/2026-11/sweep_strategies-padded-h100.log, tune_softmax-vector_rows-h200.log).
 ROW_ON_CHIP_MIN_FILL = {4: 0.0, 2: 0.6}
+ROW_ON_CHIP_HALF_EMPTY_SPLIT_MIN_ROWS_PER_SM = 3
 ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS = 16384
 # Rows off 16-byte boundaries whose row_on_chip tile is larger than ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS
 # and at least this full (by element size; None: never) take split_row_on_chip, forward and
@@ -49,13 +51,21 @@ ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS = 16384
 # 1522 -> 1751 (torch 1404 / 1528), 131x32076 1030 -> 1110 / 1285 -> 1467; aligned rows stay
 # (262x20000: 1548 on chip, 1114 split) (docs/notes/2026-11/sweep_strategies-misaligned-h100.log).
 ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
-# ... but for fewer than this many rows an SM (by direction) whose starts and lengths are multiples
-# of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES, held whole: read a vector of that size a load (ROW_ALIGN, which
-# the H100's runs above predate). H200, graphs, GB/s, split -> whole: fp16 log_softmax 43 x 26020 591
-# -> 832 (torch 608), bf16 backward 1024 x 32076 3180 -> 3793; but log_softmax 528 x 32076 2528 -> 2319,
-# odd lengths bf16 32 x 32001 578 -> 441 (notes/2026-11/tune_softmax-few_long_rows-h200.log).
-ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM = {"forward": 2, "backward": 8}
+# ... but rows whose starts and lengths are multiples of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES (read a
+# vector a load: ROW_ALIGN, which the H100's runs predate) are held whole below this many rows an SM,
+# by op and dtype (None: any count). H200, graphs, GB/s, split -> whole: fp16 log_softmax 43 x 26020
+# 591 -> 832, backward 2048 x 26020 3095 -> 3728 (torch 3142); bf16 softmax 4096 x 26020 2835 -> 3567;
+# fp16's 2048 x 26020 2661 -> 2580 (notes/2026-11/tune_softmax-few_long_rows-, -vector_rows-h200.log).
+ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM = {
+    "softmax": {torch.bfloat16: None, torch.float16: 2}, "log_softmax": {torch.bfloat16: 2, torch.float16: 2},
+    "softmax_backward": {torch.bfloat16: 8, torch.float16: None},
+    "log_softmax_backward": {torch.bfloat16: None, torch.float16: None}}
 ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES = 8
+# Such rows that MISALIGNED_ONE_CHUNK_* would take as one chunk of these tiles are held whole too, by
+# op and dtype (one chunk -> whole: softmax fp16 1056 x 6004 2272 -> 2846, backward 16384 x 6004 3777
+# -> 4263; bf16 backward 4096 x 7004 3893 -> 3889, log_softmax fp16 16384 x 6004 3909 -> 3691).
+ROW_ON_CHIP_VECTOR_ROWS_WHOLE_TILES = {"softmax": {torch.bfloat16: (8192,), torch.float16: (8192,)},
+                                       "softmax_backward": {torch.float16: (8192,)}}
 # Backward rows off 16-byte boundaries whose row_on_chip tile is at least MIN_TILE elements (by
 # element size; None: never) take looped where the rows' tiles hold MIN_ELEMENTS_PER_SM an SM, but
 # for the full tiles that _full_large_tile splits: held whole, such a row takes 50 registers a
@@ -224,20 +234,15 @@ SPLIT_ON_CHIP_CAP_MAX_THREAD_BYTES = 64
 # The cap buys programs an SM, which only counts beyond one uncapped wave (bf16 16x262144 lost 11.8 -> 12.2 us under it).
 SPLIT_ON_CHIP_UNCAPPED_PROGRAMS_PER_SM = 6
 
-# The eager torch route. Called back to back, an eager call costs the longer of its host time and its
-# GPU time. Our host time (Python, the allocation, a Triton launch; for a differentiated call, a Python
-# autograd node in each direction) is longer than torch's C++ dispatch, so where torch's own kernel
-# would finish within our host time, an eager call runs torch's kernel: the result is torch's, at
-# torch's speed. Under CUDA-graph capture and torch.compile the host's time is not the call's, and
-# the kernels run at every size, as they do for calls that name a strategy or an algorithm. Values
-# measured on the H100 machine (docs/perf-softmax.md, "The eager torch route"); a model of torch's
-# kernel that errs short sends the calls it misjudges to torch's kernel, level with torch.
-#
-# The route's model of torch's kernels is eager_route.py, from the tables here.
-# Our host time an eager call, µs: "forward" by the plan's launches; "train", a forward and its
-# backward through autograd (bench host's kernel path, bf16 64 x 4096: a forward 16.0 µs, a step
-# 168.4; the step's line is drawn at 180 from the sweeps' training steps: "The eager route's model
-# of few long rows" in docs/perf-softmax.md).
+# The eager torch route (its model: eager_route.py). An eager call back to back costs the longer of
+# its host time and its GPU time, and our host time (Python, the allocation, a Triton launch; an
+# autograd node each direction) exceeds torch's C++ dispatch: where torch's kernel would finish
+# within it, an eager call runs torch's kernel (torch's result, at torch's speed). CUDA-graph capture,
+# torch.compile and calls naming a strategy or algorithm run the kernels. H100 values (perf-softmax,
+# "The eager torch route"); a model that errs short sends what it misjudges to torch's kernel.
+# Our host time an eager call, µs: "forward" by the plan's launches; "train", a forward and backward
+# through autograd (bench host, bf16 64 x 4096: forward 16.0, step 168.4; the step's line at 180
+# from the sweeps' training steps: perf-softmax, "The eager route's model of few long rows").
 EAGER_HOST_US = {"forward": {1: 16.0, 2: 26.0, 3: 34.0}, "train": 180.0}
 # Ops whose eager forward never takes the route: torch.logsumexp is a composite of about seven
 # kernels (amax, the infinity mask, subtract, exp, sum, log, add), whose host time, 67.8 µs a call in
@@ -258,13 +263,11 @@ TORCH_ROWS_PER_SM = 4
 # ... except softmax's backward, whose long rows stream at 1224-1233 GB/s at every long-row cell of
 # the sweeps (log_softmax's at 2017-2102): docs/perf-softmax.md, "The eager route's model".
 TORCH_SOFTMAX_BACKWARD_LONG_ROW_GBS = 1230.0
-# A training step's kernels, fitted to torch's alone (CUDA-graph replays, 1-1056 rows of 4097-1048577
-# elements, fp32 and bf16; docs/perf-softmax.md, "The eager route's model of few long rows"): rows
-# side by side slow one another, so a long row costs TORCH_ROW_US + TORCH_STEP_NS_PER_ELEMENT an
-# element and the call's bytes add at the long-row rates above. At fp32 32 x 262147 torch's step took
-# 294 µs where the forward's model (a row's time alone, the rows side by side) said 136. The forward
-# keeps that shorter model: its line (16 µs) is where our eager forwards measured 14-23 µs, and
-# a short model sends those ties to torch's kernel, level with torch.
+# A training step's kernels, fitted to torch's alone (graph replays, 1-1056 rows of 4097-1048577
+# elements, fp32 and bf16; perf-softmax, "The eager route's model of few long rows"): rows side by
+# side slow one another, so a long row costs TORCH_ROW_US + TORCH_STEP_NS_PER_ELEMENT an element, the
+# bytes adding at the rates above (fp32 32 x 262147: 294 µs, where the forward's model said 136). The
+# forward keeps its shorter model: its 16 µs line is where our eager forwards measured 14-23 µs.
 TORCH_STEP_NS_PER_ELEMENT = {"softmax": {4: 0.25, 2: 0.23}, "log_softmax": {4: 0.22, 2: 0.15},
                              "softmax_backward": {4: 0.27, 2: 0.18}, "log_softmax_backward": {4: 0.34, 2: 0.24}}
 
@@ -297,10 +300,14 @@ def _full_large_tile(cols: int, elem: int) -> bool:
     return fill is not None and tile > ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS and cols >= fill * tile
 
 
-def _few_vector_rows(backward: bool, rows: int, elem: int, sms: int, row_multiple: int) -> bool:
-    """Rows of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES vectors, fewer than ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM an SM."""
-    per_sm = ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM["backward" if backward else "forward"]
-    return rows < per_sm * sms and row_multiple * elem >= ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES
+def _vector_rows_whole(op: str, rows: int, cols: int, dtype: torch.dtype, sms: int, row_multiple: int) -> bool:
+    """Rows of vectors that a split rule for rows off 16-byte boundaries takes, held whole instead."""
+    if row_multiple * dtype.itemsize < ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES:
+        return False
+    if _full_large_tile(cols, dtype.itemsize):
+        per_sm = ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM.get(op, {}).get(dtype, 0)
+        return per_sm is None or rows < per_sm * sms
+    return next_power_of_2(cols) in ROW_ON_CHIP_VECTOR_ROWS_WHOLE_TILES.get(op, {}).get(dtype, ())
 
 
 def _misaligned_backward_looped(rows: int, cols: int, elem: int, sms: int) -> bool:
@@ -506,26 +513,29 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
     few_tailed_rows = rows <= ROW_ON_CHIP_TAIL_FEW_ROWS_PER_SM * sms
     if strategy is None:
         on_chip = algorithm == "auto" and next_power_of_2(cols) <= on_chip_max
+        # What split_row_on_chip's rules for rows off 16-byte boundaries take (rows of vectors: whole).
+        split_or_whole = "row_on_chip" if _vector_rows_whole(op, rows, cols, dtype, sms, row_multiple) \
+            else "split_row_on_chip"
         if on_chip and backward and _one_chunk_tile(op, rows, cols, elem, sms, misaligned_rows):
-            strategy = "split_row_on_chip"
+            strategy = split_or_whole
         elif on_chip and _tailed_tile(op, cols, elem, misaligned_rows, few_tailed_rows)[0]:
             strategy = "row_on_chip"
         elif on_chip and op != "logsumexp" and _half_empty_tile(cols, STREAM_BLOCK[elem], ROW_ON_CHIP_MIN_FILL[elem]):
             if backward:
                 strategy = "looped"
-            elif misaligned_rows and next_power_of_2(cols) <= ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS:
+            elif misaligned_rows and (next_power_of_2(cols) <= ROW_ON_CHIP_PADDED_SPLIT_MAX_COLS
+                                      or rows >= ROW_ON_CHIP_HALF_EMPTY_SPLIT_MIN_ROWS_PER_SM * sms):
                 strategy = "split_row_on_chip"
             else:
                 strategy = "row_on_chip"
         elif on_chip and misaligned_rows and op != "logsumexp" and _full_large_tile(cols, elem):
-            whole = _few_vector_rows(backward, rows, elem, sms, row_multiple)
-            strategy = "row_on_chip" if whole else "split_row_on_chip"
+            strategy = split_or_whole
         elif on_chip and backward and misaligned_rows and _misaligned_backward_looped(rows, cols, elem, sms):
             strategy = "looped"
         elif (on_chip and not backward and _many_misaligned_rows(op, rows, elem, sms, misaligned_rows)
               and (next_power_of_2(cols) >= MISALIGNED_FORWARD_SPLIT_MIN_TILE
                    or _one_chunk_tile(op, rows, cols, elem, sms, misaligned_rows))):
-            strategy = "split_row_on_chip"
+            strategy = split_or_whole
         elif (on_chip and op == "log_softmax"
               and _half_empty_tile(cols, ROW_ON_CHIP_LOG_SPLIT_MIN_COLS, ROW_ON_CHIP_LOG_MIN_FILL[elem])):
             strategy = "split_row_on_chip"

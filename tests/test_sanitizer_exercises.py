@@ -69,10 +69,11 @@ SOFTMAX_CASES = [("row_on_chip", "auto"), ("split_row_on_chip", "auto"), ("loope
 
 # Small split_row_on_chip chunks (1024 / 512 fp32 elements), so that the long rows below take 13
 # (forward) and 25 (backward) programs each, which meet at their row's counter; row_on_chip holds
-# every 2-byte row in its own dtype (the plan does so for bf16 rows of 32768 only).
+# every 2-byte row in its own dtype (the plan does so for bf16 rows of 32768 and fp16 log_softmax's only).
 SMALL_CHUNKS = dict(SPLIT_ON_CHIP_TILE_BYTES={"forward": 4096, "backward": 2048},
                     SPLIT_ON_CHIP_WARP_BYTES={"forward": 1024, "backward": 1024},
-                    ROW_ON_CHIP_HOLD_INPUT_MIN_COLS={torch.bfloat16: 1, torch.float16: 1})
+                    ROW_ON_CHIP_HOLD_INPUT_MIN_COLS={torch.bfloat16: 1, torch.float16: 1},
+                    ROW_ON_CHIP_HOLD_INPUT_MIN_ROWS_PER_SM={}, ROW_ON_CHIP_HOLD_INPUT_GRANULE_ROWS={})
 
 
 @pytest.mark.parametrize("strategy,algorithm", SOFTMAX_CASES, ids=[f"{s}-{a}" for s, a in SOFTMAX_CASES])

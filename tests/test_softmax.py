@@ -166,10 +166,11 @@ def test_row_on_chip_spreads_few_rows_over_the_sms():
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
 def test_row_on_chip_holding_the_input_dtype(op, dtype, plan_override, gen):
-    # The plan holds only long bf16 rows in their own dtype; forced here at every width and dtype,
-    # on a strided view with special values in some rows, so that the held path is judged as the
-    # other one is.
-    plan_override(ROW_ON_CHIP_HOLD_INPUT_MIN_COLS={d: 1 for d in DTYPES})
+    # The plan holds only long bf16 rows (and fp16 log_softmax's) in their own dtype; forced here at
+    # every width and dtype, on a strided view with special values in some rows, so that the held
+    # path is judged as the other one is.
+    plan_override(ROW_ON_CHIP_HOLD_INPUT_MIN_COLS={d: 1 for d in DTYPES}, ROW_ON_CHIP_HOLD_INPUT_MIN_ROWS_PER_SM={},
+                  ROW_ON_CHIP_HOLD_INPUT_GRANULE_ROWS={})
     x = layout(make_logits((6, 2, 37), dtype, gen), "sliced", -1)
     x[0, 0, 3] = float("-inf")
     x[1, 1] = float("-inf")
@@ -184,15 +185,23 @@ def test_row_on_chip_holding_the_input_dtype(op, dtype, plan_override, gen):
     assert_matches(out, ref, dtype, f"{op} held in {dtype}")
 
 
-def test_row_on_chip_holds_only_long_bf16_rows():
-    # ... and a held row takes at most ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS (16), the others 32.
+def test_row_on_chip_holds_only_long_bf16_rows_and_fp16_log_softmax():
+    # ... bf16 rows of 32768 (every forward op), fp16's log_softmax from a row an SM on rows of whole
+    # 16-byte granules; a held row takes at most ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS (16), the others 32.
     cuda = torch.device("cuda")
-    chosen = {(dtype, cols): plan._choose("softmax", 64, cols, dtype, cuda, "auto", None, 132, False)
-              for dtype in DTYPES for cols in (4096, 32768)}
-    held = {key: c.hold_input for key, c in chosen.items()}
-    assert held == {(d, c): d == torch.bfloat16 and c == 32768 for d in DTYPES for c in (4096, 32768)}
-    assert {d: chosen[d, 32768].num_warps for d in DTYPES} == {d: 16 if d == torch.bfloat16 else 32 for d in DTYPES}
+    keys = [(op, dtype, rows, cols) for op in ("softmax", "log_softmax") for dtype in DTYPES for rows in (64, 132)
+            for cols in (4096, 32768)]
+    chosen = {key: plan._choose(key[0], key[2], key[3], key[1], cuda, "auto", None, 132, False) for key in keys}
+    held = {key: key[3] == 32768 and (key[1] == torch.bfloat16 or (key[1] == torch.float16 and key[0] == "log_softmax"
+                                                                    and key[2] >= 132)) for key in keys}
+    assert {key: c.hold_input for key, c in chosen.items()} == held
+    assert {key: c.num_warps for key, c in chosen.items() if key[3] == 32768} == {
+        key: 16 if held[key] else 32 for key in keys if key[3] == 32768}
     assert not plan._choose("softmax_backward", 64, 32768, torch.bfloat16, cuda, "auto", None, 132, False).hold_input
+    granules = {dtype: plan._choose("log_softmax", 262, 32076, dtype, cuda, "auto", None, 132, False, True, True, 4)
+                for dtype in (torch.float16, torch.bfloat16)}
+    assert {dtype: (c.strategy, c.hold_input) for dtype, c in granules.items()} == {
+        torch.float16: ("row_on_chip", False), torch.bfloat16: ("row_on_chip", True)}
 
 
 @pytest.mark.parametrize("strategy", strategies_here())

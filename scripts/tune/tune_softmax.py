@@ -253,6 +253,14 @@ def mid_long_row_variants():
         yield dict(WARPS_BY_TILE_ELEMENTS=scaled_warps(warps_scale))
 
 
+def held_fp16_variants():
+    # fp16 rows of a tile of 32768 held in their own dtype, as bf16's are (ROW_ON_CHIP_HOLD_INPUT_*),
+    # on 16 warps (the held rows' cap) and on 32.
+    held = dict(ROW_ON_CHIP_HOLD_INPUT_MIN_COLS={**plan.ROW_ON_CHIP_HOLD_INPUT_MIN_COLS, torch.float16: 32768})
+    yield held
+    yield dict(held, ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS=32)
+
+
 def crossed(shapes, strategies):
     """CASES rows: each (dtype, rows, cols) of ``shapes`` under each (strategy, variants) of ``strategies``."""
     return [(dtype, rows, cols, strategy, variants) for dtype, rows, cols in shapes for strategy, variants in strategies]
@@ -534,6 +542,13 @@ CASES = [
     *crossed((
         (torch.bfloat16, 254, 121650), (torch.bfloat16, 254, 121648), (torch.bfloat16, 1, 305684)),
         plans_of(None, "split_row_on_chip", "looped")),
+    # fp16 rows of a tile of 32768 held at 16 bits (run with --variants held_fp16, forward): aligned,
+    # on 8-byte starts, odd lengths; held whole and the plan (which splits some of them).
+    *crossed((
+        (torch.float16, 1024, 32768), (torch.float16, 64, 32768), (torch.float16, 8192, 30000),
+        (torch.float16, 2048, 26020), (torch.float16, 16384, 26020), (torch.float16, 4096, 32004),
+        (torch.float16, 528, 32001), (torch.float16, 1024, 20000)),
+        (("row_on_chip", held_fp16_variants), (None, held_fp16_variants))),
 ]
 
 
@@ -542,6 +557,8 @@ def describe(values):
     for name, value in values.items():
         if name == "MISALIGNED_ONE_CHUNK_TILES":
             value = f"fwd fp32 {value['forward'][4]}"
+        elif name == "ROW_ON_CHIP_HOLD_INPUT_MIN_COLS":  # the dtypes held
+            value = "/".join(str(dtype)[6:] for dtype in value)
         elif name == "MISALIGNED_ONE_CHUNK_WARP_BYTES":  # by op, then dtype: fp32/fp16/bf16
             value = " ".join(f"{key.replace('_backward', ' bwd')} " + "/".join(str(v[dtype]) for dtype in plan.KERNEL_DTYPES)
                              for key, v in value.items())

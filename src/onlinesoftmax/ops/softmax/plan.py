@@ -141,8 +141,15 @@ ROW_ON_CHIP_SHORT_TAIL_MAX_TAIL = {4: 32, 2: 64}
 ROW_ON_CHIP_SHORT_TAIL_FEW_ROWS_MAX_TAIL_SHARE = 0.25
 ROW_ON_CHIP_SHORT_TAIL_SPREAD_ROWS_PER_SM = 16
 ROW_ON_CHIP_SHORT_TAIL_MANY_ROWS_WARPS = 1
-# bf16 rows at least this long wait in registers at 16 bits (widened for each use): half the registers, 2 programs an SM.
-ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768}
+# bf16 rows at least this long wait in registers at 16 bits (widened for each use): half the registers,
+# 2 programs an SM; fp16's log_softmax too (by op), from ROW_ON_CHIP_HOLD_INPUT_MIN_ROWS_PER_SM rows an SM,
+# rows read in granules only where ..._GRANULE_ROWS says. H200, graphs, GB/s: fp16 log_softmax 1024 x
+# 20000 2011 -> 2839 (torch 2334), 8192 x 30000 3064 -> 4034; but 64 x 32768 1385 -> 1305, 8-byte rows
+# 2048 x 26020 2520 -> 2481, and fp16 softmax held takes 110 registers: 1024 x 32768 2762 -> 2431
+# (notes/2026-11/tune_softmax-held_fp16-h200.log).
+ROW_ON_CHIP_HOLD_INPUT_MIN_COLS = {torch.bfloat16: 32768, torch.float16: {"log_softmax": 32768}}
+ROW_ON_CHIP_HOLD_INPUT_MIN_ROWS_PER_SM = {torch.float16: 1}
+ROW_ON_CHIP_HOLD_INPUT_GRANULE_ROWS = {torch.bfloat16: True, torch.float16: False}
 # A held row takes at most 16 warps: 64 registers a thread, 2 programs an SM, half the warps in each cross-warp reduction.
 ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS = 16
 # row_on_chip packs short rows until a program's tile has about this many elements, by direction.
@@ -308,6 +315,15 @@ def _vector_rows_whole(op: str, rows: int, cols: int, dtype: torch.dtype, sms: i
         per_sm = ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM.get(op, {}).get(dtype, 0)
         return per_sm is None or rows < per_sm * sms
     return next_power_of_2(cols) in ROW_ON_CHIP_VECTOR_ROWS_WHOLE_TILES.get(op, {}).get(dtype, ())
+
+
+def _holds_input(op: str, dtype: torch.dtype, block: int, rows: int, sms: int, granule_rows: bool) -> bool:
+    """Whether row_on_chip's forward holds a tile of ``block`` in the input dtype (ROW_ON_CHIP_HOLD_INPUT_*)."""
+    min_cols = ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, 0)
+    if isinstance(min_cols, dict):  # by op
+        min_cols = min_cols.get(op, 0)
+    return (0 < min_cols <= block and rows >= ROW_ON_CHIP_HOLD_INPUT_MIN_ROWS_PER_SM.get(dtype, 0) * sms
+            and (not granule_rows or ROW_ON_CHIP_HOLD_INPUT_GRANULE_ROWS.get(dtype, True)))
 
 
 def _misaligned_backward_looped(rows: int, cols: int, elem: int, sms: int) -> bool:
@@ -581,7 +597,7 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         warps = warps or _warps_for_tile(width * rows_per_program)
         if not backward and not tail and _many_misaligned_rows(op, rows, elem, sms, misaligned_rows):
             warps = ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS.get(width * rows_per_program, warps)
-        hold_input = not tail and not backward and block >= ROW_ON_CHIP_HOLD_INPUT_MIN_COLS.get(dtype, block + 1)
+        hold_input = not (tail or backward) and _holds_input(op, dtype, block, rows, sms, granule_rows)
         if hold_input:
             warps = min(warps, ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS)
         return Plan(op, strategy, "one_pass", rows, cols, dtype, block, rows_per_program, warps,

@@ -54,8 +54,8 @@ ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_FILL = {4: None, 2: 0.7}
 # ... but rows whose starts and lengths are multiples of ROW_ON_CHIP_WHOLE_MIN_ROW_BYTES (read a
 # vector a load: ROW_ALIGN, which the H100's runs predate) are held whole below this many rows an SM,
 # by op and dtype (None: any count). H200, graphs, GB/s, split -> whole: fp16 log_softmax 43 x 26020
-# 591 -> 832, backward 2048 x 26020 3095 -> 3728 (torch 3142); bf16 softmax 4096 x 26020 2835 -> 3567;
-# fp16's 2048 x 26020 2661 -> 2580 (notes/2026-11/tune_softmax-few_long_rows-, -vector_rows-h200.log).
+# 591 -> 832, backward 2048 x 26020 3095 -> 3728 (torch 3142); bf16 softmax 4096 x 26020 2835 -> 3567,
+# but fp16 softmax 2048 x 26020 2661 -> 2580 (notes/2026-11/tune_softmax-few_long_rows-, -vector_rows-h200.log).
 ROW_ON_CHIP_MISALIGNED_SPLIT_MIN_ROWS_PER_SM = {
     "softmax": {torch.bfloat16: None, torch.float16: 2}, "log_softmax": {torch.bfloat16: 2, torch.float16: 2},
     "softmax_backward": {torch.bfloat16: 8, torch.float16: None},

@@ -1258,7 +1258,9 @@ def test_padded_two_byte_rows_leave_row_on_chip():
     cuda = torch.device("cuda")
     def chosen(op, rows, cols, dtype=torch.bfloat16, strategy=None):
         misaligned = (cols * dtype.itemsize) % 16 != 0
-        return plan._choose(op, rows, cols, dtype, cuda, "auto", strategy, 132, False, misaligned)
+        # contiguous rows' row_multiple, as the launcher gives it (launch._row_granule)
+        return plan._choose(op, rows, cols, dtype, cuda, "auto", strategy, 132, False, misaligned,
+                            row_multiple=min(16 // dtype.itemsize, cols & -cols))
     def strategy(*args):
         c = chosen(*args)
         return c.strategy + (f" {c.block_cols}+{c.tail_cols}" if c.tail_cols else "")
@@ -1273,8 +1275,10 @@ def test_padded_two_byte_rows_leave_row_on_chip():
     assert strategy("softmax", 4096, 10001) == "split_row_on_chip"  # as many rows (MISALIGNED_FORWARD_*)
     assert strategy("softmax", 1024, 9500) == "split_row_on_chip"  # 58%, off 16-byte boundaries
     # ... and at a tile of 32768 too, from ROW_ON_CHIP_HALF_EMPTY_SPLIT_MIN_ROWS_PER_SM rows an SM
-    assert strategy("log_softmax", 396, 18038) == strategy("softmax", 982, 18038) == "split_row_on_chip"
-    assert strategy("log_softmax", 395, 18038) == strategy("softmax", 982, 18040) == "row_on_chip"
+    # (rows of 4-byte starts with a short tail: past ROW_ON_CHIP_TAIL_WORD_STARTS_ROWS_PER_SM)
+    assert strategy("log_softmax", 396, 18419) == strategy("softmax", 982, 18038) == "split_row_on_chip"
+    assert strategy("log_softmax", 529, 18038) == strategy("log_softmax", 396, 19002) == "split_row_on_chip"
+    assert strategy("log_softmax", 395, 18419) == strategy("softmax", 982, 18040) == "row_on_chip"
     assert strategy("log_softmax_backward", 982, 18038) == "looped"
     assert strategy("logsumexp", 9682, 8604) == "row_on_chip 8192+512"  # as the forwards (ROW_ON_CHIP_TAIL_LOGSUMEXP)
     assert strategy("logsumexp", 4096, 10001) == "row_on_chip"
@@ -1292,6 +1296,10 @@ def test_padded_two_byte_rows_leave_row_on_chip():
     assert strategy("log_softmax", 132, 18419) == strategy("softmax", 15, 18419) == "row_on_chip 16384+2048"
     assert chosen("softmax", 15, 18419).num_warps == plan.ROW_ON_CHIP_TAIL_WARPS
     assert strategy("log_softmax", 133, 18419) == "row_on_chip"
+    # ... up to ROW_ON_CHIP_TAIL_WORD_STARTS_ROWS_PER_SM an SM on 4-byte starts, tails up to 2048
+    assert strategy("log_softmax", 528, 18038) == strategy("softmax", 150, 17502) == "row_on_chip 16384+2048"
+    assert strategy("log_softmax", 264, 19002) == "row_on_chip"  # a tail of 4096
+    assert strategy("softmax", 264, 18036) == "row_on_chip"  # 8-byte starts
     assert strategy("softmax", 15, 17000) == "row_on_chip"
     assert strategy("softmax", 15, 20011) == "row_on_chip"  # 61% of the tile
     assert strategy("logsumexp", 15, 18419) == "row_on_chip"

@@ -230,6 +230,13 @@ def few_rows_tail_off_variants():
     yield dict(ROW_ON_CHIP_TAIL_FEW_ROWS_MAX_HEAD={4: 0, 2: 0})
 
 
+def few_rows_tail_reach_variants():
+    # The head and tail for 2-byte forward rows off 16-byte boundaries (ROW_ON_CHIP_TAIL_FEW_ROWS_*)
+    # up to this many rows an SM (the table: 1).
+    for per_sm in (2, 3, 4):
+        yield dict(ROW_ON_CHIP_TAIL_FEW_ROWS_PER_SM=per_sm)
+
+
 def few_mid_rows_variants():
     # A strategy's plan, then the tables that set its programs' work: warps held whole (a quarter,
     # half), looped's tiles and warps, split_row_on_chip's tiles and warps a chunk.
@@ -536,6 +543,11 @@ CASES = [
     *crossed((
         (torch.bfloat16, 150, 18038), (torch.bfloat16, 264, 18038), (torch.bfloat16, 396, 18038),
         (torch.float16, 264, 17502), (torch.bfloat16, 1024, 17002)), plans_of(None, "row_on_chip", "split_row_on_chip")),
+    # ... and the head and tail of a few rows an SM against those (--variants few_rows_tail_reach,current_only).
+    *crossed(((dtype, rows, cols) for dtype, rows, cols in (
+        *((torch.bfloat16, rows, cols) for rows in (150, 264, 396, 500) for cols in (18038, 18419, 17502)),
+        (torch.bfloat16, 200, 19002), (torch.float16, 264, 18038), (torch.float16, 396, 18038))),
+        (("row_on_chip", few_rows_tail_reach_variants), *plans_of(None, "split_row_on_chip"))),
     # Long rows' backward where the bf16 sweep of seed 3302 had a step behind torch eager (log_softmax
     # 254 x 121650 0.75x, 1 x 305684 0.83x): the plan against split and looped (--backward --log
     # --variants current_only).

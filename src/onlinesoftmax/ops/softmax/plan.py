@@ -119,6 +119,14 @@ ROW_ON_CHIP_TAIL_WARPS = 8
 ROW_ON_CHIP_TAIL_FEW_ROWS_PER_SM = 1
 ROW_ON_CHIP_TAIL_FEW_ROWS_BELOW_FILL = {4: 0.0, 2: 0.6}
 ROW_ON_CHIP_TAIL_FEW_ROWS_MAX_HEAD = {4: 0, 2: 16384}
+# ... up to ROW_ON_CHIP_TAIL_WORD_STARTS_ROWS_PER_SM an SM where rows start on 4-byte boundaries
+# (lengths 2 mod 4) with a tail of at most ROW_ON_CHIP_TAIL_WORD_STARTS_MAX_TAIL (rows of up to
+# 18432 elements). H200, graphs, GB/s, plan before -> tail (torch): bf16 log_softmax 150 x 18038 1088
+# -> 1270 (1213), 264 x 18038 1722 -> 1963 (1915), 264 x 17502 1688 -> 1927 (1919), 500 x 17502
+# 1954 -> 2053 (2021); softmax 264 x 18038 1587 -> 1971 (1483); but rows of 19002 (a tail of 4096)
+# and odd lengths lost (200 x 19002 log_softmax 1461 -> 1272; notes/2026-11/tune_softmax-few_rows_tail_reach-h200.log).
+ROW_ON_CHIP_TAIL_WORD_STARTS_ROWS_PER_SM = 4
+ROW_ON_CHIP_TAIL_WORD_STARTS_MAX_TAIL = 2048
 # logsumexp's rows too, by the forward's table (its kernel is the forward's without the write). H100,
 # ms, plan without tails -> tail at 8 warps: bf16 16384 x 4097 0.1811 -> 0.1148; rows fuller than the
 # table's 55% were mixed (docs/notes/2026-11/probe_tailed_rows-logsumexp-h100.log).
@@ -453,7 +461,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
     backward = op in BACKWARD_OPS
     elem = dtype.itemsize
     on_chip_max = (BACKWARD_ROW_ON_CHIP_MAX_COLS if backward else ROW_ON_CHIP_MAX_COLS)[elem]
-    few_tailed_rows = rows <= ROW_ON_CHIP_TAIL_FEW_ROWS_PER_SM * sms
+    few_tailed_rows = rows <= ROW_ON_CHIP_TAIL_FEW_ROWS_PER_SM * sms or (
+        row_multiple == 2 and rows <= ROW_ON_CHIP_TAIL_WORD_STARTS_ROWS_PER_SM * sms
+        and cols - next_power_of_2(cols) // 2 <= ROW_ON_CHIP_TAIL_WORD_STARTS_MAX_TAIL)
     if strategy is None:
         on_chip = algorithm == "auto" and next_power_of_2(cols) <= on_chip_max
         # What split_row_on_chip's rules for rows off 16-byte boundaries take (rows of vectors: whole).

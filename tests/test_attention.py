@@ -707,6 +707,36 @@ def test_forward_keys_ending_mid_block_by_loads(monkeypatch):
     assert config(128, False, 1024, True)[1].warp_specialize
 
 
+def test_forward_of_few_programs_takes_smaller_query_blocks(monkeypatch):
+    # ATTENTION_FORWARD_FEW_PROGRAMS: split head dims whose 128-query blocks leave at most `most`
+    # programs an SM take the row's config; more programs, other head dims, the other mask where a
+    # row has no such head dim, and a forward planned without its batch x heads keep the table's.
+    monkeypatch.setattr(plan, "interpreter_active", lambda: False)
+    cuda = torch.device("cuda")
+
+    def tiles(head_dim, causal, batch_heads, n_queries=2195, sms=132):
+        chosen = plan.attention_plan("forward", head_dim, torch.bfloat16, causal, cuda, n_queries, n_queries, True,
+                                     True, batch_heads=batch_heads, whole_vectors=True, sms=sms)
+        return chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages
+
+    rows = {causal: {d: (most, config) for mask, dims, most, config in plan.ATTENTION_FORWARD_FEW_PROGRAMS
+                     if mask == causal for d in dims} for causal in (False, True)}
+    table = next(r for r in plan.ATTENTION_CONFIGS["forward"] if r[0] == 96)
+    assert rows[True][72][1] != table[2] and rows[False][72][1] != table[1] and 96 not in rows[False]
+    assert rows[True][72][0] > rows[True][96][0]
+    for head_dim, causal in ((72, True), (80, True), (96, True), (72, False)):
+        most, config = rows[causal][head_dim]
+        assert tiles(head_dim, causal, 8) == config
+        # 18 query blocks a head: `most` programs an SM, then one program more
+        assert tiles(head_dim, causal, most * 132 // 18, sms=132) == config
+        assert tiles(head_dim, causal, most * 132 // 18 + 1) == table[2 if causal else 1]
+        assert tiles(head_dim, causal, None) == table[2 if causal else 1]
+    assert tiles(96, False, 8) == table[1]
+    assert tiles(128, True, 8)[0] == 128 and tiles(256, True, 8)[0] == 128
+    with onlinesoftmax.override_plan("attention", ATTENTION_FORWARD_FEW_PROGRAMS=()):
+        assert tiles(72, True, 8) == table[2]
+
+
 def test_short_sequences_take_their_own_configs(monkeypatch):
     # ATTENTION_SHORT_CONFIGS rows apply up to their length (keys for the forward, the longer of
     # queries and keys for the backward) and at their head dim only, with the forward's loads;

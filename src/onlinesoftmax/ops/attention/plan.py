@@ -237,6 +237,21 @@ ATTENTION_FORWARD_SPLIT_HEAD_DIMS = (80, 96, 144, 160, 192)
 # 16): 0.861 -> 0.866 (0.470 -> 0.460), so 33-47 stay padded
 # (scripts/probes/probe_split_head_dims.py, docs/notes/2026-11/probe_split_head_dims-h100.log).
 ATTENTION_FORWARD_SPLIT_VECTORS_FROM = 65
+# Forwards of few programs: one sequence or a few at few heads, whose 128-query blocks (batch x
+# query heads x blocks) leave SMs idle while the longest program, a causal forward's last query
+# block, walks every key. Rows (causal, split head dims, most programs an SM at 128-query blocks,
+# config): the first that fits replaces the row's config. H200, bf16, CUDA-graph ms, 128 x 64
+# blocks -> 64 x 64 (FLASH): causal B1 H4 S2195 D72 (72 programs) 0.0510 -> 0.0335 (0.0395), B1 H8
+# S2195 D88 0.0755 -> 0.0511 (0.0834), B1 H8 S1000 D96 0.0286 -> 0.0203 (0.0220), B1 H8 S15748 D80
+# (992) 0.8990 -> 0.7938 (1.4914), B1 H12 S3333 D96 (324) 0.1110 -> 0.1065; non-causal B1 H16 S3000
+# D80 (384) 0.1602 -> 0.1209 (0.2044). Past the rows' counts they lost: D96 B4 H16 S2048 (1024)
+# 0.1793 -> 0.2043, B6 H12 S1052 (648) 0.0849 -> 0.0902; non-causal D72 B1 H24 S2195 (432) 0.1292
+# -> 0.1363, and D96 B1 H8 S2195 (144) 0.0665 -> 0.0783; so did the 128 x 128 configs of padded
+# head dims (D112, D128, 8 warps) and D256 at 64 query rows
+# (docs/notes/2026-11/probe_attention_few_programs-h200.log).
+ATTENTION_FORWARD_FEW_PROGRAMS = ((True, (72, 80), 8, (64, 64, 4, 3)),
+                                  (True, (88, 96), 3, (64, 64, 4, 3)),
+                                  (False, (72, 80), 3, (64, 64, 4, 3)))
 # The backward's dK/dV and dQ kernels compute these head dims in two parts as the forward does
 # (head_dim_parts: 144 = 128 + 16, 160 = 128 + 32, 192 = 128 + 64), and from
 # ATTENTION_BACKWARD_SPLIT_VECTORS_FROM up those whose second part runs past them (136, 152, 176),
@@ -382,7 +397,8 @@ class AttentionPlan(RegisterCap):
 def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device,
                    n_queries: int = 0, n_keys: int = 0, descriptor_ok: bool = True,
                    rows_ok: bool = False, batch_heads: Optional[int] = None,
-                   whole_vectors: bool = False, interpreting: Optional[bool] = None) -> AttentionPlan:
+                   whole_vectors: bool = False, interpreting: Optional[bool] = None,
+                   sms: Optional[int] = None) -> AttentionPlan:
     """Block sizes, warps and stages for one attention kernel; ``descriptor_ok`` says whether the
     tensors' layout allows TMA, ``rows_ok`` whether it allows the forward's row descriptors (the
     launcher checks strides and alignment). ``batch_heads`` (batch x query heads) lets a backward
@@ -390,7 +406,8 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     ``descriptor_ok`` as given (a caller that forces the load path; the short rows' "pointer" then
     yields to it). ``whole_vectors``: the compiler sees the rows as whole 16-byte vectors
     (_launch.rows_of_whole_vectors). ``interpreting``: plan for Triton's interpreter (None: whether
-    it is on). Cached: planning is on every call's path."""
+    it is on). A forward's ``batch_heads`` weighs its programs against ATTENTION_FORWARD_FEW_PROGRAMS
+    (``sms``: the device's SMs unless given). Cached: planning is on every call's path."""
     if kernel not in ATTENTION_CONFIGS:
         raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS}")
     interpreting = interpreter_active() if interpreting is None else interpreting
@@ -399,8 +416,14 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     length = n_keys if kernel == "forward" else max(n_queries, n_keys)
     # A backward whose caller forced the load path keeps it over a short row's pointer loads.
     forced_loads = kernel != "forward" and batch_heads is None
-    return _attention_plan(kernel, head_dim, dtype, causal, torch.device(device).type, n_keys, length,
-                           bool(descriptor_ok), bool(rows_ok), interpreting, bool(whole_vectors), forced_loads)
+    device = torch.device(device)
+    programs_per_sm = 0
+    if (kernel == "forward" and batch_heads is not None and device.type == "cuda" and not interpreting
+            and any(head_dim in dims for _, dims, _, _ in ATTENTION_FORWARD_FEW_PROGRAMS)):
+        # Programs an SM at 128-query blocks, rounded up: the few-programs rule's measure.
+        programs_per_sm = -(-batch_heads * -(-n_queries // 128) // (sms or sm_count(device)))
+    return _attention_plan(kernel, head_dim, dtype, causal, device.type, n_keys, length, bool(descriptor_ok),
+                           bool(rows_ok), interpreting, bool(whole_vectors), forced_loads, programs_per_sm)
 
 
 @plan_cache
@@ -411,7 +434,7 @@ def _clear():
 
 @functools.lru_cache(maxsize=4096)
 def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length, descriptor_ok, rows_ok,
-                    interpreting, whole_vectors=False, forced_loads=False) -> AttentionPlan:
+                    interpreting, whole_vectors=False, forced_loads=False, programs_per_sm=0) -> AttentionPlan:
     if device_type != "cuda" and not interpreting:
         return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
     block_d = padded_head_dim(head_dim)
@@ -432,6 +455,9 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
         bound = head_dim if split else block_d
         row = next((r for r in ATTENTION_CONFIGS[kernel] if bound <= r[0]), ATTENTION_CONFIGS[kernel][-1])
         config = row[2] if causal else row[1]
+        if split and programs_per_sm:
+            config = next((few for mask, dims, most, few in ATTENTION_FORWARD_FEW_PROGRAMS
+                           if mask == causal and head_dim in dims and programs_per_sm <= most), config)
     use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR[kernel]) and (
         forced_loads or short is None or short[4:] != ("pointer",))
     if kernel == "forward" and short is not None:

@@ -707,34 +707,42 @@ def test_forward_keys_ending_mid_block_by_loads(monkeypatch):
     assert config(128, False, 1024, True)[1].warp_specialize
 
 
-def test_forward_of_few_programs_takes_smaller_query_blocks(monkeypatch):
-    # ATTENTION_FORWARD_FEW_PROGRAMS: split head dims whose 128-query blocks leave at most `most`
-    # programs an SM take the row's config; more programs, other head dims, the other mask where a
-    # row has no such head dim, and a forward planned without its batch x heads keep the table's.
+def test_kernels_of_few_programs_take_smaller_query_blocks(monkeypatch):
+    # ATTENTION_FEW_PROGRAMS: where a kernel's 128-query blocks leave at most `most` programs an SM,
+    # the forward at split head dims and the dQ kernel take 64-query blocks on 4 warps (the key
+    # block and stages kept); more programs, other head dims, a mask without a row, short rows and a
+    # plan without its batch x query heads keep the tables' config.
     monkeypatch.setattr(plan, "interpreter_active", lambda: False)
     cuda = torch.device("cuda")
 
-    def tiles(head_dim, causal, batch_heads, n_queries=2195, sms=132):
-        chosen = plan.attention_plan("forward", head_dim, torch.bfloat16, causal, cuda, n_queries, n_queries, True,
-                                     True, batch_heads=batch_heads, whole_vectors=True, sms=sms)
+    def tiles(kernel, head_dim, causal, query_heads, n_queries=2195, sms=132):
+        chosen = plan.attention_plan(kernel, head_dim, torch.bfloat16, causal, cuda, n_queries, n_queries, True,
+                                     kernel == "forward", whole_vectors=True, query_heads=query_heads, sms=sms)
         return chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages
 
-    rows = {causal: {d: (most, config) for mask, dims, most, config in plan.ATTENTION_FORWARD_FEW_PROGRAMS
-                     if mask == causal for d in dims} for causal in (False, True)}
-    table = next(r for r in plan.ATTENTION_CONFIGS["forward"] if r[0] == 96)
-    assert rows[True][72][1] != table[2] and rows[False][72][1] != table[1] and 96 not in rows[False]
-    assert rows[True][72][0] > rows[True][96][0]
-    for head_dim, causal in ((72, True), (80, True), (96, True), (72, False)):
-        most, config = rows[causal][head_dim]
-        assert tiles(head_dim, causal, 8) == config
+    def smaller(config):
+        return (64, config[1], 4, config[3])
+
+    rows = {(kernel, causal): {d: most for mask, dims, most in table if mask == causal for d in dims}
+            for kernel, table in plan.ATTENTION_FEW_PROGRAMS.items() for causal in (False, True)}
+    forward = next(r for r in plan.ATTENTION_CONFIGS["forward"] if r[0] == 96)
+    dq = next(r for r in plan.ATTENTION_CONFIGS["backward_dq"] if r[0] == 128)
+    assert 96 not in rows["forward", False] and rows["forward", True][72] > rows["forward", True][96]
+    for kernel, head_dim, causal, table in (("forward", 72, True, forward[2]), ("forward", 80, True, forward[2]),
+                                            ("forward", 96, True, forward[2]), ("forward", 72, False, forward[1]),
+                                            ("backward_dq", 72, True, dq[2]), ("backward_dq", 128, False, dq[1])):
+        most = rows[kernel, causal][head_dim]
+        assert tiles(kernel, head_dim, causal, 8) == smaller(table) != table
         # 18 query blocks a head: `most` programs an SM, then one program more
-        assert tiles(head_dim, causal, most * 132 // 18, sms=132) == config
-        assert tiles(head_dim, causal, most * 132 // 18 + 1) == table[2 if causal else 1]
-        assert tiles(head_dim, causal, None) == table[2 if causal else 1]
-    assert tiles(96, False, 8) == table[1]
-    assert tiles(128, True, 8)[0] == 128 and tiles(256, True, 8)[0] == 128
-    with onlinesoftmax.override_plan("attention", ATTENTION_FORWARD_FEW_PROGRAMS=()):
-        assert tiles(72, True, 8) == table[2]
+        assert tiles(kernel, head_dim, causal, most * 132 // 18) == smaller(table)
+        assert tiles(kernel, head_dim, causal, most * 132 // 18 + 1) == table
+        assert tiles(kernel, head_dim, causal, None) == table
+        with onlinesoftmax.override_plan("attention", ATTENTION_FEW_PROGRAMS={}):
+            assert tiles(kernel, head_dim, causal, 8) == table
+    assert tiles("forward", 96, False, 8) == forward[1]
+    assert tiles("forward", 128, True, 8)[0] == 128 and tiles("forward", 256, True, 8)[0] == 128
+    short = plan.short_config("backward_dq", 128, True, 2048)
+    assert short is not None and tiles("backward_dq", 128, True, 8, n_queries=2048) == short[:4]
 
 
 def test_short_sequences_take_their_own_configs(monkeypatch):

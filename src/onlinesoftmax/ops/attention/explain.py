@@ -28,7 +28,7 @@ def explain(batch: int, heads_q: int, heads_kv: int, n_queries: int, n_keys: int
         return f"    grid: {blocks} {what} x {programs} {each} = {total} programs ({total / sms:.1f} an SM)"
 
     forward = attention_plan("forward", head_dim, dtype, causal, device, n_queries, n_keys, vectors, rows,
-                             batch_heads=batch * heads_q, whole_vectors=vectors, interpreting=False, sms=sms)
+                             whole_vectors=vectors, interpreting=False, query_heads=batch * heads_q, sms=sms)
     stationary = kv_stationary_plan(head_dim, dtype, causal, device, n_queries, n_keys, heads_q // heads_kv,
                                     batch * heads_kv, sms, forward.warp_specialize)
     if stationary is not None:

@@ -139,7 +139,7 @@ class _ForwardCall:
             "forward", head_dim, q.dtype, mode != "none", q.device, n_queries, n_keys,
             tma_ok if use_descriptor is None else use_descriptor,
             tma_ok and use_descriptor is not False and heads_follow_rows(q, k, v),
-            batch_heads=batch * n_heads_q, whole_vectors=rows_of_whole_vectors(head_dim, vec, q, k, v))
+            whole_vectors=rows_of_whole_vectors(head_dim, vec, q, k, v), query_heads=batch * n_heads_q)
         self.mode = mode
         # Templates of the outputs (_buffers.template): out contiguous in q's shape and dtype, lse float32.
         self.out = _buffers.template(q.shape, q.dtype, q.device)

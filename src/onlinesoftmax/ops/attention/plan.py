@@ -237,21 +237,17 @@ ATTENTION_FORWARD_SPLIT_HEAD_DIMS = (80, 96, 144, 160, 192)
 # 16): 0.861 -> 0.866 (0.470 -> 0.460), so 33-47 stay padded
 # (scripts/probes/probe_split_head_dims.py, docs/notes/2026-11/probe_split_head_dims-h100.log).
 ATTENTION_FORWARD_SPLIT_VECTORS_FROM = 65
-# Forwards of few programs: one sequence or a few at few heads, whose 128-query blocks (batch x
-# query heads x blocks) leave SMs idle while the longest program, a causal forward's last query
-# block, walks every key. Rows (causal, split head dims, most programs an SM at 128-query blocks,
-# config): the first that fits replaces the row's config. H200, bf16, CUDA-graph ms, 128 x 64
-# blocks -> 64 x 64 (FLASH): causal B1 H4 S2195 D72 (72 programs) 0.0510 -> 0.0335 (0.0395), B1 H8
-# S2195 D88 0.0755 -> 0.0511 (0.0834), B1 H8 S1000 D96 0.0286 -> 0.0203 (0.0220), B1 H8 S15748 D80
-# (992) 0.8990 -> 0.7938 (1.4914), B1 H12 S3333 D96 (324) 0.1110 -> 0.1065; non-causal B1 H16 S3000
-# D80 (384) 0.1602 -> 0.1209 (0.2044). Past the rows' counts they lost: D96 B4 H16 S2048 (1024)
-# 0.1793 -> 0.2043, B6 H12 S1052 (648) 0.0849 -> 0.0902; non-causal D72 B1 H24 S2195 (432) 0.1292
-# -> 0.1363, and D96 B1 H8 S2195 (144) 0.0665 -> 0.0783; so did the 128 x 128 configs of padded
-# head dims (D112, D128, 8 warps) and D256 at 64 query rows
-# (docs/notes/2026-11/probe_attention_few_programs-h200.log).
-ATTENTION_FORWARD_FEW_PROGRAMS = ((True, (72, 80), 8, (64, 64, 4, 3)),
-                                  (True, (88, 96), 3, (64, 64, 4, 3)),
-                                  (False, (72, 80), 3, (64, 64, 4, 3)))
+# Kernels of few programs (one sequence or a few at few heads), whose 128-query blocks leave SMs idle
+# while the longest programs run. By kernel, rows (causal, head dims, most programs an SM at 128-query
+# blocks): the first that fits takes the config's 64-query blocks on 4 warps (key block and stages
+# kept) where its BLOCK_M is 128 and no short row applies; the forward's only at head dims it splits.
+# H200, bf16, CUDA-graph ms, 128 -> 64 queries (FLASH): forward, causal B1 H4 S2195 D72 0.0510 ->
+# 0.0335 (0.0395), B1 H8 S15748 D80 (992 programs) 0.8990 -> 0.7938, but D96 B4 H16 S2048 (1024)
+# 0.1793 -> 0.2043; forward + backward, dQ: causal B1 H8 S2195 D128 0.2394 -> 0.2219 (0.2937), but
+# non-causal B1 H16 S4096 D80 (512) 1.2835 -> 1.3392 (docs/perf-h200.md, "Attention kernels of few
+# programs: 64-query blocks").
+ATTENTION_FEW_PROGRAMS = {"forward": ((True, (72, 80), 8), (True, (88, 96), 3), (False, (72, 80), 3)),
+                          "backward_dq": ((True, range(65, 129), 4), (False, range(65, 129), 2))}
 # The backward's dK/dV and dQ kernels compute these head dims in two parts as the forward does
 # (head_dim_parts: 144 = 128 + 16, 160 = 128 + 32, 192 = 128 + 64), and from
 # ATTENTION_BACKWARD_SPLIT_VECTORS_FROM up those whose second part runs past them (136, 152, 176),
@@ -398,7 +394,7 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                    n_queries: int = 0, n_keys: int = 0, descriptor_ok: bool = True,
                    rows_ok: bool = False, batch_heads: Optional[int] = None,
                    whole_vectors: bool = False, interpreting: Optional[bool] = None,
-                   sms: Optional[int] = None) -> AttentionPlan:
+                   query_heads: Optional[int] = None, sms: Optional[int] = None) -> AttentionPlan:
     """Block sizes, warps and stages for one attention kernel; ``descriptor_ok`` says whether the
     tensors' layout allows TMA, ``rows_ok`` whether it allows the forward's row descriptors (the
     launcher checks strides and alignment). ``batch_heads`` (batch x query heads) lets a backward
@@ -406,8 +402,9 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     ``descriptor_ok`` as given (a caller that forces the load path; the short rows' "pointer" then
     yields to it). ``whole_vectors``: the compiler sees the rows as whole 16-byte vectors
     (_launch.rows_of_whole_vectors). ``interpreting``: plan for Triton's interpreter (None: whether
-    it is on). A forward's ``batch_heads`` weighs its programs against ATTENTION_FORWARD_FEW_PROGRAMS
-    (``sms``: the device's SMs unless given). Cached: planning is on every call's path."""
+    it is on). ``query_heads`` (batch x query heads) weighs the forward's and the dQ kernel's
+    programs against ATTENTION_FEW_PROGRAMS (``sms``: the device's SMs unless given; None: not
+    weighed). Cached: planning is on every call's path."""
     if kernel not in ATTENTION_CONFIGS:
         raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS}")
     interpreting = interpreter_active() if interpreting is None else interpreting
@@ -418,10 +415,10 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     forced_loads = kernel != "forward" and batch_heads is None
     device = torch.device(device)
     programs_per_sm = 0
-    if (kernel == "forward" and batch_heads is not None and device.type == "cuda" and not interpreting
-            and any(head_dim in dims for _, dims, _, _ in ATTENTION_FORWARD_FEW_PROGRAMS)):
-        # Programs an SM at 128-query blocks, rounded up: the few-programs rule's measure.
-        programs_per_sm = -(-batch_heads * -(-n_queries // 128) // (sms or sm_count(device)))
+    if (query_heads is not None and device.type == "cuda" and not interpreting
+            and any(head_dim in dims for _, dims, _ in ATTENTION_FEW_PROGRAMS.get(kernel, ()))):
+        # Programs an SM at 128-query blocks, rounded up: ATTENTION_FEW_PROGRAMS's measure.
+        programs_per_sm = -(-query_heads * -(-n_queries // 128) // (sms or sm_count(device)))
     return _attention_plan(kernel, head_dim, dtype, causal, device.type, n_keys, length, bool(descriptor_ok),
                            bool(rows_ok), interpreting, bool(whole_vectors), forced_loads, programs_per_sm)
 
@@ -455,9 +452,10 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
         bound = head_dim if split else block_d
         row = next((r for r in ATTENTION_CONFIGS[kernel] if bound <= r[0]), ATTENTION_CONFIGS[kernel][-1])
         config = row[2] if causal else row[1]
-        if split and programs_per_sm:
-            config = next((few for mask, dims, most, few in ATTENTION_FORWARD_FEW_PROGRAMS
-                           if mask == causal and head_dim in dims and programs_per_sm <= most), config)
+    if (programs_per_sm and short is None and config[0] == 128 and (split or kernel != "forward")
+            and any(mask == causal and head_dim in dims and programs_per_sm <= most
+                    for mask, dims, most in ATTENTION_FEW_PROGRAMS.get(kernel, ()))):
+        config = (64, config[1], 4, config[3])
     use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR[kernel]) and (
         forced_loads or short is None or short[4:] != ("pointer",))
     if kernel == "forward" and short is not None:
@@ -597,7 +595,8 @@ def backward_plans(head_dim: int, dtype: torch.dtype, causal: bool, device: torc
     dkdv = attention_plan("backward_dkdv", head_dim, dtype, causal, device, n_queries, n_keys, descriptor_ok, **loads)
     if dkdv.path == "torch":
         return dkdv, None
-    dq = attention_plan("backward_dq", head_dim, dtype, causal, device, n_queries, n_keys, descriptor_ok, **loads)
+    dq = attention_plan("backward_dq", head_dim, dtype, causal, device, n_queries, n_keys, descriptor_ok, **loads,
+                        query_heads=batch * heads_q, sms=sms)
     group = heads_q // heads_kv
     key_blocks = -(-n_keys // dkdv.block_n)
     query_blocks = -(-n_queries // dq.block_m)

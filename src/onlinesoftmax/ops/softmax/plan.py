@@ -122,9 +122,9 @@ ROW_ON_CHIP_TAIL_FEW_ROWS_MAX_HEAD = {4: 0, 2: 16384}
 # ... up to ROW_ON_CHIP_TAIL_WORD_STARTS_ROWS_PER_SM an SM where rows start on 4-byte boundaries
 # (lengths 2 mod 4) with a tail of at most ROW_ON_CHIP_TAIL_WORD_STARTS_MAX_TAIL (rows of up to
 # 18432 elements). H200, graphs, GB/s, plan before -> tail (torch): bf16 log_softmax 150 x 18038 1088
-# -> 1270 (1213), 264 x 18038 1722 -> 1963 (1915), 264 x 17502 1688 -> 1927 (1919), 500 x 17502
-# 1954 -> 2053 (2021); softmax 264 x 18038 1587 -> 1971 (1483); but rows of 19002 (a tail of 4096)
-# and odd lengths lost (200 x 19002 log_softmax 1461 -> 1272; notes/2026-11/tune_softmax-few_rows_tail_reach-h200.log).
+# -> 1269 (1204), 264 x 18038 1722 -> 1975 (1915), 264 x 17502 1688 -> 1930 (1918), 500 x 17502
+# 1954 -> 2053 (2022); softmax 264 x 18038 1587 -> 1965 (1496); but rows of 19002 (a tail of 4096)
+# and odd lengths lost (200 x 19002 log_softmax 1461 -> 1273: perf-h200.md, "Few rows of about 18K").
 ROW_ON_CHIP_TAIL_WORD_STARTS_ROWS_PER_SM = 4
 ROW_ON_CHIP_TAIL_WORD_STARTS_MAX_TAIL = 2048
 # logsumexp's rows too, by the forward's table (its kernel is the forward's without the write). H100,

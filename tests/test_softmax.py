@@ -1257,10 +1257,9 @@ def test_padded_two_byte_rows_leave_row_on_chip():
     # tiles stay.
     cuda = torch.device("cuda")
     def chosen(op, rows, cols, dtype=torch.bfloat16, strategy=None):
-        misaligned = (cols * dtype.itemsize) % 16 != 0
-        # contiguous rows' row_multiple, as the launcher gives it (launch._row_granule)
-        return plan._choose(op, rows, cols, dtype, cuda, "auto", strategy, 132, False, misaligned,
-                            row_multiple=min(16 // dtype.itemsize, cols & -cols))
+        # a contiguous tensor's plan, its rows read as the launchers read them
+        return softmax_launch.contiguous_plan(op, rows, cols, dtype, cuda, "auto", strategy, sms=132,
+                                              interpreting=False)
     def strategy(*args):
         c = chosen(*args)
         return c.strategy + (f" {c.block_cols}+{c.tail_cols}" if c.tail_cols else "")

@@ -364,13 +364,14 @@ def attention_plan(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     # A backward whose caller forced the load path keeps it over a short row's pointer loads.
     forced_loads = kernel != "forward" and batch_heads is None
     device = torch.device(device)
-    programs_per_sm = 0
-    if (query_heads is not None and device.type == "cuda" and not interpreting
-            and any(head_dim in dims for _, dims, _ in ATTENTION_FEW_PROGRAMS.get(kernel, ()))):
-        # Programs an SM at 128-query blocks, rounded up: ATTENTION_FEW_PROGRAMS's measure.
-        programs_per_sm = -(-query_heads * -(-n_queries // 128) // (sms or sm_count(device)))
+
+    def programs_per_sm() -> int:  # at 128-query blocks, rounded up: ATTENTION_FEW_PROGRAMS's measure
+        return -(-query_heads * -(-n_queries // 128) // (sms or sm_count(device)))
+    few_programs = (query_heads is not None and device.type == "cuda" and not interpreting
+                    and any(mask == causal and head_dim in dims and programs_per_sm() <= most
+                            for mask, dims, most in ATTENTION_FEW_PROGRAMS.get(kernel, ())))
     return _attention_plan(kernel, head_dim, dtype, causal, device.type, n_keys, length, bool(descriptor_ok),
-                           bool(rows_ok), interpreting, bool(whole_vectors), forced_loads, programs_per_sm)
+                           bool(rows_ok), interpreting, bool(whole_vectors), forced_loads, few_programs)
 
 
 @plan_cache
@@ -381,7 +382,7 @@ def _clear():
 
 @functools.lru_cache(maxsize=4096)
 def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length, descriptor_ok, rows_ok,
-                    interpreting, whole_vectors=False, forced_loads=False, programs_per_sm=0) -> AttentionPlan:
+                    interpreting, whole_vectors=False, forced_loads=False, few_programs=False) -> AttentionPlan:
     if device_type != "cuda" and not interpreting:
         return AttentionPlan(kernel, "torch", head_dim, dtype, causal)
     block_d = padded_head_dim(head_dim)
@@ -402,9 +403,7 @@ def _attention_plan(kernel, head_dim, dtype, causal, device_type, n_keys, length
         bound = head_dim if split else block_d
         row = next((r for r in ATTENTION_CONFIGS[kernel] if bound <= r[0]), ATTENTION_CONFIGS[kernel][-1])
         config = row[2] if causal else row[1]
-    if (programs_per_sm and short is None and config[0] == 128 and (split or kernel != "forward")
-            and any(mask == causal and head_dim in dims and programs_per_sm <= most
-                    for mask, dims, most in ATTENTION_FEW_PROGRAMS.get(kernel, ()))):
+    if few_programs and short is None and config[0] == 128 and (split or kernel != "forward"):
         config = (64, config[1], 4, config[3])
     use_descriptor = descriptor_ok and (interpreting or ATTENTION_USE_DESCRIPTOR[kernel]) and (
         forced_loads or short is None or short[4:] != ("pointer",))

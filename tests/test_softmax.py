@@ -1234,6 +1234,8 @@ def test_eager_torch_route_gives_torchs_result_and_kernels_under_graphs_and_comp
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         fn(static, -1)
+        # On a stream of its own that captures nothing, the route still gives it to torch.
+        assert (plan.last_plan().strategy == "torch") == (fn is not onlinesoftmax.logsumexp)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

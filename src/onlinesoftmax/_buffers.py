@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from ._device import capturing, cuda_index, current_raw_stream
+
 
 _TEMPLATES: dict = {}
 MAX_TEMPLATES = 4096  # (shape, dtype, device) stand-ins kept before the table starts over
@@ -74,11 +76,9 @@ def row_exchange(parts: int, counters: int, device: torch.device) -> tuple[torch
     so that a graph replayed on another stream never shares them with eager launches. The partials
     come from :func:`empty`, like every other buffer (the tests fill those with NaN).
     """
-    # torch's binding itself (torch.cuda.is_current_stream_capturing wraps it in 0.5 us of checks).
-    if device.type != "cuda" or torch._C._cuda_isCurrentStreamCapturing():
+    if device.type != "cuda" or capturing(index := cuda_index(device)):
         return empty((parts,), torch.float32, device), torch.zeros(counters, dtype=torch.int32, device=device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, torch._C._cuda_getCurrentRawStream(index))  # the stream handle, without a Stream object
+    key = (index, current_raw_stream(index))  # the stream handle, without a Stream object
     pair = _EXCHANGE.get(key)
     if pair is None or pair[0].numel() < parts or pair[1].numel() < counters:
         kept_parts, kept_counters = pair or (None, None)

@@ -18,7 +18,7 @@ import torch
 
 from ... import _autocast, _validate
 from ..._autocast import any_enabled as _any_autocast
-from ..._device import interpreter_active, plan_cache, remember
+from ..._device import capturing, interpreter_active, plan_cache, remember
 from ..._launch import op_when_compiling
 from . import eager_route
 from . import plan as planner
@@ -135,6 +135,7 @@ class _Route(NamedTuple):
     # torch.softmax or torch.log_softmax where a call at temperature 1 is that function of (x, dim)
     # alone (no cast, no other output dtype): the torch paths' whole work, one call.
     torch_fn: Optional[object] = None
+    device_index: int = -1  # x's CUDA device (the eager route's capture check)
 
 
 _ROUTES: dict = {}
@@ -181,7 +182,7 @@ def _softmax_route(x, dim, dtype, algorithm, strategy, name, traced=False) -> _R
     eager, eager_train = _eager_torch(name, x, dim, strategy, algorithm, x.dtype if cast_to is None else cast_to,
                                       dtype)
     return _Route(dim, cast_to, dtype, False, _torch_plan(name, x, dim, _EAGER_TORCH_REASON), eager, eager_train,
-                  torch_fn)
+                  torch_fn, x.get_device())
 
 
 _TORCH_KERNEL_REASON = "torch's own kernel for this device / dtype"
@@ -198,17 +199,14 @@ def _eager_torch(name, x, dim, strategy, algorithm, dtype, out_dtype) -> tuple[b
     return eager_route.eager_torch(chosen, False, out_dtype), eager_route.eager_torch(chosen, True, out_dtype)
 
 
-# torch's binding itself: torch.cuda.is_current_stream_capturing() wraps it in 0.5 us of checks.
-# (A stub that raises on CPU builds of torch, called only for CUDA tensors.)
-_capturing = torch._C._cuda_isCurrentStreamCapturing
 _compiling = torch.compiler.is_compiling
 
 
-def _runs_torch(torch_path: bool, eager_torch: bool, eager_torch_train: bool, grad: bool) -> bool:
+def _runs_torch(torch_path: bool, eager_torch: bool, eager_torch_train: bool, grad: bool, device_index: int) -> bool:
     """Whether a call outside torch.compile's tracing takes torch's own kernel: the plan's torch
     path, or the eager torch route (differentiated or not) where the host decides (the call is not
     captured into a CUDA graph)."""
-    return torch_path or ((eager_torch_train if grad else eager_torch) and not _capturing())
+    return torch_path or ((eager_torch_train if grad else eager_torch) and not capturing(device_index))
 
 
 def _route(key, make, *args):
@@ -260,8 +258,9 @@ def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
             route = _route(key, _softmax_route, x, dim, dtype, algorithm, strategy,
                            "log_softmax" if log else "softmax")
     grad = x.requires_grad and torch.is_grad_enabled()
-    # (A traced route has no eager route: its torch path alone.)
-    torch_kernel = _runs_torch(route.torch_path, route.eager_torch, route.eager_torch_train, grad)
+    # (A traced route has no eager route: its torch path alone.) _runs_torch, inlined: the hit path.
+    torch_kernel = route.torch_path or ((route.eager_torch_train if grad else route.eager_torch)
+                                        and not capturing(route.device_index))
     if torch_kernel and route.torch_fn is not None and type(temperature) is float and temperature == 1.0:
         planner.record(route.torch_plan)
         return route.torch_fn(x, route.dim)
@@ -387,11 +386,12 @@ def _logsumexp_route(x, dim, keepdim, strategy, traced=False) -> tuple:
     torch_path = not kernels or strategy == "torch" or (strategy is None and (
         x.device.type != "cuda" and not interpreter_active()))
     if traced:  # nothing read of the sizes (see _softmax_like)
-        return dims, compute, None, torch_path, (False, False)
+        return dims, compute, None, torch_path, (False, False, -1)
     if torch_path:
-        return dims, compute, _torch_plan("logsumexp", x, dims[-1], _TORCH_KERNEL_REASON), True, (True, True)
+        return dims, compute, _torch_plan("logsumexp", x, dims[-1], _TORCH_KERNEL_REASON), True, (True, True, -1)
     eager = _eager_torch("logsumexp", x, dims[-1], strategy, "auto", compute, None)
-    return dims, compute, _torch_plan("logsumexp", x, dims[-1], _EAGER_TORCH_REASON), False, eager
+    return (dims, compute, _torch_plan("logsumexp", x, dims[-1], _EAGER_TORCH_REASON), False,
+            (*eager, x.get_device()))
 
 
 def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]] = -1, keepdim: bool = False, *,
@@ -441,11 +441,11 @@ def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]] = -1, keepdim: boo
         except (AttributeError, TypeError):
             key = None
         route = _route(key, _logsumexp_route, x, dim, keepdim, strategy)
-    dims, compute, torch_plan, torch_path, (eager_forward, eager_train) = route
+    dims, compute, torch_plan, torch_path, (eager_forward, eager_train, device_index) = route
     # Inside an autocast region on CUDA torch computes it in float32 and returns float32 (torch's
     # own call below does so itself).
     out_dtype = torch.float32 if _any_autocast() and _autocast.float32_result("logsumexp", x) else compute
-    if _runs_torch(torch_path, eager_forward, eager_train, x.requires_grad and torch.is_grad_enabled()):
+    if _runs_torch(torch_path, eager_forward, eager_train, x.requires_grad and torch.is_grad_enabled(), device_index):
         if not traced:
             planner.record(torch_plan)
         return torch.logsumexp(x, dims, keepdim)

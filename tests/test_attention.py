@@ -887,6 +887,25 @@ def test_head_dim_256_short_rows_gpu(heads, n_keys, gen):
 
 
 @gpu_only
+@pytest.mark.parametrize("n_keys", [600, 1024, 1025])
+@pytest.mark.parametrize("head_dim", [176, 192])
+def test_head_dims_176_192_causal_short_rows_gpu(head_dim, n_keys, gen):
+    """Head dims 176 and 192 causal up to 1024 keys keep the short rows' forward (64 x 32 blocks
+    through pointers), non-causal past 512 and causal past 1024 the tables'; every mask, forward,
+    lse and gradients against float64 (GQA group 2)."""
+    q, k, v = make_qkv(gen, 1, 4, 2, n_keys, n_keys, head_dim, torch.bfloat16, requires_grad=True)
+    for mode in MODES:
+        with torch.no_grad():
+            attention(q, k, v, causal=CAUSAL_ARG[mode])
+        chosen = plan.last_attention_plan()
+        short = mode != "none" and n_keys <= 1024
+        assert chosen.kernel == "forward" and ((chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages)
+                                               == (64, 32, 4, 3)) == short, (mode, chosen)
+        assert not (short and (chosen.row_descriptors or chosen.use_descriptor)), (mode, chosen)
+        check_all(q, k, v, mode, torch.bfloat16, f"S{n_keys} D{head_dim} {mode}", gen)
+
+
+@gpu_only
 @pytest.mark.parametrize("mode", ["none", "top_left"])
 def test_dkdv_wave_split_gpu(mode, gen):
     """The dK/dV group split the plan takes past one program an SM (ATTENTION_BACKWARD_WAVE_SPLIT_*)

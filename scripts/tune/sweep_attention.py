@@ -120,6 +120,14 @@ FORWARD_ROUNDS = {
                    (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer"), (64, 32, 4, 4, "pointer"),
                    (128, 32, 8, 3, "pointer"), (64, 64, 8, 2, "pointer"), (64, 128, 4, 1, "pointer"),
                    (128, 128, 8, 1, "rows")],
+    # Head dim 192 (128 + 64) causal at 513-2048 keys, past its short rows (B23 H25 S848: 0.98x FLASH
+    # on the H200, seed 3404): the tables' row, its pointer loads, and the short rows' tiles.
+    "d192_mid": [(128, 64, 8, 2, "rows"), (128, 64, 8, 2, "pointer"), (64, 32, 4, 3, "pointer"),
+                 (64, 64, 4, 3, "pointer"), (128, 32, 8, 3, "pointer"), (64, 64, 4, 2, "pointer")],
+    # Its second round, after 64 x 32 on 4 warps led at every shape of the first (S848 215.7 -> 258.5
+    # TFLOP/s, FLASH 215.9): longer sequences, non-causal, and head dims 144-176 (two parts as well).
+    "d192_mid_2": [(128, 64, 8, 2, "rows"), (64, 32, 4, 3, "pointer"), (64, 32, 4, 4, "pointer"),
+                   (128, 32, 8, 3, "pointer"), (128, 64, 8, 2, "pointer")],
     "d96_short_2": [(64, 32, 4, 3, "pointer"), (128, 32, 8, 3, "pointer"), (128, 32, 8, 4, "pointer"),
                     (128, 64, 8, 3, "pointer"), (128, 32, 8, 3, "rows"), (64, 64, 4, 3, "pointer")],
 }

@@ -164,6 +164,9 @@ ATTENTION_FORWARD_POINTER_CONFIGS = {128: ((128, 128, 8, 3), None)}
 # (69.9); D96 S256 184.4 -> 218.1 (218.8) at 128 x 32, 8 warps (notes: sweep_attention-{short_split,d96_short}-h200).
 # D256 at 129-320 keys (to 128 the WS / KV-stationary forwards stay), H200 only, TFLOP/s tables -> this: B43 H25
 # S206 161.9 -> 182.7, causal 93.6 -> 105.6; S512 lost 3.5% (perf-h200.md "Head dim 256 over 129-320 keys").
+# D176 and D192 causal keep the short rows' tiles to 1024 keys, H200 only, TFLOP/s tables -> this (FLASH): D192
+# S700 166.7 -> 219.3 (167.3), S848 215.7 -> 258.5 (215.9), S1024 265.7 -> 294.1 (251.5), D176 S1024 206.8 -> 231.5
+# (185.6); from S1535 the tables lead (339.0 against 325.0; notes: sweep_attention-d192_mid*-h200).
 ATTENTION_SHORT_CONFIGS = {
     "forward": ((512, 64, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
                 (1024, 64, (64, 64, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
@@ -177,7 +180,9 @@ ATTENTION_SHORT_CONFIGS = {
                 (512, 152, None, (64, 32, 4, 3, "pointer")),
                 (512, 160, None, (64, 32, 4, 3, "pointer")),
                 (512, 176, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
+                (1024, 176, None, (64, 32, 4, 3, "pointer")),
                 (512, 192, (64, 32, 4, 3, "pointer"), (64, 32, 4, 3, "pointer")),
+                (1024, 192, None, (64, 32, 4, 3, "pointer")),
                 (128, 256, None, None),
                 (320, 256, (128, 32, 8, 3, "pointer"), (128, 32, 8, 3, "pointer"))),
     "backward_dkdv": ((128, 32, (32, 64, 4, 2, "pointer"), (32, 128, 4, 2, "pointer")),

@@ -204,6 +204,26 @@ def test_direct_launch_takes_the_c_launcher_only_without_scratch():
     assert launch is scratch.run and prefix == ("function", "metadata", None, None, None)
 
 
+def test_capture_check_asks_the_driver_only_off_the_default_stream(monkeypatch):
+    # The legacy default stream (handle 0) cannot capture: its handle answers, and the driver's query
+    # (0.3 us a call) runs only on other streams, where it decides.
+    from onlinesoftmax import _device
+
+    asked = []
+
+    def query():
+        asked.append(True)
+        return True
+
+    monkeypatch.setattr(_device, "_stream_is_capturing", query)
+    monkeypatch.setattr(_device, "current_raw_stream", lambda index: 0)
+    assert not _device.capturing(0) and not asked
+    monkeypatch.setattr(_device, "current_raw_stream", lambda index: 0x5A5A)
+    assert _device.capturing(0) and asked == [True]
+    monkeypatch.setattr(_device, "_stream_is_capturing", lambda: False)
+    assert not _device.capturing(0)
+
+
 # The real allocators, taken before the autouse fixture replaces them with NaN-filled ones.
 _template, _cached_empty = _buffers.template, _buffers.empty
 

@@ -56,7 +56,7 @@ def test_opinfo_samples_forward_and_gradients(info, dtype, gen):
 
 
 # --------------------------------------------------------------------------------------------
-# The losses: torch's samples with class-index targets
+# The losses: torch's samples (class-index and probability targets)
 # --------------------------------------------------------------------------------------------
 
 LOSSES = ("nn.functional.cross_entropy", "nn.functional.linear_cross_entropy")
@@ -68,12 +68,12 @@ LOSS_CASES = [pytest.param(info, dtype, id=f"{info.name[14:]}{'-' + info.variant
 
 
 def _ours_on_loss_sample(name, sample):
-    """Our call for a torch loss sample with class-index targets, or None where the sample needs
-    what ours does not take (probability targets; linear_cross_entropy's K-dimensional weights)."""
+    """Our call for a torch loss sample, or None where the sample needs what ours does not take
+    (linear_cross_entropy's probability targets and K-dimensional weights)."""
     x, (*others, target), kwargs = sample.input, sample.args, dict(sample.kwargs)
-    if target.is_floating_point():
-        return None
     if name.endswith("linear_cross_entropy"):
+        if target.is_floating_point():
+            return None
         (projection,) = others
         if projection.dim() != 2:
             return None
@@ -83,8 +83,10 @@ def _ours_on_loss_sample(name, sample):
         renamed = {"linear_bias": "bias", "weight": "class_weight"}
         return lambda: onlinesoftmax.linear_cross_entropy(x, projection, target,
                                                           **{renamed.get(k, k): v for k, v in kwargs.items()})
-    # torch's class dim is 1 for inputs of 2 dims and more; ours is the last.
+    # torch's class dim is 1 for inputs of 2 dims and more; ours is the last (probability targets' too).
     logits = x.movedim(1, -1) if x.dim() > 2 else x
+    if target.is_floating_point() and target.dim() > 2:
+        target = target.movedim(1, -1)
     return lambda: onlinesoftmax.cross_entropy(logits, target, **kwargs)
 
 
@@ -102,12 +104,13 @@ def _in_float64(sample):
 @pytest.mark.parametrize("info, dtype", LOSS_CASES)
 def test_opinfo_loss_samples_forward_and_gradients(info, dtype, gen):
     samples = list(info.sample_inputs(DEVICE.type, dtype, requires_grad=True))
-    ran = 0
+    ran, ran_probabilities = 0, 0
     for sample in samples:
         ours_fn = _ours_on_loss_sample(info.name, sample)
         if ours_fn is None:
             continue
         ran += 1
+        ran_probabilities += sample.args[-1].is_floating_point()
         what = (f"{info.name} {tuple(sample.input.shape)} args={[tuple(a.shape) for a in sample.args]} "
                 f"kwargs={ {k: tuple(v.shape) if isinstance(v, torch.Tensor) else v for k, v in sample.kwargs.items()} }")
         ours = ours_fn()
@@ -132,4 +135,6 @@ def test_opinfo_loss_samples_forward_and_gradients(info, dtype, gen):
                     continue
                 torch.testing.assert_close(mine.double(), theirs, rtol=10 * rtol, atol=10 * atol, equal_nan=True,
                                            msg=lambda m: f"{what} gradient of input {i}: {m}")
-    assert ran, f"{info.name}: no sample with class-index targets"
+    assert ran, f"{info.name}: no sample ran"
+    if info.name == "nn.functional.cross_entropy":
+        assert ran_probabilities == sum(s.args[-1].is_floating_point() for s in samples) > 0, "probability targets"

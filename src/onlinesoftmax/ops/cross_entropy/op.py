@@ -13,7 +13,8 @@ from ..._device import interpreter_active, plan_cache, remember
 from ..._launch import op_when_compiling
 from . import plan as planner
 from .launch import forward_call, launch_backward, launch_forward, launch_scale, needs_denom
-from .torch_path import compute_dtype
+from .torch_path import compute_dtype, transformed
+from ..softmax import op as _softmax_op
 
 REDUCTIONS = ("mean", "sum", "none")
 TARGET_DTYPES = (torch.int64, torch.int32)
@@ -159,29 +160,40 @@ def check_options(name, ignore_index, reduction, label_smoothing, z_loss, softca
 
 
 def check_call(logits, target, name, arg, ignore_index, reduction, label_smoothing, z_loss, softcap,
-               temperature) -> float:
+               temperature, probabilities=False) -> float:
     """The checks every cross-entropy entry point makes of its logits, target and options; returns
-    the softcap as a float (0 for none)."""
+    the softcap as a float (0 for none). ``probabilities``: the entry point takes probability targets."""
     _validate.tensor(logits, name, arg)
     _validate.float_dtype(logits, name, LOGIT_DTYPES)
     _validate.device(logits, name)
     if logits.dim() == 0:
         raise ValueError(f"{name}: {arg} must have a class dim (the last), got a 0-d tensor")
-    check_target(logits, target, name)
+    check_target(logits, target, name, probabilities=probabilities)
     return check_options(name, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
 
 
-def check_target(logits, target, name, arg="target") -> torch.Tensor:
+def check_target(logits, target, name, arg="target", probabilities=False) -> bool:
+    """Class-index targets (``logits.shape[:-1]``, int64 or int32) or, where the entry point takes
+    them (``probabilities``), floating targets of the logits' own shape; returns whether they are
+    probabilities."""
     _validate.tensor(target, name, arg)
+    floating = target.is_floating_point()
+    if floating and probabilities:
+        if tuple(target.shape) != tuple(logits.shape):
+            raise ValueError(f"{name}: probability targets must have the logits' shape {tuple(logits.shape)}, "
+                             f"got {tuple(target.shape)}")
+        _validate.same_device(name, logits=logits, **{arg: target})
+        return True
     if target.dtype not in TARGET_DTYPES:
-        kind = "class probabilities" if target.is_floating_point() else f"{target.dtype} targets"
+        kind = "class probabilities" if floating else f"{target.dtype} targets"
+        where = "here (cross_entropy takes them)" if floating else "as such"
         raise TypeError(f"{name}: {arg} must hold class indices as int64 or int32, got {kind} "
-                        f"({_validate.dtype_name(target.dtype)}); probability targets are not supported")
+                        f"({_validate.dtype_name(target.dtype)}); they are not supported {where}")
     if tuple(target.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"{name}: {arg} must have the logits' shape without the class dim (the last), "
                          f"{tuple(logits.shape[:-1])}, got {tuple(target.shape)}")
     _validate.same_device(name, logits=logits, **{arg: target})
-    return target
+    return False
 
 
 def check_class_weight(weight, n_classes, logits, name, arg="weight") -> None:
@@ -251,12 +263,13 @@ def _torch_cross_entropy(x2, t1, weight, options, loss_dtype) -> torch.Tensor:
 
 
 def _check(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-           return_lse, inplace_backward) -> tuple:
+           return_lse, inplace_backward, strategy) -> tuple:
     """cross_entropy's checks of one signature; returns its options (ignore_index, reduction,
-    label_smoothing, z_loss, softcap (0: none), temperature, return_lse) as the launches take them."""
+    label_smoothing, z_loss, softcap (0: none), temperature, return_lse) as the launches take them,
+    and whether the targets are probabilities."""
     name = "cross_entropy"
     softcap = check_call(logits, target, name, "logits", ignore_index, reduction, label_smoothing, z_loss, softcap,
-                         temperature)
+                         temperature, probabilities=True)
     n_classes = logits.shape[-1]
     if n_classes == 0:
         raise ValueError(f"{name}: logits must have at least one class (the last dim is 0)")
@@ -264,14 +277,54 @@ def _check(logits, target, weight, ignore_index, reduction, label_smoothing, z_l
     for flag, value in (("return_lse", return_lse), ("inplace_backward", inplace_backward)):
         if not isinstance(value, bool):
             raise TypeError(f"{name}: {flag} must be a bool, got {type(value).__name__}")
-    return (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature), return_lse)
+    probabilities = target.is_floating_point()
+    if probabilities:
+        # What torch refuses with them (ignore_index), and what only the kernels' path has.
+        for option, value, default in (("ignore_index", ignore_index, -100), ("inplace_backward", inplace_backward, False),
+                                       ("strategy", strategy, None)):
+            if value != default:
+                raise ValueError(f"{name}: {option}={value!r} needs class-index targets, got probability targets")
+    options = (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature), return_lse)
+    return options, probabilities
+
+
+def _promoted(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """torch's promotion of two floating dtypes, in Python (torch.promote_types breaks a
+    torch.compile graph): the wider, float32 for float16 with bfloat16."""
+    if a == b or a.itemsize != b.itemsize:
+        return a if a.itemsize >= b.itemsize else b
+    return torch.float32
+
+
+def _probability_cross_entropy(logits, target, weight, options, float32_loss):
+    """cross_entropy of probability targets: torch's ``-sum_c w_c t_c log_softmax(y)_c`` a row, the
+    targets first mixed with the uniform distribution by label_smoothing, "mean" over the rows
+    (unweighted, as torch); plus the z term. Our log_softmax (and logsumexp for the z term and the
+    lse) and torch ops, autograd through them (the targets' gradient included): the memory of
+    torch's own, a (..., C) log-probability tensor in float32."""
+    _, reduction, label_smoothing, z_loss, softcap, temperature, return_lse = options
+    compute = compute_dtype(logits.dtype)
+    y = logits if softcap == 0.0 and temperature == 1.0 else transformed(logits, softcap, temperature)
+    t = target.to(_promoted(target.dtype, compute))  # half-precision targets mixed in float32
+    if label_smoothing > 0:
+        t = t * (1.0 - label_smoothing) + label_smoothing / logits.shape[-1]
+    if weight is not None:
+        t = t * weight
+    loss = -(_softmax_op.log_softmax(y, -1, dtype=compute) * t).sum(-1)
+    lse = _softmax_op.logsumexp(y if y.dtype == compute else y.to(compute), -1) if z_loss or return_lse else None
+    if z_loss:
+        loss = loss + z_loss * lse * lse
+    if reduction != "none":
+        loss = loss.sum() if reduction == "sum" else loss.mean()  # an empty "mean" is NaN, as torch's
+    loss = loss.to(torch.float32 if float32_loss else _promoted(logits.dtype, target.dtype))
+    return (loss, lse.detach()) if return_lse else loss
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: Optional[float] = None,
                   temperature: float = 1.0, weight: Optional[torch.Tensor] = None, return_lse: bool = False,
                   inplace_backward: bool = False, strategy: Optional[str] = None):
-    """Cross-entropy of class-index targets under ``log_softmax`` of the last dim of ``logits``.
+    """Cross-entropy of class-index (or probability) targets under ``log_softmax`` of the last dim of ``logits``.
 
     For each row i (every index of ``logits`` but the last) with target t, with
     ``y = softcap * tanh(logits / softcap) / temperature`` and ``lse = logsumexp(y)`` (the online
@@ -283,7 +336,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     ``torch.nn.functional.cross_entropy`` (class indices, ``ignore_index``, ``label_smoothing`` and
     ``weight`` with torch's semantics) plus PaLM's z-loss and Gemma 2's logit softcap. The logits
     are read once for the forward, accumulated in float32 (float64 logits: in float64, by torch's
-    own kernels).
+    own kernels). Probability targets ``p`` (floating, the logits' shape) give, as torch's,
+    ``loss_i = -sum_c w_c q_c (y_c - lse) + z_loss * lse^2`` with ``q = (1 - eps) p + eps / C``,
+    "mean" over the rows unweighted; they run our log_softmax and torch ops (torch's memory: a
+    float32 log-probability tensor of the logits' shape), differentiable in the targets too.
 
     Parameters
     ----------
@@ -294,7 +350,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
         F.cross_entropy takes it as dim 1 for inputs of more than 2 dims.
     target : Tensor
         ``logits.shape[:-1]`` (0-d for (C,) logits), int64 or int32 class indices in [0, C), or
-        ``ignore_index``.
+        ``ignore_index``; or class probabilities, a floating tensor of ``logits.shape`` (class dim
+        last too), without ``ignore_index`` (as torch), ``inplace_backward`` or ``strategy``.
     ignore_index : int
         Rows with this target have loss 0, gradient 0, and do not count in "mean".
     reduction : {"mean", "sum", "none"}
@@ -350,10 +407,12 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     Raises
     ------
     TypeError
-        Non-tensor arguments, logits not float32/float16/bfloat16, targets not int64/int32.
+        Non-tensor arguments, logits not float32/float16/bfloat16/float64, targets neither int64/int32
+        nor floating.
     ValueError
         Shapes that do not match, an unknown reduction, options out of range, tensors on different
-        devices, C = 0, CPU targets out of range.
+        devices, C = 0, CPU targets out of range; probability targets with ``ignore_index``,
+        ``inplace_backward`` or ``strategy``.
 
     Examples
     --------
@@ -377,14 +436,17 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     except (AttributeError, TypeError):  # not tensors, or unhashable options: the checks say what is wrong
         signature = checked = None
     if checked is None:
-        options = _check(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
-                         temperature, return_lse, inplace_backward)
-        checked = (options, _cpu_torch_plan(logits, options, inplace_backward, strategy, traced))
+        options, probabilities = _check(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss,
+                                        softcap, temperature, return_lse, inplace_backward, strategy)
+        checked = (options, None if probabilities else _cpu_torch_plan(logits, options, inplace_backward, strategy,
+                                                                       traced), probabilities)
         if signature is not None:
             remember(_CHECKED, signature, checked)
-    options, cpu_torch_plan = checked
+    options, cpu_torch_plan, probabilities = checked
     # Inside an autocast region torch computes the loss in float32 (see _autocast).
     float32_loss = _any_autocast() and _autocast.float32_result("cross_entropy", logits)
+    if probabilities:
+        return _probability_cross_entropy(logits, target, weight, options, float32_loss)
     n_classes = logits.shape[-1]
     weight = class_weights(weight)
     # 2-d logits skip the views (each costs microseconds of host time).

@@ -977,7 +977,9 @@ def test_probability_targets_match_torch(dtype, reduction, options, gen):
     # in the targets, against float64; leading dims flattened, the class dim last.
     x = make_logits((2, 3, 37), dtype, gen, outliers=False)
     p = torch.softmax(torch.randn((2, 3, 37), generator=gen, dtype=torch.float64), -1).to(DEVICE)
-    weight = (torch.rand(37, generator=gen, dtype=torch.float64) + 0.5).to(DEVICE, dtype) if options.get("weight") else None
+    weight = None
+    if options.get("weight"):
+        weight = (torch.rand(37, generator=gen, dtype=torch.float64) + 0.5).to(DEVICE, dtype)
     kwargs = {k: v for k, v in options.items() if k != "weight"}
     leaf, target = x.detach().clone().requires_grad_(), p.to(dtype).requires_grad_()
     # The reference takes what ours takes, in float64: the logits, targets and weights rounded to the dtype.

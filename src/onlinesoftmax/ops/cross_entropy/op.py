@@ -300,8 +300,9 @@ def _probability_cross_entropy(logits, target, weight, options, float32_loss):
     """cross_entropy of probability targets: torch's ``-sum_c w_c t_c log_softmax(y)_c`` a row, the
     targets first mixed with the uniform distribution by label_smoothing, "mean" over the rows
     (unweighted, as torch); plus the z term. Our log_softmax (and logsumexp for the z term and the
-    lse) and torch ops, autograd through them (the targets' gradient included): the memory of
-    torch's own, a (..., C) log-probability tensor in float32."""
+    lse) and torch ops, autograd through them (the targets' gradient included). Memory: float32
+    tensors of the logits' shape (the log-probabilities, half-precision targets widened, their
+    product), where torch's stay in the inputs' dtype."""
     _, reduction, label_smoothing, z_loss, softcap, temperature, return_lse = options
     compute = compute_dtype(logits.dtype)
     y = logits if softcap == 0.0 and temperature == 1.0 else transformed(logits, softcap, temperature)
@@ -338,8 +339,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     are read once for the forward, accumulated in float32 (float64 logits: in float64, by torch's
     own kernels). Probability targets ``p`` (floating, the logits' shape) give, as torch's,
     ``loss_i = -sum_c w_c q_c (y_c - lse) + z_loss * lse^2`` with ``q = (1 - eps) p + eps / C``,
-    "mean" over the rows unweighted; they run our log_softmax and torch ops (torch's memory: a
-    float32 log-probability tensor of the logits' shape), differentiable in the targets too.
+    "mean" over the rows unweighted; they run our log_softmax and torch ops (float32 tensors of
+    the logits' shape: the log-probabilities and their product with the targets), differentiable
+    in the targets too.
 
     Parameters
     ----------

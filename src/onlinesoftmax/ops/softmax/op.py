@@ -258,9 +258,8 @@ def _softmax_like(x, dim, dtype, temperature, algorithm, strategy, log):
             route = _route(key, _softmax_route, x, dim, dtype, algorithm, strategy,
                            "log_softmax" if log else "softmax")
     grad = x.requires_grad and torch.is_grad_enabled()
-    # (A traced route has no eager route: its torch path alone.) _runs_torch, inlined: the hit path.
-    torch_kernel = route.torch_path or ((route.eager_torch_train if grad else route.eager_torch)
-                                        and not capturing(route.device_index))
+    # (A traced route has no eager route: its torch path alone.)
+    torch_kernel = _runs_torch(route.torch_path, route.eager_torch, route.eager_torch_train, grad, route.device_index)
     if torch_kernel and route.torch_fn is not None and type(temperature) is float and temperature == 1.0:
         planner.record(route.torch_plan)
         return route.torch_fn(x, route.dim)

@@ -727,21 +727,6 @@ def test_torch_compile_fullgraph(inplace, gen):
     assert_matches(leaf.grad, x64.grad, torch.float32, "compiled grad")
 
 
-def test_torch_compile_fullgraph_probability_targets(gen):
-    x = make_logits((6, 40), torch.float32, gen, outliers=False)
-    p = torch.softmax(torch.randn((6, 40), generator=gen), -1).to(DEVICE)
-    compiled = torch.compile(lambda x, t: cross_entropy(x * 2.0, t, z_loss=1e-3, label_smoothing=0.1), fullgraph=True,
-                             backend="inductor" if ON_GPU else "aot_eager")
-    leaf = x.clone().requires_grad_()
-    out = compiled(leaf, p)
-    out.backward()
-    x64 = x.double().requires_grad_()
-    ref = _probability_reference(2.0 * x64, p.double(), z_loss=1e-3, label_smoothing=0.1)
-    ref.backward()
-    assert_matches(out.detach().reshape(1), ref.detach().reshape(1), torch.float32, "compiled loss")
-    assert_matches(leaf.grad, x64.grad, torch.float32, "compiled grad")
-
-
 def test_opcheck(gen):
     x = make_logits((5, 30), torch.float32, gen, outliers=False)
     target = make_targets(5, 30, gen)
@@ -951,71 +936,3 @@ def test_small_cpu_calls_run_torchs_own_loss(gen, monkeypatch):
                              backend="aot_eager")
     want = real(x.float().reshape(12, 37), target.reshape(-1), label_smoothing=0.1)
     assert torch.equal(compiled(x.float(), target), want)
-
-
-def _probability_reference(x64, p64, weight=None, reduction="mean", label_smoothing=0.0, z_loss=0.0, softcap=None,
-                           temperature=1.0):
-    """Probability-target cross-entropy in float64: torch's own (class dim 1) where torch has the
-    options, with the z term, softcap and temperature applied by hand around it."""
-    y = x64 if softcap is None else softcap * torch.tanh(x64 / softcap)
-    y = y / temperature
-    rows = F.cross_entropy(y.movedim(-1, 1) if y.dim() > 1 else y, p64.movedim(-1, 1) if p64.dim() > 1 else p64,
-                           weight=weight, reduction="none", label_smoothing=label_smoothing)
-    rows = rows + z_loss * torch.logsumexp(y, -1) ** 2
-    return rows if reduction == "none" else rows.sum() if reduction == "sum" else rows.mean()
-
-
-PROBABILITY_OPTIONS = [dict(), dict(label_smoothing=0.2), dict(weight=True), dict(z_loss=1e-2),
-                       dict(softcap=5.0, temperature=0.7), dict(weight=True, label_smoothing=0.1, z_loss=1e-3)]
-
-
-@pytest.mark.parametrize("options", PROBABILITY_OPTIONS, ids=lambda o: "-".join(o) or "plain")
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
-def test_probability_targets_match_torch(dtype, reduction, options, gen):
-    # Soft targets (distillation): torch's probability-target loss, its gradients in the logits and
-    # in the targets, against float64; leading dims flattened, the class dim last.
-    x = make_logits((2, 3, 37), dtype, gen, outliers=False)
-    p = torch.softmax(torch.randn((2, 3, 37), generator=gen, dtype=torch.float64), -1).to(DEVICE)
-    weight = None
-    if options.get("weight"):
-        weight = (torch.rand(37, generator=gen, dtype=torch.float64) + 0.5).to(DEVICE, dtype)
-    kwargs = {k: v for k, v in options.items() if k != "weight"}
-    leaf, target = x.detach().clone().requires_grad_(), p.to(dtype).requires_grad_()
-    # The reference takes what ours takes, in float64: the logits, targets and weights rounded to the dtype.
-    x64 = x.detach().double().requires_grad_()
-    p64 = target.detach().double().requires_grad_()
-    ref = _probability_reference(x64, p64, None if weight is None else weight.double(), reduction, **kwargs)
-    out = cross_entropy(leaf, target, reduction=reduction, weight=weight, **kwargs)
-    assert out.dtype == dtype and out.shape == ref.shape
-    g = torch.randn(ref.shape, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
-    (ref * g.double()).sum().backward()
-    (out * g).sum().backward()
-    assert_matches(out.detach(), ref.detach(), dtype, "loss")
-    assert_matches(leaf.grad, x64.grad, dtype, "logits' gradient")
-    assert_matches(target.grad, p64.grad, dtype, "targets' gradient")
-
-
-def test_probability_targets_lse_one_row_and_empty_batch(gen):
-    x = make_logits((4, 50), torch.float32, gen, outliers=False)
-    p = torch.softmax(torch.randn((4, 50), generator=gen), -1).to(DEVICE)
-    loss, lse = cross_entropy(x, p, return_lse=True)
-    assert_matches(lse, torch.logsumexp(x.double(), -1), torch.float32, "lse")
-    assert_matches(loss, F.cross_entropy(x.double(), p.double()), torch.float32, "loss")
-    # A 1-d row and its 1-d target: a 0-d loss, as torch's.
-    assert_matches(cross_entropy(x[0], p[0]), F.cross_entropy(x[0].double(), p[0].double()), torch.float32, "row")
-    # An empty batch: "mean" is NaN, "sum" 0, as torch's.
-    empty = torch.empty(0, 50, device=DEVICE)
-    assert cross_entropy(empty, empty).isnan() and cross_entropy(empty, empty, reduction="sum") == 0
-
-
-def test_probability_targets_refuse_what_needs_class_indices(gen):
-    x = make_logits((4, 10), torch.float32, gen)
-    p = torch.softmax(torch.randn((4, 10), generator=gen), -1).to(DEVICE)
-    for option in (dict(ignore_index=3), dict(inplace_backward=True), dict(strategy="stream")):
-        with pytest.raises(ValueError, match="needs class-index targets"):
-            cross_entropy(x, p, **option)
-    with pytest.raises(ValueError, match="probability targets must have the logits' shape"):
-        cross_entropy(x, p[:, :5])
-    with pytest.raises(TypeError, match="cross_entropy takes them"):
-        onlinesoftmax.linear_cross_entropy(x, torch.randn(7, 10, device=DEVICE), p[:, :7])

@@ -246,6 +246,29 @@ def test_cross_entropy_strategies(dtype, strategy, inplace):
     assert _rel(leaf.grad, ref_x.grad) < tol
 
 
+@pytest.mark.parametrize("rows,cols", [(3, 20011), (37, 301), (1, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cross_entropy_probability_targets(dtype, rows, cols):
+    # Probability targets' two kernels: several steps a row (20011), several rows a program (301,
+    # 5), every option, the targets' gradient too. Against float64 torch (z term by hand).
+    gen = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(rows, cols, generator=gen)).to(dtype).to(DEVICE)
+    p = torch.softmax(torch.randn(rows, cols, generator=gen), -1).to(dtype).to(DEVICE)
+    weight = (torch.rand(cols, generator=gen) + 0.5).to(DEVICE)
+    ref_x, ref_p = x.double().requires_grad_(), p.double().requires_grad_()
+    y = 8.0 * torch.tanh(ref_x / 8.0) / 0.9
+    ref = (torch.nn.functional.cross_entropy(y, ref_p, weight=weight.double(), label_smoothing=0.1, reduction="none")
+           + 1e-3 * torch.logsumexp(y, -1) ** 2).mean()
+    ref.backward()
+    leaf, target = x.clone().requires_grad_(), p.clone().requires_grad_()
+    loss = onlinesoftmax.cross_entropy(leaf, target, weight=weight, label_smoothing=0.1, z_loss=1e-3, softcap=8.0,
+                                       temperature=0.9)
+    loss.backward()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert abs(loss.item() - ref.item()) <= tol * abs(ref.item())
+    assert _rel(leaf.grad, ref_x.grad) < tol and _rel(target.grad, ref_p.grad) < tol
+
+
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_cross_entropy_shard_merge(reduction):
     # The sharded ops' merges without a process group: three shards of the classes (the middle one

@@ -4,10 +4,10 @@
 
 A small eager softmax runs torch's kernel through the route (ops/softmax/op.py, plan.EAGER_HOST_US),
 so such a call costs torch's own call plus what the route adds. This times, on CUDA tensors, torch's
-call, the public call, a bare Python function around torch's call (what any Python wrapper adds at
-least), and the route's pieces alone: the signature key, the lookup, the check that the host
-decides (not compiling, not capturing: on the default stream its handle alone answers) and the plan
-record. µs a call, timed as ``bench host``
+call, aten's _softmax behind it (one dispatch fewer), the public call, a bare Python function
+around torch's call (what any Python wrapper adds at least), and the route's pieces alone: the
+signature key, the lookup, the check that the host decides (not compiling, not capturing: on the
+default stream its handle alone answers) and the plan record. µs a call, timed as ``bench host``
 times (host_suite.host_us); the calls queue on the GPU faster than it runs them, so each is the
 host's time. (The recorded run, docs/notes/2026-11/probe_route_host-h200.log, timed with a copy of
 that loop: 5 runs of 20000 calls, the garbage collector not held off.)
@@ -33,6 +33,7 @@ def main():
     assert route.eager_torch, "26 x 411 should take the eager torch route"
     rows = [
         ("torch.softmax(x, -1)", lambda: torch.softmax(x, -1)),
+        ("torch._softmax(x, -1, False)", lambda: torch._softmax(x, -1, False)),
         ("onlinesoftmax.softmax(x)", lambda: onlinesoftmax.softmax(x)),
         ("a Python function calling torch.softmax", lambda: wrapper(x)),
         ("the key tuple", lambda: (x.shape, x.stride(), x.dtype, x.device, -1, None, "auto", None, False)),

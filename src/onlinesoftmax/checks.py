@@ -92,7 +92,7 @@ CHECKS = {
     "cross_entropy": (_cross_entropy,),
 }
 SUITE_CHECKS = {"sweep": "softmax", "host": "softmax", "topk_paper": "topk", "ladder": "softmax",
-                "linear_cross_entropy": "cross_entropy"}
+                "linear_cross_entropy": "cross_entropy", "cross_entropy_probabilities": "cross_entropy"}
 
 
 def run_checks(suite: str) -> int:

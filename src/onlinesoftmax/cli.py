@@ -33,13 +33,15 @@ SUITES = {
     "distributed": ".bench.distributed_suite:run",  # under torchrun, one GPU per rank
     "ladder": ".bench.ladder_suite:run",
     "cross_entropy": ".bench.cross_entropy_suite:run",
+    "cross_entropy_probabilities": ".bench.cross_entropy_suite:run_probabilities",
     "linear_cross_entropy": ".bench.cross_entropy_suite:run_linear",
 }
 
 
 # Suites whose grid can be measured in parts (--merge adds a run's rows to the results file); the
 # sweeps too, which take longer than one call of a time-limited machine.
-MERGING_SUITES = ("softmax", "sweep", "topk", "attention", "decode", "cross_entropy", "linear_cross_entropy")
+MERGING_SUITES = ("softmax", "sweep", "topk", "attention", "decode", "cross_entropy", "cross_entropy_probabilities",
+                  "linear_cross_entropy")
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:
@@ -214,8 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated implementations to run (the results' impl names, e.g. "
                             "onlinesoftmax,torch); with --merge the others keep their rows from the results file")
     bench.add_argument("--random", type=int, default=0, metavar="N",
-                       help="sweep suites (sweep, attention --sweep): add N seeded random shapes (--seed) "
-                            "to the grid or to the --shape cases")
+                       help="sweep suites (sweep, attention --sweep) and cross_entropy_probabilities: add N seeded "
+                            "random shapes (--seed) to the grid or to the --shape cases")
     bench.add_argument("--quick", action="store_true", help="sweep suites: a smaller grid")
     bench.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                        help="sweep suites: start no case after this many seconds, and write the cases measured")

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from . import harness
-from .shapes import parse_dims
+from .shapes import parse_dims, sweep_shapes_asked
+from .sweep_suite import random_shapes
 from .harness import Case, Implementation
 
 # Rows x vocabulary: Llama 2 32000, GPT-2 50257 (rows that start inside 16-byte vectors), Llama 3
@@ -185,6 +186,107 @@ def run(args) -> int:
     return harness.exit_code(rows)
 
 
+def _measure(suite: str, dtypes, shapes_of, cases_of, impls: dict, gen, graph_timing: bool) -> list:
+    """Every dtype's shapes (``shapes_of(dtype)``), each shape's cases (``cases_of(shape, dtype)``)
+    against the implementations of their direction, reported as each shape finishes."""
+    rows = []
+    for dtype in dtypes:
+        for shape in shapes_of(dtype):
+            measured = harness.run_cases(suite, cases_of(shape, dtype), impls, gen, graph_timing=graph_timing)
+            harness.report_case(f"{str(dtype)[6:]} {'x'.join(map(str, shape))}", measured)
+            rows += measured
+            torch.cuda.empty_cache()
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# cross_entropy of probability targets
+# --------------------------------------------------------------------------------------------
+
+# Soft targets (distillation) of the logits' dtype: vocabularies as GRID's and odd sizes, few and
+# many rows; fp32 up to 2.1 GB of logits (torch's own path keeps four tensors of their shape).
+PROBABILITY_GRID = {
+    torch.bfloat16: [(8192, 32000), (8192, 50257), (8192, 128256), (1024, 151936), (64, 256000), (2049, 32003),
+                     (32, 1000)],
+    torch.float32: [(8192, 32000), (4096, 128256), (777, 50257), (32, 1000)],
+}
+PROBABILITY_DIRECTIONS = ("forward", "forward+backward")
+
+
+def probability_case(shape, dtype, direction, device="cuda") -> Case:
+    """Logits (rows, V) and probability targets (a softmax, in the logits' dtype) with a "mean"
+    loss; forward + backward also checks the first CHECKED_ROWS rows of the logits' gradient."""
+    rows, vocab = shape
+
+    def make(gen):
+        drawn = harness.device_generator(gen, device)
+        x = (torch.randn(shape, generator=drawn, device=device) * 2.0).to(dtype)
+        p = torch.softmax(torch.randn(shape, generator=drawn, device=device), -1).to(dtype)
+        return x.requires_grad_(direction != "forward"), p
+
+    def reference(inputs):
+        x, p = inputs[0].detach(), inputs[1]
+        total = torch.zeros((), dtype=torch.float64, device=x.device)
+        for start in range(0, rows, REFERENCE_CHUNK_ROWS):
+            chunk = slice(start, start + REFERENCE_CHUNK_ROWS)
+            total += F.cross_entropy(x[chunk].double(), p[chunk].double(), reduction="sum")
+        loss = (total / rows).reshape(1)
+        if direction == "forward":
+            return loss
+        head, q = x[:CHECKED_ROWS].double(), p[:CHECKED_ROWS].double()
+        return torch.cat([loss, (torch.softmax(head, -1) * q.sum(-1, keepdim=True) - q).reshape(-1)])
+
+    # The floor: the logits and targets read once (and the gradient written once).
+    reads = 2 * rows * vocab * dtype.itemsize
+    return Case(f"{rows}x{vocab}", dtype, direction, reads if direction == "forward" else reads * 3 // 2, make,
+                reference, peak_memory=True)
+
+
+def probability_implementations() -> dict[str, list[Implementation]]:
+    from ..ops.cross_entropy import cross_entropy
+
+    def forward(loss_fn):
+        def call(x, p):
+            with torch.no_grad():
+                return loss_fn(x, p)
+        return call
+
+    def check_forward(out, inputs):
+        return out.detach().double().reshape(1)
+
+    impls = {}
+    for direction in PROBABILITY_DIRECTIONS:
+        wrap, check = (forward, check_forward) if direction == "forward" else (_step, _check)
+        impls[direction] = [
+            Implementation("torch", wrap(F.cross_entropy), check=check),
+            Implementation("torch.compile", wrap(_compiled(lambda x, p: F.cross_entropy(x, p))), check=check),
+            Implementation("onlinesoftmax", wrap(lambda x, p: cross_entropy(x, p)), check=check),
+        ]
+    return impls
+
+
+def run_probabilities(args) -> int:
+    """``onlinesoftmax bench cross_entropy_probabilities``: probability targets, forward and forward
+    + backward, against torch eager and torch.compile (Liger and Quack take class indices only), on
+    PROBABILITY_GRID or the --shape cases, with --random's seeded shapes (the softmax sweep's)."""
+    dtypes = [DTYPES[d] for d in (args.dtype or "bf16,fp32").split(",")]
+    gen = torch.Generator().manual_seed(args.seed)
+    print(f"seed {args.seed}; measuring device copy bandwidth ...", flush=True)
+    copy_gbs = harness.copy_bandwidth_gbs()
+    rows = _measure("cross_entropy_probabilities", dtypes, lambda dtype: sweep_shapes_asked(
+        args, 2, random_shapes, lambda quick, n, seed: PROBABILITY_GRID[dtype] + random_shapes(n, seed)),
+        lambda shape, dtype: [probability_case(shape, dtype, direction) for direction in PROBABILITY_DIRECTIONS],
+        probability_implementations(), gen, not args.no_graph)
+    harness.finish_rows(rows, copy_gbs)
+    rows, earlier_runs = harness.merge_with_previous(args, "cross_entropy_probabilities", rows)
+    notes = ("A 'mean' loss of probability targets (a softmax in the logits' dtype): the forward without "
+             "autograd, and a training step (forward, then the gradient of the logits). GB/s against the floor: "
+             "the logits and targets read once (the gradient written once); ours reads both again for the "
+             "backward. 'peak MB': what one call allocates above its inputs (the gradient included).")
+    harness.write_results(args, "cross_entropy_probabilities", rows, copy_gbs, notes, None, earlier_runs)
+    return harness.exit_code(rows)
+
+
 # --------------------------------------------------------------------------------------------
 # linear_cross_entropy
 # --------------------------------------------------------------------------------------------
@@ -281,16 +383,9 @@ def run_linear(args) -> int:
     dtypes = [DTYPES[d] for d in (args.dtype or "bf16").split(",")]
     shapes = [parse_dims(t, 3) for t in args.shape] if args.shape else LINEAR_GRID
     gen = torch.Generator().manual_seed(args.seed)
-    impls = linear_implementations()
-    rows = []
-    for dtype in dtypes:
-        for shape in shapes:
-            # Each set of inputs is over 1 GB (W and its gradient): two sets rotate, no more.
-            measured = harness.run_cases("linear_cross_entropy", [linear_case(shape, dtype)], {DIRECTION: impls},
-                                         gen, graph_timing=False)
-            harness.report_case(f"{str(dtype)[6:]} {'x'.join(map(str, shape))}", measured)
-            rows += measured
-            torch.cuda.empty_cache()
+    # Each set of inputs is over 1 GB (W and its gradient): two sets rotate, no more; no CUDA graphs.
+    rows = _measure("linear_cross_entropy", dtypes, lambda dtype: shapes,
+                    lambda shape, dtype: [linear_case(shape, dtype)], {DIRECTION: linear_implementations()}, gen, False)
     harness.finish_rows(rows, None)
     rows, earlier_runs = harness.merge_with_previous(args, "linear_cross_entropy", rows)
     notes = ("One training step of a 'mean' loss of h @ W.T: forward, then the gradients of h and W (TFLOP/s: the "

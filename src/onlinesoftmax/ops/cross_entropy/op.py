@@ -13,6 +13,7 @@ from ..._device import interpreter_active, plan_cache, remember
 from ..._launch import op_when_compiling
 from . import plan as planner
 from .launch import forward_call, launch_backward, launch_forward, launch_scale, needs_denom
+from .probability import ProbabilityCrossEntropy, forward as probability_forward
 from .torch_path import compute_dtype, transformed
 from ..softmax import op as _softmax_op
 
@@ -297,13 +298,40 @@ def _promoted(a: torch.dtype, b: torch.dtype) -> torch.dtype:
 
 
 def _probability_cross_entropy(logits, target, weight, options, float32_loss):
-    """cross_entropy of probability targets: torch's ``-sum_c w_c t_c log_softmax(y)_c`` a row, the
-    targets first mixed with the uniform distribution by label_smoothing, "mean" over the rows
-    (unweighted, as torch); plus the z term. Our log_softmax (and logsumexp for the z term and the
-    lse) and torch ops, autograd through them (the targets' gradient included). Memory: float32
-    tensors of the logits' shape (the log-probabilities, half-precision targets widened, their
-    product), where torch's stay in the inputs' dtype."""
+    """cross_entropy of probability targets: torch's ``-sum_c w_c q_c log_softmax(y)_c`` a row, with
+    ``q`` the targets mixed with the uniform distribution by label_smoothing, "mean" over the rows
+    (unweighted, as torch), plus the z term. CUDA tensors (and the interpreter's) of the kernels'
+    dtypes: probability.py's two kernels (the logits and targets read once a pass, nothing of their
+    shape kept but the gradients); otherwise our log_softmax and torch ops (float32 tensors of the
+    logits' shape), as torch computes it. Differentiable in the targets too."""
     _, reduction, label_smoothing, z_loss, softcap, temperature, return_lse = options
+    out_dtype = torch.float32 if float32_loss else _promoted(logits.dtype, target.dtype)
+    if ((logits.device.type == "cuda" or interpreter_active()) and logits.dtype in _validate.KERNEL_DTYPES
+            and target.dtype in _validate.KERNEL_DTYPES):
+        n_classes = logits.shape[-1]
+        x2, t2 = logits.reshape(-1, n_classes), target.reshape(-1, n_classes)
+        x2 = x2 if x2.stride(1) == 1 else x2.contiguous()  # the kernels step along rows of unit stride
+        t2 = t2 if t2.stride(1) == 1 else t2.contiguous()
+        kernel_options = (label_smoothing, z_loss, softcap, temperature)
+        if torch.is_grad_enabled() and (logits.requires_grad or target.requires_grad):
+            loss, lse = ProbabilityCrossEntropy.apply(x2, t2, class_weights(weight), kernel_options)
+        else:  # without autograd's node (its host time)
+            stats = probability_forward(x2, t2, class_weights(weight), *kernel_options)
+            loss, lse = stats[0], stats[4]
+        lse = lse.reshape(logits.shape[:-1])
+    else:
+        loss, lse = _composed_probability_loss(logits, target, weight, options)
+    loss = loss.reshape(logits.shape[:-1])
+    if reduction != "none":
+        loss = loss.sum() if reduction == "sum" else loss.mean()  # an empty "mean" is NaN, as torch's
+    loss = loss.to(out_dtype)
+    return (loss, lse.detach()) if return_lse else loss
+
+
+def _composed_probability_loss(logits, target, weight, options):
+    """(rows' losses, rows' lse or None) of probability targets from our log_softmax and torch ops
+    (float32, float64 for float64 logits)."""
+    _, _, label_smoothing, z_loss, softcap, temperature, return_lse = options
     compute = compute_dtype(logits.dtype)
     y = logits if softcap == 0.0 and temperature == 1.0 else transformed(logits, softcap, temperature)
     t = target.to(_promoted(target.dtype, compute))  # half-precision targets mixed in float32
@@ -315,10 +343,7 @@ def _probability_cross_entropy(logits, target, weight, options, float32_loss):
     lse = _softmax_op.logsumexp(y if y.dtype == compute else y.to(compute), -1) if z_loss or return_lse else None
     if z_loss:
         loss = loss + z_loss * lse * lse
-    if reduction != "none":
-        loss = loss.sum() if reduction == "sum" else loss.mean()  # an empty "mean" is NaN, as torch's
-    loss = loss.to(torch.float32 if float32_loss else _promoted(logits.dtype, target.dtype))
-    return (loss, lse.detach()) if return_lse else loss
+    return loss, lse
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100, reduction: str = "mean",
@@ -339,9 +364,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     are read once for the forward, accumulated in float32 (float64 logits: in float64, by torch's
     own kernels). Probability targets ``p`` (floating, the logits' shape) give, as torch's,
     ``loss_i = -sum_c w_c q_c (y_c - lse) + z_loss * lse^2`` with ``q = (1 - eps) p + eps / C``,
-    "mean" over the rows unweighted; they run our log_softmax and torch ops (float32 tensors of
-    the logits' shape: the log-probabilities and their product with the targets), differentiable
-    in the targets too.
+    "mean" over the rows unweighted, differentiable in the targets too; on CUDA by kernels of
+    their own (probability.py: the logits and targets read once a pass), on the CPU by our
+    log_softmax and torch ops.
 
     Parameters
     ----------

@@ -1,6 +1,7 @@
-"""``onlinesoftmax bench cross_entropy`` and ``bench linear_cross_entropy``: forward + backward time
-and peak memory against torch eager, torch.compile, Liger and Quack (and for the linear loss torch's
-own chunked ``F.linear_cross_entropy``, from torch 2.13).
+"""``onlinesoftmax bench cross_entropy``, ``bench cross_entropy_probabilities`` and ``bench
+linear_cross_entropy``: forward + backward time and peak memory against torch eager, torch.compile,
+Liger and Quack (and for the linear loss torch's own chunked ``F.linear_cross_entropy``, from torch
+2.13); probability targets against torch eager and torch.compile alone, their forward timed too.
 
 Every implementation runs one training step's worth of the loss: the forward and the gradient
 (``torch.autograd.grad``), on inputs that require grad, with "mean" reduction. Implementations

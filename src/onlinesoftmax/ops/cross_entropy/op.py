@@ -301,7 +301,7 @@ def _probability_cross_entropy(logits, target, weight, options, float32_loss):
     """cross_entropy of probability targets: torch's ``-sum_c w_c q_c log_softmax(y)_c`` a row, with
     ``q`` the targets mixed with the uniform distribution by label_smoothing, "mean" over the rows
     (unweighted, as torch), plus the z term. CUDA tensors (and the interpreter's) of the kernels'
-    dtypes: probability.py's two kernels (the logits and targets read once a pass, nothing of their
+    dtypes: probability.py's kernels (the logits and targets read once a pass, nothing of their
     shape kept but the gradients); otherwise our log_softmax and torch ops (float32 tensors of the
     logits' shape), as torch computes it. Differentiable in the targets too."""
     _, reduction, label_smoothing, z_loss, softcap, temperature, return_lse = options

@@ -263,6 +263,14 @@ def test_bench_without_a_gpu_runs_the_suites_cpu_check(capsys, tmp_path, suite):
     assert not list(tmp_path.iterdir())  # no GPU, no results files
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU check runs only where there is no GPU")
+def test_cpu_check_of_cross_entropy_takes_probability_targets(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # torch's CPU paths: seconds, not minutes
+    assert cli.main(["bench", "cross_entropy_probabilities", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("cross_entropy soft") == 4 and "FAIL" not in out
+
+
 def test_no_arguments_print_help_and_exit_0(capsys):
     assert cli.main([]) == 0
     assert "usage: onlinesoftmax" in capsys.readouterr().out

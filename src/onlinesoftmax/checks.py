@@ -82,6 +82,11 @@ def _cross_entropy(gen, device):
             ref = torch.nn.functional.cross_entropy(x.double(), target, reduction="none")
             err = _relative_error(onlinesoftmax.cross_entropy(x, target, reduction="none"), ref)
             yield "cross_entropy", shape, dtype, err, TOLERANCE[dtype]
+            # Probability targets (soft labels), the logits' dtype.
+            soft = torch.softmax(torch.randn(shape, generator=gen), -1).to(device=device, dtype=dtype)
+            ref = torch.nn.functional.cross_entropy(x.double(), soft.double(), reduction="none")
+            err = _relative_error(onlinesoftmax.cross_entropy(x, soft, reduction="none"), ref)
+            yield "cross_entropy soft", shape, dtype, err, TOLERANCE[dtype]
 
 
 CHECKS = {

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import onlinesoftmax
 from onlinesoftmax.ops.cross_entropy import cross_entropy, plan
+from onlinesoftmax._device import sm_count
 from onlinesoftmax.ops.cross_entropy import probability
 
 from conftest import DEVICE, ON_GPU, assert_matches, gpu_only, make_logits, needs_triton
@@ -128,13 +129,29 @@ def test_probability_targets_refuse_what_needs_class_indices(gen):
         onlinesoftmax.linear_cross_entropy(x, torch.randn(7, 10, device=DEVICE), p[:, :7])
 
 
+def _forward_vectors(rows, classes, element_size):
+    """(on vectors, with edges) of the forward's plan: rows of one GPU tile with partial vectors
+    (601, 1021) keep tiles from their first column; 1000 is whole vectors, no multiple of 16."""
+    if (rows, classes) == (2, 1000):
+        return True, False
+    if (rows, classes) in ((17, 4099), (3, LONG_ROW)) and (ON_GPU or classes == 4099):
+        tiles = -(-classes // probability.PROBABILITY_BLOCK[element_size])
+        vectors = tiles >= probability.FORWARD_EDGE_TILES[element_size]
+        return vectors, vectors
+    return False, False
+
+
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("rows, classes", [(1, 5), (7, 37), (3, LONG_ROW), (33, 129)])
+@pytest.mark.parametrize("rows, classes",
+                         [(1, 5), (7, 37), (3, LONG_ROW), (33, 129), (17, 601), (2, 1000), (5, 1021), (17, 4099)])
 def test_probability_kernels_tiles(dtype, rows, classes, gen):
     # Rows a program (short rows share a tile, the last tile partial), several steps along a long
-    # row, few rows cut into chunks and merged, odd class counts; every option at once, the
-    # kernels' plan asserted.
+    # row, few rows cut into chunks and merged, odd class counts; rows held one a program (over 512
+    # classes) on 16-byte vectors, their partial first and last vectors element-wise where rows
+    # start or end inside one (the backward's at 601 whole rows and 1021 cut into chunks under the
+    # interpreter; the forward's at rows over one GPU tile, 4099), whole vectors (1000); every
+    # option at once, the forward's plan asserted.
     x = make_logits((rows, classes), dtype, gen, outliers=False)
     weight = (torch.rand(classes, generator=gen, dtype=torch.float64) + 0.5).to(DEVICE, dtype)
     chosen = _check(x, _targets((rows, classes), gen, dtype), dtype, f"{rows}x{classes}", weight=weight,
@@ -144,6 +161,34 @@ def test_probability_kernels_tiles(dtype, rows, classes, gen):
         assert chosen.num_chunks > 1, "three long rows are cut into chunks, whose stats a kernel merges"
     if (rows, classes) == (7, 37):
         assert chosen.num_chunks == 1
+    assert (chosen.align > 1, chosen.edges) == _forward_vectors(rows, classes, x.element_size())
+    if (rows, classes) in ((5, 1021), (17, 601)):
+        assert (chosen.num_chunks > 1) == (classes == 1021 and not ON_GPU)
+
+
+@needs_triton
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("rows, classes", [(33, 37), (300 if ON_GPU else 3, LONG_ROW)], ids=["programs", "chunks"])
+def test_probability_kernels_reduce_rows(rows, classes, reduction, gen):
+    # "mean" and "sum" come from a launch of their own, in the loss's dtype, after the rows' losses
+    # of several programs (the forward's, or the merge's where rows are cut into chunks; the
+    # buffers are NaN-poisoned in the tests) over rows of several reduce steps under the
+    # interpreter. Only the targets asking for a gradient: the logits' is not written.
+    x = make_logits((rows, classes), torch.bfloat16, gen, outliers=False)
+    p = _targets((rows, classes), gen, torch.bfloat16).requires_grad_()
+    layout = probability.layout(rows, classes, 2, sm_count(x.device), contiguous=True, forward=True)
+    assert (classes == LONG_ROW) == (layout.chunks > 1)
+    writing = layout.rows if layout.chunks == 1 else probability.MERGE_ROWS  # rows a program of the rows' losses
+    assert (rows + writing - 1) // writing > 1 or not ON_GPU
+    x64, p64 = x.double(), p.detach().double().requires_grad_()
+    ref = _probability_reference(x64, p64, reduction=reduction, z_loss=1e-2)
+    out = cross_entropy(x, p, reduction=reduction, z_loss=1e-2)
+    assert out.dtype == torch.bfloat16 and out.shape == ()
+    out.backward(torch.tensor(1.5, dtype=torch.bfloat16, device=DEVICE))
+    ref.backward(torch.tensor(1.5, dtype=torch.float64, device=DEVICE))
+    assert_matches(out.detach(), ref.detach(), torch.bfloat16, "reduced loss")
+    assert_matches(p.grad, p64.grad, torch.bfloat16, "targets' gradient")
+    assert plan.last_plan().strategy == "probability_rows"
 
 
 @needs_triton
@@ -158,6 +203,11 @@ def test_probability_kernels_layouts_and_mixed_dtypes(gen):
     columns = make_logits((40, 5), torch.float32, gen, outliers=False)
     assert _check(columns.t(), _targets((5, 40), gen, torch.float32).t().contiguous().t(), torch.float32,
                   "column-strided").strategy == "probability_rows"
+    # Contiguous rows from a pointer off 16 bytes: tiles on the vectors the offsets give (correct
+    # whatever the pointer; 16-byte loads where it is aligned).
+    flat = make_logits((3 * 4099 + 1,), torch.bfloat16, gen, outliers=False)
+    assert _check(flat[1:].view(3, 4099), _targets((3, 4099), gen, torch.bfloat16), torch.bfloat16,
+                  "pointer off 16 bytes").align == 8
     x = make_logits((2, 3, 4, 37), torch.bfloat16, gen, outliers=False)
     out = cross_entropy(x, _targets((2, 3, 4, 37), gen, torch.float32), reduction="none")
     assert out.dtype == torch.float32 and out.shape == (2, 3, 4)
@@ -228,12 +278,13 @@ def test_probability_opcheck(gen):
     x = make_logits((5, 30), torch.float32, gen, outliers=False)
     p = _targets((5, 30), gen, torch.bfloat16)
     weight = torch.rand(30, generator=gen).to(DEVICE)
-    torch.library.opcheck(probability._forward_op, (x, p, weight, 0.1, 1e-3, 5.0, 0.7))
-    stats = probability._forward_op(x, p, None, 0.0, 0.0, 0.0, 1.0)
+    for reduction, loss_dtype in (("none", torch.float32), ("mean", torch.float32), ("sum", torch.bfloat16)):
+        torch.library.opcheck(probability._forward_op, (x, p, weight, 0.1, 1e-3, 5.0, 0.7, reduction, loss_dtype))
+    stats, _ = probability._forward_op(x, p, None, 0.0, 0.0, 0.0, 1.0, "none", torch.float32)
     upstream = torch.rand(5, generator=gen).to(DEVICE)
-    for target_grad in (False, True):
+    for logit_grad, target_grad in ((True, False), (True, True), (False, True)):
         torch.library.opcheck(probability._backward_op, (x, p, None, stats, upstream, 1.0, 0.0, 0.0, 0.0, 1.0,
-                                                         target_grad))
+                                                         logit_grad, target_grad))
 
 
 @gpu_only

@@ -246,11 +246,13 @@ def test_cross_entropy_strategies(dtype, strategy, inplace):
     assert _rel(leaf.grad, ref_x.grad) < tol
 
 
-@pytest.mark.parametrize("rows,cols", [(3, 20011), (37, 301), (1, 5)])
+@pytest.mark.parametrize("rows,cols", [(3, 20011), (37, 301), (1, 5), (600, 1025)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_cross_entropy_probability_targets(dtype, rows, cols):
-    # Probability targets' two kernels: several steps a row (20011), several rows a program (301,
-    # 5), every option, the targets' gradient too. Against float64 torch (z term by hand).
+    # Probability targets' kernels: several steps a row cut into chunks and merged (20011), several
+    # rows a program (301, 5), rows on 16-byte vectors with partial edges (20011, 1025), the "mean"
+    # from the last of 600 programs; every option, the targets' gradient too. Against float64
+    # torch (z term by hand).
     gen = torch.Generator().manual_seed(0)
     x = (3 * torch.randn(rows, cols, generator=gen)).to(dtype).to(DEVICE)
     p = torch.softmax(torch.randn(rows, cols, generator=gen), -1).to(dtype).to(DEVICE)

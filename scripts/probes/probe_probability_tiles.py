@@ -21,8 +21,8 @@ BASE_LAYOUT = probability.layout
 
 
 def with_tiles(tile_elements, warps):
-    def layout(n_rows, n_cols, element_size, sms):
-        cut = BASE_LAYOUT(n_rows, n_cols, element_size, sms)
+    def layout(n_rows, n_cols, element_size, sms, contiguous, forward):
+        cut = BASE_LAYOUT(n_rows, n_cols, element_size, sms, contiguous, forward)
         if cut.rows == 1:  # long rows keep their plan
             return cut
         rows = max(1, tile_elements // cut.block)

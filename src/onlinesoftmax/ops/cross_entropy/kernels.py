@@ -186,9 +186,16 @@ def gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr, live, tanh_
         else:
             g -= e
     if SOFTCAP:
-        th = y * tanh_scale  # tanh(x / softcap): y = softcap * tanh(x / softcap) / T
-        g = g * (1.0 - th * th)
+        g = g * softcap_slope(y, tanh_scale)
     return g
+
+
+@triton.jit
+def softcap_slope(y, tanh_scale):
+    """d(softcap tanh(x / softcap)) / dx = 1 - tanh^2 from y = softcap * tanh(x / softcap) / T and
+    tanh_scale = T / softcap."""
+    th = y * tanh_scale
+    return 1.0 - th * th
 
 
 @triton.jit

@@ -301,9 +301,10 @@ def _probability_cross_entropy(logits, target, weight, options, float32_loss):
     """cross_entropy of probability targets: torch's ``-sum_c w_c q_c log_softmax(y)_c`` a row, with
     ``q`` the targets mixed with the uniform distribution by label_smoothing, "mean" over the rows
     (unweighted, as torch), plus the z term. CUDA tensors (and the interpreter's) of the kernels'
-    dtypes: probability.py's kernels (the logits and targets read once a pass, nothing of their
-    shape kept but the gradients); otherwise our log_softmax and torch ops (float32 tensors of the
-    logits' shape), as torch computes it. Differentiable in the targets too."""
+    dtypes: probability.py's kernels (the logits and targets read once a pass, the loss reduced
+    over the rows by one more, nothing of the logits' shape kept but the gradients); otherwise our
+    log_softmax and torch ops (float32 tensors of the logits' shape), as torch computes it.
+    Differentiable in the targets too."""
     _, reduction, label_smoothing, z_loss, softcap, temperature, return_lse = options
     out_dtype = torch.float32 if float32_loss else _promoted(logits.dtype, target.dtype)
     if ((logits.device.type == "cuda" or interpreter_active()) and logits.dtype in _validate.KERNEL_DTYPES
@@ -314,16 +315,18 @@ def _probability_cross_entropy(logits, target, weight, options, float32_loss):
         t2 = t2 if t2.stride(1) == 1 else t2.contiguous()
         kernel_options = (label_smoothing, z_loss, softcap, temperature)
         if torch.is_grad_enabled() and (logits.requires_grad or target.requires_grad):
-            loss, lse = ProbabilityCrossEntropy.apply(x2, t2, class_weights(weight), kernel_options)
+            loss, lse = ProbabilityCrossEntropy.apply(x2, t2, class_weights(weight), kernel_options, reduction,
+                                                      out_dtype)
         else:  # without autograd's node (its host time)
-            stats = probability_forward(x2, t2, class_weights(weight), *kernel_options)
-            loss, lse = stats[0], stats[4]
+            stats, loss = probability_forward(x2, t2, class_weights(weight), *kernel_options, reduction, out_dtype)
+            loss, lse = stats[0] if reduction == "none" else loss, stats[4]
         lse = lse.reshape(logits.shape[:-1])
     else:
         loss, lse = _composed_probability_loss(logits, target, weight, options)
-    loss = loss.reshape(logits.shape[:-1])
-    if reduction != "none":
-        loss = loss.sum() if reduction == "sum" else loss.mean()  # an empty "mean" is NaN, as torch's
+        if reduction != "none":
+            loss = loss.sum() if reduction == "sum" else loss.mean()  # an empty "mean" is NaN, as torch's
+    if reduction == "none":
+        loss = loss.reshape(logits.shape[:-1])
     loss = loss.to(out_dtype)
     return (loss, lse.detach()) if return_lse else loss
 

@@ -134,7 +134,7 @@ def _forward_vectors(rows, classes, element_size):
     (601, 1021) keep tiles from their first column; 1000 is whole vectors, no multiple of 16."""
     if (rows, classes) == (2, 1000):
         return True, False
-    if (rows, classes) in ((17, 4099), (3, LONG_ROW)) and (ON_GPU or classes == 4099):
+    if (rows, classes) == (3, LONG_ROW) and ON_GPU:
         tiles = -(-classes // probability.PROBABILITY_BLOCK[element_size])
         vectors = tiles >= probability.FORWARD_EDGE_TILES[element_size]
         return vectors, vectors
@@ -143,15 +143,14 @@ def _forward_vectors(rows, classes, element_size):
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("rows, classes",
-                         [(1, 5), (7, 37), (3, LONG_ROW), (33, 129), (17, 601), (2, 1000), (5, 1021), (17, 4099)])
-def test_probability_kernels_tiles(dtype, rows, classes, gen):
+@pytest.mark.parametrize("rows, classes", [(1, 5), (7, 37), (3, LONG_ROW), (33, 129), (17, 601), (2, 1000), (5, 1021)])
+def test_probability_kernels_tiles(dtype, rows, classes, gen, forward_edges=False):
     # Rows a program (short rows share a tile, the last tile partial), several steps along a long
     # row, few rows cut into chunks and merged, odd class counts; rows held one a program (over 512
     # classes) on 16-byte vectors, their partial first and last vectors element-wise where rows
     # start or end inside one (the backward's at 601 whole rows and 1021 cut into chunks under the
-    # interpreter; the forward's at rows over one GPU tile, 4099), whole vectors (1000); every
-    # option at once, the forward's plan asserted.
+    # interpreter; the forward's at LONG_ROW on the GPU, or forward_edges), whole vectors (1000);
+    # every option at once, the forward's plan asserted.
     x = make_logits((rows, classes), dtype, gen, outliers=False)
     weight = (torch.rand(classes, generator=gen, dtype=torch.float64) + 0.5).to(DEVICE, dtype)
     chosen = _check(x, _targets((rows, classes), gen, dtype), dtype, f"{rows}x{classes}", weight=weight,
@@ -161,9 +160,23 @@ def test_probability_kernels_tiles(dtype, rows, classes, gen):
         assert chosen.num_chunks > 1, "three long rows are cut into chunks, whose stats a kernel merges"
     if (rows, classes) == (7, 37):
         assert chosen.num_chunks == 1
-    assert (chosen.align > 1, chosen.edges) == _forward_vectors(rows, classes, x.element_size())
+    edges = forward_edges or _forward_vectors(rows, classes, x.element_size())[1]
+    assert (chosen.align > 1, chosen.edges) == (edges or (rows, classes) == (2, 1000), edges)
     if (rows, classes) in ((5, 1021), (17, 601)):
         assert (chosen.num_chunks > 1) == (classes == 1021 and not ON_GPU)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows, classes", [(17, 601), (5, 1021)])
+def test_probability_forward_edges_on_short_rows(dtype, rows, classes, gen, monkeypatch):
+    # The forward's partial first and last vectors, which the plan gives rows of at least
+    # FORWARD_EDGE_TILES tiles (2-4 GPU tiles: thousands of columns, slow under the interpreter),
+    # forced on rows of one: whole rows (601), and under the interpreter rows cut into chunks
+    # (1021), whose first chunk takes the edges.
+    monkeypatch.setattr(probability, "FORWARD_EDGE_TILES", {2: 1, 4: 1})
+    monkeypatch.setattr(probability, "_FORWARD_CALLS", {})  # (calls prepared under the plan's rule)
+    test_probability_kernels_tiles(dtype, rows, classes, gen, forward_edges=True)
 
 
 @needs_triton
@@ -173,8 +186,10 @@ def test_probability_kernels_reduce_rows(rows, classes, reduction, gen):
     # "mean" and "sum" come from a launch of their own, in the loss's dtype, after the rows' losses
     # of several programs (the forward's, or the merge's where rows are cut into chunks; the
     # buffers are NaN-poisoned in the tests) over rows of several reduce steps under the
-    # interpreter. Only the targets asking for a gradient: the logits' is not written.
+    # interpreter (33 rows). Only the targets asking for a gradient: the logits' is not written (the
+    # kernel's pointer for it is then the logits' own, which must come out unchanged).
     x = make_logits((rows, classes), torch.bfloat16, gen, outliers=False)
+    logits = x.clone()
     p = _targets((rows, classes), gen, torch.bfloat16).requires_grad_()
     layout = probability.layout(rows, classes, 2, sm_count(x.device), contiguous=True, forward=True)
     assert (classes == LONG_ROW) == (layout.chunks > 1)
@@ -188,7 +203,7 @@ def test_probability_kernels_reduce_rows(rows, classes, reduction, gen):
     ref.backward(torch.tensor(1.5, dtype=torch.float64, device=DEVICE))
     assert_matches(out.detach(), ref.detach(), torch.bfloat16, "reduced loss")
     assert_matches(p.grad, p64.grad, torch.bfloat16, "targets' gradient")
-    assert plan.last_plan().strategy == "probability_rows"
+    assert plan.last_plan().strategy == "probability_rows" and torch.equal(x, logits)
 
 
 @needs_triton

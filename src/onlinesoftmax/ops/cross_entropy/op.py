@@ -319,8 +319,9 @@ def _probability_cross_entropy(logits, target, weight, options, float32_loss):
                                                       out_dtype)
         else:  # without autograd's node (its host time)
             stats, loss = probability_forward(x2, t2, class_weights(weight), *kernel_options, reduction, out_dtype)
-            loss, lse = stats[0] if reduction == "none" else loss, stats[4]
-        lse = lse.reshape(logits.shape[:-1])
+            loss, lse = stats[0] if reduction == "none" else loss, stats[4] if return_lse else None
+        if return_lse:  # (a view costs host time a call)
+            lse = lse.reshape(logits.shape[:-1])
     else:
         loss, lse = _composed_probability_loss(logits, target, weight, options)
         if reduction != "none":

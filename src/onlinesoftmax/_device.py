@@ -64,6 +64,20 @@ def capturing(device_index: int) -> bool:
     return current_raw_stream(device_index) != 0 and _stream_is_capturing()
 
 
+# Programmatic dependent launch (Hopper on): a kernel launched with it may be scheduled while the
+# kernel before it in the stream still runs, and waits (griddepcontrol.wait) before touching
+# memory until that one has finished, so that its launch latency overlaps the other's tail.
+# Off here turns every such launch back into a plain one.
+PROGRAMMATIC_LAUNCH = True
+
+
+def programmatic_launch(device: torch.device) -> bool:
+    """Whether kernels on ``device`` may be launched programmatically dependent (a CUDA GPU of
+    compute capability 9.0 on, not the interpreter, PROGRAMMATIC_LAUNCH on)."""
+    return (PROGRAMMATIC_LAUNCH and device.type == "cuda" and not interpreter_active()
+            and _cuda_properties(cuda_index(device)).major >= 9)
+
+
 def sm_count(device: torch.device) -> int:
     """Multiprocessors of a CUDA device; INTERPRETER_SM_COUNT for any other."""
     if device.type == "cuda":

@@ -26,6 +26,8 @@ import torch
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
+from ._device import programmatic_launch
+
 
 MAX_KEYS = 8192  # compiled-kernel entries per launcher before the table starts over
 
@@ -78,6 +80,13 @@ class Launcher:
         device = torch._C._cuda_getDevice()
         entry = self.compiled.get((device, key))
         return None if entry is None else (device, *entry)
+
+
+def dependent_launch(device: torch.device) -> dict:
+    """The constexpr WAIT and the launch option of a kernel that begins with ``if WAIT: gdc_wait()``:
+    launched programmatically dependent on the kernel before it where the device allows
+    (_device.programmatic_launch), else plainly."""
+    return dict(WAIT=True, launch_pdl=True) if programmatic_launch(device) else dict(WAIT=False)
 
 
 def _grid3(grid) -> tuple:

@@ -25,10 +25,12 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ... import _buffers
-from ..._device import cdiv, interpreter_active, next_power_of_2, plan_cache, remember, sm_count
-from ..._launch import Launcher, aligned, op_when_compiling
+from ..._device import (cdiv, interpreter_active, next_power_of_2, plan_cache, programmatic_launch, remember,
+                        sm_count)
+from ..._launch import Launcher, aligned, dependent_launch, op_when_compiling
 from .kernels import edge_columns, row_tile, softcap_slope, transform
 from . import plan as planner
 
@@ -73,11 +75,15 @@ def row_loss_stats(out_ptr, rows, live, n_rows, m, d, a, b, z_loss, Z: tl.conste
 
 
 @triton.jit
-def probability_reduce_kernel(stats_ptr, loss_ptr, n_rows, MEAN: tl.constexpr, BLOCK: tl.constexpr):
+def probability_reduce_kernel(stats_ptr, loss_ptr, n_rows, MEAN: tl.constexpr, BLOCK: tl.constexpr,
+                              WAIT: tl.constexpr):
     # One program: loss_ptr <- the rows' losses (the stats' first plane) summed in row order (bitwise
     # reproducible), over the rows for "mean". (The last program of the rows' launch to arrive at a
     # counter summing them instead made the forward slower under CUDA graphs at 29 of 30 measured
     # (shape, setting) pairs, by up to 3.7 us: docs/notes/2026-11/probe_probability_reduce-h200.log.)
+    # WAIT: launched programmatically dependent, it waits for the kernel before it.
+    if WAIT:
+        gdc_wait()
     total = tl.zeros([BLOCK], tl.float32)
     for start in range(0, n_rows, BLOCK):
         rows = start + tl.arange(0, BLOCK)
@@ -128,11 +134,14 @@ def probability_forward_kernel(
     x_ptr, t_ptr, w_ptr, out_ptr, n_rows, n_cols, x_stride, t_stride, chunk_tiles,
     softcap, inv_temperature, keep, spread, z_loss,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, ALIGN: tl.constexpr, EDGES: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, Z: tl.constexpr, SPLIT: tl.constexpr,
+    SOFTCAP: tl.constexpr, Z: tl.constexpr, SPLIT: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
 ):
     # Programs over (ROWS rows, a chunk of chunk_tiles tiles of BLOCK columns). Whole rows (one
     # chunk) store the rows' stats; SPLIT stores each chunk's (m, d, A, B) in four planes of
-    # (chunks, n_rows) for probability_merge_kernel.
+    # (chunks, n_rows) for probability_merge_kernel. LAUNCH_DEPENDENTS: the (small) kernel after
+    # this one, launched programmatically dependent, may be scheduled from the start.
+    if LAUNCH_DEPENDENTS:
+        gdc_launch_dependents()
     # ALIGN > 1: one row a program, logits and targets contiguous rows (stride n_cols), tiles on
     # ALIGN-element vectors (row_tile: 16-byte loads where rows start or end off them, as GPT-2's
     # 50257; EDGES: the partial first and last vectors, element-wise, by the first chunk).
@@ -185,9 +194,15 @@ def probability_forward_kernel(
 
 
 @triton.jit
-def probability_merge_kernel(partial_ptr, out_ptr, n_rows, n_chunks, z_loss, ROWS: tl.constexpr, Z: tl.constexpr):
+def probability_merge_kernel(partial_ptr, out_ptr, n_rows, n_chunks, z_loss, ROWS: tl.constexpr, Z: tl.constexpr,
+                             WAIT: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
     # The chunks' (m, d, A, B) of ROWS rows merged in chunk order into the rows' stats: B moves to
-    # the row's reference point as the forward moves it along a row.
+    # the row's reference point as the forward moves it along a row. WAIT, LAUNCH_DEPENDENTS: as
+    # the reduction's and the forward's.
+    if WAIT:
+        gdc_wait()
+    if LAUNCH_DEPENDENTS:
+        gdc_launch_dependents()
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = rows < n_rows
     plane = n_chunks * n_rows
@@ -368,19 +383,25 @@ class ForwardCall:
         key = (n_rows, n_cols, x.stride(0), target.stride(0), x.dtype, target.dtype,
                None if weight is None else weight.dtype, aligned(x), aligned(target), cut, *flags.values())
         self.scalars = _scalars(label_smoothing, z_loss, softcap, temperature, n_cols)
-        self.forward = _FORWARD.bind((cdiv(n_rows, cut.rows), cut.chunks), key, ROWS=cut.rows, BLOCK=cut.block,
-                                     ALIGN=cut.align, EDGES=cut.edges, num_warps=cut.num_warps,
-                                     SPLIT=cut.chunks > 1, **flags)
+        # The merge and the reduction launched programmatically dependent where the device allows.
+        dependent = programmatic_launch(x.device)
+        waits = dependent_launch(x.device)
+        reduced = reduction != "none"
+        self.forward = _FORWARD.bind((cdiv(n_rows, cut.rows), cut.chunks), (*key, dependent), ROWS=cut.rows,
+                                     BLOCK=cut.block, ALIGN=cut.align, EDGES=cut.edges, num_warps=cut.num_warps,
+                                     SPLIT=cut.chunks > 1, LAUNCH_DEPENDENTS=dependent and (cut.chunks > 1 or reduced),
+                                     **flags)
         self.merge = None
         if cut.chunks > 1:
-            self.merge = _MERGE.bind((cdiv(n_rows, MERGE_ROWS),), (n_rows, cut.chunks, flags["Z"]), ROWS=MERGE_ROWS,
-                                     Z=flags["Z"], num_warps=4)
+            self.merge = _MERGE.bind((cdiv(n_rows, MERGE_ROWS),), (n_rows, cut.chunks, flags["Z"], dependent, reduced),
+                                     ROWS=MERGE_ROWS, Z=flags["Z"], LAUNCH_DEPENDENTS=dependent and reduced,
+                                     num_warps=4, **waits)
         # "none" returns this empty tensor in place of the reduced loss (no allocation a call).
-        self.no_loss = x.new_empty(0) if reduction == "none" else None
+        self.no_loss = None if reduced else x.new_empty(0)
         reduce_block = 16 if interpreter_active() else planner.REDUCE_BLOCK  # (the interpreter: several steps)
-        self.reduce = None if reduction == "none" else _REDUCE.bind(
-            (1,), (n_rows, loss_dtype, reduction), MEAN=reduction == "mean", BLOCK=reduce_block,
-            num_warps=planner.REDUCE_WARPS)
+        self.reduce = None if not reduced else _REDUCE.bind(
+            (1,), (n_rows, loss_dtype, reduction, dependent), MEAN=reduction == "mean", BLOCK=reduce_block,
+            num_warps=planner.REDUCE_WARPS, **waits)
         self.args = (n_rows, n_cols, x.stride(0), target.stride(0), cut.chunk_tiles, *self.scalars)
 
     def __call__(self, x, target, weight):

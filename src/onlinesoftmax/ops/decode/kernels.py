@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..._triton import NEG_INF, max_keep_nan, mma, nan_max, strides_on_vectors
 
@@ -120,6 +121,7 @@ def decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BATCH_POW2: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     SPLIT: tl.constexpr, AUTO: tl.constexpr, WRITE_LSE: tl.constexpr, VEC: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr,
 ):
     """Grid (KV heads x row blocks, slots). A program's rows are its KV head's query heads x queries,
     ``row = query * group + head in group``; a row block holds BLOCK_M of them.
@@ -130,8 +132,11 @@ def decode_split_kernel(
     True: program (.., slot) covers one split and writes a partial unless its sequence has one split.
     VEC: the strides are known multiples of it (_launch.vector_width: a head dim such as 72 whose
     rows are whole 16-byte vectors, which Triton's specialization cannot see), so that rows of q, K,
-    V and the output move 16 bytes at a time.
+    V and the output move 16 bytes at a time. LAUNCH_DEPENDENTS: the merge, launched
+    programmatically dependent, may be scheduled from the start (it waits for this kernel).
     """
+    if LAUNCH_DEPENDENTS:
+        gdc_launch_dependents()
     stride_qb, stride_qs, stride_qh, _ = strides_on_vectors(stride_qb, stride_qs, stride_qh, 0, VEC)
     stride_kp, stride_ks, stride_kh, _ = strides_on_vectors(stride_kp, stride_ks, stride_kh, 0, VEC)
     stride_vp, stride_vs, stride_vh, _ = strides_on_vectors(stride_vp, stride_vs, stride_vh, 0, VEC)
@@ -288,11 +293,14 @@ def decode_merge_kernel(
     stride_seqlens, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
     HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, BATCH_POW2: tl.constexpr, HAS_SEQLENS: tl.constexpr, AUTO: tl.constexpr,
-    WRITE_LSE: tl.constexpr, VEC: tl.constexpr,
+    WRITE_LSE: tl.constexpr, VEC: tl.constexpr, WAIT: tl.constexpr,
 ):
     """Grid (row blocks of n_queries x n_heads_q output rows, head-dim blocks, batch). Finds its
     sequence's slots as the split kernel did and merges them; a one-split sequence was written by
-    the split kernel, and its programs return at once. VEC as for the split kernel."""
+    the split kernel, and its programs return at once. VEC as for the split kernel. WAIT: launched
+    programmatically dependent on the split kernel (_launch.dependent_launch), it waits for it."""
+    if WAIT:
+        gdc_wait()
     stride_ob, stride_os, stride_oh, _ = strides_on_vectors(stride_ob, stride_os, stride_oh, 0, VEC)
     b = tl.program_id(2)
     index, lens, blocks, splits, ends = sequence_splits(

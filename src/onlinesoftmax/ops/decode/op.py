@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from ... import _autocast, _buffers, _device, _validate
-from ..._launch import Launcher, aligned, op_when_compiling, vector_width
+from ..._launch import Launcher, aligned, dependent_launch, op_when_compiling, vector_width
 from . import kernels, plan as planner
 
 NAME = "attention_with_kvcache"
@@ -77,12 +77,15 @@ class _Recipe:
         common = dict(HEAD_DIM=head_dim, BATCH_POW2=_device.next_power_of_2(batch) if split else 1,
                       HAS_SEQLENS=cache_seqlens is not None, AUTO=chosen.num_splits == 0, WRITE_LSE=return_lse,
                       VEC=vector_width(head_dim, q, k_cache, v_cache))
+        waits = dependent_launch(q.device)  # (the merge's)
         self.split_launch = _split_launcher.bind(
-            chosen.grid, key, **common, BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, BLOCK_D=chosen.block_d,
-            PAGE_SIZE=page_size, CAUSAL=causal, SPLIT=split, num_warps=chosen.num_warps, num_stages=chosen.num_stages)
+            chosen.grid, (*key, waits["WAIT"]), **common, BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n,
+            BLOCK_D=chosen.block_d, PAGE_SIZE=page_size, CAUSAL=causal, SPLIT=split,
+            LAUNCH_DEPENDENTS=split and waits["WAIT"], num_warps=chosen.num_warps, num_stages=chosen.num_stages)
         self.merge_launch = _merge_launcher.bind(
-            chosen.merge_grid, key, **common, BLOCK_R=chosen.merge_block_r, BLOCK_P=chosen.merge_block_p,
-            BLOCK_D=chosen.merge_block_d, BLOCK_N=chosen.block_n, num_warps=chosen.merge_warps) if split else None
+            chosen.merge_grid, (*key, waits["WAIT"]), **common, BLOCK_R=chosen.merge_block_r,
+            BLOCK_P=chosen.merge_block_p, BLOCK_D=chosen.merge_block_d, BLOCK_N=chosen.block_n,
+            num_warps=chosen.merge_warps, **waits) if split else None
 
 
 _RECIPES: dict = {}

@@ -144,10 +144,12 @@ def check_topk(rank, world, seed):
             assert_matches(values, probs.gather(-1, ref_indices), dtype, f"topk values {what}")
             assert_matches(lse, ref_lse.double(), torch.float32, f"topk lse {what}")
             assert gathered_equal_everywhere(values) and gathered_equal_everywhere(indices)
-            again = distributed.softmax_topk(shard, k, -1, temperature=t, validate=False, strategy=strategy)
-            assert bitwise_equal(again[0], values) and torch.equal(again[1], indices), f"topk unvalidated {what}"
-            if not edges and shape[1] < 60:
-                # Unchecked, k past the row leaves index -1 and NaN in the slots past it.
+            if shape == (6, 50):  # (the kernels are the same; one case of the unvalidated host path)
+                again = distributed.softmax_topk(shard, k, -1, temperature=t, validate=False, strategy=strategy)
+                assert bitwise_equal(again[0], values) and torch.equal(again[1], indices), f"topk unvalidated {what}"
+            if not edges and shape[1] < 20:
+                # Unchecked, k past the row leaves index -1 and NaN in the slots past it (rows of
+                # 8 and 9: under the interpreter, k = 52 over 50 columns took 2.4 s a rank).
                 past = distributed.softmax_topk(shard, shape[1] + 2, -1, validate=False, strategy=strategy)
                 assert torch.equal(past[1][:, :shape[1]].sort(-1).values.cpu(), torch.arange(shape[1]).expand(
                     shape[0], -1)) and (past[1][:, shape[1]:] == -1).all(), f"topk past the row {what}"

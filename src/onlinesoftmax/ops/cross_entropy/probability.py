@@ -28,8 +28,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ... import _buffers
-from ..._device import (cdiv, interpreter_active, next_power_of_2, plan_cache, programmatic_launch, remember,
-                        sm_count)
+from ..._device import cdiv, interpreter_active, next_power_of_2, plan_cache, remember, sm_count
 from ..._launch import Launcher, aligned, dependent_launch, op_when_compiling
 from .kernels import edge_columns, row_tile, softcap_slope, transform
 from . import plan as planner
@@ -384,8 +383,8 @@ class ForwardCall:
                None if weight is None else weight.dtype, aligned(x), aligned(target), cut, *flags.values())
         self.scalars = _scalars(label_smoothing, z_loss, softcap, temperature, n_cols)
         # The merge and the reduction launched programmatically dependent where the device allows.
-        dependent = programmatic_launch(x.device)
         waits = dependent_launch(x.device)
+        dependent = waits["WAIT"]
         reduced = reduction != "none"
         self.forward = _FORWARD.bind((cdiv(n_rows, cut.rows), cut.chunks), (*key, dependent), ROWS=cut.rows,
                                      BLOCK=cut.block, ALIGN=cut.align, EDGES=cut.edges, num_warps=cut.num_warps,

@@ -10,12 +10,25 @@ import os
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # A module-level constant must be a tl.constexpr for compiled kernels to read it.
 NEG_INF = tl.constexpr(float("-inf"))
 # Kernels compiled while Triton's interpreter is on (read once, at import: the interpreter is chosen
 # per process); True only where the interpreter lacks an operation the compiled code uses.
 INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def dependent_start(WAIT: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
+    """A kernel's first step in a stream of programmatically dependent launches (_launch.dependent_launch).
+    WAIT (it was launched dependent on the kernel before it): until that one has finished and its
+    writes are visible. LAUNCH_DEPENDENTS: the kernel after this one, launched dependent, may be
+    scheduled from now on (it waits for this one in turn)."""
+    if WAIT:
+        gdc_wait()
+    if LAUNCH_DEPENDENTS:
+        gdc_launch_dependents()
 
 
 @triton.jit

@@ -25,10 +25,10 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ... import _buffers
 from ..._device import cdiv, interpreter_active, next_power_of_2, plan_cache, remember, sm_count
+from ..._triton import dependent_start
 from ..._launch import Launcher, aligned, dependent_launch, op_when_compiling
 from .kernels import edge_columns, row_tile, softcap_slope, transform
 from . import plan as planner
@@ -81,8 +81,7 @@ def probability_reduce_kernel(stats_ptr, loss_ptr, n_rows, MEAN: tl.constexpr, B
     # counter summing them instead made the forward slower under CUDA graphs at 29 of 30 measured
     # (shape, setting) pairs, by up to 3.7 us: docs/notes/2026-11/probe_probability_reduce-h200.log.)
     # WAIT: launched programmatically dependent, it waits for the kernel before it.
-    if WAIT:
-        gdc_wait()
+    dependent_start(WAIT, False)
     total = tl.zeros([BLOCK], tl.float32)
     for start in range(0, n_rows, BLOCK):
         rows = start + tl.arange(0, BLOCK)
@@ -97,7 +96,9 @@ def probability_reduce_kernel(stats_ptr, loss_ptr, n_rows, MEAN: tl.constexpr, B
 def absorb_tile(m, d, a, b, x, p, w_ptr, cols, mask, softcap, inv_temperature, keep, spread,
                 HAS_WEIGHT: tl.constexpr, SOFTCAP: tl.constexpr):
     """(m, d, A, B) of ROWS rows after a (ROWS, n) tile of their logits ``x`` and targets ``p`` in
-    columns ``cols`` ((1, n) or (ROWS, n)); lanes outside ``mask`` count for nothing."""
+    columns ``cols`` ((1, n) or (ROWS, n)); lanes outside ``mask`` count for nothing. The class
+    weights load in the tile's shape, once a row: one load a column broadcast over the rows
+    measured slower (bf16 225 x 108 with weights: 3.4 -> 5.3 us a forward under CUDA graphs)."""
     y = tl.where(mask, transform(x, softcap, inv_temperature, SOFTCAP), float("-inf"))
     q = p.to(tl.float32) * keep + spread
     if HAS_WEIGHT:
@@ -139,8 +140,7 @@ def probability_forward_kernel(
     # chunk) store the rows' stats; SPLIT stores each chunk's (m, d, A, B) in four planes of
     # (chunks, n_rows) for probability_merge_kernel. LAUNCH_DEPENDENTS: the (small) kernel after
     # this one, launched programmatically dependent, may be scheduled from the start.
-    if LAUNCH_DEPENDENTS:
-        gdc_launch_dependents()
+    dependent_start(False, LAUNCH_DEPENDENTS)
     # ALIGN > 1: one row a program, logits and targets contiguous rows (stride n_cols), tiles on
     # ALIGN-element vectors (row_tile: 16-byte loads where rows start or end off them, as GPT-2's
     # 50257; EDGES: the partial first and last vectors, element-wise, by the first chunk).
@@ -198,10 +198,7 @@ def probability_merge_kernel(partial_ptr, out_ptr, n_rows, n_chunks, z_loss, ROW
     # The chunks' (m, d, A, B) of ROWS rows merged in chunk order into the rows' stats: B moves to
     # the row's reference point as the forward moves it along a row. WAIT, LAUNCH_DEPENDENTS: as
     # the reduction's and the forward's.
-    if WAIT:
-        gdc_wait()
-    if LAUNCH_DEPENDENTS:
-        gdc_launch_dependents()
+    dependent_start(WAIT, LAUNCH_DEPENDENTS)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = rows < n_rows
     plane = n_chunks * n_rows
@@ -247,6 +244,15 @@ def tile_gradients(x, p_ptr, w_ptr, cols, mask, g, coefficient, ref, log_d, soft
 
 
 @triton.jit
+def store_gradients(dx_ptr, dt_ptr, at, dx, dt, mask, LOGIT_GRAD: tl.constexpr, TARGET_GRAD: tl.constexpr):
+    """The gradients asked for of one tile (tile_gradients'), at offsets ``at`` of both outputs."""
+    if LOGIT_GRAD:
+        tl.store(dx_ptr + at, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    if TARGET_GRAD:
+        tl.store(dt_ptr + at, dt.to(dt_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def probability_backward_kernel(
     x_ptr, t_ptr, w_ptr, stats_ptr, grad_ptr, dx_ptr, dt_ptr, n_rows, n_cols, x_stride, t_stride, grad_stride,
     chunk_tiles, softcap, inv_temperature, keep, spread, z_loss, grad_scale,
@@ -273,10 +279,7 @@ def probability_backward_kernel(
             dx, dt = tile_gradients(tl.load(x_ptr + at, mask=full[None, :], other=0.0), t_ptr + at, w_ptr,
                                     cols[None, :], full[None, :], g, coefficient, ref, log_d, softcap,
                                     inv_temperature, keep, spread, HAS_WEIGHT, SOFTCAP, LOGIT_GRAD, TARGET_GRAD)
-            if LOGIT_GRAD:
-                tl.store(dx_ptr + at, dx.to(dx_ptr.dtype.element_ty), mask=full[None, :])
-            if TARGET_GRAD:
-                tl.store(dt_ptr + at, dt.to(dt_ptr.dtype.element_ty), mask=full[None, :])
+            store_gradients(dx_ptr, dt_ptr, at, dx, dt, full[None, :], LOGIT_GRAD, TARGET_GRAD)
         if EDGES:
             cols, mask = edge_columns(base, n_cols, ALIGN)
             mask = (mask & (tl.program_id(1) == 0))[None, :]
@@ -284,10 +287,7 @@ def probability_backward_kernel(
             dx, dt = tile_gradients(tl.load(x_ptr + at, mask=mask, other=0.0), t_ptr + at, w_ptr, cols[None, :], mask,
                                     g, coefficient, ref, log_d, softcap, inv_temperature, keep, spread, HAS_WEIGHT,
                                     SOFTCAP, LOGIT_GRAD, TARGET_GRAD)
-            if LOGIT_GRAD:
-                tl.store(dx_ptr + at, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-            if TARGET_GRAD:
-                tl.store(dt_ptr + at, dt.to(dt_ptr.dtype.element_ty), mask=mask)
+            store_gradients(dx_ptr, dt_ptr, at, dx, dt, mask, LOGIT_GRAD, TARGET_GRAD)
     else:
         r64 = rows.to(tl.int64)[:, None]
         first = 0
@@ -302,10 +302,7 @@ def probability_backward_kernel(
                                     t_ptr + r64 * t_stride + cols, w_ptr, cols, mask, g, coefficient, ref, log_d,
                                     softcap, inv_temperature, keep, spread, HAS_WEIGHT, SOFTCAP, LOGIT_GRAD,
                                     TARGET_GRAD)
-            if LOGIT_GRAD:
-                tl.store(dx_ptr + r64 * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-            if TARGET_GRAD:
-                tl.store(dt_ptr + r64 * n_cols + cols, dt.to(dt_ptr.dtype.element_ty), mask=mask)
+            store_gradients(dx_ptr, dt_ptr, r64 * n_cols + cols, dx, dt, mask, LOGIT_GRAD, TARGET_GRAD)
 
 
 _FORWARD = Launcher(probability_forward_kernel)

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..._triton import NEG_INF, max_keep_nan, mma, nan_max, strides_on_vectors
+from ..._triton import NEG_INF, dependent_start, max_keep_nan, mma, nan_max, strides_on_vectors
 
 LOG2E = 1.4426950408889634  # scores go to exp2 as scale * log2(e) * q.k
 LN2 = tl.constexpr(0.6931471805599453)  # lse in log2 units times ln 2: natural-log lse
@@ -135,8 +134,7 @@ def decode_split_kernel(
     V and the output move 16 bytes at a time. LAUNCH_DEPENDENTS: the merge, launched
     programmatically dependent, may be scheduled from the start (it waits for this kernel).
     """
-    if LAUNCH_DEPENDENTS:
-        gdc_launch_dependents()
+    dependent_start(False, LAUNCH_DEPENDENTS)
     stride_qb, stride_qs, stride_qh, _ = strides_on_vectors(stride_qb, stride_qs, stride_qh, 0, VEC)
     stride_kp, stride_ks, stride_kh, _ = strides_on_vectors(stride_kp, stride_ks, stride_kh, 0, VEC)
     stride_vp, stride_vs, stride_vh, _ = strides_on_vectors(stride_vp, stride_vs, stride_vh, 0, VEC)
@@ -299,8 +297,7 @@ def decode_merge_kernel(
     sequence's slots as the split kernel did and merges them; a one-split sequence was written by
     the split kernel, and its programs return at once. VEC as for the split kernel. WAIT: launched
     programmatically dependent on the split kernel (_launch.dependent_launch), it waits for it."""
-    if WAIT:
-        gdc_wait()
+    dependent_start(WAIT, False)
     stride_ob, stride_os, stride_oh, _ = strides_on_vectors(stride_ob, stride_os, stride_oh, 0, VEC)
     b = tl.program_id(2)
     index, lens, blocks, splits, ends = sequence_splits(

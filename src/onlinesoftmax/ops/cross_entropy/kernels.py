@@ -397,7 +397,8 @@ def cross_entropy_stream_kernel(
                 tl.atomic_xchg(sync_ptr, 0, sem="relaxed")  # zero for the next launch
                 tl.debug_barrier()
                 reduce_rows(loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, n_rows, n_classes,
-                            target_stride, ignore_index, z_loss, REDUCE_BLOCK, COUNT, True, MEAN, HAS_WEIGHT, Z, True)
+                            target_stride, ignore_index, z_loss, REDUCE_BLOCK, COUNT, True, MEAN, HAS_WEIGHT, SMOOTH, Z,
+                            True)
 
 
 @triton.jit

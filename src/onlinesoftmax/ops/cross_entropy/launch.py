@@ -105,43 +105,48 @@ class Recipe(NamedTuple):
         return lambda *tensors: bound(*tensors, *scalars)
 
 
-def count_recipe(target: torch.Tensor, w: torch.Tensor, has_weight: bool, n_classes: int, ignore_index: int) -> Recipe:
-    """denom <- (valid rows, sum of their targets' weights, sum of all class weights); tensors
-    (denom, denom, target, w, denom, denom), ``w`` the weights or denom."""
+def count_recipe(target: torch.Tensor, w: torch.Tensor, has_weight: bool, n_classes: int, ignore_index: int,
+                 smooth: bool) -> Recipe:
+    """denom <- (valid rows, sum of their targets' weights, sum of all class weights: with label
+    smoothing (``smooth``) alone, else 0); tensors (denom, denom, target, w, denom, denom), ``w`` the
+    weights or denom."""
     key = ("count", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), n_classes, ignore_index,
-           target.shape[0], has_weight)
+           target.shape[0], has_weight, smooth)
     return Recipe(_reduce, (1,), key, (target.shape[0], n_classes, target.stride(0), ignore_index, 0.0),
-                  dict(BLOCK=planner.REDUCE_BLOCK, COUNT=True, SUM=False, MEAN=False, HAS_WEIGHT=has_weight, Z=False,
-                       num_warps=planner.REDUCE_WARPS))
+                  dict(BLOCK=planner.REDUCE_BLOCK, COUNT=True, SUM=False, MEAN=False, HAS_WEIGHT=has_weight,
+                       SMOOTH=smooth, Z=False, num_warps=planner.REDUCE_WARPS))
 
 
 def reduce_recipe(loss_rows: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, w: torch.Tensor,
                   has_weight: bool, out: torch.Tensor, n_classes: int, ignore_index: int, reduction: str,
-                  z_loss: float, count_too: bool) -> Recipe:
+                  z_loss: float, count_too: bool, smooth: bool) -> Recipe:
     """out <- the rows' losses summed (over the denominators for "mean"), plus the z term; tensors
-    (loss_rows, lse, target, w, denom, out), ``w`` the weights or loss_rows."""
+    (loss_rows, lse, target, w, denom, out), ``w`` the weights or loss_rows. ``count_too``,
+    ``smooth``: the denominators first, as count_recipe's."""
     key = ("reduce", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), aligned(loss_rows),
            aligned(lse), out.dtype, n_classes, ignore_index, target.shape[0], has_weight, reduction,
-           z_loss > 0, count_too)
+           z_loss > 0, count_too, smooth)
     return Recipe(_reduce, (1,), key, (target.shape[0], n_classes, target.stride(0), ignore_index, z_loss),
                   dict(BLOCK=planner.REDUCE_BLOCK, COUNT=count_too, SUM=True, MEAN=reduction == "mean",
-                       HAS_WEIGHT=has_weight, Z=z_loss > 0, num_warps=planner.REDUCE_WARPS))
+                       HAS_WEIGHT=has_weight, SMOOTH=smooth, Z=z_loss > 0, num_warps=planner.REDUCE_WARPS))
 
 
 def count(target: torch.Tensor, weight: Optional[torch.Tensor], denom: torch.Tensor, n_classes: int,
-          ignore_index: int) -> None:
-    """denom <- (valid rows, sum of their targets' weights, sum of all class weights)."""
+          ignore_index: int, label_smoothing: float) -> None:
+    """denom <- (valid rows, sum of their targets' weights, sum of all class weights: with label
+    smoothing alone, else 0)."""
     w = weight if weight is not None else denom
-    count_recipe(target, w, weight is not None, n_classes, ignore_index)(denom, denom, target, w, denom, denom)
+    count_recipe(target, w, weight is not None, n_classes, ignore_index, label_smoothing > 0)(
+        denom, denom, target, w, denom, denom)
 
 
 def reduce(loss_rows: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
            denom: torch.Tensor, out: torch.Tensor, n_classes: int, ignore_index: int, reduction: str,
-           z_loss: float, count_too: bool) -> None:
+           z_loss: float, count_too: bool, label_smoothing: float) -> None:
     """out <- the rows' losses summed (over the denominators for "mean"), plus the z term."""
     w = weight if weight is not None else loss_rows
     reduce_recipe(loss_rows, lse, target, w, weight is not None, out, n_classes, ignore_index, reduction, z_loss,
-                  count_too)(loss_rows, lse, target, w, denom, out)
+                  count_too, label_smoothing > 0)(loss_rows, lse, target, w, denom, out)
 
 
 def splits_rows(chosen: planner.Plan) -> bool:
@@ -294,8 +299,8 @@ class ForwardCall:
                                                                              self.lse))
         # The gradient's scale (mean) and the loss (W, with label smoothing) need the denominators first.
         count_first = denom.numel() > 0 and (inplace or (has_weight and label_smoothing > 0))
-        self.count = (count_recipe(target, weight if has_weight else denom, has_weight, n_cols, ignore_index).bind()
-                      if count_first else None)
+        self.count = (count_recipe(target, weight if has_weight else denom, has_weight, n_cols, ignore_index,
+                                   label_smoothing > 0).bind() if count_first else None)
         count_too = denom.numel() > 0 and not count_first
         # "separate": the stream's launch (its plan the main one), then the backward kernel's over x.
         first, second = chosen.parts if chosen.strategy == "separate" else (chosen, None)
@@ -311,7 +316,7 @@ class ForwardCall:
         self.exchange = splits_rows(first) or self.folded
         self.reduce = None if self.loss is None or self.folded else reduce_recipe(
             loss_rows, lse, target, weight if has_weight else loss_rows, has_weight, _buffers.empty_like(self.loss),
-            n_cols, ignore_index, reduction, z_loss, count_too).bind()
+            n_cols, ignore_index, reduction, z_loss, count_too, label_smoothing > 0).bind()
 
     def __call__(self, x, target, weight):
         """(loss, lse, lse_low, denom) of these logits (see launch_forward)."""

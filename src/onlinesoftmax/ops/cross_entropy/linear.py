@@ -136,7 +136,8 @@ def _reduce_loss(loss_rows, lse, target, class_weight, denom, dtype, vocab, opti
         return loss_rows
     if kernels_take(loss_rows, dtype):
         out = _buffers.empty((), dtype, loss_rows.device)
-        reduce(loss_rows, lse, target, class_weight, denom, out, vocab, ignore_index, reduction, z_loss, False)
+        reduce(loss_rows, lse, target, class_weight, denom, out, vocab, ignore_index, reduction, z_loss, False,
+               label_smoothing)
         return out
     z_term = torch.where(target != ignore_index, z_loss * lse * lse, 0.0)
     total, total_z = loss_rows.sum(), z_term.sum()
@@ -219,7 +220,7 @@ def _denominators(target, class_weight, vocab, options, dtype, device):
                            compute_dtype(dtype), device)
     if denom.numel():
         if kernels_take(target, dtype):
-            count(target, class_weight, denom, vocab, ignore_index)
+            count(target, class_weight, denom, vocab, ignore_index, label_smoothing)
         else:
             torch_denom(target, class_weight, denom, vocab, ignore_index)
     return denom

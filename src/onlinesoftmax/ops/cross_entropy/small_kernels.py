@@ -17,11 +17,11 @@ def cross_entropy_reduce_kernel(
     loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr,
     n_rows, n_classes, target_stride, ignore_index, z_loss,
     BLOCK: tl.constexpr, COUNT: tl.constexpr, SUM: tl.constexpr, MEAN: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, Z: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z: tl.constexpr,
 ):
     # One program (see reductions.reduce_rows; the stream kernel's last row to finish runs the same).
     reduce_rows(loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, n_rows, n_classes, target_stride,
-                ignore_index, z_loss, BLOCK, COUNT, SUM, MEAN, HAS_WEIGHT, Z, False)
+                ignore_index, z_loss, BLOCK, COUNT, SUM, MEAN, HAS_WEIGHT, SMOOTH, Z, False)
 
 
 @triton.jit
@@ -71,7 +71,7 @@ def cross_entropy_shard_merge_kernel(
     # launches, the host's time of a sharded training step (launch.merge_shard_stats, shard_loss).
     if COUNT:  # denom first: the mean's denominators, and W for class weights with smoothing
         reduce_rows(loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, n_rows, n_classes, target_stride,
-                    ignore_index, 0.0, BLOCK, True, False, False, HAS_WEIGHT, False, False)
+                    ignore_index, 0.0, BLOCK, True, False, False, HAS_WEIGHT, SMOOTH, False, False)
         tl.debug_barrier()  # this program's threads read denom back
     lanes = tl.arange(0, BLOCK)
     plane = n_rows.to(tl.int64)

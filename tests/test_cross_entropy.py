@@ -749,15 +749,23 @@ def test_opcheck(gen):
 
 
 @gpu_only
-@pytest.mark.parametrize("inplace", [False, True], ids=["separate", "inplace"])
-def test_cuda_graph_capture_and_replay(inplace, gen):
-    x = make_logits((64, 50257), torch.bfloat16, gen, outliers=False)
-    target = make_targets(64, 50257, gen)
+@pytest.mark.parametrize("inplace, rows, options", [(False, 64, dict(label_smoothing=0.1)),
+                                                    (True, 64, dict(label_smoothing=0.1)), (True, 512, {})],
+                         ids=["separate", "inplace", "inplace_plain"])
+def test_cuda_graph_capture_and_replay(inplace, rows, options, gen):
+    # Replayed on new logits and targets with another count of ignored rows each time: a captured
+    # launch that read the denominators before the replay's own were written (in place they are
+    # counted first, then the rows' gradient is scaled by them) would scale by an earlier replay's.
+    # Plans: keeping the logits ("separate"), a backward of its own; in place, 64 rows the rows'
+    # launch and then one for the gradient, 512 plain rows two passes in one launch and then the
+    # reduction.
+    x = make_logits((rows, 50257), torch.bfloat16, gen, outliers=False)
+    target = make_targets(rows, 50257, gen)
     static = x.clone().requires_grad_()
 
     def step():
         static.grad = None
-        cross_entropy(static * 1, target, inplace_backward=inplace, label_smoothing=0.1).backward()
+        cross_entropy(static * 1, target, inplace_backward=inplace, **options).backward()
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -767,11 +775,13 @@ def test_cuda_graph_capture_and_replay(inplace, gen):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    expected = x.clone().requires_grad_()  # eager, the same mode: deterministic, so bitwise equal
-    cross_entropy(expected * 1, target, inplace_backward=inplace, label_smoothing=0.1).backward()
-    for _ in range(2):
+    for ignore_every in (3, 5):
+        with torch.no_grad():
+            static.copy_(make_logits((rows, 50257), torch.bfloat16, gen, outliers=False))
+            target.copy_(make_targets(rows, 50257, gen, ignore_every=ignore_every))
         graph.replay()
-        torch.cuda.synchronize()
+        expected = static.detach().clone().requires_grad_()  # eager, the same mode: deterministic, bitwise equal
+        cross_entropy(expected * 1, target, inplace_backward=inplace, **options).backward()
         assert torch.equal(static.grad, expected.grad)
 
 

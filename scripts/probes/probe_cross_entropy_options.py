@@ -7,15 +7,18 @@ option, at vocabulary-sized rows:
 
     torch:    F.cross_entropy with the option; the z-loss and soft-capping as one writes them in
               torch ops (tanh before the loss; z_loss * logsumexp^2 over the rows that count);
-    ours:     onlinesoftmax.cross_entropy keeping the logits, and in place (inplace_backward=True).
+    ours:     onlinesoftmax.cross_entropy keeping the logits, and in place (inplace_backward=True);
+    liger:    Liger's liger_cross_entropy (in place; the z-loss as its lse_square_scale), where
+              liger_kernel imports (its reason printed where not).
 
 Each timed two ways on the same inputs (a few sets in turn, rotated past L2 where they are small
 enough): eager calls back to back (harness.back_to_back_ms, what a loop of eager steps costs) and
-CUDA-graph replays (harness.graph_time_ms). Ratios are torch's time over ours (above 1: ours
-faster); "loss" is the relative difference of our loss from torch's on the first set (the same
-quantity, to rounding).
+CUDA-graph replays (harness.graph_time_ms). Ratios are torch's time over ours keeping the logits
+and in place, and Liger's over ours in place (above 1: ours faster); "loss" is the relative
+difference of our losses (and Liger's) from torch's on the first set (the same quantity, to
+rounding).
 
-    python scripts/probes/probe_cross_entropy_options.py [--dtype bf16] [--seed 0]
+    python scripts/probes/probe_cross_entropy_options.py [--dtype bf16] [--seed 0] [--option softcap ...]
 """
 
 import argparse
@@ -44,31 +47,52 @@ def torch_loss(x, target, weight=None, label_smoothing=0.0, z_loss=0.0, softcap=
     return loss
 
 
-def steps(options):
-    """(torch's, ours keeping the logits, ours in place) steps of one option."""
+def steps(options, liger):
+    """torch's, ours keeping the logits, ours in place and (with ``liger``, its functional module)
+    Liger's steps of one option."""
     def ours(inplace):
         return suite._step(lambda x, t: onlinesoftmax.cross_entropy(x, t, inplace_backward=inplace, **options))
 
-    return {"torch": suite._step(lambda x, t: torch_loss(x, t, **options)), "ours": ours(False),
-            "inplace": ours(True)}
+    calls = {"torch": suite._step(lambda x, t: torch_loss(x, t, **options)), "ours": ours(False),
+             "inplace": ours(True)}
+    if liger:
+        named = {"lse_square_scale" if k == "z_loss" else k: v for k, v in options.items()}
+        calls["liger"] = suite._step(lambda x, t: liger.liger_cross_entropy(x, t, **named))
+    return calls
+
+
+def columns(times: dict) -> str:
+    """ms of each step (- where it could not be timed), then torch / ours, torch / in place, Liger / in place."""
+    names = ("torch", "ours", "inplace", "liger")
+    ms = " ".join(f"{'-':>7s}" if times.get(name) is None else f"{times[name]:7.3f}" for name in names)
+    ratios = [ratio(times, "torch", "ours"), ratio(times, "torch", "inplace"), ratio(times, "liger", "inplace")]
+    return ms + " " + " ".join("    -" if r is None else f"{r:5.2f}" for r in ratios)
+
+
+def ratio(times, peer, ours):
+    return times[peer] / times[ours] if times.get(peer) and times.get(ours) else None
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bf16", choices=list(suite.DTYPES))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--option", action="append", choices=list(OPTIONS), help="these options alone (repeatable)")
     args = parser.parse_args()
     dtype = suite.DTYPES[args.dtype]
+    liger, why = suite._optional("liger_kernel.transformers.functional")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; {args.dtype}; seed {args.seed}; "
-          "a step of the 'mean' loss, ms")
-    print(f"{'shape':>14s} {'option':>15s} | {'eager: torch':>12s} {'ours':>7s} {'inplace':>7s} {'ratios':>11s} | "
-          f"{'graph: torch':>12s} {'ours':>7s} {'inplace':>7s} {'ratios':>11s} | loss", flush=True)
+          f"a step of the 'mean' loss, ms{'; ' + why if why else ''}")
+    head = " ".join(f"{name:>7s}" for name in ("torch", "ours", "inplace", "liger")) + "  t/o   t/i   l/i"
+    print(f"{'shape':>14s} {'option':>15s} | eager: {head} | graph: {head} | loss (ours/inplace/liger)", flush=True)
     gen = torch.Generator().manual_seed(args.seed)
     worst = []
     for rows, vocab in SHAPES:
         case = suite.case((rows, vocab), dtype)
         count = min(rotation_count(case.bytes_moved), 4)
         for option, spec in OPTIONS.items():
+            if args.option and option not in args.option:
+                continue
             options = {k: v for k, v in spec.items() if k not in ("weight", "ignored")}
             if spec.get("weight"):
                 options["weight"] = (torch.rand(vocab, generator=gen) + 0.5).to("cuda", dtype)
@@ -76,33 +100,30 @@ def main():
             if spec.get("ignored"):
                 for _, target in shared:
                     target[::IGNORE_EVERY] = -100
-            # The in-place step overwrites its logits: a copy of its own (the same values, for the loss).
-            sets = {"shared": shared,
-                    "own": [(x.detach().clone().requires_grad_(), target) for x, target in shared]}
-            calls = steps(options)
-            first = {name: call(*sets["own" if name == "inplace" else "shared"][0])[0].item()
-                     for name, call in calls.items()}
-            eager, graph = {}, {}
+            calls = steps(options, liger)
+            first, eager, graph = {}, {}, {}
             for name, call in calls.items():
-                own = sets["own" if name == "inplace" else "shared"]
+                # The in-place steps (ours, Liger's) overwrite their logits: each from a fresh copy.
+                own = shared if name in ("torch", "ours") else [
+                    (x.detach().clone().requires_grad_(), target) for x, target in shared]
+                try:
+                    first[name] = call(*own[0])[0].item()
+                except Exception as exc:  # an option a peer does not take
+                    print(f"# {name} {option}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+                    continue
                 eager[name] = back_to_back_ms(call, own)
                 graph[name] = graph_time_ms(call, own)
-            ratios = [eager["torch"] / eager[name] for name in ("ours", "inplace")]
-            graph_ratios = [graph["torch"] / graph[name] if graph[name] and graph["torch"] else float("nan")
-                            for name in ("ours", "inplace")]
-            worst.append((min(ratios + graph_ratios), f"{rows}x{vocab} {option}"))
+            ours = [ratio(t, "torch", name) for t in (eager, graph) for name in ("ours", "inplace")]
+            worst.append((min(r for r in ours if r is not None), f"{rows}x{vocab} {option}"))
             differences = "/".join(f"{abs(first[name] - first['torch']) / abs(first['torch']):.1e}"
-                                   for name in ("ours", "inplace"))
-            print(f"{rows:>6d}x{vocab:<7d} {option:>15s} | {eager['torch']:12.3f} {eager['ours']:7.3f} "
-                  f"{eager['inplace']:7.3f} {ratios[0]:5.2f} {ratios[1]:5.2f} | "
-                  + " ".join("-" if graph[name] is None else f"{graph[name]:{w}.3f}"
-                             for name, w in (("torch", 12), ("ours", 7), ("inplace", 7)))
-                  + f" {graph_ratios[0]:5.2f} {graph_ratios[1]:5.2f} | {differences}", flush=True)
-            del sets
+                                   if name in first else "-" for name in ("ours", "inplace", "liger"))
+            print(f"{rows:>6d}x{vocab:<7d} {option:>15s} | eager: {columns(eager)} | graph: {columns(graph)} | "
+                  f"{differences}", flush=True)
+            del shared, own
             torch.cuda.empty_cache()
     worst.sort()
-    print("# the lower of ours against torch (eager or graph, keeping the logits or in place), worst first: "
-          + ", ".join(f"{cell} {ratio:.2f}" for ratio, cell in worst[:12]))
+    print("# ours against torch, the lowest of eager and graph, keeping the logits and in place, worst first: "
+          + ", ".join(f"{cell} {value:.2f}" for value, cell in worst[:12]))
 
 
 if __name__ == "__main__":

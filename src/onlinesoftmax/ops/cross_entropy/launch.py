@@ -4,8 +4,8 @@
 Every launch takes its options as plain values (validated by the public functions):
 ``ignore_index, reduction, label_smoothing, z_loss, softcap (0: none), temperature``. The forward
 returns ``(loss, lse, denom)``: ``denom`` holds (valid rows, sum of their targets' weights, sum of
-all class weights) where the gradient or the loss needs them ("mean", or class weights with label
-smoothing), and is empty otherwise.
+all class weights: label smoothing's alone, else 0 from the kernels) where the gradient or the loss
+needs them ("mean", or class weights with label smoothing), and is empty otherwise.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ launch for the bench grids on an H100 (sm_90), measured without a GPU.
 
     python scripts/probes/kernel_resources.py [--arch 90] [--sms 132] [--ops softmax,topk,attention]
         [--shapes ROWSxCOLS,...] [--attention-shapes HQxHKVxSxD,...] [--decode-shapes BxHQxHKVxSxD,...]
-        [--dtypes float32,bfloat16] [--table OP:NAME=VALUE ...]
+        [--dtypes float32,bfloat16] [--table OP:NAME=VALUE ...] [--ce-options label_smoothing=0.1,...]
 
 --table compiles under another value of a plan table (a Python literal), through override_plan;
 --dtypes names the dtypes (torch's names) in place of each op's own (float32 and bfloat16; bfloat16
@@ -246,19 +246,26 @@ def decode_cases(dtype, shapes=None):
                lambda q=q, k=k, lens=lens: decode_op.launch_decode(q, k, k, lens, None, True, 0.1, 0, False))
 
 
-def cross_entropy_cases(dtype, shapes=None):
+def cross_entropy_cases(dtype, shapes=None, options=None):
     """(case, run) per mode and shape of the cross-entropy bench grid (or of ``shapes``): the
-    separate forward and backward, and the forward with the gradient in place (a "mean" loss)."""
+    separate forward and backward, and the forward with the gradient in place (a "mean" loss).
+    ``options``: label_smoothing, z_loss, softcap (0: none), temperature, weight (True: class
+    weights), as --ce-options gives them."""
+    options = options or {}
+    smoothing, z_loss, softcap, temperature = (float(options.get(name, default)) for name, default in (
+        ("label_smoothing", 0.0), ("z_loss", 0.0), ("softcap", 0.0), ("temperature", 1.0)))
     for rows, cols in shapes or cross_entropy_suite.GRID.get(dtype, cross_entropy_suite.GRID[torch.float32]):
         x = torch.empty((rows, cols), dtype=dtype)
         target = torch.zeros(rows, dtype=torch.int64)
-        options = (None, -100, "mean", 0.0, 0.0, 0.0, 1.0, False)
-        yield f"forward {rows}x{cols}", lambda x=x, t=target: cross_entropy_launch.launch_forward(x, t, *options)
-        yield f"in place {rows}x{cols}", lambda x=x, t=target: cross_entropy_launch.launch_forward(
-            x, t, *options, inplace=True)
+        weight = torch.ones(cols, dtype=dtype) if options.get("weight") else None
+        forward = (weight, -100, "mean", smoothing, z_loss, softcap, temperature, False)
+        yield f"forward {rows}x{cols}", lambda x=x, t=target, o=forward: cross_entropy_launch.launch_forward(x, t, *o)
+        yield f"in place {rows}x{cols}", lambda x=x, t=target, o=forward: cross_entropy_launch.launch_forward(
+            x, t, *o, inplace=True)
         lse = torch.empty(rows)
-        yield f"backward {rows}x{cols}", lambda x=x, t=target, lse=lse: cross_entropy_launch.launch_backward(
-            x, t, None, lse, lse, torch.empty(3), torch.ones(()), -100, "mean", 0.0, 0.0, 0.0, 1.0)
+        yield f"backward {rows}x{cols}", lambda x=x, t=target, lse=lse, w=weight: (
+            cross_entropy_launch.launch_backward(x, t, w, lse, lse, torch.empty(3), torch.ones(()), -100, "mean",
+                                                 smoothing, z_loss, softcap, temperature))
 
 
 def main():
@@ -277,6 +284,8 @@ def main():
                         help="comma-separated torch dtype names (float16, ...) instead of each op's default")
     parser.add_argument("--table", action="append", default=[], metavar="OP:NAME=VALUE",
                         help="another value of a plan table, e.g. attention:ATTENTION_CONFIGS={...}")
+    parser.add_argument("--ce-options", default="", metavar="NAME=VALUE,...",
+                        help="cross_entropy: label_smoothing, z_loss, softcap, temperature, weight=1")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         for text in args.table:
@@ -301,7 +310,9 @@ def report(args):
         for dtype in dtypes:
             chosen = {"softmax": shapes, "attention": attention_shapes, "cross_entropy": shapes,
                       "decode": decode_shapes}
-            for case, run in (cases[op](dtype, chosen[op]) if op in chosen else cases[op](dtype)):
+            extra = {"options": dict(item.split("=") for item in args.ce_options.split(",") if item)} \
+                if op == "cross_entropy" else {}
+            for case, run in (cases[op](dtype, chosen[op], **extra) if op in chosen else cases[op](dtype)):
                 with recorded_launches(args.sms) as calls:
                     run()
                 for fn, launch_args, meta in calls:

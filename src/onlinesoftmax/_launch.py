@@ -83,9 +83,9 @@ class Launcher:
 
 
 def dependent_launch(device: torch.device) -> dict:
-    """The constexpr WAIT and the launch option of a kernel that begins with ``if WAIT: gdc_wait()``:
-    launched programmatically dependent on the kernel before it where the device allows
-    (_device.programmatic_launch), else plainly."""
+    """The constexpr WAIT and the launch option of a kernel that begins with
+    ``_triton.dependent_start(WAIT, ...)``: launched programmatically dependent on the kernel before
+    it where the device allows (_device.programmatic_launch), else plainly."""
     return dict(WAIT=True, launch_pdl=True) if programmatic_launch(device) else dict(WAIT=False)
 
 

@@ -238,6 +238,7 @@ def test_explain_prints_the_cross_entropy_plans(capsys):
     out = capsys.readouterr().out
     assert "cross_entropy forward " in out and "cross_entropy backward " in out and "cross_entropy forward_grad" in out
     assert "the kernel for plain rows" in out and "in place with any of those options" in out
+    assert "in place with label smoothing:" in out and "in place with a softcap:" in out  # their own launches
     assert "host's time" not in out
     assert cli.main(["explain", "100x32000", "--op", "cross_entropy", "--dtype", "bf16", "--sms", "132"]) == 0
     out = capsys.readouterr().out

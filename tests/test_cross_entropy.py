@@ -175,6 +175,25 @@ def test_two_pass_tables(hold_l2, warps, gen):
     assert chosen.num_warps == (warps or plan._warps(chosen.block))
 
 
+@gpu_only
+@pytest.mark.parametrize("options", [dict(label_smoothing=0.1), dict(softcap=5.0),
+                                     dict(label_smoothing=0.1, softcap=5.0), dict(label_smoothing=0.1, weight=True)],
+                         ids=["smoothing", "softcap", "both", "weighted"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_two_pass_option_tables_over_several_tiles(options, dtype, gen):
+    # Label smoothing's and softcap's own launches (8-16 warps over 4096-8192 columns): rows of
+    # three to five tiles, against the reference.
+    shape = (9, 17003)
+    x = make_logits(shape, dtype, gen, outliers=False)
+    target = make_targets(*shape, gen, ignore_every=4)
+    options = dict(options)  # (the parameter's dict is shared by its test ids)
+    if options.pop("weight", False):
+        options["weight"] = torch.rand(shape[1], generator=gen).to(DEVICE) + 0.5
+    chosen, _ = _check_loss_and_grad(x, target, dtype, inplace_upstream(shape[0], gen), strategy="two_pass",
+                                     inplace=True, what=f"two_pass {options}", reduction="none", **options)
+    assert chosen.strategy == "two_pass" and not chosen.plain and chosen.tiles_per_chunk >= 3
+
+
 def plain_edges(run_bytes=16):
     """Rows of partial vectors to the kernel for plain rows at every length, tiles over runs of ``run_bytes``."""
     return onlinesoftmax.override_plan("cross_entropy", PLAIN_EDGES={4: (0, run_bytes), 2: (0, run_bytes)})
@@ -647,6 +666,18 @@ def test_plans_for_the_gpu():
     assert (short.strategy, short.block, short.num_warps) == ("two_pass", 8192, 8)
     middle = choose("forward_grad", 8192, 50257, torch.bfloat16)
     assert (middle.strategy, middle.block, middle.num_warps) == ("two_pass", 8192, 16)
+    # Label smoothing and softcap (more registers a thread) take smaller programs over long rows.
+    for kw, dtype, cols, block, warps in [(dict(smoothing=True), torch.bfloat16, 128256, 4096, 8),
+                                          (dict(smoothing=True), torch.bfloat16, 50257, 8192, 16),
+                                          (dict(smoothing=True), torch.float32, 128256, 8192, 16),
+                                          (dict(smoothing=True, weighted=True), torch.bfloat16, 50257, 2048, 4),
+                                          (dict(smoothing=True, weighted=True), torch.float32, 32000, 8192, 16),
+                                          (dict(smoothing=True, weighted=True), torch.float32, 50257, 4096, 16),
+                                          (dict(weighted=True), torch.bfloat16, 128256, 16384, 32),
+                                          (dict(softcap=True), torch.bfloat16, 50257, 4096, 8),
+                                          (dict(softcap=True, smoothing=True), torch.float32, 128256, 4096, 16)]:
+        options = choose("forward_grad", 8192, cols, dtype, **kw)
+        assert (options.strategy, options.block, options.num_warps) == ("two_pass", block, warps), (kw, dtype, cols)
     assert choose("forward_grad", 8, 128256, torch.float32).strategy == "split_on_chip"
     fwd = choose("forward", 8192, 128256, torch.bfloat16)
     assert (fwd.strategy, fwd.num_chunks, fwd.tiles_per_chunk, fwd.num_warps) == ("stream", 16, 1, 8)

@@ -4,9 +4,10 @@ values, one training step (forward + gradient, "mean") as the bench times it.
     python scripts/tune/sweep_cross_entropy.py [--shapes 8192x128256 ...] [--variants default ...] [--modes inplace separate]
 
 Each line: one shape, one mode (inplace_backward=True: the gradient written over the logits by the
-forward; separate: the forward reads, the backward reads again and writes; inplace_smooth: in place
-with label smoothing 0.1, which leaves rows to the general kernel), one variant; do_bench
-medians over rotated inputs, GB/s against that mode's floor bytes (fused: logits read + gradient
+forward; separate: the forward reads, the backward reads again and writes; inplace_smooth,
+inplace_softcap, inplace_weight, inplace_z and two pairs: in place with label smoothing 0.1, softcap
+30, a weight of one per class or z-loss 1e-4, each of which leaves rows to the general kernel), one
+variant; do_bench medians over rotated inputs, GB/s against that mode's floor bytes (fused: logits read + gradient
 written; separate: 2 reads + 1 write), the plans the step ran. Variants change tables only through
 ``onlinesoftmax.override_plan("cross_entropy", ...)``.
 """
@@ -19,13 +20,14 @@ import onlinesoftmax
 from onlinesoftmax.bench import cross_entropy_suite as suite
 from onlinesoftmax.bench.harness import copy_bandwidth_gbs, rotation_count, time_ms
 from onlinesoftmax.bench.shapes import parse_dims
-from onlinesoftmax.ops.cross_entropy import plan as ce_plan
+from onlinesoftmax.ops.cross_entropy import launch as ce_launch, plan as ce_plan
 
 def _two_pass(warps: int, hold_l2: bool = True, tile_bytes: int = 0) -> dict:
-    """two_pass forced at every row length, ``warps`` a program in every dtype (0: by the tile),
-    tiles of ``tile_bytes`` (0: the stream tile)."""
-    return dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_HOLD_L2=hold_l2,
-                TWO_PASS_LAUNCH={e: ((1 << 62, warps, tile_bytes // e),) for e in (4, 2)})
+    """two_pass forced at every row length, the general kernel at ``warps`` a program in every dtype
+    (0: by the tile) over tiles of ``tile_bytes`` (0: the stream tile), whatever the options."""
+    table = {e: ((1 << 62, warps, tile_bytes // e),) for e in (4, 2)}
+    return dict(SPLIT_MAX_TILE=0, ON_CHIP_MAX_COLS={4: 0, 2: 0}, TWO_PASS_HOLD_L2=hold_l2, TWO_PASS_LAUNCH=table,
+                TWO_PASS_OPTIONS_LAUNCH={})
 
 
 def _plain(warps: int, tile_bytes: int) -> dict:
@@ -50,6 +52,13 @@ VARIANTS = {
     "two_pass_hold_w32_64K": _two_pass(32, tile_bytes=65536),
     "two_pass_hold_w32_32K": _two_pass(32, tile_bytes=32768),
     "two_pass_hold_w16_32K": _two_pass(16, tile_bytes=32768),
+    # Smaller programs for the general kernel's options (label smoothing, softcap: 40-48 registers a
+    # thread at 32 warps, one program an SM; scripts/probes/kernel_resources.py --ce-options).
+    "two_pass_hold_w32_16K": _two_pass(32, tile_bytes=16384),
+    "two_pass_hold_w16_16K": _two_pass(16, tile_bytes=16384),
+    "two_pass_hold_w8_8K": _two_pass(8, tile_bytes=8192),
+    "two_pass_hold_w16_8K": _two_pass(16, tile_bytes=8192),
+    "two_pass_hold_w4_4K": _two_pass(4, tile_bytes=4096),
     "two_pass_nohold_w32_64K": _two_pass(32, hold_l2=False, tile_bytes=65536),
     # The plan's launches but 64 KB tiles for bf16 rows over 128 KB.
     "two_pass_big_rows_64K": dict(TWO_PASS_LAUNCH={4: ((1 << 62, 32, 0),),
@@ -74,12 +83,23 @@ VARIANTS = {
     "plain_edges128_16K_w16": dict(PLAIN_EDGES={4: (0, 128), 2: (0, 128)}, **_plain(16, 16384)),
     "stream_runs128": dict(STREAM_RUN_BYTES={4: 128, 2: 128}),
     "stream_runs64": dict(STREAM_RUN_BYTES={4: 64, 2: 64}),
+    # Label smoothing and softcap rows on TWO_PASS_LAUNCH (before their own tables).
+    "options_general": dict(TWO_PASS_OPTIONS_LAUNCH={}),
+    # The general table's bf16 rows of up to 32 KB on 16 KB tiles (8 warps, as those of up to 64 KB).
+    "general_small_16K": dict(TWO_PASS_LAUNCH={4: ce_plan.TWO_PASS_LAUNCH[4],
+                                               2: ((65536, 8, 0),) + ce_plan.TWO_PASS_LAUNCH[2][2:]}),
     "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
     "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),
 }
-# inplace_smooth: label smoothing keeps every row from the kernel for plain rows (the general one's rows).
+# inplace_OPTION: an option keeps every row from the kernel for plain rows (the general one's rows);
+# "weight" is a weight of one per class.
 MODES = {"inplace": dict(inplace_backward=True), "separate": {},
-         "inplace_smooth": dict(inplace_backward=True, label_smoothing=0.1)}
+         "inplace_smooth": dict(inplace_backward=True, label_smoothing=0.1),
+         "inplace_softcap": dict(inplace_backward=True, softcap=30.0),
+         "inplace_weight": dict(inplace_backward=True, weight="ones"),
+         "inplace_z": dict(inplace_backward=True, z_loss=1e-4),
+         "inplace_smooth_softcap": dict(inplace_backward=True, label_smoothing=0.1, softcap=30.0),
+         "inplace_smooth_weight": dict(inplace_backward=True, label_smoothing=0.1, weight="ones")}
 
 
 def main():
@@ -101,7 +121,9 @@ def main():
         print(f"\n{text} {args.dtype}: logits {logits_bytes / 1e9:.2f} GB; floors {2 * logits_bytes / copy / 1e6:.3f} ms "
               f"fused, {3 * logits_bytes / copy / 1e6:.3f} ms separate", flush=True)
         for mode in args.modes:
-            options = MODES[mode]
+            options = dict(MODES[mode])
+            if options.get("weight") == "ones":
+                options["weight"] = torch.ones(shape[1], device="cuda", dtype=torch.float32)
             step = suite._step(lambda x, t: onlinesoftmax.cross_entropy(x, t, **options))
             floor_bytes = (3 if mode == "separate" else 2) * logits_bytes
             for name in args.variants:
@@ -109,13 +131,16 @@ def main():
                     try:
                         ms = time_ms(step, sets)
                         chosen = ce_plan.choose("forward" if mode == "separate" else "forward_grad", *shape, dtype,
-                                                torch.device("cuda"), plain=mode != "inplace_smooth")
-                        print(f"  {mode:8s} {name:14s} {ms:7.3f} ms {floor_bytes / ms / 1e6:6.0f} GB/s  forward: "
+                                                torch.device("cuda"), **ce_launch.row_options(
+                                                    "weight" in options, options.get("label_smoothing", 0.0),
+                                                    options.get("softcap", 0.0), options.get("z_loss", 0.0), False))
+                        print(f"  {mode:15s} {name:21s} {ms:7.3f} ms {floor_bytes / ms / 1e6:6.0f} GB/s  forward: "
                               f"{chosen.strategy} block {chosen.block} warps {chosen.num_warps} chunks {chosen.num_chunks}"
                               f" grid {chosen.grid[0]}{' plain' if chosen.plain else ''}",
                               flush=True)
                     except Exception as exc:  # a variant the planner refuses for this shape
-                        print(f"  {mode:8s} {name:14s} {type(exc).__name__}: {str(exc).splitlines()[0][:100]}", flush=True)
+                        print(f"  {mode:15s} {name:21s} {type(exc).__name__}: {str(exc).splitlines()[0][:100]}",
+                              flush=True)
         del sets
         torch.cuda.empty_cache()
 

@@ -164,8 +164,15 @@ def _explain_cross_entropy(args, dtype, device, sms) -> int:
     print(text)
     general, text = describe("forward_grad")
     if general != plain:
-        print("\nin place with any of those options:")
+        print("\nin place with any of those options (but those below):")
         print(text)
+    for what, kwargs in (("label smoothing", dict(smoothing=True)),
+                         ("label smoothing and class weights", dict(smoothing=True, weighted=True)),
+                         ("a softcap", dict(softcap=True))):
+        options, text = describe("forward_grad", **kwargs)
+        if options != general:
+            print(f"\nin place with {what}:")
+            print(text)
     if rows * cols * dtype.itemsize < plan.EAGER_BEHIND_TORCH_BYTES:
         print(f"\neager steps of logits under {plan.EAGER_BEHIND_TORCH_BYTES / 1e6:.0f} MB are our host's time, "
               "longer than torch's (docs/perf-cross_entropy.md, host time); CUDA graphs and torch.compile "

@@ -54,6 +54,12 @@ def plain_rows(has_weight: bool, label_smoothing: float, softcap: float, z_loss:
     return not has_weight and label_smoothing == 0 and softcap == 0 and z_loss == 0 and not read_ignored
 
 
+def row_options(has_weight: bool, label_smoothing: float, softcap: float, z_loss: float, read_ignored: bool) -> dict:
+    """planner.choose's arguments for a call's options (``plain``, ``smoothing``, ``softcap``, ``weighted``)."""
+    return dict(plain=plain_rows(has_weight, label_smoothing, softcap, z_loss, read_ignored),
+                smoothing=label_smoothing > 0, softcap=softcap > 0, weighted=has_weight)
+
+
 def _flags(has_weight: bool, reduction: str, label_smoothing: float, z_loss: float, softcap: float) -> dict:
     return dict(HAS_WEIGHT=has_weight, SMOOTH=label_smoothing > 0, SOFTCAP=softcap > 0, Z=z_loss > 0,
                 MEAN=reduction == "mean")
@@ -283,9 +289,9 @@ class ForwardCall:
         self.inplace, self.strategy = inplace, strategy
         self.backward_calls: dict = {}  # upstream gradient's signature -> BackwardCall
         has_weight = weight is not None
-        plain = plain_rows(has_weight, label_smoothing, softcap, z_loss, return_lse)
         self.chosen = chosen = planner.choose("forward_grad" if inplace else "forward", n_rows, n_cols, x.dtype,
-                                              device, strategy, x.stride(0), x.stride(1), plain=plain)
+                                              device, strategy, x.stride(0), x.stride(1),
+                                              **row_options(has_weight, label_smoothing, softcap, z_loss, return_lse))
         self.denom = _buffers.template((3 if needs_denom(reduction, has_weight, label_smoothing) else 0,),
                                        compute_dtype(x.dtype), device)
         self.torch_path = chosen.strategy == "torch" or n_rows == 0

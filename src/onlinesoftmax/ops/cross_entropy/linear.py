@@ -38,7 +38,7 @@ import torch
 
 from ... import _autocast, _buffers, _validate
 from . import plan as planner
-from .launch import count, kernels_take, launch_scale, merge_shard_loss, merge_shard_stats, needs_denom, plain_rows, \
+from .launch import count, kernels_take, launch_scale, merge_shard_loss, merge_shard_stats, needs_denom, row_options, \
     reduce, rows_backward, rows_forward, shard_loss, shard_stats
 from .torch_path import RowTerms, compute_dtype, torch_denom
 from .op import LOGIT_DTYPES, check_class_weight, check_options, check_target, check_targets_in_range, class_weights
@@ -93,7 +93,7 @@ def _chunk_loss(logits, target, class_weight, denom, loss_rows, lse_parts, optio
     ignore_index, reduction, label_smoothing, z_loss, softcap, temperature, return_lse = options
     chosen = planner.choose("forward_grad" if write_grad else "forward", logits.shape[0], logits.shape[1],
                             logits.dtype, logits.device, strategy, logits.stride(0), logits.stride(1),
-                            plain=plain_rows(class_weight is not None, label_smoothing, softcap, z_loss, return_lse))
+                            **row_options(class_weight is not None, label_smoothing, softcap, z_loss, return_lse))
     planner.record(chosen)
     if chosen.strategy != "torch":
         rows_forward(chosen, logits, target, class_weight, denom, loss_rows, lse, lse_low, ignore_index, reduction,

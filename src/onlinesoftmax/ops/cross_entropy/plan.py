@@ -102,8 +102,33 @@ TWO_PASS_HOLD_L2 = True
 # smoothing 4.441 -> 3.924); at 4096 x 24001 (96 KB) 32 KB tiles went both ways (0.375 -> 0.399 /
 # 0.408 -> 0.329): unchanged there. bf16 unchanged: 64 KB tiles took 8192 x 128257 from 2.286 to
 # 2.058 ms but 4096 x 100003 from 0.878 to 1.017 and 8192 x 128256 with smoothing from 2.449 to 2.519.
+# bf16 rows of up to 32 KB over 8 KB tiles (on the H200, docs/notes/2026-11/sweep_cross_entropy-options-h200.log:
+# 16384 x 16001 0.494 -> 0.395 ms, with class weights 0.514 -> 0.416, z-loss 0.495 -> 0.410; at 64 KB
+# rows those tiles went both ways: 8192 x 32000 with z-loss 0.450 -> 0.401, 8192 x 32001 0.454 -> 0.475).
 TWO_PASS_LAUNCH = {4: ((98304, 32, 0), (131072, 32, 8192), (1 << 62, 32, 16384)),
-                   2: ((65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 16384))}
+                   2: ((32768, 8, 4096), (65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 16384))}
+# The general kernel's launches with label smoothing (without and with class weights) and with a
+# softcap (with any other option), the same form of table; other options take TWO_PASS_LAUNCH. At 32
+# warps these options take 42-64 registers a thread, one program an SM (bf16 label smoothing 42,
+# softcap 48; scripts/probes/kernel_resources.py --ce-options); 8 warps over 8 KB tiles take 40 in
+# bf16 (six programs), 16 warps over 16 KB tiles 32-40 in fp32. Measured in place on the H200
+# (scripts/tune/sweep_cross_entropy.py, docs/notes/2026-11/sweep_cross_entropy-options-h200.log),
+# ms, TWO_PASS_LAUNCH -> these, 8192 x 128256, 4096 x 256000, 8192 x 50257, 8192 x 32000:
+#   bf16 label smoothing 2.095 -> 1.684, 2.105 -> 1.700, 0.758 -> 0.757, 0.477 -> 0.434 (50257's
+#     rows of 64-128 KB on 8 KB tiles: 0.833); with class weights (on 4 KB tiles at 4 warps) 2.587
+#     -> 1.970, 2.792 -> 2.094, 1.515 -> 1.243, 0.648 -> 0.508; softcap 2.941 -> 2.350, 2.961 ->
+#     2.363, 1.270 -> 0.999, 0.887 -> 0.613;
+#   fp32 label smoothing 3.033 -> 3.026, 3.225 -> 3.076, 1.399 -> 1.277, 0.704 -> 0.649; with class
+#     weights 3.834 -> 3.395, 3.906 -> 3.564, 1.747 -> 1.702, 0.859 -> 0.759 (16 warps over 32 KB
+#     tiles, as without weights, took 50257 to 2.037: 98 registers, its weights' loads unaligned);
+#     softcap 3.590 -> 3.094, 3.735 -> 3.131, 1.722 -> 1.555, 0.823 -> 0.777.
+# Class weights alone and z-loss stay on TWO_PASS_LAUNCH (8 KB tiles took bf16 8192 x 50257 with
+# weights 0.701 -> 0.794, 8192 x 128256 with z-loss 1.566 -> 1.624).
+TWO_PASS_OPTIONS_LAUNCH = {
+    "smoothing": {4: ((1 << 62, 16, 8192),), 2: ((65536, 8, 4096), (131072, 16, 0), (1 << 62, 8, 4096))},
+    "weighted smoothing": {4: ((131072, 16, 8192), (1 << 62, 16, 4096)), 2: ((1 << 62, 4, 2048),)},
+    "softcap": {4: ((1 << 62, 16, 4096),), 2: ((1 << 62, 8, 4096),)},
+}
 # two_pass over plain rows (no class weights, label smoothing, softcap or z-loss; see
 # cross_entropy_two_pass_plain_kernel and, for rows of partial vectors, PLAIN_EDGES), the same form
 # of table, measured on rows of whole vectors.
@@ -285,11 +310,14 @@ def layout(rows: int, cols: int, dtype: torch.dtype, row_stride: int, col_stride
 
 def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device, strategy: str | None = None,
            row_stride: int | None = None, col_stride: int = 1, sms: int | None = None,
-           interpreting: bool | None = None, plain: bool = False) -> Plan:
+           interpreting: bool | None = None, plain: bool = False, smoothing: bool = False,
+           softcap: bool = False, weighted: bool = False) -> Plan:
     """The plan for ``rows`` rows of ``cols`` classes (strides in elements; default contiguous).
     ``sms`` and ``interpreting`` plan for another machine (a GPU of that many SMs). ``plain``: the
     call has no class weights, label smoothing, softcap, z-loss or lse of ignored rows, so two_pass may
-    take its kernel for plain rows (rows of partial vectors: see PLAIN_EDGES)."""
+    take its kernel for plain rows (rows of partial vectors: see PLAIN_EDGES). ``smoothing``,
+    ``softcap``, ``weighted``: the call has label smoothing, a softcap, class weights (two_pass's
+    launches: TWO_PASS_OPTIONS_LAUNCH)."""
     device = torch.device(device)
     if interpreting is None:
         interpreting = _device.interpreter_active()
@@ -298,7 +326,8 @@ def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.devi
     # A row's start within 128 elements (every run a kernel aligns its tiles to divides 128).
     stride_mod = row_stride % 128 if contiguous and rows > 1 else 0
     return _choose(op, rows, cols, dtype, device.type, strategy, align, edges, contiguous, stride_mod,
-                   sms or _device.sm_count(device), interpreting, plain)
+                   sms or _device.sm_count(device), interpreting, plain, smoothing, softcap,
+                   weighted)
 
 
 @_device.plan_cache
@@ -308,7 +337,7 @@ def _clear():
 
 @functools.lru_cache(maxsize=4096)  # on every call's path; a frozen result, so sharing it is safe
 def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguous, stride_mod, sms, interpreting,
-            plain=False) -> Plan:
+            plain=False, smoothing=False, softcap=False, weighted=False) -> Plan:
     if op not in OPS:
         raise ValueError(f"cross_entropy plan: op must be one of {OPS}, got {op!r}")
     if strategy is not None and strategy not in STRATEGIES:
@@ -387,7 +416,8 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
             # Rows that are not whole runs: the kernel's edges path, tiles from each row's first whole run.
             shape.update(edges=True, align=run)
             span = cover(run)
-        table = (TWO_PASS_PLAIN_LAUNCH if plain else TWO_PASS_LAUNCH)[elem]
+        options = "softcap" if softcap else ("weighted smoothing" if weighted else "smoothing") if smoothing else ""
+        table = (TWO_PASS_PLAIN_LAUNCH if plain else TWO_PASS_OPTIONS_LAUNCH.get(options, TWO_PASS_LAUNCH))[elem]
         _, num_warps, columns = next((r for r in table if row_bytes <= r[0]), table[-1])
         block = stream_block if interpreting or not columns else tile(columns)
         return Plan(op, strategy, block=block, num_warps=num_warps or warps(block),

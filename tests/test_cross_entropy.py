@@ -633,6 +633,10 @@ def test_plans_for_the_gpu():
     assert (odd.block, odd.num_warps, odd.plain, odd.edges, odd.align) == (32768, 32, True, True, 8)
     assert not choose("forward_grad", 8192, 50257, torch.bfloat16, plain=True).plain  # its rows: the general kernel
     assert choose("forward_grad", 8192, 128257, torch.float32, plain=True).align == 32  # runs of 128 bytes
+    # fp32 plain rows of up to 200 KB: 16 warps over 32 KB tiles (two programs an SM); longer: 32 over 64 KB.
+    mid = choose("forward_grad", 8192, 32000, torch.float32, plain=True)
+    assert (mid.block, mid.num_warps, mid.plain) == (8192, 16, True)
+    assert choose("forward_grad", 8192, 65536, torch.float32, plain=True).num_warps == 32
     assert not choose("forward_grad", 8192, 50257, torch.float32, plain=True).plain
     # fp32 rows of whole vectors but not of whole 128-byte runs: the edges path too, from 256 KB.
     assert choose("forward_grad", 8192, 128260, torch.float32, plain=True).align == 32

@@ -138,8 +138,17 @@ TWO_PASS_OPTIONS_LAUNCH = {
 # 1.907, 2.097); up to 192 KB at 32 warps over 32 KB tiles (8192 x 50304 0.833 -> 0.772, 2048 x
 # 65544 0.928 -> 0.268; 64 KB tiles 0.851, 0.319); up to 64 KB at 8 warps over 16 KB tiles (8192 x
 # 32000 0.491 -> 0.425); fp32 at 32 warps over 64 KB tiles (8192 x 128256 4.280 -> 3.790, 8192 x
-# 32000 0.884 -> 0.773; 32 KB tiles 4.251, 0.909).
-TWO_PASS_PLAIN_LAUNCH = {4: ((1 << 62, 32, 16384),),
+# 32000 0.884 -> 0.773; 32 KB tiles 4.251, 0.909). On the H200 (no H100 lent since;
+# docs/notes/2026-11/sweep_cross_entropy-plain_fp32-h200.log), fp32 rows of up to 200 KB at 16 warps
+# over 32 KB tiles: 50 registers a thread, two programs an SM with 3 of 4 loads in flight in the
+# second loop, where 32 warps over 64 KB tiles run one with 1 of 4 (8192 x 24000 0.613 -> 0.452 ms,
+# 8192 x 32000 0.666 -> 0.611, 16384 x 32000 1.302 -> 1.198, 8192 x 50304 1.181 -> 1.097; but
+# 4096 x 48000 0.499 -> 0.518); longer rows went both ways (4096 x 65536 0.680 -> 0.742, 264 x
+# 65536 0.248 -> 0.427, 4096 x 256000 3.216 -> 3.147, 8192 x 128256 3.040 -> 3.053) and stay.
+# bf16's rows of 64-192 KB went both ways over smaller programs (8192 x 50304 0.736 -> 0.639 ms at
+# 4 warps over 8 KB tiles, 2048 x 65544 0.499 -> 0.261 at 8 over 16 KB, but 8192 x 96000 1.154 ->
+# 1.199 and 4096 x 65536 0.393 -> 0.423 at 4 over 8 KB) and stay too.
+TWO_PASS_PLAIN_LAUNCH = {4: ((204800, 16, 8192), (1 << 62, 32, 16384)),
                          2: ((65536, 8, 8192), (196608, 32, 16384), (1 << 62, 32, 32768))}
 # Plain rows that are not whole 16-byte vectors (50257, 128257 columns), by element size: (bytes a
 # row from which they take that kernel, the general kernel's below; bytes of the runs its tiles

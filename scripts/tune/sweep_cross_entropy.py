@@ -75,10 +75,10 @@ VARIANTS = {
     "plain_16K_w8": _plain(8, 16384),
     "plain_8K_w4": _plain(4, 8192),
     "plain_8K_w8": _plain(8, 8192),
+    "plain_4K_w4": _plain(4, 4096),
     # fp32's rows of up to 200 KB on the table for longer rows (32 warps over 64 KB tiles, as before).
     "plain_fp32_w32_64K": dict(TWO_PASS_PLAIN_LAUNCH={4: ((1 << 62, 32, 16384),),
                                                       2: ce_plan.TWO_PASS_PLAIN_LAUNCH[2]}),
-    "plain_4K_w4": _plain(4, 4096),
     # Rows that are not whole 16-byte vectors: the general kernel, or the kernel for plain rows
     # over runs of 16 or 128 bytes (partial first and last runs element-wise).
     "general_edges": dict(PLAIN_EDGES={4: (1 << 62, 16), 2: (1 << 62, 16)}),

@@ -104,7 +104,7 @@ TWO_PASS_HOLD_L2 = True
 # 2.058 ms but 4096 x 100003 from 0.878 to 1.017 and 8192 x 128256 with smoothing from 2.449 to 2.519.
 # bf16 rows of up to 32 KB over 8 KB tiles (on the H200, docs/notes/2026-11/sweep_cross_entropy-options-h200.log:
 # 16384 x 16001 0.494 -> 0.395 ms, with class weights 0.514 -> 0.416, z-loss 0.495 -> 0.410; at 64 KB
-# rows those tiles went both ways: 8192 x 32000 with z-loss 0.450 -> 0.401, 8192 x 32001 0.454 -> 0.475).
+# rows those tiles went both ways: 8192 x 32000 with z-loss 0.450 -> 0.401, 8192 x 32001 with z-loss 0.454 -> 0.475).
 TWO_PASS_LAUNCH = {4: ((98304, 32, 0), (131072, 32, 8192), (1 << 62, 32, 16384)),
                    2: ((32768, 8, 4096), (65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 16384))}
 # The general kernel's launches with label smoothing (without and with class weights) and with a

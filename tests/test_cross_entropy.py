@@ -231,6 +231,24 @@ def test_two_pass_plain_rows_match_torch(dtype, reduction, options, cols, run_by
         _check_plain_rows(dtype, reduction, options, cols, run_bytes, gen)
 
 
+@gpu_only
+@pytest.mark.parametrize("dtype,cols,tail", [(torch.bfloat16, 65544, 8192), (torch.bfloat16, 98312, 8192),
+                                             (torch.bfloat16, 36000, 4096), (torch.float32, 16392, 2048),
+                                             (torch.float32, 65544, 16384)],
+                         ids=["bf16_65544", "bf16_98312", "bf16_36000", "fp32_16392", "fp32_65544_edges"])
+def test_two_pass_plain_rows_with_a_narrow_tail(dtype, cols, tail, gen):
+    # The GPU's tiles over rows a little past whole tiles: the last part in narrower tiles (fp32 65544
+    # is not whole runs of 128 bytes: rows' whole tiles differ in number, so none); ignored rows, a
+    # target in the tail.
+    shape = (7, cols)
+    x = make_logits(shape, dtype, gen, outliers=False)
+    target = make_targets(*shape, gen, ignore_every=3)
+    target[1] = cols - 3
+    forward, _ = _check_loss_and_grad(x, target, dtype, inplace_upstream(shape[0], gen), strategy="two_pass",
+                                      inplace=True, what=f"two_pass plain {cols}", reduction="none")
+    assert (forward.plain, forward.tail) == (True, tail)
+
+
 @needs_triton
 @pytest.mark.parametrize("cols", [3, 9, 17])
 def test_two_pass_plain_rows_shorter_than_a_few_vectors(cols, gen):
@@ -633,6 +651,14 @@ def test_plans_for_the_gpu():
     assert (odd.block, odd.num_warps, odd.plain, odd.edges, odd.align) == (32768, 32, True, True, 8)
     assert not choose("forward_grad", 8192, 50257, torch.bfloat16, plain=True).plain  # its rows: the general kernel
     assert choose("forward_grad", 8192, 128257, torch.float32, plain=True).align == 32  # runs of 128 bytes
+    # A row's short last part in narrower tiles, no narrower than a vector a thread; none where rows'
+    # whole tiles differ in number (edges straddling a tile) or the last part is over half a tile.
+    tails = {(torch.bfloat16, 65544): (16384, 8192), (torch.bfloat16, 50304): (8192, 2048),
+             (torch.bfloat16, 128256): (32768, 32768), (torch.bfloat16, 262147): (32768, 32768),
+             (torch.float32, 262200): (16384, 4096), (torch.float32, 65544): (16384, 16384)}
+    for (dtype, cols), (block, tail) in tails.items():
+        chosen = choose("forward_grad", 8192, cols, dtype, plain=True)
+        assert (chosen.block, chosen.tail) == (block, tail), (dtype, cols)
     # fp32 plain rows of up to 200 KB: 16 warps over 32 KB tiles (two programs an SM); longer: 32 over 64 KB.
     mid = choose("forward_grad", 8192, 32000, torch.float32, plain=True)
     assert (mid.block, mid.num_warps, mid.plain) == (8192, 16, True)

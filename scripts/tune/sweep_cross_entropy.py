@@ -2,6 +2,7 @@
 values, one training step (forward + gradient, "mean") as the bench times it.
 
     python scripts/tune/sweep_cross_entropy.py [--shapes 8192x128256 ...] [--variants default ...] [--modes inplace separate]
+        [--graph]
 
 Each line: one shape, one mode (inplace_backward=True: the gradient written over the logits by the
 forward; separate: the forward reads, the backward reads again and writes; inplace_smooth,
@@ -9,7 +10,9 @@ inplace_softcap, inplace_weight, inplace_z and two pairs: in place with label sm
 30, a weight of one per class or z-loss 1e-4, each of which leaves rows to the general kernel), one
 variant; do_bench medians over rotated inputs, GB/s against that mode's floor bytes (fused: logits read + gradient
 written; separate: 2 reads + 1 write), the plans the step ran. Variants change tables only through
-``onlinesoftmax.override_plan("cross_entropy", ...)``.
+``onlinesoftmax.override_plan("cross_entropy", ...)``. ``--graph`` adds the step replayed from a CUDA
+graph (each input set once a replay): the GPU's time alone, where an eager step of a few hundred
+microseconds is the host's.
 """
 
 import argparse
@@ -18,7 +21,7 @@ import torch
 
 import onlinesoftmax
 from onlinesoftmax.bench import cross_entropy_suite as suite
-from onlinesoftmax.bench.harness import copy_bandwidth_gbs, rotation_count, time_ms
+from onlinesoftmax.bench.harness import copy_bandwidth_gbs, graph_time_ms, rotation_count, time_ms
 from onlinesoftmax.bench.shapes import parse_dims
 from onlinesoftmax.ops.cross_entropy import launch as ce_launch, plan as ce_plan
 
@@ -57,6 +60,7 @@ VARIANTS = {
     "two_pass_hold_w32_16K": _two_pass(32, tile_bytes=16384),
     "two_pass_hold_w16_16K": _two_pass(16, tile_bytes=16384),
     "two_pass_hold_w8_8K": _two_pass(8, tile_bytes=8192),
+    "two_pass_hold_w8_16K": _two_pass(8, tile_bytes=16384),
     "two_pass_hold_w16_8K": _two_pass(16, tile_bytes=8192),
     "two_pass_hold_w4_4K": _two_pass(4, tile_bytes=4096),
     "two_pass_nohold_w32_64K": _two_pass(32, hold_l2=False, tile_bytes=65536),
@@ -79,6 +83,18 @@ VARIANTS = {
     # fp32's rows of up to 200 KB on the table for longer rows (32 warps over 64 KB tiles, as before).
     "plain_fp32_w32_64K": dict(TWO_PASS_PLAIN_LAUNCH={4: ((1 << 62, 32, 16384),),
                                                       2: ce_plan.TWO_PASS_PLAIN_LAUNCH[2]}),
+    # Every tile of the kernel for plain rows the table's, a row's short last part too (before PLAIN_TAIL_MAX_SHARE).
+    "plain_no_tail": dict(PLAIN_TAIL_MAX_SHARE=0),
+    # Both, and bf16 rows of 64-108 KB at 32 warps over 32 KB tiles (as before they took 8 over 16 KB).
+    "plain_before_mid": dict(PLAIN_TAIL_MAX_SHARE=0, TWO_PASS_PLAIN_LAUNCH={4: ce_plan.TWO_PASS_PLAIN_LAUNCH[4], 2: (
+        (65536, 8, 8192), (196608, 32, 16384), (1 << 62, 32, 32768))}),
+    # bf16 rows of 64-112 KB on smaller programs: 8 warps over 16 KB tiles, 4 over 8 KB, or each in part.
+    "plain_mid_16K_w8": dict(TWO_PASS_PLAIN_LAUNCH={4: ce_plan.TWO_PASS_PLAIN_LAUNCH[4], 2: (
+        (65536, 8, 8192), (114688, 8, 8192), (196608, 32, 16384), (1 << 62, 32, 32768))}),
+    "plain_mid_8K_w4": dict(TWO_PASS_PLAIN_LAUNCH={4: ce_plan.TWO_PASS_PLAIN_LAUNCH[4], 2: (
+        (65536, 8, 8192), (114688, 4, 4096), (196608, 32, 16384), (1 << 62, 32, 32768))}),
+    "plain_mid_split": dict(TWO_PASS_PLAIN_LAUNCH={4: ce_plan.TWO_PASS_PLAIN_LAUNCH[4], 2: (
+        (81920, 8, 8192), (114688, 4, 4096), (196608, 32, 16384), (1 << 62, 32, 32768))}),
     # Rows that are not whole 16-byte vectors: the general kernel, or the kernel for plain rows
     # over runs of 16 or 128 bytes (partial first and last runs element-wise).
     "general_edges": dict(PLAIN_EDGES={4: (1 << 62, 16), 2: (1 << 62, 16)}),
@@ -113,6 +129,7 @@ def main():
     parser.add_argument("--dtype", default="bf16", choices=list(suite.DTYPES))
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--graph", action="store_true", help="also time the step replayed from a CUDA graph")
     args = parser.parse_args()
     dtype = suite.DTYPES[args.dtype]
     copy = copy_bandwidth_gbs()
@@ -135,11 +152,16 @@ def main():
                 with onlinesoftmax.override_plan("cross_entropy", **VARIANTS[name]):
                     try:
                         ms = time_ms(step, sets)
+                        graph = ""
+                        if args.graph:
+                            graph_ms = graph_time_ms(step, sets)
+                            graph = f" graph {graph_ms:7.3f} ms" if graph_ms is not None else " graph failed"
                         chosen = ce_plan.choose("forward" if mode == "separate" else "forward_grad", *shape, dtype,
                                                 torch.device("cuda"), **ce_launch.row_options(
                                                     "weight" in options, options.get("label_smoothing", 0.0),
                                                     options.get("softcap", 0.0), options.get("z_loss", 0.0), False))
-                        print(f"  {mode:15s} {name:21s} {ms:7.3f} ms {floor_bytes / ms / 1e6:6.0f} GB/s  forward: "
+                        print(f"  {mode:15s} {name:21s} {ms:7.3f} ms {floor_bytes / ms / 1e6:6.0f} GB/s{graph}"
+                              "  forward: "
                               f"{chosen.strategy} block {chosen.block} warps {chosen.num_warps} chunks {chosen.num_chunks}"
                               f" grid {chosen.grid[0]}{' plain' if chosen.plain else ''}",
                               flush=True)

@@ -192,7 +192,8 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
                 n_classes != n_cols:
             raise AssertionError("cross_entropy: a plan for plain rows met a call with options they exclude")
         return Recipe(_two_pass_plain, chosen.grid, key, (n_cols, x.stride(0), target.stride(0), ignore_index, inv_t),
-                      dict(BLOCK=chosen.block, ALIGN=chosen.align, EDGES=chosen.edges, MEAN=flags["MEAN"],
+                      dict(BLOCK=chosen.block, TAIL=chosen.tail or chosen.block, ALIGN=chosen.align, EDGES=chosen.edges,
+                           MEAN=flags["MEAN"],
                            num_warps=chosen.num_warps,
                            **eviction))
     if chosen.strategy in ("stream", "two_pass"):

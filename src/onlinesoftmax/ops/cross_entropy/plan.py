@@ -145,11 +145,22 @@ TWO_PASS_OPTIONS_LAUNCH = {
 # 8192 x 32000 0.666 -> 0.611, 16384 x 32000 1.302 -> 1.198, 8192 x 50304 1.181 -> 1.097; but
 # 4096 x 48000 0.499 -> 0.518); longer rows went both ways (4096 x 65536 0.680 -> 0.742, 264 x
 # 65536 0.248 -> 0.427, 4096 x 256000 3.216 -> 3.147, 8192 x 128256 3.040 -> 3.053) and stay.
-# bf16's rows of 64-192 KB went both ways over smaller programs (8192 x 50304 0.736 -> 0.639 ms at
-# 4 warps over 8 KB tiles, 2048 x 65544 0.499 -> 0.261 at 8 over 16 KB, but 8192 x 96000 1.154 ->
-# 1.199 and 4096 x 65536 0.393 -> 0.423 at 4 over 8 KB) and stay too.
+# bf16 rows of up to 108 KB at 8 warps over 16 KB tiles, as those of up to 64 KB; timed under CUDA
+# graphs (docs/notes/2026-11/sweep_cross_entropy-plain_tail-h200.log: an eager step of these is
+# largely the host's), with PLAIN_TAIL_MAX_SHARE, ms, 32 warps over 32 KB tiles -> these: 8192 x
+# 32776 0.550 -> 0.389, 8192 x 40000 0.570 -> 0.467, 8192 x 50304 0.729 -> 0.610, 8192 x 53000
+# 0.743 -> 0.667, 16384 x 48000 1.141 -> 1.154 (the one loss over 1.01x). Longer rows lost on
+# smaller programs (8192 x 57344 0.710 at 8 over 16 KB, 0.679 here; 65536 and 96000 7-14%).
 TWO_PASS_PLAIN_LAUNCH = {4: ((204800, 16, 8192), (1 << 62, 32, 16384)),
-                         2: ((65536, 8, 8192), (196608, 32, 16384), (1 << 62, 32, 32768))}
+                         2: ((110592, 8, 8192), (196608, 32, 16384), (1 << 62, 32, 32768))}
+# The kernel for plain rows takes a row's last part, where it is at most this share of a tile, in
+# tiles of the next power of two: each tile of a pass costs as much however few of its columns are
+# live (bf16 8192 x 65544 at 16384 columns a tile ran 0.902 ms, 65536 0.756, 80000 0.945: five tiles
+# against four). Under CUDA graphs (sweep_cross_entropy-plain_tail-h200.log), ms, none -> the tail:
+# bf16 8192 x 65544 0.901 -> 0.823, 98312 1.505 -> 1.339, 131080 1.897 -> 1.752, 50304 0.671 ->
+# 0.610; fp32 8192 x 16392 0.367 -> 0.326; no shape that took a tail slower by over 1%. 0: every
+# tile the table's.
+PLAIN_TAIL_MAX_SHARE = 0.5
 # Plain rows that are not whole 16-byte vectors (50257, 128257 columns), by element size: (bytes a
 # row from which they take that kernel, the general kernel's below; bytes of the runs its tiles
 # cover, each from an absolute multiple of them, the row's partial first and last runs going
@@ -268,6 +279,7 @@ class Plan:
     contiguous: bool = True  # unit column stride
     hold_l2: bool = False  # two_pass: eviction hints keep the row in L2 between its two reads
     plain: bool = False  # two_pass by its kernel for plain rows (see choose's ``plain``)
+    tail: int = 0  # two_pass plain: columns a tile takes of a row's last part (PLAIN_TAIL_MAX_SHARE)
     parts: tuple = ()  # separate: the plans of its two launches, the forward's stream and the backward
 
     @property
@@ -289,6 +301,7 @@ class Plan:
             f"op:          cross_entropy {self.op}  ({self.rows} rows x {self.cols} classes, {dtype})",
             f"strategy:    {self.strategy}, grid {self.grid}, {self.num_warps} warps a program",
             f"tiles:       {self.block} columns"
+            + (f" (a row's last part {self.tail} a tile)" if self.tail and self.tail != self.block else "")
             + (f"; {self.num_chunks} chunks a row" if self.num_chunks > 1 else "")
             + (f", {self.tiles_per_chunk} tiles a chunk" if self.strategy == "stream" else ""),
             f"alignment:   tiles over runs of {self.align} elements from multiples of them"
@@ -429,9 +442,22 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         table = (TWO_PASS_PLAIN_LAUNCH if plain else TWO_PASS_OPTIONS_LAUNCH.get(options, TWO_PASS_LAUNCH))[elem]
         _, num_warps, columns = next((r for r in table if row_bytes <= r[0]), table[-1])
         block = stream_block if interpreting or not columns else tile(columns)
-        return Plan(op, strategy, block=block, num_warps=num_warps or warps(block),
+        num_warps = num_warps or warps(block)
+        # The tail's width: the kernel's whole runs a row (with edges, from the row's first one) are
+        # ``longest`` or fewer; rows whose whole tiles differ in number would loop over narrow tiles.
+        run = shape["align"]
+        longest = cols // run * run
+        shortest = max(cols - run + 1, 0) // run * run if shape["edges"] else longest
+        left = longest % block
+        # Narrower than a vector a thread, a tail's lanes are replicated across threads: fp32 4096 x
+        # 65544 (edges) took 4.67 ms where one row in two had a tail of 16384 columns in 16-column tiles.
+        narrowest = MIN_BLOCK if interpreting else 32 * num_warps * 16 // elem
+        tail = block
+        if plain and 0 < left <= PLAIN_TAIL_MAX_SHARE * block and shortest // block == longest // block:
+            tail = min(block, max(tile(block, left), narrowest))
+        return Plan(op, strategy, block=block, num_warps=num_warps,
                     tiles_per_chunk=_device.cdiv(span, block), grid=(rows, 1), hold_l2=TWO_PASS_HOLD_L2,
-                    plain=plain, **shape)
+                    plain=plain, tail=tail, **shape)
     if strategy == "on_chip" or interpreting:  # the interpreter holds a row in one program
         block = tile(_device.next_power_of_2(span))
         if not interpreting and block > ON_CHIP_MAX_COLS[elem]:

@@ -292,8 +292,10 @@ def check_bad_input(rank, world, seed):
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_ops(world, gen):
     seed = int(gen.initial_seed())
-    run_world(world, __name__, ["check_softmax_family", "check_gradients", "check_topk", "check_attention",
-                                "check_autocast"], seed)
+    # Autocast's dtypes do not depend on how the rows are split: world 2 only (CI's time).
+    autocast = ["check_autocast"] if world == 2 else []
+    run_world(world, __name__, ["check_softmax_family", "check_gradients", "check_topk", "check_attention"] + autocast,
+              seed)
 
 
 @pytest.mark.skipif(not TRITON_RUNS, reason="the Triton kernels need a GPU or TRITON_INTERPRET=1")

@@ -154,8 +154,10 @@ def check_mismatched_shards_raise_everywhere(rank, world, seed):
 @pytest.mark.parametrize("world", [2, 3])
 def test_vocabulary_parallel_cross_entropy(world, gen):
     seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    # Autocast's loss dtype does not depend on how the classes are split: world 2 only (CI's time).
+    autocast = ["check_autocast_loss_dtype"] if world == 2 else []
     run_world(world, __name__, ["check_options_and_reductions", "check_edge_rows_and_validate_false",
-                      "check_autocast_loss_dtype", "check_mismatched_shards_raise_everywhere"], seed)
+                                "check_mismatched_shards_raise_everywhere"] + autocast, seed)
 
 
 def test_needs_an_initialized_process_group():

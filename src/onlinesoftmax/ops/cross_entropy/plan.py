@@ -149,8 +149,9 @@ TWO_PASS_OPTIONS_LAUNCH = {
 # graphs (docs/notes/2026-11/sweep_cross_entropy-plain_tail-h200.log: an eager step of these is
 # largely the host's), with PLAIN_TAIL_MAX_SHARE, ms, 32 warps over 32 KB tiles -> these: 8192 x
 # 32776 0.550 -> 0.389, 8192 x 40000 0.570 -> 0.467, 8192 x 50304 0.729 -> 0.610, 8192 x 53000
-# 0.743 -> 0.667, 16384 x 48000 1.141 -> 1.154 (the one loss over 1.01x). Longer rows lost on
-# smaller programs (8192 x 57344 0.710 at 8 over 16 KB, 0.679 here; 65536 and 96000 7-14%).
+# 0.743 -> 0.667; the losses over 1%: 48000 columns, 16384 rows 1.141 -> 1.154, 2048 rows 0.162 ->
+# 0.166. Longer rows lost on smaller programs (8192 x 57344 0.710 at 8 over 16 KB, 0.679 here; 65536
+# and 96000 7-14%).
 TWO_PASS_PLAIN_LAUNCH = {4: ((204800, 16, 8192), (1 << 62, 32, 16384)),
                          2: ((110592, 8, 8192), (196608, 32, 16384), (1 << 62, 32, 32768))}
 # The kernel for plain rows takes a row's last part, where it is at most this share of a tile, in

@@ -232,10 +232,10 @@ def test_two_pass_plain_rows_match_torch(dtype, reduction, options, cols, run_by
 
 
 @gpu_only
-@pytest.mark.parametrize("dtype,cols,tail", [(torch.bfloat16, 65544, 8192), (torch.bfloat16, 98312, 8192),
+@pytest.mark.parametrize("dtype,cols,tail", [(torch.bfloat16, 65544, 8192), (torch.bfloat16, 131080, 8192),
                                              (torch.bfloat16, 36000, 4096), (torch.float32, 16392, 2048),
                                              (torch.float32, 65544, 16384)],
-                         ids=["bf16_65544", "bf16_98312", "bf16_36000", "fp32_16392", "fp32_65544_edges"])
+                         ids=["bf16_65544", "bf16_131080", "bf16_36000", "fp32_16392", "fp32_65544_edges"])
 def test_two_pass_plain_rows_with_a_narrow_tail(dtype, cols, tail, gen):
     # The GPU's tiles over rows a little past whole tiles: the last part in narrower tiles (fp32 65544
     # is not whole runs of 128 bytes: rows' whole tiles differ in number, so none); ignored rows, a
@@ -655,7 +655,8 @@ def test_plans_for_the_gpu():
     # whole tiles differ in number (edges straddling a tile) or the last part is over half a tile.
     tails = {(torch.bfloat16, 65544): (16384, 8192), (torch.bfloat16, 50304): (8192, 2048),
              (torch.bfloat16, 128256): (32768, 32768), (torch.bfloat16, 262147): (32768, 32768),
-             (torch.float32, 262200): (16384, 4096), (torch.float32, 65544): (16384, 16384)}
+             (torch.float32, 262200): (16384, 4096), (torch.float32, 65544): (16384, 16384),
+             (torch.bfloat16, 100352): (16384, 8192)}  # (rows of up to 240 KB on 32 KB tiles)
     for (dtype, cols), (block, tail) in tails.items():
         chosen = choose("forward_grad", 8192, cols, dtype, plain=True)
         assert (chosen.block, chosen.tail) == (block, tail), (dtype, cols)

@@ -151,9 +151,12 @@ TWO_PASS_OPTIONS_LAUNCH = {
 # 32776 0.550 -> 0.389, 8192 x 40000 0.570 -> 0.467, 8192 x 50304 0.729 -> 0.610, 8192 x 53000
 # 0.743 -> 0.667; the losses over 1%: 48000 columns, 16384 rows 1.141 -> 1.154, 2048 rows 0.162 ->
 # 0.166. Longer rows lost on smaller programs (8192 x 57344 0.710 at 8 over 16 KB, 0.679 here; 65536
-# and 96000 7-14%).
+# and 96000 7-14%). bf16 rows of 192-240 KB at 32 warps over 32 KB tiles too (H200, CUDA graphs,
+# 64 KB tiles -> 32 KB, ms: 8192 x 100352 1.386 -> 1.223, 16384 x 100352 2.759 -> 2.414, 8192 x
+# 110000 1.510 -> 1.458, 8192 x 120000 1.589 -> 1.450, 8192 x 98312 1.348 -> 1.286); from 240 KB
+# they keep 64 KB tiles, which the H100 measured 3% faster at 128256 (the H200 4% slower).
 TWO_PASS_PLAIN_LAUNCH = {4: ((204800, 16, 8192), (1 << 62, 32, 16384)),
-                         2: ((110592, 8, 8192), (196608, 32, 16384), (1 << 62, 32, 32768))}
+                         2: ((110592, 8, 8192), (245760, 32, 16384), (1 << 62, 32, 32768))}
 # The kernel for plain rows takes a row's last part, where it is at most this share of a tile, in
 # tiles of the next power of two: each tile of a pass costs as much however few of its columns are
 # live (bf16 8192 x 65544 at 16384 columns a tile ran 0.902 ms, 65536 0.756, 80000 0.945: five tiles

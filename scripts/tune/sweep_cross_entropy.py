@@ -33,6 +33,11 @@ def _two_pass(warps: int, hold_l2: bool = True, tile_bytes: int = 0) -> dict:
                 TWO_PASS_OPTIONS_LAUNCH={})
 
 
+def _plain_bf16(*table) -> dict:
+    """The kernel for plain rows with ``table`` for bf16 rows (fp32's as planned)."""
+    return dict(TWO_PASS_PLAIN_LAUNCH={4: ce_plan.TWO_PASS_PLAIN_LAUNCH[4], 2: table})
+
+
 def _plain(warps: int, tile_bytes: int) -> dict:
     """two_pass's kernel for plain rows at ``warps`` a program over tiles of ``tile_bytes``, every row length."""
     return dict(TWO_PASS_PLAIN_LAUNCH={e: ((1 << 62, warps, tile_bytes // e),) for e in (4, 2)})
@@ -85,16 +90,15 @@ VARIANTS = {
                                                       2: ce_plan.TWO_PASS_PLAIN_LAUNCH[2]}),
     # Every tile of the kernel for plain rows the table's, a row's short last part too (before PLAIN_TAIL_MAX_SHARE).
     "plain_no_tail": dict(PLAIN_TAIL_MAX_SHARE=0),
-    # Both, and bf16 rows of 64-108 KB at 32 warps over 32 KB tiles (as before they took 8 over 16 KB).
-    "plain_before_mid": dict(PLAIN_TAIL_MAX_SHARE=0, TWO_PASS_PLAIN_LAUNCH={4: ce_plan.TWO_PASS_PLAIN_LAUNCH[4], 2: (
-        (65536, 8, 8192), (196608, 32, 16384), (1 << 62, 32, 32768))}),
-    # bf16 rows of 64-112 KB on smaller programs: 8 warps over 16 KB tiles, 4 over 8 KB, or each in part.
-    "plain_mid_16K_w8": dict(TWO_PASS_PLAIN_LAUNCH={4: ce_plan.TWO_PASS_PLAIN_LAUNCH[4], 2: (
-        (65536, 8, 8192), (114688, 8, 8192), (196608, 32, 16384), (1 << 62, 32, 32768))}),
-    "plain_mid_8K_w4": dict(TWO_PASS_PLAIN_LAUNCH={4: ce_plan.TWO_PASS_PLAIN_LAUNCH[4], 2: (
-        (65536, 8, 8192), (114688, 4, 4096), (196608, 32, 16384), (1 << 62, 32, 32768))}),
-    "plain_mid_split": dict(TWO_PASS_PLAIN_LAUNCH={4: ce_plan.TWO_PASS_PLAIN_LAUNCH[4], 2: (
-        (81920, 8, 8192), (114688, 4, 4096), (196608, 32, 16384), (1 << 62, 32, 32768))}),
+    # The bf16 table and no tail as before the tail: rows of 64-192 KB at 32 warps over 32 KB tiles,
+    # longer ones over 64 KB.
+    "plain_before_mid": dict(PLAIN_TAIL_MAX_SHARE=0, **_plain_bf16(
+        (65536, 8, 8192), (196608, 32, 16384), (1 << 62, 32, 32768))),
+    # bf16 rows of 64-112 KB on smaller programs: 8 warps over 16 KB tiles, 4 over 8 KB, or each in
+    # part (rows of 192-240 KB over 64 KB tiles, as when these ran).
+    "plain_mid_16K_w8": _plain_bf16((65536, 8, 8192), (114688, 8, 8192), (196608, 32, 16384), (1 << 62, 32, 32768)),
+    "plain_mid_8K_w4": _plain_bf16((65536, 8, 8192), (114688, 4, 4096), (196608, 32, 16384), (1 << 62, 32, 32768)),
+    "plain_mid_split": _plain_bf16((81920, 8, 8192), (114688, 4, 4096), (196608, 32, 16384), (1 << 62, 32, 32768)),
     # Rows that are not whole 16-byte vectors: the general kernel, or the kernel for plain rows
     # over runs of 16 or 128 bytes (partial first and last runs element-wise).
     "general_edges": dict(PLAIN_EDGES={4: (1 << 62, 16), 2: (1 << 62, 16)}),

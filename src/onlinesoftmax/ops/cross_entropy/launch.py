@@ -25,8 +25,8 @@ from .kernels import (
     cross_entropy_backward_kernel,
     cross_entropy_on_chip_kernel,
     cross_entropy_stream_kernel,
-    cross_entropy_two_pass_plain_kernel,
 )
+from .plain_kernel import cross_entropy_two_pass_plain_kernel
 from .small_kernels import cross_entropy_reduce_kernel, cross_entropy_shard_merge_kernel, scale_rows_kernel
 from .torch_path import RowTerms, compute_dtype, row_losses, row_normalizer, torch_backward, torch_forward
 
@@ -192,7 +192,7 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
                 n_classes != n_cols:
             raise AssertionError("cross_entropy: a plan for plain rows met a call with options they exclude")
         return Recipe(_two_pass_plain, chosen.grid, key, (n_cols, x.stride(0), target.stride(0), ignore_index, inv_t),
-                      dict(BLOCK=chosen.block, TAIL=chosen.tail or chosen.block, ALIGN=chosen.align, EDGES=chosen.edges,
+                      dict(BLOCK=chosen.block, TAIL=chosen.tail, ALIGN=chosen.align, EDGES=chosen.edges,
                            MEAN=flags["MEAN"], num_warps=chosen.num_warps, **eviction))
     if chosen.strategy in ("stream", "two_pass"):
         scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, class_offset, n_classes,

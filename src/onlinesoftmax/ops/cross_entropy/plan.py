@@ -283,7 +283,7 @@ class Plan:
     contiguous: bool = True  # unit column stride
     hold_l2: bool = False  # two_pass: eviction hints keep the row in L2 between its two reads
     plain: bool = False  # two_pass by its kernel for plain rows (see choose's ``plain``)
-    tail: int = 0  # two_pass plain: columns a tile takes of a row's last part (PLAIN_TAIL_MAX_SHARE)
+    tail: int = 0  # two_pass: columns a tile takes of a row's last part (plain rows: PLAIN_TAIL_MAX_SHARE)
     parts: tuple = ()  # separate: the plans of its two launches, the forward's stream and the backward
 
     @property

@@ -1,6 +1,6 @@
 """cross_entropy's small kernels: the denominators and the reduction of the rows' losses, the
 scaling of an in-place gradient by the upstream one, and the loss from vocabulary shards'
-statistics (the row kernels are in kernels.py)."""
+statistics (the row kernels are in kernels.py and plain_kernel.py)."""
 
 from __future__ import annotations
 

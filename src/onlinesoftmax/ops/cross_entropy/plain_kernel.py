@@ -1,0 +1,141 @@
+"""cross_entropy: two_pass's kernel for plain rows (no class weights, label smoothing, softcap or
+z-loss), one program a row reading it twice, the gradient written over the logits. The loss and
+gradient terms are kernels.py's; see its docstring."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..._triton import NEG_INF, known_multiple, split_lse
+from .kernels import (
+    edge_partial,
+    gradient_scales,
+    gradient_terms,
+    load_row_target,
+    merge_pair,
+    row_loss,
+    target_column,
+    write_edge_gradient,
+)
+
+
+@triton.jit
+def cross_entropy_two_pass_plain_kernel(
+    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr, out_ptr,
+    n_cols, x_stride, target_stride, ignore_index, inv_temperature,
+    BLOCK: tl.constexpr, TAIL: tl.constexpr, ALIGN: tl.constexpr, EDGES: tl.constexpr, MEAN: tl.constexpr,
+    FIRST_EVICTION: tl.constexpr, SECOND_EVICTION: tl.constexpr,
+):
+    # two_pass (one program a row: its (m, d), then the gradient over it from a second read) for
+    # plain rows: no class weights, label smoothing, softcap or z-loss; contiguous rows. At 64 KB
+    # tiles (32 elements a thread at 32 warps) a thread has 64 registers, and the general kernel's
+    # per-element terms, tile masks and 64-bit columns spilled (8192 x 128256 bf16: 1.98 ms at its
+    # own 32 KB tiles, where this kernel runs 1.75; docs/perf-cross_entropy.md). Even one more row
+    # scalar in the second loop spills here (ptxas for sm_90: a 48-byte stack, one of four loads in
+    # flight instead of three): without z-loss the probability's factor and the target's term are
+    # the same number, ``a``, into which the temperature and a bad target's NaN are folded.
+    # The tiles cover the row's whole runs of ALIGN elements (16 bytes or more, from absolute
+    # multiples of it): ``n_whole`` columns from the row's column ``first``, both known multiples of
+    # ALIGN, so that the one mask is constant over each vector and every access is 16 bytes wide.
+    # Without EDGES the rows are whole vectors, each starting one (first 0, n_whole n_cols); with
+    # EDGES the row's partial first and last runs go through edge_partial and write_edge_gradient,
+    # element by element. Each pass takes the row's whole tiles unmasked, then its last part in
+    # masked tiles of TAIL (plan.PLAIN_TAIL_MAX_SHARE). weight_ptr, parts_ptr, sync_ptr and out_ptr
+    # are not used: the tensors are the general kernel's.
+    row = tl.program_id(0)
+    target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_cols)
+    in_row = valid & ~bad
+    target_col = target_column(target, n_cols)
+    base = row.to(tl.int64) * x_stride
+    if EDGES:
+        first = ((ALIGN - base % ALIGN) % ALIGN).to(tl.int32)  # the row's elements before its first whole run
+        x_row = x_ptr + known_multiple(base + first, ALIGN)
+        n_whole = known_multiple(tl.maximum(n_cols - first, 0), ALIGN)
+    else:
+        # Rows and their length in whole vectors, as Triton's alignment analysis can see (see row_tile).
+        first = 0
+        x_row = x_ptr + row.to(tl.int64) * known_multiple(x_stride, ALIGN)
+        n_whole = known_multiple(n_cols, ALIGN)
+    lanes = tl.arange(0, BLOCK)
+    tail_lanes = tl.arange(0, TAIL)
+    n_tiles = tl.cdiv(n_whole, BLOCK)
+    read_tiles = tl.where(valid, n_tiles, 0)  # an ignored row is not read
+    # Tiles counted, not stepped over, so that each tile's start is a known multiple of its width.
+    n_full = tl.where(valid, n_whole // BLOCK, 0)
+    tail_from = n_full * BLOCK
+    n_tail = tl.where(valid, tl.cdiv(n_whole - tail_from, TAIL), 0)
+    m = tl.full((), NEG_INF, tl.float32)
+    d = tl.zeros((), tl.float32)
+    if TAIL < BLOCK:
+        for k in range(0, n_full):
+            m, d = plain_tile_stats(x_row, k * BLOCK + lanes, n_whole, m, d, inv_temperature, False, FIRST_EVICTION)
+        for k in range(0, n_tail):
+            m, d = plain_tile_stats(x_row, tail_from + k * TAIL + tail_lanes, n_whole, m, d, inv_temperature, True,
+                                    FIRST_EVICTION)
+    else:  # every tile masked, in one loop (a second over whole tiles: 32 -> 54 registers at bf16 8192 x 65536)
+        for k in range(0, read_tiles):
+            m, d = plain_tile_stats(x_row, k * BLOCK + lanes, n_whole, m, d, inv_temperature, True, FIRST_EVICTION)
+    if EDGES:
+        edge_m, edge_d, _ = edge_partial(x_ptr, weight_ptr, base, n_cols, valid, 1.0, inv_temperature, ALIGN,
+                                         False, False, False)
+        m, d = merge_pair(m, d, edge_m, edge_d)
+    y_t = tl.load(x_ptr + base + target_col, mask=in_row, other=0.0).to(tl.float32) * inv_temperature
+    tl.debug_barrier()  # the target's logit is read before any warp overwrites it (see the on_chip kernel)
+    lse = m + tl.log(d)  # +inf or NaN in the row: NaN, as torch's cross_entropy
+    lse_low = split_lse(m, d)[1]
+    loss = row_loss(lse, lse_low, y_t, 0.0, 1.0, n_cols * 1.0, valid, bad, 0.0, 0.0, n_cols, False, False)
+    tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
+    tl.store(lse_ptr + row, lse)
+    tl.store(lse_low_ptr + row, lse_low)
+    scale = gradient_scales(denom_ptr, 1.0, MEAN)[0]
+    if EDGES:  # before the tiles' loop: what it needs would stay live across the loop (a 56-byte stack in bf16)
+        a, b, e, lse_g, lse_low_g = gradient_terms(scale, scale, 0.0, lse, lse_low, valid, bad, inv_temperature)
+        write_edge_gradient(x_ptr, x_ptr, base, n_cols, target_col, lse_g, lse_low_g, a, b, e, valid, weight_ptr,
+                            1.0, 0.0, inv_temperature, ALIGN, False, False, False)
+    a = tl.where(bad, float("nan"), scale) * inv_temperature
+    target_whole = target_col - first  # the target's column among the whole vectors' (outside them: no lane's)
+    if TAIL < BLOCK:
+        for k in range(0, n_full):
+            plain_tile_gradient(x_row, k * BLOCK + lanes, n_whole, a, lse, lse_low, target_whole, inv_temperature,
+                                False, SECOND_EVICTION)
+        for k in range(0, n_tail):
+            plain_tile_gradient(x_row, tail_from + k * TAIL + tail_lanes, n_whole, a, lse, lse_low, target_whole,
+                                inv_temperature, True, SECOND_EVICTION)
+    else:
+        for k in range(0, read_tiles):
+            plain_tile_gradient(x_row, k * BLOCK + lanes, n_whole, a, lse, lse_low, target_whole, inv_temperature,
+                                True, SECOND_EVICTION)
+    for k in range(0, n_tiles - read_tiles):  # an ignored row's gradient: 0
+        cols = k * BLOCK + lanes
+        tl.store(x_row + cols, tl.zeros((BLOCK,), x_ptr.dtype.element_ty), mask=cols < n_whole)
+
+
+@triton.jit
+def plain_tile_stats(x_row, cols, n_live, m, d, inv_temperature, MASKED: tl.constexpr, EVICTION: tl.constexpr):
+    """The plain kernel's (m, d) over one tile of columns ``cols`` (those from ``n_live`` masked)."""
+    if MASKED:
+        y = tl.load(x_row + cols, mask=cols < n_live, other=NEG_INF, eviction_policy=EVICTION)
+    else:
+        y = tl.load(x_row + cols, eviction_policy=EVICTION)
+    y = y.to(tl.float32) * inv_temperature
+    # One exponential an element against the running maximum (a NaN makes d, and the row, NaN).
+    m_new = tl.maximum(m, tl.max(y, 0))
+    ref = tl.where(m_new == NEG_INF, 0.0, m_new)
+    return m_new, d * tl.exp(m - ref) + tl.sum(tl.exp(y - ref), 0)
+
+
+@triton.jit
+def plain_tile_gradient(x_row, cols, n_live, a, lse, lse_low, target_col, inv_temperature, MASKED: tl.constexpr,
+                        EVICTION: tl.constexpr):
+    """The plain kernel's gradient over one tile of columns ``cols``, written over them."""
+    if MASKED:
+        live = cols < n_live
+        y = tl.load(x_row + cols, mask=live, other=0.0, eviction_policy=EVICTION)
+    else:
+        y = tl.load(x_row + cols, eviction_policy=EVICTION)
+    g = a * tl.exp((y.to(tl.float32) * inv_temperature - lse) - lse_low) - tl.where(cols == target_col, a, 0.0)
+    if MASKED:
+        tl.store(x_row + cols, g.to(x_row.dtype.element_ty), mask=live, eviction_policy=EVICTION)
+    else:
+        tl.store(x_row + cols, g.to(x_row.dtype.element_ty), eviction_policy=EVICTION)

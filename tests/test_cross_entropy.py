@@ -111,6 +111,39 @@ def test_separate_kernels_over_runs_wider_than_a_vector(dtype, run_bytes, option
     assert (forward.align, backward.align, forward.edges) == (run, run, True)
 
 
+# (dtype, columns, STREAM_MAX_CHUNKS) -> the stream's and backward's tail: under the interpreter's tiles
+# of 32 columns, a row's last part of 8 (fp32 72, whole vectors), of 4-11 after heads of up to 7
+# (bf16 36, edges: up to a third of the row, which bf16's tolerance would not miss), one over
+# several tiles a chunk (fp32 264); on the GPU's, bf16 65544 and 50257 (edges, heads of up to 63
+# columns) and fp32 16392.
+STREAM_TAILS = ([(torch.float32, 72, 256, 16), (torch.bfloat16, 36, 256, 16), (torch.float32, 264, 3, 16)]
+                if not ON_GPU else
+                [(torch.bfloat16, 65544, 256, 2048), (torch.bfloat16, 50257, 256, 2048),
+                 (torch.float32, 16392, 256, 1024), (torch.float32, 16392, 3, 1024)])
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype, cols, max_chunks, tail", STREAM_TAILS, ids=lambda v: str(v).replace("torch.", ""))
+@pytest.mark.parametrize("options", [OPTIONS[0], OPTIONS[-1]], ids=option_ids)
+def test_separate_kernels_take_a_rows_last_part_with_its_last_tile(dtype, cols, max_chunks, tail, options,
+                                                                   plan_override, gen):
+    # The stream forward and the backward over rows a little past whole tiles: the row's last program
+    # takes its last part in a narrower tile (plan.STREAM_TAIL_MAX_SHARE); ignored rows, targets in
+    # the last part and in the first column, a per-row upstream gradient.
+    plan_override(op="cross_entropy", STREAM_MAX_CHUNKS=max_chunks)
+    shape = (7, cols)
+    x = make_logits(shape, dtype, gen, outliers=False)
+    target = make_targets(*shape, gen, ignore_every=3)
+    target[1], target[2] = cols - 1, 0
+    upstream = torch.randn(shape[0], generator=gen, dtype=torch.float64).to(DEVICE)
+    forward, backward = _check_loss_and_grad(x, target, dtype, upstream, reduction="none", what=f"{cols}",
+                                             **resolve_options(options, cols, gen))
+    assert (forward.strategy, backward.strategy, forward.tail, backward.tail) == ("stream", "backward", tail, tail)
+    whole = cols // forward.block  # the rows' whole tiles: the backward's programs a row, the stream's tiles
+    assert backward.grid[1] == whole and -(-whole // forward.tiles_per_chunk) == forward.num_chunks
+    assert (forward.tiles_per_chunk > 1) == (max_chunks < 256)
+
+
 @pytest.mark.parametrize("strategy", INPLACE_STRATEGIES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -712,7 +745,17 @@ def test_plans_for_the_gpu():
     assert choose("forward_grad", 8, 128256, torch.float32).strategy == "split_on_chip"
     fwd = choose("forward", 8192, 128256, torch.bfloat16)
     assert (fwd.strategy, fwd.num_chunks, fwd.tiles_per_chunk, fwd.num_warps) == ("stream", 16, 1, 8)
-    assert choose("backward", 8192, 128256, torch.float32).grid == (8192, 32)
+    # The stream's and the backward's last program a row takes the row's last part where it is at most
+    # 0.4 of a tile, in a tile no narrower than a vector a thread: fp32 128256 = 31 x 4096 + 1312; not
+    # fp32 256000 = 62 x 4096 + 2048.
+    assert (choose("backward", 8192, 128256, torch.float32).grid, fwd.tail) == ((8192, 31), fwd.block)
+    for dtype, cols, tiles, tail in [(torch.float32, 128256, 31, 2048), (torch.bfloat16, 65544, 8, 2048),
+                                     (torch.bfloat16, 50257, 6, 2048), (torch.bfloat16, 151936, 19, 8192),
+                                     (torch.float32, 4100, 1, 1024), (torch.bfloat16, 4100, 1, 8192),
+                                     (torch.float32, 256000, 63, 4096)]:
+        for op in ("forward", "backward"):
+            chosen = choose(op, 8192, cols, dtype)
+            assert (chosen.grid[1], chosen.tail) == (tiles, tail), (op, dtype, cols)
     assert "split_on_chip" in held.describe(3000.0) and "floor" in held.describe(3000.0)
     with pytest.raises(ValueError, match="does not compute"):
         choose("forward", 4, 100, torch.float32, strategy="on_chip")

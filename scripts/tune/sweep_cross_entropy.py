@@ -113,6 +113,11 @@ VARIANTS = {
     # The general table's bf16 rows of up to 32 KB on 16 KB tiles (8 warps, as those of up to 64 KB).
     "general_small_16K": dict(TWO_PASS_LAUNCH={4: ce_plan.TWO_PASS_LAUNCH[4],
                                                2: ((65536, 8, 0),) + ce_plan.TWO_PASS_LAUNCH[2][2:]}),
+    # The stream forward and the backward: a row's last part in a program of its own (before
+    # STREAM_TAIL_MAX_SHARE), or with the row's last tile however wide it is.
+    "stream_no_tail": dict(STREAM_TAIL_MAX_SHARE=0),
+    "stream_tail_any": dict(STREAM_TAIL_MAX_SHARE=1),
+    "stream_tail_other_order": dict(STREAM_TAIL_FIRST={4: False, 2: True}),
     "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
     "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),
 }

@@ -274,6 +274,26 @@ def target_logit(x_row, target, col_stride, in_row, softcap, inv_temperature, SO
 
 
 @triton.jit
+def last_part_partial(x_ptr, weight_ptr, base, n_tiles, n_cols, col_stride, live, m, d, s, softcap, inv_temperature,
+                      BLOCK: tl.constexpr, TAIL: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,
+                      EDGES: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr,
+                      EVICTION: tl.constexpr):
+    """(m, d, smoothing sum) merged, where ``live``, with the row's columns past its ``n_tiles`` whole
+    tiles of BLOCK: one tile of TAIL. A branch: other programs do not reduce an empty tile (every
+    program doing so, masked, made bf16 8192 x 65544 slower than a program of its own for them)."""
+    if live:
+        start, offs, cols, full = row_tile(base, n_tiles * (BLOCK // TAIL), n_cols, col_stride, TAIL, ALIGN,
+                                           CONTIGUOUS, EDGES)
+        x = tl.load(x_ptr + start + offs, mask=full, other=0.0, eviction_policy=EVICTION)
+        y = tl.where(full, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
+        tail_m, tail_d = tile_normalizer(y)
+        m, d = merge_pair(m, d, tail_m, tail_d)
+        if SMOOTH:
+            s += smoothing_sum(y, weight_ptr, cols, full, HAS_WEIGHT)
+    return m, d, s
+
+
+@triton.jit
 def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target_col, lse, lse_low, a, b, e, valid, weight_ptr,
                         softcap, tanh_scale, inv_temperature,
                         ALIGN: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
@@ -296,9 +316,9 @@ def cross_entropy_stream_kernel(
     x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr, out_ptr,
     n_cols, x_stride, col_stride, target_stride, ignore_index, class_offset, n_classes,
     label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, tiles_per_chunk,
-    BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,
-    EDGES: tl.constexpr, SPLIT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
-    SOFTCAP: tl.constexpr, Z: tl.constexpr, Z_IN_ROW: tl.constexpr, MEAN: tl.constexpr,
+    BLOCK: tl.constexpr, TAIL: tl.constexpr, TAIL_FIRST: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr,
+    CONTIGUOUS: tl.constexpr, EDGES: tl.constexpr, SPLIT: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr, Z: tl.constexpr, Z_IN_ROW: tl.constexpr, MEAN: tl.constexpr,
     READ_IGNORED: tl.constexpr, WRITE_GRAD: tl.constexpr, STATS: tl.constexpr,
     FIRST_EVICTION: tl.constexpr = "", SECOND_EVICTION: tl.constexpr = "", REDUCE: tl.constexpr = False,
     COUNT: tl.constexpr = False, REDUCE_BLOCK: tl.constexpr = 1024,
@@ -316,6 +336,10 @@ def cross_entropy_stream_kernel(
     # second read with the gradient's stores (two_pass: keep the row in L2 for the second read,
     # then drop it; nothing reads it again in this kernel). "" is the default policy. REDUCE: the last
     # row to arrive at sync_ptr's first counter reduces the losses into out_ptr (COUNT: denominators too).
+    # TAIL < BLOCK (not with WRITE_GRAD): the row's columns past its whole tiles, at most TAIL, go to
+    # its last chunk as one more tile of TAIL (plan.STREAM_TAIL_MAX_SHARE), before its own tiles with
+    # TAIL_FIRST, after them without (plan.STREAM_TAIL_FIRST).
+    tl.static_assert(TAIL == BLOCK or not WRITE_GRAD)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     num_chunks = tl.num_programs(1)
@@ -328,11 +352,20 @@ def cross_entropy_stream_kernel(
     if EDGES:
         head = (base % ALIGN).to(tl.int32)
     k_start = chunk * tiles_per_chunk
-    k_stop = tl.minimum(k_start + tiles_per_chunk, (n_cols + head + BLOCK - 1) // BLOCK)
+    if TAIL < BLOCK:
+        n_tiles = (n_cols + head) // BLOCK  # the row's whole tiles: every row's count (the plan's condition)
+    else:
+        n_tiles = (n_cols + head + BLOCK - 1) // BLOCK
+    k_stop = tl.minimum(k_start + tiles_per_chunk, n_tiles)
     k_stop = tl.where(read, k_stop, k_start)  # an ignored row is not read
     m = tl.full((), NEG_INF, tl.float32)
     d = tl.zeros((), tl.float32)
     s = tl.zeros((), tl.float32)
+    last_chunk = (chunk == num_chunks - 1) & read
+    if TAIL < BLOCK and TAIL_FIRST:
+        m, d, s = last_part_partial(x_ptr, weight_ptr + class_offset, base, n_tiles, n_cols, col_stride, last_chunk,
+                                    m, d, s, softcap, inv_temperature, BLOCK, TAIL, ALIGN, CONTIGUOUS, EDGES,
+                                    HAS_WEIGHT, SMOOTH, SOFTCAP, FIRST_EVICTION)
     for k in range(k_start, k_stop):
         start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
         x = tl.load(x_ptr + start + offs, mask=full, other=0.0, eviction_policy=FIRST_EVICTION)
@@ -347,6 +380,10 @@ def cross_entropy_stream_kernel(
                                                   inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
             m, d = merge_pair(m, d, edge_m, edge_d)
             s += edge_s
+    if TAIL < BLOCK and not TAIL_FIRST:
+        m, d, s = last_part_partial(x_ptr, weight_ptr + class_offset, base, n_tiles, n_cols, col_stride, last_chunk,
+                                    m, d, s, softcap, inv_temperature, BLOCK, TAIL, ALIGN, CONTIGUOUS, EDGES,
+                                    HAS_WEIGHT, SMOOTH, SOFTCAP, FIRST_EVICTION)
     n_rows = tl.num_programs(0).to(tl.int64)
     finish = True
     if SPLIT:
@@ -512,12 +549,14 @@ def cross_entropy_backward_kernel(
     x_ptr, dx_ptr, target_ptr, weight_ptr, denom_ptr, lse_ptr, lse_low_ptr, grad_ptr,
     n_cols, x_stride, col_stride, target_stride, grad_stride, ignore_index, class_offset, n_classes,
     label_smoothing, z_loss, softcap, tanh_scale, inv_temperature,
-    BLOCK: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr, EDGES: tl.constexpr,
+    BLOCK: tl.constexpr, TAIL: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr, EDGES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr, Z: tl.constexpr, MEAN: tl.constexpr,
     UNIT_GRAD: tl.constexpr,
 ):
     # Elementwise: program (row, k) writes tile k of the row. dx has x's strides (or is x: each element
     # is read before the same program writes it). An ignored row is not read. UNIT_GRAD: grad_ptr unread.
+    # TAIL < BLOCK: the grid holds the rows' whole tiles, and the row's last program writes its columns
+    # past them too, at most TAIL (plan.STREAM_TAIL_MAX_SHARE).
     row = tl.program_id(0)
     k = tl.program_id(1)
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_classes)
@@ -536,6 +575,16 @@ def cross_entropy_backward_kernel(
     g = gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr + class_offset, full, tanh_scale,
                  HAS_WEIGHT, SMOOTH, SOFTCAP)
     tl.store(dx_ptr + start + offs, g.to(dx_ptr.dtype.element_ty), mask=full)
+    if TAIL < BLOCK:
+        n_tiles = tl.num_programs(1)
+        if k == n_tiles - 1:  # a branch: the other programs do not compute an empty tile
+            t_start, t_offs, t_cols, t_full = row_tile(base, n_tiles * (BLOCK // TAIL), n_cols, col_stride, TAIL,
+                                                       ALIGN, CONTIGUOUS, EDGES)
+            x_tail = tl.load(x_ptr + t_start + t_offs, mask=t_full & valid, other=0.0)
+            y_tail = tl.where(t_full & valid, transform(x_tail, softcap, inv_temperature, SOFTCAP), 0.0)
+            g_tail = gradient(y_tail, t_cols, target_col, lse, lse_low, a, b, e, weight_ptr + class_offset, t_full,
+                              tanh_scale, HAS_WEIGHT, SMOOTH, SOFTCAP)
+            tl.store(dx_ptr + t_start + t_offs, g_tail.to(dx_ptr.dtype.element_ty), mask=t_full)
     if EDGES:
         if k == 0:
             write_edge_gradient(x_ptr, dx_ptr, base, n_cols, target_col, lse, lse_low, a, b, e, valid,

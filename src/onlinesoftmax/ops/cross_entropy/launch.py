@@ -198,7 +198,8 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
         scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, class_offset, n_classes,
                    label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.tiles_per_chunk)
         return Recipe(_stream, chosen.grid, key, scalars, dict(
-            meta, WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats, REDUCE=reduce_into, COUNT=count_too,
+            meta, TAIL=chosen.tail or chosen.block, TAIL_FIRST=chosen.tail_first,
+            WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats, REDUCE=reduce_into, COUNT=count_too,
             REDUCE_BLOCK=planner.REDUCE_BLOCK, **eviction))
     if reduce_into:
         raise AssertionError("cross_entropy: only the stream kernel reduces the loss in its launch")
@@ -248,8 +249,8 @@ def backward_recipe(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, tar
     scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), grad_stride, ignore_index, class_offset, n_classes,
                label_smoothing, z_loss, softcap, tanh_scale, inv_t)
     return Recipe(_backward, chosen.grid, key, scalars, dict(
-        BLOCK=chosen.block, ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
-        num_warps=chosen.num_warps, UNIT_GRAD=unit_grad, **flags))
+        BLOCK=chosen.block, TAIL=chosen.tail or chosen.block, ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous,
+        EDGES=chosen.edges, num_warps=chosen.num_warps, UNIT_GRAD=unit_grad, **flags))
 
 
 def rows_backward(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, target: torch.Tensor,

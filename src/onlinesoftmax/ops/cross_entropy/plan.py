@@ -55,6 +55,22 @@ STREAM_BLOCK = {4: 4096, 2: 8192}
 # program to finish merging its partials; rows of more than STREAM_MAX_CHUNKS tiles give each
 # program several (the merge loads a row's partials as one tile).
 STREAM_MAX_CHUNKS = 256
+# stream and backward: where a row's last tile would hold at most this share of a tile's columns,
+# the row's last program takes them too, in one tile of their next power of two (no narrower than a
+# vector a thread): a program costs about as much however few of its columns are live (a ninth
+# program a row took bf16 8192 x 65600, aligned to 128 bytes, 10% over 65536). H200, a step keeping
+# the logits under CUDA graphs (docs/notes/2026-11/sweep_cross_entropy-stream_tail-h200.log), ms,
+# none -> the tail: bf16 8192 x 65544 1.083 -> 1.021 (65536: 0.956), 8192 x 50257 0.896 -> 0.801,
+# 50304 0.810 -> 0.751, 16384 x 50257 1.787 -> 1.584, 8192 x 98312 1.567 -> 1.501; fp32 8192 x 16392
+# 0.515 -> 0.461; fp32 4096 x 256000, a last part of half a tile, 3.273 -> 3.307 eager (hence 0.4).
+# 0: a row's last part takes a program of its own.
+STREAM_TAIL_MAX_SHARE = 0.4
+# The stream kernel's last chunk takes that part before its tiles (True) or after them, by element
+# size: where each compiled with fewer registers (ptxas for sm_90, scripts/probes/kernel_resources.py).
+# H200, CUDA graphs, ms a step keeping the logits, before / after: fp32 4096 x 151936 (32 / 40
+# registers) 1.963 / 2.040, 8192 x 151936 3.910 / 4.065; bf16 8192 x 50257 (56 / 48) 0.848 /
+# 0.801, 16384 x 50257 1.678 / 1.585; the other rows measured within 1%.
+STREAM_TAIL_FIRST = {4: True, 2: False}
 
 # on_chip holds rows up to this many (padded) columns in one program, by element size: the split
 # tile (16 KB); longer rows take split_on_chip (a 64 KB single-program tile spilled, above).
@@ -283,7 +299,10 @@ class Plan:
     contiguous: bool = True  # unit column stride
     hold_l2: bool = False  # two_pass: eviction hints keep the row in L2 between its two reads
     plain: bool = False  # two_pass by its kernel for plain rows (see choose's ``plain``)
-    tail: int = 0  # two_pass: columns a tile takes of a row's last part (plain rows: PLAIN_TAIL_MAX_SHARE)
+    # stream, backward, two_pass for plain rows: columns a tile takes of a row's last part, which the
+    # row's last program takes (STREAM_TAIL_MAX_SHARE, PLAIN_TAIL_MAX_SHARE); ``block``: no tail.
+    tail: int = 0
+    tail_first: bool = False  # stream: the last chunk takes the row's last part before its tiles (STREAM_TAIL_FIRST)
     parts: tuple = ()  # separate: the plans of its two launches, the forward's stream and the backward
 
     @property
@@ -403,17 +422,31 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         limit = INTERPRETER_BLOCK if interpreting else (BACKWARD_BLOCK if op == "backward" else STREAM_BLOCK)[elem]
         if tile(limit, cover(run)) >= run:
             span, shape["align"] = cover(run), run
+
+    def streamed(block):  # (warps, tiles a row, the tail's width) of the stream and backward kernels
+        num_warps = warps(block, STREAM_ELEMENTS_PER_THREAD[elem])
+        whole, left = divmod(span, block)
+        # The rows' heads (up to align - 1 columns before a row, with edges) must not move a tile
+        # boundary: the kernels count each row's whole tiles as the grid does. A tail is no narrower
+        # than a vector a thread (see the plain rows' tail below) and whole runs of ``align``.
+        if whole and 0 < left <= STREAM_TAIL_MAX_SHARE * block and max(cols, 1) // block == whole:
+            tail = max(tile(block, left), MIN_BLOCK if interpreting else 32 * num_warps * 16 // elem, shape["align"])
+            if tail < block:
+                return num_warps, whole, tail
+        return num_warps, _device.cdiv(span, block), block
+
     stream_block = tile(INTERPRETER_BLOCK if interpreting else STREAM_BLOCK[elem])
     if op == "backward":
         block = tile(INTERPRETER_BLOCK if interpreting else BACKWARD_BLOCK[elem])
-        return Plan(op, "backward", block=block, num_warps=warps(block, STREAM_ELEMENTS_PER_THREAD[elem]),
-                    grid=(rows, _device.cdiv(span, block)), **shape)
+        num_warps, n_tiles, tail = streamed(block)
+        return Plan(op, "backward", block=block, num_warps=num_warps, grid=(rows, n_tiles), tail=tail, **shape)
     if op in ("forward", "stats"):
-        n_tiles = _device.cdiv(span, stream_block)
+        num_warps, n_tiles, tail = streamed(stream_block)
         per_chunk = _device.cdiv(n_tiles, min(n_tiles, STREAM_MAX_CHUNKS))
         chunks = _device.cdiv(n_tiles, per_chunk)
-        return Plan(op, "stream", block=stream_block, num_warps=warps(stream_block, STREAM_ELEMENTS_PER_THREAD[elem]),
-                    num_chunks=chunks, tiles_per_chunk=per_chunk, grid=(rows, chunks), **shape)
+        return Plan(op, "stream", block=stream_block, num_warps=num_warps, num_chunks=chunks,
+                    tiles_per_chunk=per_chunk, grid=(rows, chunks), tail=tail,
+                    tail_first=tail < stream_block and STREAM_TAIL_FIRST[elem], **shape)
 
     # forward_grad
     split_tile = max(SPLIT_TILE_BYTES // elem,

@@ -758,6 +758,7 @@ def test_plans_for_the_gpu():
             assert (chosen.grid[1], chosen.tail) == (tiles, tail), (op, dtype, cols)
             # The stream takes the part before its tiles in fp32, after them in bf16 (STREAM_TAIL_FIRST).
             assert chosen.tail_first == (op == "forward" and tail < chosen.block and dtype == torch.float32)
+            assert ("by its last program" in chosen.describe()) == (tail < chosen.block)
     assert "split_on_chip" in held.describe(3000.0) and "floor" in held.describe(3000.0)
     with pytest.raises(ValueError, match="does not compute"):
         choose("forward", 4, 100, torch.float32, strategy="on_chip")

@@ -324,7 +324,8 @@ class Plan:
             f"op:          cross_entropy {self.op}  ({self.rows} rows x {self.cols} classes, {dtype})",
             f"strategy:    {self.strategy}, grid {self.grid}, {self.num_warps} warps a program",
             f"tiles:       {self.block} columns"
-            + (f" (a row's last part {self.tail} a tile)" if self.tail and self.tail != self.block else "")
+            + ((f" (a row's last part in a tile of {self.tail}, by its last program)" if self.strategy != "two_pass"
+                else f" (a row's last part {self.tail} a tile)") if self.tail and self.tail != self.block else "")
             + (f"; {self.num_chunks} chunks a row" if self.num_chunks > 1 else "")
             + (f", {self.tiles_per_chunk} tiles a chunk" if self.strategy == "stream" else ""),
             f"alignment:   tiles over runs of {self.align} elements from multiples of them"

@@ -424,16 +424,24 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         if tile(limit, cover(run)) >= run:
             span, shape["align"] = cover(run), run
 
+    def tail_width(block, left, num_warps, share):
+        """The tile a row's last ``left`` columns take past its whole tiles: ``block`` (none) where they
+        are none or over ``share`` of a tile. No narrower than a vector a thread (narrower, its lanes are
+        replicated across threads: fp32 4096 x 65544 took 4.67 ms with a last part of 16384 columns
+        in 16-column tiles) nor than a run of the layout's ``align``."""
+        if not 0 < left <= share * block:
+            return block
+        narrowest = MIN_BLOCK if interpreting else 32 * num_warps * 16 // elem
+        return min(block, max(tile(block, left), narrowest, shape["align"]))
+
     def streamed(block):  # (warps, tiles a row, the tail's width) of the stream and backward kernels
         num_warps = warps(block, STREAM_ELEMENTS_PER_THREAD[elem])
         whole, left = divmod(span, block)
         # The rows' heads (up to align - 1 columns before a row, with edges) must not move a tile
-        # boundary: the kernels count each row's whole tiles as the grid does. A tail is no narrower
-        # than a vector a thread (see the plain rows' tail below) and whole runs of ``align``.
-        if whole and 0 < left <= STREAM_TAIL_MAX_SHARE * block and max(cols, 1) // block == whole:
-            tail = max(tile(block, left), MIN_BLOCK if interpreting else 32 * num_warps * 16 // elem, shape["align"])
-            if tail < block:
-                return num_warps, whole, tail
+        # boundary: the kernels count each row's whole tiles as the grid does.
+        tail = tail_width(block, left, num_warps, STREAM_TAIL_MAX_SHARE)
+        if whole and tail < block and max(cols, 1) // block == whole:
+            return num_warps, whole, tail
         return num_warps, _device.cdiv(span, block), block
 
     stream_block = tile(INTERPRETER_BLOCK if interpreting else STREAM_BLOCK[elem])
@@ -486,13 +494,9 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         run = shape["align"]
         longest = cols // run * run
         shortest = max(cols - run + 1, 0) // run * run if shape["edges"] else longest
-        left = longest % block
-        # Narrower than a vector a thread, a tail's lanes are replicated across threads: fp32 4096 x
-        # 65544 (edges) took 4.67 ms where one row in two had a tail of 16384 columns in 16-column tiles.
-        narrowest = MIN_BLOCK if interpreting else 32 * num_warps * 16 // elem
         tail = block
-        if plain and 0 < left <= PLAIN_TAIL_MAX_SHARE * block and shortest // block == longest // block:
-            tail = min(block, max(tile(block, left), narrowest))
+        if plain and shortest // block == longest // block:
+            tail = tail_width(block, longest % block, num_warps, PLAIN_TAIL_MAX_SHARE)
         return Plan(op, strategy, block=block, num_warps=num_warps,
                     tiles_per_chunk=_device.cdiv(span, block), grid=(rows, 1), hold_l2=TWO_PASS_HOLD_L2,
                     plain=plain, tail=tail, **shape)

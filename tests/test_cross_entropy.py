@@ -125,12 +125,15 @@ STREAM_TAILS = ([(torch.float32, 72, 256, 16), (torch.bfloat16, 36, 256, 16), (t
 @needs_triton
 @pytest.mark.parametrize("dtype, cols, max_chunks, tail", STREAM_TAILS, ids=lambda v: str(v).replace("torch.", ""))
 @pytest.mark.parametrize("options", [OPTIONS[0], OPTIONS[-1]], ids=option_ids)
-def test_separate_kernels_take_a_rows_last_part_with_its_last_tile(dtype, cols, max_chunks, tail, options,
+@pytest.mark.parametrize("order", ["first", "last", "overlap"])
+def test_separate_kernels_take_a_rows_last_part_with_its_last_tile(dtype, cols, max_chunks, tail, options, order,
                                                                    plan_override, gen):
     # The stream forward and the backward over rows a little past whole tiles: the row's last program
-    # takes its last part in a narrower tile (plan.STREAM_TAIL_MAX_SHARE); ignored rows, targets in
-    # the last part and in the first column, a per-row upstream gradient.
-    plan_override(op="cross_entropy", STREAM_MAX_CHUNKS=max_chunks)
+    # takes its last part in a narrower tile (plan.STREAM_TAIL_MAX_SHARE), the stream in each order
+    # (STREAM_TAIL_ORDER); ignored rows, targets in the last part and in the first column, a
+    # per-row upstream gradient.
+    plan_override(op="cross_entropy", STREAM_MAX_CHUNKS=max_chunks, STREAM_TAIL_MIN_ROWS_PER_SM=0,
+                  STREAM_TAIL_ORDER={4: order, 2: order})
     shape = (7, cols)
     x = make_logits(shape, dtype, gen, outliers=False)
     target = make_targets(*shape, gen, ignore_every=3)
@@ -139,6 +142,7 @@ def test_separate_kernels_take_a_rows_last_part_with_its_last_tile(dtype, cols, 
     forward, backward = _check_loss_and_grad(x, target, dtype, upstream, reduction="none", what=f"{cols}",
                                              **resolve_options(options, cols, gen))
     assert (forward.strategy, backward.strategy, forward.tail, backward.tail) == ("stream", "backward", tail, tail)
+    assert forward.tail_order == order
     whole = cols // forward.block  # the rows' whole tiles: the backward's programs a row, the stream's tiles
     assert backward.grid[1] == whole and -(-whole // forward.tiles_per_chunk) == forward.num_chunks
     assert (forward.tiles_per_chunk > 1) == (max_chunks < 256)
@@ -756,9 +760,14 @@ def test_plans_for_the_gpu():
         for op in ("forward", "backward"):
             chosen = choose(op, 8192, cols, dtype)
             assert (chosen.grid[1], chosen.tail) == (tiles, tail), (op, dtype, cols)
-            # The stream takes the part before its tiles in fp32, after them in bf16 (STREAM_TAIL_FIRST).
-            assert chosen.tail_first == (op == "forward" and tail < chosen.block and dtype == torch.float32)
+            # The stream reduces the part before its tiles in fp32, with its first tile's load in flight
+            # in bf16 (STREAM_TAIL_ORDER).
+            order = "" if op == "backward" or tail == chosen.block else "first" if dtype == torch.float32 else "overlap"
+            assert chosen.tail_order == order, (op, dtype, cols)
             assert ("by its last program" in chosen.describe()) == (tail < chosen.block)
+            # Fewer rows than two an SM (132 here) keep a program for the last part (STREAM_TAIL_MIN_ROWS_PER_SM).
+            few, enough = choose(op, 263, cols, dtype), choose(op, 264, cols, dtype)
+            assert (few.tail, few.grid[1], enough.tail) == (few.block, tiles + (tail < few.block), tail), (op, cols)
     assert "split_on_chip" in held.describe(3000.0) and "floor" in held.describe(3000.0)
     with pytest.raises(ValueError, match="does not compute"):
         choose("forward", 4, 100, torch.float32, strategy="on_chip")

@@ -117,7 +117,12 @@ VARIANTS = {
     # STREAM_TAIL_MAX_SHARE), or with the row's last tile however wide it is.
     "stream_no_tail": dict(STREAM_TAIL_MAX_SHARE=0),
     "stream_tail_any": dict(STREAM_TAIL_MAX_SHARE=1),
-    "stream_tail_other_order": dict(STREAM_TAIL_FIRST={4: False, 2: True}),
+    "stream_tail_few_rows": dict(STREAM_TAIL_MIN_ROWS_PER_SM=0),  # fewer rows than two an SM take it too
+    # The stream's last chunk reduces the row's last part: before its tiles, after them, or between
+    # its first tile's load and that tile's reduction, in both element sizes.
+    "stream_tail_first": dict(STREAM_TAIL_ORDER={4: "first", 2: "first"}),
+    "stream_tail_last": dict(STREAM_TAIL_ORDER={4: "last", 2: "last"}),
+    "stream_tail_overlap": dict(STREAM_TAIL_ORDER={4: "overlap", 2: "overlap"}),
     "stream32K": dict(STREAM_BLOCK={4: 8192, 2: 16384}, BACKWARD_BLOCK={4: 8192, 2: 16384}),
     "stream8K": dict(STREAM_BLOCK={4: 2048, 2: 4096}, BACKWARD_BLOCK={4: 2048, 2: 4096}),
 }
@@ -164,7 +169,7 @@ def main():
                         graph = ""
                         if args.graph:
                             graph_ms = graph_time_ms(step, sets)
-                            graph = f" graph {graph_ms:7.3f} ms" if graph_ms is not None else " graph failed"
+                            graph = f" graph {graph_ms:8.4f} ms" if graph_ms is not None else " graph failed"
                         chosen = ce_plan.choose("forward" if mode == "separate" else "forward_grad", *shape, dtype,
                                                 torch.device("cuda"), **ce_launch.row_options(
                                                     "weight" in options, options.get("label_smoothing", 0.0),

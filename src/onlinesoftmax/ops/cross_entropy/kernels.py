@@ -285,11 +285,19 @@ def last_part_partial(x_ptr, weight_ptr, base, n_tiles, n_cols, col_stride, live
         start, offs, cols, full = row_tile(base, n_tiles * (BLOCK // TAIL), n_cols, col_stride, TAIL, ALIGN,
                                            CONTIGUOUS, EDGES)
         x = tl.load(x_ptr + start + offs, mask=full, other=0.0, eviction_policy=EVICTION)
-        y = tl.where(full, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
-        tail_m, tail_d = tile_normalizer(y)
-        m, d = merge_pair(m, d, tail_m, tail_d)
-        if SMOOTH:
-            s += smoothing_sum(y, weight_ptr, cols, full, HAS_WEIGHT)
+        m, d, s = merge_tile(x, full, cols, m, d, s, weight_ptr, softcap, inv_temperature, HAS_WEIGHT, SMOOTH, SOFTCAP)
+    return m, d, s
+
+
+@triton.jit
+def merge_tile(x, full, cols, m, d, s, weight_ptr, softcap, inv_temperature, HAS_WEIGHT: tl.constexpr,
+               SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
+    """(m, d, smoothing sum) merged with a tile's: its logits ``x`` at ``cols`` (those of ``full``)."""
+    y = tl.where(full, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)
+    tile_m, tile_d = tile_normalizer(y)
+    m, d = merge_pair(m, d, tile_m, tile_d)
+    if SMOOTH:
+        s += smoothing_sum(y, weight_ptr, cols, full, HAS_WEIGHT)
     return m, d, s
 
 
@@ -316,7 +324,7 @@ def cross_entropy_stream_kernel(
     x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr, out_ptr,
     n_cols, x_stride, col_stride, target_stride, ignore_index, class_offset, n_classes,
     label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, tiles_per_chunk,
-    BLOCK: tl.constexpr, TAIL: tl.constexpr, TAIL_FIRST: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr,
+    BLOCK: tl.constexpr, TAIL: tl.constexpr, TAIL_ORDER: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr,
     CONTIGUOUS: tl.constexpr, EDGES: tl.constexpr, SPLIT: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr, Z: tl.constexpr, Z_IN_ROW: tl.constexpr, MEAN: tl.constexpr,
     READ_IGNORED: tl.constexpr, WRITE_GRAD: tl.constexpr, STATS: tl.constexpr,
@@ -337,8 +345,9 @@ def cross_entropy_stream_kernel(
     # then drop it; nothing reads it again in this kernel). "" is the default policy. REDUCE: the last
     # row to arrive at sync_ptr's first counter reduces the losses into out_ptr (COUNT: denominators too).
     # TAIL < BLOCK (not with WRITE_GRAD): the row's columns past its whole tiles, at most TAIL, go to
-    # its last chunk as one more tile of TAIL (plan.STREAM_TAIL_MAX_SHARE), before its own tiles with
-    # TAIL_FIRST, after them without (plan.STREAM_TAIL_FIRST).
+    # its last chunk as one more tile of TAIL (plan.STREAM_TAIL_MAX_SHARE), reduced before its own
+    # tiles ("first"), after them ("last"), or between its first tile's load and that tile's reduction
+    # ("overlap": the two loads in flight together) by TAIL_ORDER (plan.STREAM_TAIL_ORDER).
     tl.static_assert(TAIL == BLOCK or not WRITE_GRAD)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -362,25 +371,33 @@ def cross_entropy_stream_kernel(
     d = tl.zeros((), tl.float32)
     s = tl.zeros((), tl.float32)
     last_chunk = (chunk == num_chunks - 1) & read
-    if TAIL < BLOCK and TAIL_FIRST:
+    k_first = k_start
+    if TAIL < BLOCK and TAIL_ORDER == "overlap":
+        start, offs, cols, full = row_tile(base, k_start, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
+        full = full & (k_start < k_stop)
+        x = tl.load(x_ptr + start + offs, mask=full, other=0.0, eviction_policy=FIRST_EVICTION)
         m, d, s = last_part_partial(x_ptr, weight_ptr + class_offset, base, n_tiles, n_cols, col_stride, last_chunk,
                                     m, d, s, softcap, inv_temperature, BLOCK, TAIL, ALIGN, CONTIGUOUS, EDGES,
                                     HAS_WEIGHT, SMOOTH, SOFTCAP, FIRST_EVICTION)
-    for k in range(k_start, k_stop):
+        m, d, s = merge_tile(x, full, cols, m, d, s, weight_ptr + class_offset, softcap, inv_temperature, HAS_WEIGHT,
+                             SMOOTH, SOFTCAP)
+        k_first = k_start + 1
+    elif TAIL < BLOCK and TAIL_ORDER == "first":
+        m, d, s = last_part_partial(x_ptr, weight_ptr + class_offset, base, n_tiles, n_cols, col_stride, last_chunk,
+                                    m, d, s, softcap, inv_temperature, BLOCK, TAIL, ALIGN, CONTIGUOUS, EDGES,
+                                    HAS_WEIGHT, SMOOTH, SOFTCAP, FIRST_EVICTION)
+    for k in range(k_first, k_stop):
         start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
         x = tl.load(x_ptr + start + offs, mask=full, other=0.0, eviction_policy=FIRST_EVICTION)
-        y = tl.where(full, transform(x, softcap, inv_temperature, SOFTCAP), NEG_INF)  # [BLOCK]
-        tile_m, tile_d = tile_normalizer(y)
-        m, d = merge_pair(m, d, tile_m, tile_d)
-        if SMOOTH:
-            s += smoothing_sum(y, weight_ptr + class_offset, cols, full, HAS_WEIGHT)
+        m, d, s = merge_tile(x, full, cols, m, d, s, weight_ptr + class_offset, softcap, inv_temperature, HAS_WEIGHT,
+                             SMOOTH, SOFTCAP)
     if EDGES:
         if chunk == 0:
             edge_m, edge_d, edge_s = edge_partial(x_ptr, weight_ptr + class_offset, base, n_cols, read, softcap,
                                                   inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH, SOFTCAP)
             m, d = merge_pair(m, d, edge_m, edge_d)
             s += edge_s
-    if TAIL < BLOCK and not TAIL_FIRST:
+    if TAIL < BLOCK and TAIL_ORDER == "last":
         m, d, s = last_part_partial(x_ptr, weight_ptr + class_offset, base, n_tiles, n_cols, col_stride, last_chunk,
                                     m, d, s, softcap, inv_temperature, BLOCK, TAIL, ALIGN, CONTIGUOUS, EDGES,
                                     HAS_WEIGHT, SMOOTH, SOFTCAP, FIRST_EVICTION)

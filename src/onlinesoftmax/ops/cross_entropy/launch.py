@@ -198,7 +198,7 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
         scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, class_offset, n_classes,
                    label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.tiles_per_chunk)
         return Recipe(_stream, chosen.grid, key, scalars, dict(
-            meta, TAIL=chosen.tail or chosen.block, TAIL_FIRST=chosen.tail_first,
+            meta, TAIL=chosen.tail or chosen.block, TAIL_ORDER=chosen.tail_order,
             WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats, REDUCE=reduce_into, COUNT=count_too,
             REDUCE_BLOCK=planner.REDUCE_BLOCK, **eviction))
     if reduce_into:

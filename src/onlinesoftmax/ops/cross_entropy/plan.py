@@ -65,12 +65,23 @@ STREAM_MAX_CHUNKS = 256
 # 0.515 -> 0.461; fp32 4096 x 256000, a last part of half a tile, 3.273 -> 3.307 eager (hence 0.4).
 # 0: a row's last part takes a program of its own.
 STREAM_TAIL_MAX_SHARE = 0.4
-# The stream kernel's last chunk takes that part before its tiles (True) or after them, by element
-# size: where each compiled with fewer registers (ptxas for sm_90, scripts/probes/kernel_resources.py).
-# H200, CUDA graphs, ms a step keeping the logits, before / after: fp32 4096 x 151936 (32 / 40
-# registers) 1.963 / 2.040, 8192 x 151936 3.910 / 4.065; bf16 8192 x 50257 (56 / 48) 0.848 /
-# 0.801, 16384 x 50257 1.678 / 1.585; the other rows measured within 1%.
-STREAM_TAIL_FIRST = {4: True, 2: False}
+# ... where the rows are at least this many an SM. Fewer, the grid is a wave or two and the row's
+# last program, which reads its two tiles one after the other, is on the call's path. H200, CUDA
+# graphs, ms a step keeping the logits, the part in the last program -> a program of its own
+# (docs/notes/2026-11/sweep_cross_entropy-stream_tail_rows-h200.log): fp32 64 x 151937 0.0441 ->
+# 0.0425, 100 x 128256 0.0544 -> 0.0525, 132 x 50257 0.0318 -> 0.0307; bf16 132 x 50257 0.0237 ->
+# 0.0226; at 264 rows level or the last program ahead (fp32 264 x 16392 0.021 against 0.022).
+STREAM_TAIL_MIN_ROWS_PER_SM = 2
+# The stream kernel's last chunk reduces that part before its own tiles ("first"), after them
+# ("last"), or between its first tile's load and that tile's reduction ("overlap": the two loads in
+# flight together), by element size: fp32 keeps the fewest registers "first" (32 a thread against
+# 39-40, ptxas for sm_90: scripts/probes/kernel_resources.py), bf16 48 "last" or "overlap" (56
+# "first"). H200, CUDA graphs, ms a step keeping the logits
+# (docs/notes/2026-11/sweep_cross_entropy-stream_tail-h200.log, runs 4, 9 and 10): fp32 first / last /
+# overlap 4096 x 151936 1.961 / 2.040 / 2.035; bf16 overlap / last / first 8192 x 50257 0.783 / 0.801 /
+# 0.849, 16384 x 50257 1.548 / 1.585 / 1.680. (The backward kernel's last program loading its own
+# tile before that part: fp32 level, bf16 8-15% slower at 76-105 registers against 44-48.)
+STREAM_TAIL_ORDER = {4: "first", 2: "overlap"}
 
 # on_chip holds rows up to this many (padded) columns in one program, by element size: the split
 # tile (16 KB); longer rows take split_on_chip (a 64 KB single-program tile spilled, above).
@@ -302,7 +313,7 @@ class Plan:
     # stream, backward, two_pass for plain rows: columns a tile takes of a row's last part, which the
     # row's last program takes (STREAM_TAIL_MAX_SHARE, PLAIN_TAIL_MAX_SHARE); ``block``: no tail.
     tail: int = 0
-    tail_first: bool = False  # stream: the last chunk takes the row's last part before its tiles (STREAM_TAIL_FIRST)
+    tail_order: str = ""  # stream: where the last chunk reduces the row's last part (STREAM_TAIL_ORDER)
     parts: tuple = ()  # separate: the plans of its two launches, the forward's stream and the backward
 
     @property
@@ -440,7 +451,7 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         # The rows' heads (up to align - 1 columns before a row, with edges) must not move a tile
         # boundary: the kernels count each row's whole tiles as the grid does.
         tail = tail_width(block, left, num_warps, STREAM_TAIL_MAX_SHARE)
-        if whole and tail < block and max(cols, 1) // block == whole:
+        if whole and tail < block and max(cols, 1) // block == whole and rows >= STREAM_TAIL_MIN_ROWS_PER_SM * sms:
             return num_warps, whole, tail
         return num_warps, _device.cdiv(span, block), block
 
@@ -455,7 +466,7 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         chunks = _device.cdiv(n_tiles, per_chunk)
         return Plan(op, "stream", block=stream_block, num_warps=num_warps, num_chunks=chunks,
                     tiles_per_chunk=per_chunk, grid=(rows, chunks), tail=tail,
-                    tail_first=tail < stream_block and STREAM_TAIL_FIRST[elem], **shape)
+                    tail_order=STREAM_TAIL_ORDER[elem] if tail < stream_block else "", **shape)
 
     # forward_grad
     split_tile = max(SPLIT_TILE_BYTES // elem,

@@ -541,11 +541,20 @@ def test_split_row_on_chip_tiles_by_direction_and_element_size(plan_override):
            for dtype in (torch.float32, torch.bfloat16)}
     assert {dtype: (c.strategy, c.block_cols, c.num_warps) for dtype, c in odd.items()} == {
         torch.float32: ("split_row_on_chip", 8192, 4), torch.bfloat16: ("split_row_on_chip", 8192, 4)}
-    # So do rows on 16-byte boundaries read in granules (a length of 8 mod 16), and only those.
+    # So do rows on 16-byte boundaries read in granules (a length of 8 mod 16), and only those (below
+    # four rows an SM, where the softmax backward's other rows keep 16).
     for cols, granules, warps in ((95704, True, 4), (95712, False, 16)):
-        chosen = plan._choose("softmax_backward", 1742, cols, torch.bfloat16, cuda, "auto", None, 132, False, False,
+        chosen = plan._choose("softmax_backward", 500, cols, torch.bfloat16, cuda, "auto", None, 132, False, False,
                               granules)
         assert (chosen.strategy, chosen.block_cols, chosen.num_warps) == ("split_row_on_chip", 8192, warps), cols
+    # The 2-byte softmax backward (not log_softmax's) of other rows takes 8 warps a tile from four rows
+    # an SM (SPLIT_ON_CHIP_SOFTMAX_BACKWARD_*).
+    for op, dtype, rows, warps in (("softmax_backward", torch.bfloat16, 528, 8), ("softmax_backward", torch.float16,
+                                   8192, 8), ("softmax_backward", torch.bfloat16, 527, 16),
+                                   ("log_softmax_backward", torch.bfloat16, 8192, 16),
+                                   ("softmax_backward", torch.float32, 8192, 4)):
+        chosen = plan._choose(op, rows, 65536, dtype, cuda, "auto", None, 132, False)
+        assert (chosen.strategy, chosen.num_warps) == ("split_row_on_chip", warps), (op, dtype, rows)
 
 
 def test_misaligned_rows_of_a_large_tile_split(plan_override):
@@ -1050,7 +1059,7 @@ def test_split_row_on_chip_many_programs_per_row(rows, cols, dtype, small_split_
 
 
 @gpu_only
-@pytest.mark.parametrize("rows, cols", [(1, 262147), (1, 100003), (4, 128257), (300, 50257)])
+@pytest.mark.parametrize("rows, cols", [(1, 262147), (1, 100003), (4, 128257), (300, 50257), (600, 65536)])
 def test_split_row_on_chip_plans_by_programs(rows, cols, gen):
     # The plan's own tiles and warps (no small_split_tiles): few rows in chunks of half (forward) or
     # a quarter (backward) of the tile, many uncapped programs on half the warps; bf16 and fp32

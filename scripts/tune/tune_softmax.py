@@ -154,6 +154,18 @@ def split_on_chip_backward_few_programs_variants():
             size: tile_bytes // share for size, tile_bytes in tiles.items()}))
 
 
+def aligned_backward_warps_variants():
+    # split_row_on_chip's backward chunks of rows on 16-byte starts: the softmax's many rows as before
+    # SPLIT_ON_CHIP_SOFTMAX_BACKWARD_* (a warp per 1024 bytes of a 2-byte tile) and at a warp per 4096;
+    # then every backward's at a warp per 2048 or 4096 bytes of a 2-byte tile (the rows off 16-byte
+    # starts take 4096), 4096 or 16384 of a 4-byte one (the log_softmax backward's choices).
+    rule_off = dict(SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES={4: 0, 2: 0})
+    yield rule_off
+    yield dict(SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES={4: 0, 2: 4096})
+    for warp_bytes in ({4: 8192, 2: 2048}, {4: 8192, 2: 4096}, {4: 4096, 2: 1024}, {4: 16384, 2: 1024}):
+        yield dict(rule_off, SPLIT_ON_CHIP_WARP_BYTES=dict(plan.SPLIT_ON_CHIP_WARP_BYTES, backward=warp_bytes))
+
+
 def current_only_variants():
     # The strategy's plan as the tables give it, nothing else.
     return iter(())
@@ -561,6 +573,13 @@ CASES = [
         (torch.float16, 2048, 26020), (torch.float16, 16384, 26020), (torch.float16, 4096, 32004),
         (torch.float16, 528, 32001), (torch.float16, 1024, 20000)),
         (("row_on_chip", held_fp16_variants), (None, held_fp16_variants))),
+    # Long rows on 16-byte starts, backward (run with --backward [--log] --variants aligned_backward_warps):
+    # bf16 8192 x 65536 ran at 79% of copy where 8192 x 65544, off 16-byte starts on 4 warps a chunk, ran at 90%.
+    *((dtype, rows, cols, "split_row_on_chip", aligned_backward_warps_variants) for dtype, rows, cols in (
+        (torch.bfloat16, 8192, 50304), (torch.bfloat16, 8192, 65536), (torch.bfloat16, 8192, 98304),
+        (torch.bfloat16, 8192, 131072), (torch.bfloat16, 2048, 65536), (torch.bfloat16, 1024, 128256),
+        (torch.bfloat16, 528, 65536), (torch.bfloat16, 256, 151936), (torch.bfloat16, 132, 131072),
+        (torch.float16, 8192, 65536), (torch.float32, 8192, 65536), (torch.float32, 1024, 128256))),
 ]
 
 
@@ -582,8 +601,9 @@ def describe(values):
             value = "/".join(str(w) for _, w in value)
         elif name == "SPLIT_PROGRAMS_PER_SM":
             value = value[-1][1]
-        elif isinstance(value, dict) and "backward" in value:  # forward/backward (2-byte)
-            value = "/".join(str(v.get(2) if isinstance(v, dict) else v) for v in (value["forward"], value["backward"]))
+        elif isinstance(value, dict) and "backward" in value:  # forward/backward, by element size fp32:2-byte
+            value = "/".join(f"{v.get(4)}:{v.get(2)}" if isinstance(v, dict) else str(v)
+                             for v in (value["forward"], value["backward"]))
         elif isinstance(value, dict) and set(value) == {2, 4}:  # by element size: fp32/2-byte
             value = f"{value[4]}/{value[2]}"
         elif isinstance(value, dict):

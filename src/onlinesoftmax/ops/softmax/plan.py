@@ -219,6 +219,14 @@ SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
 # on 16-byte starts gained (1742 x 95704 0.491 -> 0.373 ms) (docs/notes/2026-11/
 # tune_softmax-split_on_chip_backward_misaligned-h100.log, probe_whole_granule_rows-{granules-,}h100.log).
 SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES = {4: 8192, 2: 4096}
+# ... and the 2-byte softmax backward (not log_softmax's) of other rows from this many rows an SM: a
+# warp per 2048 bytes, 8 warps an 8192-element tile. H200, CUDA graphs, GB/s, 16 -> 8 warps
+# (scripts/tune/tune_softmax.py --backward --variants aligned_backward_warps, docs/notes/2026-11/
+# tune_softmax-aligned_backward_warps-h200.log): bf16 8192 x 65536 3385 -> 3840, 8192 x 50304 3149
+# -> 3670, 1024 x 128256 3177 -> 3567, 528 x 65536 2988 -> 3157; fp16 8192 x 65536 3390 -> 3818; but
+# 256 x 151936 3277 -> 3163 (two rows an SM); log_softmax's lost at most of them (8192 x 65536 3555 -> 3332).
+SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES = {4: 0, 2: 2048}
+SPLIT_ON_CHIP_SOFTMAX_BACKWARD_MIN_ROWS_PER_SM = 4
 # Uncapped forward launches past one wave take a warp per this many bytes (bf16 2048 x 50257 2636 -> 2939 GB/s);
 # rows in fewer programs than SMs take chunks of FEW_PROGRAMS_TILE_BYTES, the same bytes a warp (forward bf16
 # 1 x 262147 136 -> 161, backward 1 x 100003 88 -> 108; docs/notes/2026-11/tune_softmax-split_on_chip_*-h200.log).
@@ -549,6 +557,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 f"side by side on this GPU, {SPLIT_ON_CHIP_MAX_TILE} elements each; a row of {cols} is longer. "
                 "Use strategy=None (split_row reads such rows twice)")
         warp_bytes = (SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES[elem] if backward and granule_rows
+                      else SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES[elem]
+                      if op == "softmax_backward" and SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES[elem]
+                      and rows >= SPLIT_ON_CHIP_SOFTMAX_BACKWARD_MIN_ROWS_PER_SM * sms
                       else _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem))
         tail = _one_chunk_tail(cols, elem, one_chunk) if one_chunk and backward else 0
         if one_chunk:

@@ -23,6 +23,7 @@ from onlinesoftmax import cpu
 from onlinesoftmax._device import next_power_of_2
 from onlinesoftmax.ops.attention import launch as attention_launch
 from onlinesoftmax.ops.attention import plan as attention_plan
+from onlinesoftmax.ops.cross_entropy import plan as ce_plan
 from onlinesoftmax.ops.softmax import plan as softmax_plan
 from onlinesoftmax.ops.topk import launch as topk_launch
 
@@ -97,6 +98,19 @@ def test_softmax_strategies(dtype, strategy, algorithm):
                     bad.append(f"logsumexp {shape} dim={dim}: error {lse_err:.1e}")
     torch.cuda.synchronize()
     assert not bad, bad
+
+
+def test_softmax_backward_chunks_of_eight_warps():
+    # The 2-byte softmax backward's chunks of 8192 elements on 8 warps (SPLIT_ON_CHIP_SOFTMAX_BACKWARD_*),
+    # forced on few rows: 3 rows of four chunks, the last one partial.
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 3 * 8192 + 16, generator=gen) * 3).to(torch.bfloat16).to(DEVICE).requires_grad_()
+    with onlinesoftmax.override_plan("softmax", SPLIT_ON_CHIP_SOFTMAX_BACKWARD_MIN_ROWS_PER_SM=0,
+                                     SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES={"forward": 8192, "backward": 16384}):
+        _, backward_plan, off = _softmax_step(onlinesoftmax.softmax, torch.softmax, x, -1,
+                                              strategy="split_row_on_chip")
+    assert (backward_plan.strategy, backward_plan.num_warps, backward_plan.num_chunks) == ("split_row_on_chip", 8, 4)
+    assert off is None, off
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -241,6 +255,30 @@ def test_cross_entropy_strategies(dtype, strategy, inplace):
     leaf = x.clone().requires_grad_()
     loss = onlinesoftmax.cross_entropy(leaf, target, strategy=strategy, inplace_backward=inplace)
     loss.backward()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert abs(loss.item() - ref.item()) <= tol * abs(ref.item())
+    assert _rel(leaf.grad, ref_x.grad) < tol
+
+
+@pytest.mark.parametrize("order", ["first", "last", "overlap"])
+@pytest.mark.parametrize("dtype,cols", [(torch.float32, 16392), (torch.bfloat16, 65544), (torch.bfloat16, 50257)],
+                         ids=["float32-16392", "bfloat16-65544", "bfloat16-50257"])
+def test_cross_entropy_last_part_in_the_last_program(dtype, cols, order):
+    # The stream forward's and the backward's last program a row taking the row's last part (a
+    # narrower tile at the tensor's end too), at few rows and in each of the stream's orders.
+    gen = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(3, cols, generator=gen)).to(dtype).to(DEVICE)
+    target = torch.tensor([cols - 1, 0, -100], device=DEVICE)
+    ref_x = x.double().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(ref_x, target)
+    ref.backward()
+    leaf = x.clone().requires_grad_()
+    with onlinesoftmax.override_plan("cross_entropy", STREAM_TAIL_MIN_ROWS_PER_SM=0,
+                                     STREAM_TAIL_ORDER={4: order, 2: order}):
+        loss = onlinesoftmax.cross_entropy(leaf, target)
+        chosen = ce_plan.last_plan()
+        loss.backward()
+    assert chosen.strategy == "stream" and chosen.tail < chosen.block and chosen.tail_order == order
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert abs(loss.item() - ref.item()) <= tol * abs(ref.item())
     assert _rel(leaf.grad, ref_x.grad) < tol

@@ -579,7 +579,9 @@ CASES = [
         (torch.bfloat16, 8192, 50304), (torch.bfloat16, 8192, 65536), (torch.bfloat16, 8192, 98304),
         (torch.bfloat16, 8192, 131072), (torch.bfloat16, 2048, 65536), (torch.bfloat16, 1024, 128256),
         (torch.bfloat16, 528, 65536), (torch.bfloat16, 256, 151936), (torch.bfloat16, 132, 131072),
-        (torch.float16, 8192, 65536), (torch.float32, 8192, 65536), (torch.float32, 1024, 128256))),
+        (torch.float16, 8192, 65536), (torch.float32, 8192, 65536), (torch.float32, 1024, 128256),
+        (torch.float16, 8192, 50304), (torch.float16, 8192, 131072), (torch.float16, 2048, 65536),
+        (torch.float16, 1024, 128256), (torch.float16, 528, 65536))),
 ]
 
 

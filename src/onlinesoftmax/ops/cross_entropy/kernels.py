@@ -302,6 +302,20 @@ def merge_tile(x, full, cols, m, d, s, weight_ptr, softcap, inv_temperature, HAS
 
 
 @triton.jit
+def tile_gradient(x_ptr, dx_ptr, base, k, n_cols, col_stride, target_col, lse, lse_low, a, b, e, valid, weight_ptr,
+                  softcap, tanh_scale, inv_temperature, WIDTH: tl.constexpr, ALIGN: tl.constexpr,
+                  CONTIGUOUS: tl.constexpr, EDGES: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
+                  SOFTCAP: tl.constexpr):
+    """The backward's gradient over tile ``k`` of WIDTH columns of a row, from its terms (gradient_terms)."""
+    start, offs, cols, full = row_tile(base, k, n_cols, col_stride, WIDTH, ALIGN, CONTIGUOUS, EDGES)
+    x = tl.load(x_ptr + start + offs, mask=full & valid, other=0.0)
+    y = tl.where(full & valid, transform(x, softcap, inv_temperature, SOFTCAP), 0.0)
+    g = gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr, full, tanh_scale, HAS_WEIGHT, SMOOTH,
+                 SOFTCAP)
+    tl.store(dx_ptr + start + offs, g.to(dx_ptr.dtype.element_ty), mask=full)
+
+
+@triton.jit
 def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target_col, lse, lse_low, a, b, e, valid, weight_ptr,
                         softcap, tanh_scale, inv_temperature,
                         ALIGN: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr):
@@ -372,20 +386,18 @@ def cross_entropy_stream_kernel(
     s = tl.zeros((), tl.float32)
     last_chunk = (chunk == num_chunks - 1) & read
     k_first = k_start
-    if TAIL < BLOCK and TAIL_ORDER == "overlap":
-        start, offs, cols, full = row_tile(base, k_start, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
-        full = full & (k_start < k_stop)
-        x = tl.load(x_ptr + start + offs, mask=full, other=0.0, eviction_policy=FIRST_EVICTION)
+    if TAIL < BLOCK and TAIL_ORDER != "last":
+        if TAIL_ORDER == "overlap":  # the chunk's first tile loaded now, reduced after the last part
+            start, offs, cols, full = row_tile(base, k_start, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
+            full = full & (k_start < k_stop)
+            x = tl.load(x_ptr + start + offs, mask=full, other=0.0, eviction_policy=FIRST_EVICTION)
         m, d, s = last_part_partial(x_ptr, weight_ptr + class_offset, base, n_tiles, n_cols, col_stride, last_chunk,
                                     m, d, s, softcap, inv_temperature, BLOCK, TAIL, ALIGN, CONTIGUOUS, EDGES,
                                     HAS_WEIGHT, SMOOTH, SOFTCAP, FIRST_EVICTION)
-        m, d, s = merge_tile(x, full, cols, m, d, s, weight_ptr + class_offset, softcap, inv_temperature, HAS_WEIGHT,
-                             SMOOTH, SOFTCAP)
-        k_first = k_start + 1
-    elif TAIL < BLOCK and TAIL_ORDER == "first":
-        m, d, s = last_part_partial(x_ptr, weight_ptr + class_offset, base, n_tiles, n_cols, col_stride, last_chunk,
-                                    m, d, s, softcap, inv_temperature, BLOCK, TAIL, ALIGN, CONTIGUOUS, EDGES,
-                                    HAS_WEIGHT, SMOOTH, SOFTCAP, FIRST_EVICTION)
+        if TAIL_ORDER == "overlap":
+            m, d, s = merge_tile(x, full, cols, m, d, s, weight_ptr + class_offset, softcap, inv_temperature,
+                                 HAS_WEIGHT, SMOOTH, SOFTCAP)
+            k_first = k_start + 1
     for k in range(k_first, k_stop):
         start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
         x = tl.load(x_ptr + start + offs, mask=full, other=0.0, eviction_policy=FIRST_EVICTION)
@@ -586,22 +598,15 @@ def cross_entropy_backward_kernel(
     a, b, e = row_coefficients(lse, w_t, w_sum, scale, scale_z, label_smoothing, z_loss, n_classes, SMOOTH, Z)
     a, b, e, lse, lse_low = gradient_terms(a, b, e, lse, lse_low, valid, bad, inv_temperature)
     base = row.to(tl.int64) * x_stride
-    start, offs, cols, full = row_tile(base, k, n_cols, col_stride, BLOCK, ALIGN, CONTIGUOUS, EDGES)
-    x = tl.load(x_ptr + start + offs, mask=full & valid, other=0.0)
-    y = tl.where(full & valid, transform(x, softcap, inv_temperature, SOFTCAP), 0.0)
-    g = gradient(y, cols, target_col, lse, lse_low, a, b, e, weight_ptr + class_offset, full, tanh_scale,
-                 HAS_WEIGHT, SMOOTH, SOFTCAP)
-    tl.store(dx_ptr + start + offs, g.to(dx_ptr.dtype.element_ty), mask=full)
+    tile_gradient(x_ptr, dx_ptr, base, k, n_cols, col_stride, target_col, lse, lse_low, a, b, e, valid,
+                  weight_ptr + class_offset, softcap, tanh_scale, inv_temperature, BLOCK, ALIGN, CONTIGUOUS, EDGES,
+                  HAS_WEIGHT, SMOOTH, SOFTCAP)
     if TAIL < BLOCK:
         n_tiles = tl.num_programs(1)
         if k == n_tiles - 1:  # a branch: the other programs do not compute an empty tile
-            t_start, t_offs, t_cols, t_full = row_tile(base, n_tiles * (BLOCK // TAIL), n_cols, col_stride, TAIL,
-                                                       ALIGN, CONTIGUOUS, EDGES)
-            x_tail = tl.load(x_ptr + t_start + t_offs, mask=t_full & valid, other=0.0)
-            y_tail = tl.where(t_full & valid, transform(x_tail, softcap, inv_temperature, SOFTCAP), 0.0)
-            g_tail = gradient(y_tail, t_cols, target_col, lse, lse_low, a, b, e, weight_ptr + class_offset, t_full,
-                              tanh_scale, HAS_WEIGHT, SMOOTH, SOFTCAP)
-            tl.store(dx_ptr + t_start + t_offs, g_tail.to(dx_ptr.dtype.element_ty), mask=t_full)
+            tile_gradient(x_ptr, dx_ptr, base, n_tiles * (BLOCK // TAIL), n_cols, col_stride, target_col, lse,
+                          lse_low, a, b, e, valid, weight_ptr + class_offset, softcap, tanh_scale, inv_temperature,
+                          TAIL, ALIGN, CONTIGUOUS, EDGES, HAS_WEIGHT, SMOOTH, SOFTCAP)
     if EDGES:
         if k == 0:
             write_edge_gradient(x_ptr, dx_ptr, base, n_cols, target_col, lse, lse_low, a, b, e, valid,

@@ -556,11 +556,13 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 f"strategy 'split_row_on_chip' holds a row in at most {_split_on_chip_max_chunks(sms)} programs "
                 f"side by side on this GPU, {SPLIT_ON_CHIP_MAX_TILE} elements each; a row of {cols} is longer. "
                 "Use strategy=None (split_row reads such rows twice)")
-        warp_bytes = (SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES[elem] if backward and granule_rows
-                      else SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES[elem]
-                      if op == "softmax_backward" and SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES[elem]
-                      and rows >= SPLIT_ON_CHIP_SOFTMAX_BACKWARD_MIN_ROWS_PER_SM * sms
-                      else _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem))
+        if backward and granule_rows:
+            warp_bytes = SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES[elem]
+        elif (op == "softmax_backward" and SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES[elem]
+              and rows >= SPLIT_ON_CHIP_SOFTMAX_BACKWARD_MIN_ROWS_PER_SM * sms):
+            warp_bytes = SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES[elem]
+        else:
+            warp_bytes = _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem)
         tail = _one_chunk_tail(cols, elem, one_chunk) if one_chunk and backward else 0
         if one_chunk:
             tile, warp_bytes = one_chunk, (MISALIGNED_ONE_CHUNK_TAIL_WARP_BYTES[op][elem] if tail else

@@ -100,16 +100,17 @@ def test_softmax_strategies(dtype, strategy, algorithm):
     assert not bad, bad
 
 
-def test_softmax_backward_chunks_of_eight_warps():
-    # The 2-byte softmax backward's chunks of 8192 elements on 8 warps (SPLIT_ON_CHIP_SOFTMAX_BACKWARD_*),
-    # forced on few rows: 3 rows of four chunks, the last one partial.
+@pytest.mark.parametrize("dtype, warps", [(torch.bfloat16, 8), (torch.float16, 4)], ids=str)
+def test_softmax_backward_chunks_of_fewer_warps(dtype, warps):
+    # The 2-byte softmax backward's chunks of 8192 elements on 8 warps in bf16, 4 in fp16
+    # (SPLIT_ON_CHIP_SOFTMAX_BACKWARD_*), forced on few rows: 3 rows of four chunks, the last one partial.
     gen = torch.Generator().manual_seed(0)
-    x = (torch.randn(3, 3 * 8192 + 16, generator=gen) * 3).to(torch.bfloat16).to(DEVICE).requires_grad_()
+    x = (torch.randn(3, 3 * 8192 + 16, generator=gen) * 3).to(dtype).to(DEVICE).requires_grad_()
     with onlinesoftmax.override_plan("softmax", SPLIT_ON_CHIP_SOFTMAX_BACKWARD_MIN_ROWS_PER_SM=0,
                                      SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES={"forward": 8192, "backward": 16384}):
         _, backward_plan, off = _softmax_step(onlinesoftmax.softmax, torch.softmax, x, -1,
                                               strategy="split_row_on_chip")
-    assert (backward_plan.strategy, backward_plan.num_warps, backward_plan.num_chunks) == ("split_row_on_chip", 8, 4)
+    assert (backward_plan.strategy, backward_plan.num_warps, backward_plan.num_chunks) == ("split_row_on_chip", warps, 4)
     assert off is None, off
 
 

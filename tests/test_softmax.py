@@ -547,9 +547,10 @@ def test_split_row_on_chip_tiles_by_direction_and_element_size(plan_override):
         chosen = plan._choose("softmax_backward", 500, cols, torch.bfloat16, cuda, "auto", None, 132, False, False,
                               granules)
         assert (chosen.strategy, chosen.block_cols, chosen.num_warps) == ("split_row_on_chip", 8192, warps), cols
-    # The 2-byte softmax backward (not log_softmax's) of other rows takes 8 warps a tile from four rows
-    # an SM (SPLIT_ON_CHIP_SOFTMAX_BACKWARD_*).
-    many_rows_warps = [("softmax_backward", torch.bfloat16, 528, 8), ("softmax_backward", torch.float16, 8192, 8),
+    # The 2-byte softmax backward (not log_softmax's) of other rows takes 8 warps a tile in bf16 and 4 in
+    # fp16 from four rows an SM (SPLIT_ON_CHIP_SOFTMAX_BACKWARD_*).
+    many_rows_warps = [("softmax_backward", torch.bfloat16, 528, 8), ("softmax_backward", torch.float16, 8192, 4),
+                       ("softmax_backward", torch.float16, 527, 16),
                        ("softmax_backward", torch.bfloat16, 527, 16), ("softmax_backward", torch.float32, 8192, 4),
                        ("log_softmax_backward", torch.bfloat16, 8192, 16)]
     for op, dtype, rows, warps in many_rows_warps:

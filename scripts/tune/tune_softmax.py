@@ -156,12 +156,17 @@ def split_on_chip_backward_few_programs_variants():
 
 def aligned_backward_warps_variants():
     # split_row_on_chip's backward chunks of rows on 16-byte starts: the softmax's many rows as before
-    # SPLIT_ON_CHIP_SOFTMAX_BACKWARD_* (a warp per 1024 bytes of a 2-byte tile) and at a warp per 4096;
-    # then every backward's at a warp per 2048 or 4096 bytes of a 2-byte tile (the rows off 16-byte
-    # starts take 4096), 4096 or 16384 of a 4-byte one (the log_softmax backward's choices).
-    rule_off = dict(SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES={4: 0, 2: 0})
+    # SPLIT_ON_CHIP_SOFTMAX_BACKWARD_* (a warp per 1024 bytes of a 2-byte tile) and at a warp per 2048
+    # and 4096 in both 2-byte dtypes; then every backward's at a warp per 2048 or 4096 bytes of a
+    # 2-byte tile (the rows off 16-byte starts take 4096), 4096 or 16384 of a 4-byte one (the
+    # log_softmax backward's choices).
+    def by_dtype(two_byte):
+        return {torch.float32: 0, torch.bfloat16: two_byte, torch.float16: two_byte}
+
+    rule_off = dict(SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES=by_dtype(0))
     yield rule_off
-    yield dict(SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES={4: 0, 2: 4096})
+    for warp_bytes in (2048, 4096):
+        yield dict(SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES=by_dtype(warp_bytes))
     for warp_bytes in ({4: 8192, 2: 2048}, {4: 8192, 2: 4096}, {4: 4096, 2: 1024}, {4: 16384, 2: 1024}):
         yield dict(rule_off, SPLIT_ON_CHIP_WARP_BYTES=dict(plan.SPLIT_ON_CHIP_WARP_BYTES, backward=warp_bytes))
 
@@ -606,6 +611,8 @@ def describe(values):
         elif isinstance(value, dict) and "backward" in value:  # forward/backward, by element size fp32:2-byte
             value = "/".join(f"{v.get(4)}:{v.get(2)}" if isinstance(v, dict) else str(v)
                              for v in (value["forward"], value["backward"]))
+        elif name == "SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES":  # by dtype: fp32/fp16/bf16
+            value = "/".join(str(value[dtype]) for dtype in plan.KERNEL_DTYPES)
         elif isinstance(value, dict) and set(value) == {2, 4}:  # by element size: fp32/2-byte
             value = f"{value[4]}/{value[2]}"
         elif isinstance(value, dict):

@@ -219,13 +219,16 @@ SPLIT_ON_CHIP_WARP_BYTES = {"forward": 2048, "backward": {4: 8192, 2: 1024}}
 # on 16-byte starts gained (1742 x 95704 0.491 -> 0.373 ms) (docs/notes/2026-11/
 # tune_softmax-split_on_chip_backward_misaligned-h100.log, probe_whole_granule_rows-{granules-,}h100.log).
 SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES = {4: 8192, 2: 4096}
-# ... and the 2-byte softmax backward (not log_softmax's) of other rows from this many rows an SM: a
-# warp per 2048 bytes, 8 warps an 8192-element tile. H200, CUDA graphs, GB/s, 16 -> 8 warps
+# ... and the 2-byte softmax backward (not log_softmax's) of other rows from this many rows an SM: bf16
+# a warp per 2048 bytes (8 warps an 8192-element tile), fp16 a warp per 4096 (4 warps). H200, CUDA graphs, GB/s, 16 -> 8 warps
 # (scripts/tune/tune_softmax.py --backward --variants aligned_backward_warps, docs/notes/2026-11/
 # tune_softmax-aligned_backward_warps-h200.log): bf16 8192 x 65536 3385 -> 3840, 8192 x 50304 3149
 # -> 3670, 1024 x 128256 3177 -> 3567, 528 x 65536 2988 -> 3157; fp16 8192 x 65536 3390 -> 3818; but
 # 256 x 151936 3277 -> 3163 (two rows an SM); log_softmax's lost at most of them (8192 x 65536 3555 -> 3332).
-SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES = {4: 0, 2: 2048}
+# By dtype: fp16 ran 2-6% faster on 4 warps (a warp per 4096 bytes) at each of six shapes (8192 x 50304
+# 3642 -> 3846, 8192 x 131072 3770 -> 3960, 1024 x 128256 3497 -> 3655), where bf16 lost up to 11% on 4
+# (1024 x 128256 3553 -> 3168). 0: the chunks' warps as SPLIT_ON_CHIP_WARP_BYTES gives them.
+SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES = {torch.float32: 0, torch.bfloat16: 2048, torch.float16: 4096}
 SPLIT_ON_CHIP_SOFTMAX_BACKWARD_MIN_ROWS_PER_SM = 4
 # Uncapped forward launches past one wave take a warp per this many bytes (bf16 2048 x 50257 2636 -> 2939 GB/s);
 # rows in fewer programs than SMs take chunks of FEW_PROGRAMS_TILE_BYTES, the same bytes a warp (forward bf16
@@ -558,9 +561,9 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                 "Use strategy=None (split_row reads such rows twice)")
         if backward and granule_rows:
             warp_bytes = SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES[elem]
-        elif (op == "softmax_backward" and SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES[elem]
+        elif (op == "softmax_backward" and SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES[dtype]
               and rows >= SPLIT_ON_CHIP_SOFTMAX_BACKWARD_MIN_ROWS_PER_SM * sms):
-            warp_bytes = SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES[elem]
+            warp_bytes = SPLIT_ON_CHIP_SOFTMAX_BACKWARD_WARP_BYTES[dtype]
         else:
             warp_bytes = _split_on_chip_bytes(SPLIT_ON_CHIP_WARP_BYTES, backward, elem)
         tail = _one_chunk_tail(cols, elem, one_chunk) if one_chunk and backward else 0

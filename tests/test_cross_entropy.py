@@ -686,7 +686,23 @@ def test_plans_for_the_gpu():
     assert "plain rows" in plain.describe()
     odd = choose("forward_grad", 8192, 128257, torch.bfloat16, plain=True)
     assert (odd.block, odd.num_warps, odd.plain, odd.edges, odd.align) == (32768, 32, True, True, 8)
-    assert not choose("forward_grad", 8192, 50257, torch.bfloat16, plain=True).plain  # its rows: the general kernel
+    # Rows of partial vectors take it up to 108 KB (bf16: its 8-warp programs) and 200 KB (fp32: its
+    # 16-warp ones) too (PLAIN_EDGES_UP_TO), the general kernel between those and PLAIN_EDGES' lengths;
+    # bf16's 8-warp programs under a register cap (PLAIN_MAX_REGISTERS: 64 with edges, 48 without).
+    gpt2_rows = choose("forward_grad", 8192, 50257, torch.bfloat16, plain=True)
+    assert (gpt2_rows.plain, gpt2_rows.edges, gpt2_rows.align, gpt2_rows.num_warps, gpt2_rows.max_registers,
+            gpt2_rows.tail) == (True, True, 8, 8, 64, 2048)
+    assert gpt2_rows.compile_options == {"maxnreg": 64} and "64 registers" in gpt2_rows.describe()
+    assert not choose("forward_grad", 8192, 57347, torch.bfloat16, plain=True).plain
+    assert choose("forward_grad", 8192, 50304, torch.bfloat16, plain=True).compile_options == {"maxnreg": 48}
+    assert choose("forward_grad", 8192, 128256, torch.bfloat16, plain=True).compile_options == {}
+    # Under a cap, a loop over whole tiles and one over half tiles for the rest (the one masked loop spilled).
+    for cols, tail in ((32768, 4096), (32000, 4096), (50304, 2048)):
+        assert choose("forward_grad", 8192, cols, torch.bfloat16, plain=True).tail == tail, cols
+    fp32_rows = choose("forward_grad", 8192, 50257, torch.float32, plain=True)
+    assert (fp32_rows.plain, fp32_rows.edges, fp32_rows.align, fp32_rows.num_warps, fp32_rows.max_registers) == (
+        True, True, 32, 16, 0)
+    assert not choose("forward_grad", 8192, 51201, torch.float32, plain=True).plain
     assert choose("forward_grad", 8192, 128257, torch.float32, plain=True).align == 32  # runs of 128 bytes
     # A row's short last part in narrower tiles, no narrower than a vector a thread; none where rows'
     # whole tiles differ in number (edges straddling a tile) or the last part is over half a tile.
@@ -701,8 +717,8 @@ def test_plans_for_the_gpu():
     mid = choose("forward_grad", 8192, 32000, torch.float32, plain=True)
     assert (mid.block, mid.num_warps, mid.plain) == (8192, 16, True)
     assert choose("forward_grad", 8192, 65536, torch.float32, plain=True).num_warps == 32
-    assert not choose("forward_grad", 8192, 50257, torch.float32, plain=True).plain
-    # fp32 rows of whole vectors but not of whole 128-byte runs: the edges path too, from 256 KB.
+    # fp32 rows of whole vectors but not of whole 128-byte runs: the edges path too, from 256 KB
+    # (below, whole vectors: as aligned rows).
     assert choose("forward_grad", 8192, 128260, torch.float32, plain=True).align == 32
     assert not choose("forward_grad", 8192, 50260, torch.float32, plain=True).edges
     assert not choose("forward_grad", 8192, 128264, torch.bfloat16, plain=True).edges

@@ -243,9 +243,22 @@ CROSS_ENTROPY_CASES = [("stream", False), ("on_chip", True), ("split_on_chip", T
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_cross_entropy_strategies(dtype, strategy, inplace):
     # 20011 columns: several tiles a row, every row starting at another alignment (edges); one row
-    # in five ignored. Loss and gradient against float64 torch.
+    # in five ignored.
+    _check_cross_entropy(dtype, 37, 20011 if strategy != "on_chip" else 3001, strategy, inplace)
+
+
+@pytest.mark.parametrize("cols", [16384, 20480])
+def test_cross_entropy_plain_rows_under_a_register_cap(cols):
+    # bf16 rows of whole vectors in two_pass's 8-warp programs, under PLAIN_MAX_REGISTERS: its loop over
+    # whole tiles, then one over half tiles for the rest (none at 16384, one at 20480).
+    _check_cross_entropy(torch.bfloat16, 37, cols, "two_pass", True)
+    chosen = ce_plan.last_plan()
+    assert chosen.max_registers and chosen.tail < chosen.block
+
+
+def _check_cross_entropy(dtype, rows, cols, strategy, inplace):
+    """Loss and gradient of (rows, cols) logits, one row in five ignored, against float64 torch."""
     gen = torch.Generator().manual_seed(0)
-    rows, cols = 37, 20011 if strategy != "on_chip" else 3001
     x = (3 * torch.randn(rows, cols, generator=gen)).to(dtype).to(DEVICE)
     target = torch.randint(0, cols, (rows,), generator=gen)
     target[::5] = -100

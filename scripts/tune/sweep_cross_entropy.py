@@ -43,6 +43,11 @@ def _plain(warps: int, tile_bytes: int) -> dict:
     return dict(TWO_PASS_PLAIN_LAUNCH={e: ((1 << 62, warps, tile_bytes // e),) for e in (4, 2)})
 
 
+def _plain_caps(caps: dict) -> dict:
+    """The plan's PLAIN_MAX_REGISTERS with ``caps`` in place of some of its entries."""
+    return dict(PLAIN_MAX_REGISTERS={**ce_plan.PLAIN_MAX_REGISTERS, **caps})
+
+
 VARIANTS = {
     "default": {},
     "split_tile32K": dict(SPLIT_TILE_BYTES=32768, SPLIT_MAX_TILE=32768),
@@ -106,6 +111,18 @@ VARIANTS = {
     "plain_edges128": dict(PLAIN_EDGES={4: (0, 128), 2: (0, 128)}),
     "plain_edges16_16K_w16": dict(PLAIN_EDGES={4: (0, 16), 2: (0, 16)}, **_plain(16, 16384)),
     "plain_edges128_16K_w16": dict(PLAIN_EDGES={4: (0, 128), 2: (0, 128)}, **_plain(16, 16384)),
+    # The kernel for plain rows over rows of partial vectors at most PLAIN_EDGES_UP_TO bytes long:
+    # none (the general kernel's) and no register caps, as before the band; the band over runs of 16
+    # bytes in fp32 too; under other caps (PLAIN_MAX_REGISTERS: none; bf16 rows with edges at 56 or
+    # 48; bf16 aligned rows uncapped; fp32 rows with edges at 40, three 16-warp programs an SM).
+    "plain_before_band": dict(PLAIN_EDGES_UP_TO={4: 0, 2: 0}, PLAIN_MAX_REGISTERS={}),
+    "plain_band_runs16": dict(PLAIN_EDGES={4: (262144, 16), 2: (196608 + 1, 16)}),
+    "plain_uncapped": dict(PLAIN_MAX_REGISTERS={}),
+    "plain_edges_cap56": _plain_caps({(2, 8, True): (56, 1 << 62)}),
+    "plain_edges_cap48": _plain_caps({(2, 8, True): (48, 1 << 62)}),
+    "plain_aligned_uncapped": dict(PLAIN_MAX_REGISTERS={(2, 8, True): (64, 1 << 62)}),
+    "plain_aligned_cap48_any": _plain_caps({(2, 8, False): (48, 1 << 62)}),
+    "plain_fp32_edges_cap40": _plain_caps({(4, 16, True): (40, 1 << 62)}),
     "stream_runs128": dict(STREAM_RUN_BYTES={4: 128, 2: 128}),
     "stream_runs64": dict(STREAM_RUN_BYTES={4: 64, 2: 64}),
     # Label smoothing and softcap rows on TWO_PASS_LAUNCH (before their own tables).

@@ -193,7 +193,7 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
             raise AssertionError("cross_entropy: a plan for plain rows met a call with options they exclude")
         return Recipe(_two_pass_plain, chosen.grid, key, (n_cols, x.stride(0), target.stride(0), ignore_index, inv_t),
                       dict(BLOCK=chosen.block, TAIL=chosen.tail, ALIGN=chosen.align, EDGES=chosen.edges,
-                           MEAN=flags["MEAN"], num_warps=chosen.num_warps, **eviction))
+                           MEAN=flags["MEAN"], num_warps=chosen.num_warps, **eviction, **chosen.compile_options))
     if chosen.strategy in ("stream", "two_pass"):
         scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, class_offset, n_classes,
                    label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.tiles_per_chunk)

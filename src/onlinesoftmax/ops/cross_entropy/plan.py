@@ -28,6 +28,7 @@ import functools
 import torch
 
 from ... import _device
+from ..._launch import RegisterCap
 from ..._validate import KERNEL_DTYPES
 
 OPS = ("forward", "forward_grad", "backward", "stats")
@@ -204,6 +205,32 @@ PLAIN_TAIL_MAX_SHARE = 0.5
 # 1.512, but 8192 x 50257 1.344 -> 1.336 / 1.405 and 8192 x 32001 0.787 -> 0.805 / 0.853. fp32's
 # boundary between 201 KB (50257, the general kernel) and 400 KB (100003) rows was not measured.
 PLAIN_EDGES = {4: (262144, 128), 2: (196608 + 1, 16)}
+# ... and rows of partial vectors of at most this many bytes, those of the table's 8-warp (bf16) and
+# 16-warp (fp32) programs, over the same runs. H200, in place, CUDA graphs, ms, the general kernel ->
+# these (scripts/tune/sweep_cross_entropy.py --variants plain_before_band, docs/notes/2026-11/
+# sweep_cross_entropy-plain_edges_band-h200.log, runs 3-4): bf16 8192 x 50257 0.687 -> 0.635 (50304:
+# 0.570), 8192 x 32771 0.460 -> 0.355, 8192 x 24001 0.355 -> 0.275, 8192 x 16001 0.207 -> 0.194;
+# fp32 8192 x 50257 1.381 -> 1.158 (50304: 1.095), 8192 x 40001 1.140 -> 0.844, 8192 x 32001 0.711 ->
+# 0.648, 8192 x 16001 0.475 -> 0.347, 1024 x 50257 0.180 -> 0.157. Runs of 16 bytes took fp32 32001,
+# 24001 and 16001 1-5% further and 50257, 40001 and 1024 x 50257 3-11% back.
+PLAIN_EDGES_UP_TO = {4: 204800, 2: 110592}
+# A cap on the kernel for plain rows' registers a thread (Triton's maxnreg), by (element size, warps
+# a program, rows with edges): (the cap, most bytes a row it applies to); absent: the compiler's
+# choice. bf16 rows with edges on 8 warps took 80 registers uncapped (three programs an SM where
+# aligned rows ran four; Nsight Compute: docs/notes/2026-11/ncu_cross_entropy_edges-h200.txt) and
+# ran 8192 x 50257 in 0.670 ms; at 64 four programs compile without spills (ptxas for sm_90,
+# scripts/probes/kernel_resources.py): 0.629 (56: 0.637; 48 spills 24 bytes a thread: 0.685; run 2).
+# Aligned bf16 rows on 8 warps take 64 uncapped, 48 without spills in the kernel's two loops: five
+# programs an SM. H200, CUDA graphs, ms, uncapped -> 48: 8192 x 50304 0.607 -> 0.572, 8192 x 32768
+# 0.378 -> 0.330, 8192 x 16384 0.201 -> 0.178, 8192 x 40000 0.466 -> 0.447, 32768 x 32000 1.441 ->
+# 1.304; but 8192 x 53000 (106 KB rows, 80 registers uncapped: three programs an SM) 0.665 ->
+# 0.705 (not explained; 55000 0.733 -> 0.748), and 1024 x 50304 0.0887 -> 0.0906-0.0921 (1024 rows
+# are one and a half waves of five programs an SM, two of four).
+PLAIN_MAX_REGISTERS = {(2, 8, False): (48, 102400), (2, 8, True): (64, 1 << 62)}
+# The kernel's one masked loop (rows without a tail, or whose last part is over PLAIN_TAIL_MAX_SHARE
+# of a tile) spills under caps below this (8 bytes at 48); there it takes its loop over whole tiles
+# and one over half tiles for the rest, which do not.
+PLAIN_ONE_LOOP_MIN_REGISTERS = 56
 # split_on_chip: 16 KB tiles (bf16 8192 columns, fp32 4096: the softmax's tuned split_row_on_chip
 # forward, 2.0-2.3 TB/s on the H100), larger tiles only where a row would
 # otherwise take more than SPLIT_MAX_CHUNKS_PER_SM chunks an SM (a row's programs must be resident
@@ -292,7 +319,7 @@ MIN_BLOCK = 16
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Plan(RegisterCap):
     """One launch decision. ``grid`` is the main kernel's."""
 
     op: str
@@ -315,6 +342,7 @@ class Plan:
     tail: int = 0
     tail_order: str = ""  # stream: where the last chunk reduces the row's last part (STREAM_TAIL_ORDER)
     parts: tuple = ()  # separate: the plans of its two launches, the forward's stream and the backward
+    max_registers: int = 0  # two_pass for plain rows: a cap on registers a thread (PLAIN_MAX_REGISTERS)
 
     @property
     def reads(self) -> int:
@@ -333,7 +361,8 @@ class Plan:
         dtype = str(self.dtype).replace("torch.", "")
         lines = [
             f"op:          cross_entropy {self.op}  ({self.rows} rows x {self.cols} classes, {dtype})",
-            f"strategy:    {self.strategy}, grid {self.grid}, {self.num_warps} warps a program",
+            f"strategy:    {self.strategy}, grid {self.grid}, {self.num_warps} warps a program"
+            + (f", at most {self.max_registers} registers a thread" if self.max_registers else ""),
             f"tiles:       {self.block} columns"
             + ((f" (a row's last part in a tile of {self.tail}, by its last program)" if self.strategy != "two_pass"
                 else f" (a row's last part {self.tail} a tile)") if self.tail and self.tail != self.block else "")
@@ -490,8 +519,10 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         row_bytes = cols * elem
         edges_from, run_bytes = PLAIN_EDGES[elem]
         run = max(run_bytes // elem, align)
-        plain = plain and contiguous and (not edges or row_bytes >= edges_from)
-        if plain and (stride_mod % run or cols % run) and row_bytes >= edges_from:
+        # Rows of whole vectors in the band keep those (fp32's need not be whole runs of 128 bytes there).
+        edges_here = row_bytes >= edges_from or (edges and row_bytes <= PLAIN_EDGES_UP_TO[elem])
+        plain = plain and contiguous and (not edges or edges_here)
+        if plain and (stride_mod % run or cols % run) and edges_here:
             # Rows that are not whole runs: the kernel's edges path, tiles from each row's first whole run.
             shape.update(edges=True, align=run)
             span = cover(run)
@@ -508,9 +539,14 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         tail = block
         if plain and shortest // block == longest // block:
             tail = tail_width(block, longest % block, num_warps, PLAIN_TAIL_MAX_SHARE)
+        max_registers, up_to = PLAIN_MAX_REGISTERS.get((elem, num_warps, shape["edges"]), (0, 0)) if plain else (0, 0)
+        if row_bytes > up_to:
+            max_registers = 0
+        if max_registers and max_registers < PLAIN_ONE_LOOP_MIN_REGISTERS and tail == block:
+            tail = block // 2
         return Plan(op, strategy, block=block, num_warps=num_warps,
                     tiles_per_chunk=_device.cdiv(span, block), grid=(rows, 1), hold_l2=TWO_PASS_HOLD_L2,
-                    plain=plain, tail=tail, **shape)
+                    plain=plain, tail=tail, max_registers=max_registers, **shape)
     if strategy == "on_chip" or interpreting:  # the interpreter holds a row in one program
         block = tile(_device.next_power_of_2(span))
         if not interpreting and block > ON_CHIP_MAX_COLS[elem]:

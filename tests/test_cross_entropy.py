@@ -203,8 +203,9 @@ def test_two_pass_tables(hold_l2, warps, gen):
     x = make_logits(shape, torch.bfloat16, gen, outliers=False)
     target = make_targets(*shape, gen, ignore_every=4)
     table = {4: ((1 << 62, warps, 0),), 2: ((1 << 62, warps, 0),)}
+    band = {4: (warps, 0), 2: (warps, 0)}
     with onlinesoftmax.override_plan("cross_entropy", TWO_PASS_HOLD_L2=hold_l2, TWO_PASS_LAUNCH=table,
-                                     TWO_PASS_PLAIN_LAUNCH=table):
+                                     TWO_PASS_PLAIN_LAUNCH=table, PLAIN_EDGES_BAND_LAUNCH=band):
         _check_loss_and_grad(x, target, torch.bfloat16, strategy="two_pass", inplace=True, what="two_pass")
         cross_entropy(x.detach().clone().requires_grad_(), target, strategy="two_pass", inplace_backward=True)
         chosen = plan.last_plan()
@@ -686,14 +687,18 @@ def test_plans_for_the_gpu():
     assert "plain rows" in plain.describe()
     odd = choose("forward_grad", 8192, 128257, torch.bfloat16, plain=True)
     assert (odd.block, odd.num_warps, odd.plain, odd.edges, odd.align) == (32768, 32, True, True, 8)
-    # Rows of partial vectors take it up to 108 KB (bf16: its 8-warp programs) and 200 KB (fp32: its
-    # 16-warp ones) too (PLAIN_EDGES_UP_TO), the general kernel between those and PLAIN_EDGES' lengths;
-    # bf16's 8-warp programs under a register cap (PLAIN_MAX_REGISTERS: 64 with edges, 48 without).
+    # Rows of partial vectors take it up to PLAIN_EDGES_UP_TO (bf16 129 KB, fp32 256 KB) on the
+    # programs of PLAIN_EDGES_BAND_LAUNCH (bf16 8 warps, fp32 16, over 16 KB and 32 KB tiles), the
+    # general kernel from there (bf16) to PLAIN_EDGES' lengths; bf16's 8-warp programs under a register
+    # cap (PLAIN_MAX_REGISTERS: 64 with edges, 48 without, up to 100 KB rows).
     gpt2_rows = choose("forward_grad", 8192, 50257, torch.bfloat16, plain=True)
     assert (gpt2_rows.plain, gpt2_rows.edges, gpt2_rows.align, gpt2_rows.num_warps, gpt2_rows.max_registers,
             gpt2_rows.tail) == (True, True, 8, 8, 64, 2048)
     assert gpt2_rows.compile_options == {"maxnreg": 64} and "64 registers" in gpt2_rows.describe()
-    assert not choose("forward_grad", 8192, 57347, torch.bfloat16, plain=True).plain
+    wide = choose("forward_grad", 8192, 57347, torch.bfloat16, plain=True)
+    assert (wide.plain, wide.edges, wide.num_warps, wide.block, wide.max_registers) == (True, True, 8, 8192, 64)
+    assert choose("forward_grad", 8192, 57344, torch.bfloat16, plain=True).num_warps == 32  # aligned: the table's
+    assert not choose("forward_grad", 8192, 80001, torch.bfloat16, plain=True).plain
     assert choose("forward_grad", 8192, 50304, torch.bfloat16, plain=True).compile_options == {"maxnreg": 48}
     assert choose("forward_grad", 8192, 128256, torch.bfloat16, plain=True).compile_options == {}
     # Under a cap, a loop over whole tiles and one over half tiles for the rest (the one masked loop spilled).
@@ -702,7 +707,8 @@ def test_plans_for_the_gpu():
     fp32_rows = choose("forward_grad", 8192, 50257, torch.float32, plain=True)
     assert (fp32_rows.plain, fp32_rows.edges, fp32_rows.align, fp32_rows.num_warps, fp32_rows.max_registers) == (
         True, True, 32, 16, 0)
-    assert not choose("forward_grad", 8192, 51201, torch.float32, plain=True).plain
+    wide = choose("forward_grad", 8192, 51201, torch.float32, plain=True)
+    assert (wide.plain, wide.edges, wide.num_warps, wide.block, wide.max_registers) == (True, True, 16, 8192, 0)
     assert choose("forward_grad", 8192, 128257, torch.float32, plain=True).align == 32  # runs of 128 bytes
     # A row's short last part in narrower tiles, no narrower than a vector a thread; none where rows'
     # whole tiles differ in number (edges straddling a tile) or the last part is over half a tile.

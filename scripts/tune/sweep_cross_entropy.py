@@ -116,6 +116,11 @@ VARIANTS = {
     # bytes in fp32 too; under other caps (PLAIN_MAX_REGISTERS: none; bf16 rows with edges at 56 or
     # 48; bf16 aligned rows uncapped; fp32 rows with edges at 40, three 16-warp programs an SM).
     "plain_before_band": dict(PLAIN_EDGES_UP_TO={4: 0, 2: 0}, PLAIN_MAX_REGISTERS={}),
+    # The band up to the rows of the table's 8-warp (bf16) and 16-warp (fp32) programs only, the
+    # general kernel up to PLAIN_EDGES' bytes (the plan before the band reached further), and the
+    # band up to them in bf16 too.
+    "plain_band_before_wide": dict(PLAIN_EDGES_UP_TO={4: 204800, 2: 110592}),
+    "plain_band_bf16_to_192K": dict(PLAIN_EDGES_UP_TO={4: 262143, 2: 196608}),
     "plain_band_runs16": dict(PLAIN_EDGES={4: (262144, 16), 2: (196608 + 1, 16)}),
     "plain_uncapped": dict(PLAIN_MAX_REGISTERS={}),
     "plain_edges_cap56": _plain_caps({(2, 8, True): (56, 1 << 62)}),

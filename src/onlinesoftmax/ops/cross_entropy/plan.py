@@ -213,7 +213,17 @@ PLAIN_EDGES = {4: (262144, 128), 2: (196608 + 1, 16)}
 # fp32 8192 x 50257 1.381 -> 1.158 (50304: 1.095), 8192 x 40001 1.140 -> 0.844, 8192 x 32001 0.711 ->
 # 0.648, 8192 x 16001 0.475 -> 0.347, 1024 x 50257 0.180 -> 0.157. Runs of 16 bytes took fp32 32001,
 # 24001 and 16001 1-5% further and 50257, 40001 and 1024 x 50257 3-11% back.
-PLAIN_EDGES_UP_TO = {4: 204800, 2: 110592}
+# Then longer rows on the same programs (PLAIN_EDGES_BAND_LAUNCH; the table's for aligned rows are
+# larger), fp32 up to PLAIN_EDGES' 256 KB, bf16 up to 129 KB (run 5, ms, the general kernel -> these:
+# fp32 8192 x 51203 1.340 -> 1.171, 8192 x 60001 1.459 -> 1.300, 8192 x 65535 1.492 -> 1.470; bf16
+# 8192 x 57347 0.804 -> 0.743 (57344: 0.673), 8192 x 65537 0.962 -> 0.877 (65536: 0.748), 4096 and
+# 16384 x 65537 10% faster; but bf16 8192 x 80001 1.043 -> 1.130 and 8192 x 98303 1.398 -> 1.437,
+# so bf16 rows from 129 KB to PLAIN_EDGES' 192 KB keep the general kernel: the boundary between the
+# 128 KB and 156 KB rows measured is a choice).
+PLAIN_EDGES_UP_TO = {4: 262143, 2: 132096}
+# Rows with edges up to PLAIN_EDGES_UP_TO: (warps, tile columns), in place of TWO_PASS_PLAIN_LAUNCH's
+# (0, as there: warps by the tile, the stream's tile).
+PLAIN_EDGES_BAND_LAUNCH = {4: (16, 8192), 2: (8, 8192)}
 # A cap on the kernel for plain rows' registers a thread (Triton's maxnreg), by (element size, warps
 # a program, rows with edges): (the cap, most bytes a row it applies to); absent: the compiler's
 # choice. bf16 rows with edges on 8 warps took 80 registers uncapped (three programs an SM where
@@ -529,6 +539,8 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         options = "softcap" if softcap else ("weighted smoothing" if weighted else "smoothing") if smoothing else ""
         table = (TWO_PASS_PLAIN_LAUNCH if plain else TWO_PASS_OPTIONS_LAUNCH.get(options, TWO_PASS_LAUNCH))[elem]
         _, num_warps, columns = next((r for r in table if row_bytes <= r[0]), table[-1])
+        if plain and shape["edges"] and edges_from > row_bytes:  # the band's rows
+            num_warps, columns = PLAIN_EDGES_BAND_LAUNCH[elem]
         block = stream_block if interpreting or not columns else tile(columns)
         num_warps = num_warps or warps(block)
         # The tail's width: the kernel's whole runs a row (with edges, from the row's first one) are

@@ -110,7 +110,8 @@ def test_softmax_backward_chunks_of_fewer_warps(dtype, warps):
                                      SPLIT_ON_CHIP_FEW_PROGRAMS_TILE_BYTES={"forward": 8192, "backward": 16384}):
         _, backward_plan, off = _softmax_step(onlinesoftmax.softmax, torch.softmax, x, -1,
                                               strategy="split_row_on_chip")
-    assert (backward_plan.strategy, backward_plan.num_warps, backward_plan.num_chunks) == ("split_row_on_chip", warps, 4)
+    assert (backward_plan.strategy, backward_plan.num_warps, backward_plan.num_chunks) == (
+        "split_row_on_chip", warps, 4)
     assert off is None, off
 
 

@@ -205,8 +205,8 @@ PLAIN_TAIL_MAX_SHARE = 0.5
 # 1.512, but 8192 x 50257 1.344 -> 1.336 / 1.405 and 8192 x 32001 0.787 -> 0.805 / 0.853. fp32's
 # boundary between 201 KB (50257, the general kernel) and 400 KB (100003) rows was not measured.
 PLAIN_EDGES = {4: (262144, 128), 2: (196608 + 1, 16)}
-# ... and rows of partial vectors of at most this many bytes, those of the table's 8-warp (bf16) and
-# 16-warp (fp32) programs, over the same runs. H200, in place, CUDA graphs, ms, the general kernel ->
+# ... and rows of partial vectors of at most this many bytes, over the same runs: first those of the
+# table's 8-warp (bf16) and 16-warp (fp32) programs. H200, in place, CUDA graphs, ms, the general kernel ->
 # these (scripts/tune/sweep_cross_entropy.py --variants plain_before_band, docs/notes/2026-11/
 # sweep_cross_entropy-plain_edges_band-h200.log, runs 3-4): bf16 8192 x 50257 0.687 -> 0.635 (50304:
 # 0.570), 8192 x 32771 0.460 -> 0.355, 8192 x 24001 0.355 -> 0.275, 8192 x 16001 0.207 -> 0.194;
@@ -551,9 +551,8 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         tail = block
         if plain and shortest // block == longest // block:
             tail = tail_width(block, longest % block, num_warps, PLAIN_TAIL_MAX_SHARE)
-        max_registers, up_to = PLAIN_MAX_REGISTERS.get((elem, num_warps, shape["edges"]), (0, 0)) if plain else (0, 0)
-        if row_bytes > up_to:
-            max_registers = 0
+        cap, up_to = PLAIN_MAX_REGISTERS.get((elem, num_warps, shape["edges"]), (0, 0)) if plain else (0, 0)
+        max_registers = cap if row_bytes <= up_to else 0
         if max_registers and max_registers < PLAIN_ONE_LOOP_MIN_REGISTERS and tail == block:
             tail = block // 2
         return Plan(op, strategy, block=block, num_warps=num_warps,

@@ -287,6 +287,23 @@ def test_two_pass_plain_rows_with_a_narrow_tail(dtype, cols, tail, gen):
     assert (forward.plain, forward.tail) == (True, tail)
 
 
+@gpu_only
+@pytest.mark.parametrize("dtype,cols,cap,edges", [(torch.bfloat16, 50257, 64, True), (torch.bfloat16, 65537, 64, True),
+                                                  (torch.bfloat16, 32768, 48, False), (torch.float32, 60001, 0, True)],
+                         ids=["bf16_50257", "bf16_65537", "bf16_32768", "fp32_60001"])
+def test_two_pass_plain_rows_under_the_band_and_caps(dtype, cols, cap, edges, gen):
+    # The GPU's plans for rows off vectors in PLAIN_EDGES_UP_TO's band (on PLAIN_EDGES_BAND_LAUNCH's
+    # programs) and under PLAIN_MAX_REGISTERS (bf16 32768: the two loops, no row's rest); ignored
+    # rows, a target in the row's last columns, an upstream gradient per row.
+    shape = (7, cols)
+    x = make_logits(shape, dtype, gen, outliers=False)
+    target = make_targets(*shape, gen, ignore_every=3)
+    target[1] = cols - 3
+    forward, _ = _check_loss_and_grad(x, target, dtype, inplace_upstream(shape[0], gen), strategy="two_pass",
+                                      inplace=True, what=f"two_pass plain {cols}", reduction="none")
+    assert (forward.plain, forward.edges, forward.max_registers) == (True, edges, cap)
+
+
 @needs_triton
 @pytest.mark.parametrize("cols", [3, 9, 17])
 def test_two_pass_plain_rows_shorter_than_a_few_vectors(cols, gen):

@@ -269,6 +269,18 @@ def test_two_pass_plain_rows_match_torch(dtype, reduction, options, cols, run_by
         _check_plain_rows(dtype, reduction, options, cols, run_bytes, gen)
 
 
+def _check_two_pass_rows(dtype, cols, gen):
+    """two_pass in place on 7 rows of ``cols`` against float64: ignored rows, a target in the row's last
+    columns, an upstream gradient per row ("none"); the forward's plan."""
+    shape = (7, cols)
+    x = make_logits(shape, dtype, gen, outliers=False)
+    target = make_targets(*shape, gen, ignore_every=3)
+    target[1] = cols - 3
+    forward, _ = _check_loss_and_grad(x, target, dtype, inplace_upstream(shape[0], gen), strategy="two_pass",
+                                      inplace=True, what=f"two_pass plain {cols}", reduction="none")
+    return forward
+
+
 @gpu_only
 @pytest.mark.parametrize("dtype,cols,tail", [(torch.bfloat16, 65544, 8192), (torch.bfloat16, 131080, 8192),
                                              (torch.bfloat16, 36000, 4096), (torch.float32, 16392, 2048),
@@ -278,12 +290,7 @@ def test_two_pass_plain_rows_with_a_narrow_tail(dtype, cols, tail, gen):
     # The GPU's tiles over rows a little past whole tiles: the last part in narrower tiles (fp32 65544
     # is not whole runs of 128 bytes: rows' whole tiles differ in number, so none); ignored rows, a
     # target in the tail.
-    shape = (7, cols)
-    x = make_logits(shape, dtype, gen, outliers=False)
-    target = make_targets(*shape, gen, ignore_every=3)
-    target[1] = cols - 3
-    forward, _ = _check_loss_and_grad(x, target, dtype, inplace_upstream(shape[0], gen), strategy="two_pass",
-                                      inplace=True, what=f"two_pass plain {cols}", reduction="none")
+    forward = _check_two_pass_rows(dtype, cols, gen)
     assert (forward.plain, forward.tail) == (True, tail)
 
 
@@ -295,12 +302,7 @@ def test_two_pass_plain_rows_under_the_band_and_caps(dtype, cols, cap, edges, ge
     # The GPU's plans for rows off vectors in PLAIN_EDGES_UP_TO's band (on PLAIN_EDGES_BAND_LAUNCH's
     # programs) and under PLAIN_MAX_REGISTERS (bf16 32768: the two loops, no row's rest); ignored
     # rows, a target in the row's last columns, an upstream gradient per row.
-    shape = (7, cols)
-    x = make_logits(shape, dtype, gen, outliers=False)
-    target = make_targets(*shape, gen, ignore_every=3)
-    target[1] = cols - 3
-    forward, _ = _check_loss_and_grad(x, target, dtype, inplace_upstream(shape[0], gen), strategy="two_pass",
-                                      inplace=True, what=f"two_pass plain {cols}", reduction="none")
+    forward = _check_two_pass_rows(dtype, cols, gen)
     assert (forward.plain, forward.edges, forward.max_registers) == (True, edges, cap)
 
 

@@ -38,6 +38,11 @@ def _plain_bf16(*table) -> dict:
     return dict(TWO_PASS_PLAIN_LAUNCH={4: ce_plan.TWO_PASS_PLAIN_LAUNCH[4], 2: table})
 
 
+def _plain_fp32(*table) -> dict:
+    """The kernel for plain rows with ``table`` for fp32 rows (bf16's as planned)."""
+    return dict(TWO_PASS_PLAIN_LAUNCH={4: table, 2: ce_plan.TWO_PASS_PLAIN_LAUNCH[2]})
+
+
 def _plain(warps: int, tile_bytes: int) -> dict:
     """two_pass's kernel for plain rows at ``warps`` a program over tiles of ``tile_bytes``, every row length."""
     return dict(TWO_PASS_PLAIN_LAUNCH={e: ((1 << 62, warps, tile_bytes // e),) for e in (4, 2)})
@@ -128,6 +133,22 @@ VARIANTS = {
     "plain_aligned_uncapped": dict(PLAIN_MAX_REGISTERS={(2, 8, True): (64, 1 << 62)}),
     "plain_aligned_cap48_any": _plain_caps({(2, 8, False): (48, 1 << 62)}),
     "plain_fp32_edges_cap40": _plain_caps({(4, 16, True): (40, 1 << 62)}),
+    # fp32 rows of up to 200 KB (and the band's rows with edges) on 8 warps over 16 or 32 KB tiles,
+    # in place of 16 warps over 32 KB: once the target left the kernel's loops, 16 warps there took
+    # 40 registers and kept 2 of 4 loads in flight (8 warps over 16 KB: 39 and 4 of 4).
+    "plain_fp32_16K_w8": _plain_fp32((204800, 8, 4096), (1 << 62, 32, 16384)),
+    "plain_fp32_32K_w8": _plain_fp32((204800, 8, 8192), (1 << 62, 32, 16384)),
+    # ... on 32 warps over 32 KB tiles (29 registers: two programs an SM, 2 of 2 loads in flight), or
+    # on 16 warps over 32 KB tiles in two loops (whole tiles, then half tiles: 4 of 4 and 2 of 2).
+    "plain_fp32_32K_w32": _plain_fp32((204800, 32, 8192), (1 << 62, 32, 16384)),
+    "plain_fp32_two_loops": _plain_caps({(4, 16, False): (48, 1 << 62)}),
+    # fp32 rows of 96-200 KB on 16 warps as before (the plan's 32 warps from 96 KB), and the band's
+    # fp32 rows with edges on 32 warps over 32 KB tiles.
+    "plain_fp32_w16_to_200K": _plain_fp32((204800, 16, 8192), (1 << 62, 32, 16384)),
+    "plain_fp32_band_32K_w32": dict(PLAIN_EDGES_BAND_LAUNCH={4: (32, 8192), 2: (8, 8192)}),
+    "plain_fp32_band_16K_w8": dict(PLAIN_EDGES_BAND_LAUNCH={4: (8, 4096), 2: (8, 8192)}),
+    "plain_fp32_all_16K_w8": dict(PLAIN_EDGES_BAND_LAUNCH={4: (8, 4096), 2: (8, 8192)},
+                                  **_plain_fp32((204800, 8, 4096), (1 << 62, 32, 16384))),
     "stream_runs128": dict(STREAM_RUN_BYTES={4: 128, 2: 128}),
     "stream_runs64": dict(STREAM_RUN_BYTES={4: 64, 2: 64}),
     # Label smoothing and softcap rows on TWO_PASS_LAUNCH (before their own tables).

@@ -8,16 +8,7 @@ import triton
 import triton.language as tl
 
 from ..._triton import NEG_INF, known_multiple, split_lse
-from .kernels import (
-    edge_partial,
-    gradient_scales,
-    gradient_terms,
-    load_row_target,
-    merge_pair,
-    row_loss,
-    target_column,
-    write_edge_gradient,
-)
+from .kernels import gradient, gradient_scales, gradient_terms, load_row_target, merge_pair, row_loss, target_column, tile_normalizer
 
 
 @triton.jit
@@ -39,16 +30,22 @@ def cross_entropy_two_pass_plain_kernel(
     # multiples of it): ``n_whole`` columns from the row's column ``first``, both known multiples of
     # ALIGN, so that the one mask is constant over each vector and every access is 16 bytes wide.
     # Without EDGES the rows are whole vectors, each starting one (first 0, n_whole n_cols); with
-    # EDGES the row's partial first and last runs go through edge_partial and write_edge_gradient,
-    # element by element. Each pass takes the row's whole tiles unmasked, then its last part in
-    # masked tiles of TAIL (plan.PLAIN_TAIL_MAX_SHARE). weight_ptr, parts_ptr, sync_ptr and out_ptr
-    # are not used: the tensors are the general kernel's.
+    # EDGES the row's partial first and last runs go element by element (plain_edge_stats, then
+    # plain_edge_gradient), addressed from x_row so that no 64-bit row offset stays live across the
+    # loops. Each pass takes the row's whole tiles unmasked, then its last part in masked tiles of
+    # TAIL (plan.PLAIN_TAIL_MAX_SHARE). The loops write a p_c alone: the target's -a goes over its
+    # element after them. Compared with each lane's column inside the loop, the target took 4-5
+    # registers a thread in 64-bit arithmetic (SASS for sm_90): 80 registers with edges, spills at a
+    # cap of 48, one load in flight fewer (docs/perf-h200.md, "The target's term after the kernel's
+    # loops"). weight_ptr, parts_ptr, sync_ptr and out_ptr are not used: the tensors are the general
+    # kernel's.
     row = tl.program_id(0)
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_cols)
     in_row = valid & ~bad
-    target_col = target_column(target, n_cols)
-    base = row.to(tl.int64) * x_stride
+    m = tl.full((), NEG_INF, tl.float32)
+    d = tl.zeros((), tl.float32)
     if EDGES:
+        base = row.to(tl.int64) * x_stride
         first = ((ALIGN - base % ALIGN) % ALIGN).to(tl.int32)  # the row's elements before its first whole run
         x_row = x_ptr + known_multiple(base + first, ALIGN)
         n_whole = known_multiple(tl.maximum(n_cols - first, 0), ALIGN)
@@ -57,6 +54,8 @@ def cross_entropy_two_pass_plain_kernel(
         first = 0
         x_row = x_ptr + row.to(tl.int64) * known_multiple(x_stride, ALIGN)
         n_whole = known_multiple(n_cols, ALIGN)
+    # The target's column from x_row (negative in the row's partial first run; -1 - first: none).
+    target_whole = target_column(target, n_cols) - first
     lanes = tl.arange(0, BLOCK)
     tail_lanes = tl.arange(0, TAIL)
     n_tiles = tl.cdiv(n_whole, BLOCK)
@@ -65,8 +64,6 @@ def cross_entropy_two_pass_plain_kernel(
     n_full = tl.where(valid, n_whole // BLOCK, 0)
     tail_from = n_full * BLOCK
     n_tail = tl.where(valid, tl.cdiv(n_whole - tail_from, TAIL), 0)
-    m = tl.full((), NEG_INF, tl.float32)
-    d = tl.zeros((), tl.float32)
     if TAIL < BLOCK:
         for k in range(0, n_full):
             m, d = plain_tile_stats(x_row, k * BLOCK + lanes, n_whole, m, d, inv_temperature, False, FIRST_EVICTION)
@@ -77,10 +74,10 @@ def cross_entropy_two_pass_plain_kernel(
         for k in range(0, read_tiles):
             m, d = plain_tile_stats(x_row, k * BLOCK + lanes, n_whole, m, d, inv_temperature, True, FIRST_EVICTION)
     if EDGES:
-        edge_m, edge_d, _ = edge_partial(x_ptr, weight_ptr, base, n_cols, valid, 1.0, inv_temperature, ALIGN,
-                                         False, False, False)
+        edge_m, edge_d = plain_edge_stats(x_row, first, n_whole, n_cols, valid, inv_temperature, ALIGN)
         m, d = merge_pair(m, d, edge_m, edge_d)
-    y_t = tl.load(x_ptr + base + target_col, mask=in_row, other=0.0).to(tl.float32) * inv_temperature
+    x_t = tl.load(x_row + target_whole, mask=in_row, other=0.0).to(tl.float32)
+    y_t = x_t * inv_temperature
     tl.debug_barrier()  # the target's logit is read before any warp overwrites it (see the on_chip kernel)
     lse = m + tl.log(d)  # +inf or NaN in the row: NaN, as torch's cross_entropy
     lse_low = split_lse(m, d)[1]
@@ -89,26 +86,28 @@ def cross_entropy_two_pass_plain_kernel(
     tl.store(lse_ptr + row, lse)
     tl.store(lse_low_ptr + row, lse_low)
     scale = gradient_scales(denom_ptr, 1.0, MEAN)[0]
-    if EDGES:  # before the tiles' loop: what it needs would stay live across the loop (a 56-byte stack in bf16)
-        a, b, e, lse_g, lse_low_g = gradient_terms(scale, scale, 0.0, lse, lse_low, valid, bad, inv_temperature)
-        write_edge_gradient(x_ptr, x_ptr, base, n_cols, target_col, lse_g, lse_low_g, a, b, e, valid, weight_ptr,
-                            1.0, 0.0, inv_temperature, ALIGN, False, False, False)
+    if EDGES:  # before the tiles' loop, whose stores do not touch these elements
+        plain_edge_gradient(x_row, first, n_whole, n_cols, scale, lse, lse_low, valid, bad,
+                            inv_temperature, ALIGN)
     a = tl.where(bad, float("nan"), scale) * inv_temperature
-    target_whole = target_col - first  # the target's column among the whole vectors' (outside them: no lane's)
     if TAIL < BLOCK:
         for k in range(0, n_full):
-            plain_tile_gradient(x_row, k * BLOCK + lanes, n_whole, a, lse, lse_low, target_whole, inv_temperature,
+            plain_tile_gradient(x_row, k * BLOCK + lanes, n_whole, a, lse, lse_low, inv_temperature,
                                 False, SECOND_EVICTION)
         for k in range(0, n_tail):
-            plain_tile_gradient(x_row, tail_from + k * TAIL + tail_lanes, n_whole, a, lse, lse_low, target_whole,
-                                inv_temperature, True, SECOND_EVICTION)
+            plain_tile_gradient(x_row, tail_from + k * TAIL + tail_lanes, n_whole, a, lse, lse_low, inv_temperature,
+                                True, SECOND_EVICTION)
     else:
         for k in range(0, read_tiles):
-            plain_tile_gradient(x_row, k * BLOCK + lanes, n_whole, a, lse, lse_low, target_whole, inv_temperature,
+            plain_tile_gradient(x_row, k * BLOCK + lanes, n_whole, a, lse, lse_low, inv_temperature,
                                 True, SECOND_EVICTION)
     for k in range(0, n_tiles - read_tiles):  # an ignored row's gradient: 0
         cols = k * BLOCK + lanes
         tl.store(x_row + cols, tl.zeros((BLOCK,), x_ptr.dtype.element_ty), mask=cols < n_whole)
+    # The target's -a last, over what the loops wrote there, after every warp's stores (see above).
+    tl.debug_barrier()
+    g_t = a * tl.exp((x_t * inv_temperature - lse) - lse_low) - a
+    tl.store(x_row + target_whole, g_t.to(x_ptr.dtype.element_ty), mask=in_row)
 
 
 @triton.jit
@@ -126,7 +125,7 @@ def plain_tile_stats(x_row, cols, n_live, m, d, inv_temperature, MASKED: tl.cons
 
 
 @triton.jit
-def plain_tile_gradient(x_row, cols, n_live, a, lse, lse_low, target_col, inv_temperature, MASKED: tl.constexpr,
+def plain_tile_gradient(x_row, cols, n_live, a, lse, lse_low, inv_temperature, MASKED: tl.constexpr,
                         EVICTION: tl.constexpr):
     """The plain kernel's gradient over one tile of columns ``cols``, written over them."""
     if MASKED:
@@ -134,8 +133,41 @@ def plain_tile_gradient(x_row, cols, n_live, a, lse, lse_low, target_col, inv_te
         y = tl.load(x_row + cols, mask=live, other=0.0, eviction_policy=EVICTION)
     else:
         y = tl.load(x_row + cols, eviction_policy=EVICTION)
-    g = a * tl.exp((y.to(tl.float32) * inv_temperature - lse) - lse_low) - tl.where(cols == target_col, a, 0.0)
+    g = a * tl.exp((y.to(tl.float32) * inv_temperature - lse) - lse_low)  # the target's -a: after the loops
     if MASKED:
         tl.store(x_row + cols, g.to(x_row.dtype.element_ty), mask=live, eviction_policy=EVICTION)
     else:
         tl.store(x_row + cols, g.to(x_row.dtype.element_ty), eviction_policy=EVICTION)
+
+
+@triton.jit
+def plain_edge_columns(first, n_whole, n_cols, ALIGN: tl.constexpr):
+    """The row's partial first and last runs as columns from x_row (the first whole run's): the head's
+    ``first`` columns before it, the columns past its ``n_whole`` after; one tile of 2 ALIGN lanes
+    and its mask, element by element. A row shorter than its head is all head."""
+    lanes = tl.arange(0, 2 * ALIGN)
+    is_head = lanes < ALIGN
+    cols = tl.where(is_head, lanes - first, n_whole + lanes - ALIGN)
+    return cols, tl.where(is_head, lanes < first, cols >= 0) & (cols + first < n_cols)
+
+
+@triton.jit
+def plain_edge_stats(x_row, first, n_whole, n_cols, valid, inv_temperature, ALIGN: tl.constexpr):
+    """(m, d) of the row's partial runs (an ignored row's: (-inf, 0), unread)."""
+    cols, mask = plain_edge_columns(first, n_whole, n_cols, ALIGN)
+    mask = mask & valid
+    y = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32) * inv_temperature
+    return tile_normalizer(tl.where(mask, y, NEG_INF))
+
+
+@triton.jit
+def plain_edge_gradient(x_row, first, n_whole, n_cols, scale, lse, lse_low, valid, bad,
+                        inv_temperature, ALIGN: tl.constexpr):
+    """The gradient of the row's partial runs, written over them (no loop stores there; the target's store may)."""
+    cols, mask = plain_edge_columns(first, n_whole, n_cols, ALIGN)
+    a, b, e, lse_g, lse_low_g = gradient_terms(scale, scale, 0.0, lse, lse_low, valid, bad, inv_temperature)
+    x = tl.load(x_row + cols, mask=mask & valid, other=0.0)
+    # The target's -a is the kernel's to write, after its loops: no column here is the target.
+    g = gradient(x.to(tl.float32) * inv_temperature, cols, -1 - first, lse_g, lse_low_g, a, b, e, x_row, mask,
+                 1.0, False, False, False)
+    tl.store(x_row + cols, g.to(x_row.dtype.element_ty), mask=mask)

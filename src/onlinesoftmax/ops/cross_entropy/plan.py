@@ -183,7 +183,12 @@ TWO_PASS_OPTIONS_LAUNCH = {
 # 64 KB tiles -> 32 KB, ms: 8192 x 100352 1.386 -> 1.223, 16384 x 100352 2.759 -> 2.414, 8192 x
 # 110000 1.510 -> 1.458, 8192 x 120000 1.589 -> 1.450, 8192 x 98312 1.348 -> 1.286); from 240 KB
 # they keep 64 KB tiles, which the H100 measured 3% faster at 128256 (the H200 4% slower).
-TWO_PASS_PLAIN_LAUNCH = {4: ((204800, 16, 8192), (1 << 62, 32, 16384)),
+# Once the target's term left the kernel's loops, fp32's 16 warps took 40 registers (three programs
+# an SM; 50 and two before): faster on rows of up to 112 KB, slower from 120 KB, where 32 warps (29
+# registers, two programs) are faster (8192 x 32000 0.631 -> 0.589 ms; but 28000 0.524 -> 0.541).
+# Likely, not profiled: three programs' rows of 120 KB (48 MB) crowd the 50 MB of L2 that their
+# second read hits (docs/perf-h200.md, "The target's term after the kernel's loops").
+TWO_PASS_PLAIN_LAUNCH = {4: ((114688, 16, 8192), (204800, 32, 8192), (1 << 62, 32, 16384)),
                          2: ((110592, 8, 8192), (245760, 32, 16384), (1 << 62, 32, 32768))}
 # The kernel for plain rows takes a row's last part, where it is at most this share of a tile, in
 # tiles of the next power of two: each tile of a pass costs as much however few of its columns are
@@ -235,11 +240,12 @@ PLAIN_EDGES_BAND_LAUNCH = {4: (16, 8192), 2: (8, 8192)}
 # 0.378 -> 0.330, 8192 x 16384 0.201 -> 0.178, 8192 x 40000 0.466 -> 0.447, 32768 x 32000 1.441 ->
 # 1.304; but 8192 x 53000 (106 KB rows, 80 registers uncapped: three programs an SM) 0.665 ->
 # 0.705 (not explained; 55000 0.733 -> 0.748), and 1024 x 50304 0.0887 -> 0.0906-0.0921 (1024 rows
-# are one and a half waves of five programs an SM, two of four).
+# are one and a half waves of five programs an SM, two of four). Since the target left the loops:
+# edges 63-64 uncapped, 48 without spills but slower (50257 0.610 -> 0.639); 53000 at 48 still loses.
 PLAIN_MAX_REGISTERS = {(2, 8, False): (48, 102400), (2, 8, True): (64, 1 << 62)}
 # The kernel's one masked loop (rows without a tail, or whose last part is over PLAIN_TAIL_MAX_SHARE
-# of a tile) spills under caps below this (8 bytes at 48); there it takes its loop over whole tiles
-# and one over half tiles for the rest, which do not.
+# of a tile) spilled under caps below this (8 bytes at 48); there it takes its loop over whole tiles
+# and one over half tiles for the rest, which did not (since the target left the loops: no spills).
 PLAIN_ONE_LOOP_MIN_REGISTERS = 56
 # split_on_chip: 16 KB tiles (bf16 8192 columns, fp32 4096: the softmax's tuned split_row_on_chip
 # forward, 2.0-2.3 TB/s on the H100), larger tiles only where a row would

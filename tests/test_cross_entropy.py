@@ -203,7 +203,7 @@ def test_two_pass_tables(hold_l2, warps, gen):
     x = make_logits(shape, torch.bfloat16, gen, outliers=False)
     target = make_targets(*shape, gen, ignore_every=4)
     table = {4: ((1 << 62, warps, 0),), 2: ((1 << 62, warps, 0),)}
-    band = {4: (warps, 0), 2: (warps, 0)}
+    band = {4: (1 << 62, warps, 0), 2: (1 << 62, warps, 0)}
     with onlinesoftmax.override_plan("cross_entropy", TWO_PASS_HOLD_L2=hold_l2, TWO_PASS_LAUNCH=table,
                                      TWO_PASS_PLAIN_LAUNCH=table, PLAIN_EDGES_BAND_LAUNCH=band):
         _check_loss_and_grad(x, target, torch.bfloat16, strategy="two_pass", inplace=True, what="two_pass")
@@ -295,12 +295,13 @@ def test_two_pass_plain_rows_with_a_narrow_tail(dtype, cols, tail, gen):
 
 
 @gpu_only
-@pytest.mark.parametrize("dtype,cols,cap,edges", [(torch.bfloat16, 50257, 64, True), (torch.bfloat16, 65537, 64, True),
+@pytest.mark.parametrize("dtype,cols,cap,edges", [(torch.bfloat16, 50257, 64, True), (torch.bfloat16, 65537, 32, True),
+                                                  (torch.bfloat16, 98303, 32, True), (torch.bfloat16, 57344, 32, False),
                                                   (torch.bfloat16, 32768, 48, False), (torch.float32, 60001, 0, True)],
-                         ids=["bf16_50257", "bf16_65537", "bf16_32768", "fp32_60001"])
+                         ids=["bf16_50257", "bf16_65537", "bf16_98303", "bf16_57344", "bf16_32768", "fp32_60001"])
 def test_two_pass_plain_rows_under_the_band_and_caps(dtype, cols, cap, edges, gen):
-    # The GPU's plans for rows off vectors in PLAIN_EDGES_UP_TO's band (on PLAIN_EDGES_BAND_LAUNCH's
-    # programs) and under PLAIN_MAX_REGISTERS (bf16 32768: the two loops, no row's rest); ignored
+    # The GPU's plans for rows off vectors (on PLAIN_EDGES_BAND_LAUNCH's programs, and bf16's 32-warp
+    # ones from 108 KB) and under PLAIN_MAX_REGISTERS (bf16 32768: the two loops, no row's rest); ignored
     # rows, a target in the row's last columns, an upstream gradient per row.
     forward = _check_two_pass_rows(dtype, cols, gen)
     assert (forward.plain, forward.edges, forward.max_registers) == (True, edges, cap)
@@ -706,18 +707,21 @@ def test_plans_for_the_gpu():
     assert "plain rows" in plain.describe()
     odd = choose("forward_grad", 8192, 128257, torch.bfloat16, plain=True)
     assert (odd.block, odd.num_warps, odd.plain, odd.edges, odd.align) == (32768, 32, True, True, 8)
-    # Rows of partial vectors take it up to PLAIN_EDGES_UP_TO (bf16 129 KB, fp32 256 KB) on the
-    # programs of PLAIN_EDGES_BAND_LAUNCH (bf16 8 warps, fp32 16, over 16 KB and 32 KB tiles), the
-    # general kernel from there (bf16) to PLAIN_EDGES' lengths; bf16's 8-warp programs under a register
-    # cap (PLAIN_MAX_REGISTERS: 64 with edges, 48 without, up to 100 KB rows).
+    # Rows of partial vectors take it at every length: on the programs of PLAIN_EDGES_BAND_LAUNCH up
+    # to its bytes (bf16 8 warps to 108 KB, fp32 16 to 256 KB, over 16 KB and 32 KB tiles), then the
+    # table's; bf16's 8-warp programs under a register cap (PLAIN_MAX_REGISTERS: 64 with edges, 48
+    # without, up to 100 KB rows), its 32-warp programs over 32 KB tiles at 32.
     gpt2_rows = choose("forward_grad", 8192, 50257, torch.bfloat16, plain=True)
     assert (gpt2_rows.plain, gpt2_rows.edges, gpt2_rows.align, gpt2_rows.num_warps, gpt2_rows.max_registers,
             gpt2_rows.tail) == (True, True, 8, 8, 64, 2048)
     assert gpt2_rows.compile_options == {"maxnreg": 64} and "64 registers" in gpt2_rows.describe()
-    wide = choose("forward_grad", 8192, 57347, torch.bfloat16, plain=True)
-    assert (wide.plain, wide.edges, wide.num_warps, wide.block, wide.max_registers) == (True, True, 8, 8192, 64)
-    assert choose("forward_grad", 8192, 57344, torch.bfloat16, plain=True).num_warps == 32  # aligned: the table's
-    assert not choose("forward_grad", 8192, 80001, torch.bfloat16, plain=True).plain
+    band = choose("forward_grad", 8192, 53003, torch.bfloat16, plain=True)
+    assert (band.plain, band.edges, band.num_warps, band.block, band.max_registers) == (True, True, 8, 8192, 64)
+    for cols, edges in ((57347, True), (57344, False), (98303, True), (120000, False)):
+        wide = choose("forward_grad", 8192, cols, torch.bfloat16, plain=True)
+        assert (wide.plain, wide.edges, wide.num_warps, wide.block, wide.max_registers) == (
+            True, edges, 32, 16384, 32), cols
+    assert choose("forward_grad", 8192, 128257, torch.bfloat16, plain=True).max_registers == 0
     assert choose("forward_grad", 8192, 50304, torch.bfloat16, plain=True).compile_options == {"maxnreg": 48}
     assert choose("forward_grad", 8192, 128256, torch.bfloat16, plain=True).compile_options == {}
     # Under a cap, a loop over whole tiles and one over half tiles for the rest (the one masked loop spilled).

@@ -248,10 +248,10 @@ def test_cross_entropy_strategies(dtype, strategy, inplace):
     _check_cross_entropy(dtype, 37, 20011 if strategy != "on_chip" else 3001, strategy, inplace)
 
 
-@pytest.mark.parametrize("cols", [16384, 20480])
+@pytest.mark.parametrize("cols", [16384, 20480, 65537])
 def test_cross_entropy_plain_rows_under_a_register_cap(cols):
-    # bf16 rows of whole vectors in two_pass's 8-warp programs, under PLAIN_MAX_REGISTERS: its loop over
-    # whole tiles, then one over half tiles for the rest (none at 16384, one at 20480).
+    # bf16 rows in two_pass's programs under PLAIN_MAX_REGISTERS: its loop over whole tiles, then one
+    # over half tiles for the rest (none at 16384, one at 20480); 65537: rows with edges, 32 warps.
     _check_cross_entropy(torch.bfloat16, 37, cols, "two_pass", True)
     chosen = ce_plan.last_plan()
     assert chosen.max_registers and chosen.tail < chosen.block

@@ -145,10 +145,24 @@ VARIANTS = {
     # fp32 rows of 96-200 KB on 16 warps as before (the plan's 32 warps from 96 KB), and the band's
     # fp32 rows with edges on 32 warps over 32 KB tiles.
     "plain_fp32_w16_to_200K": _plain_fp32((204800, 16, 8192), (1 << 62, 32, 16384)),
-    "plain_fp32_band_32K_w32": dict(PLAIN_EDGES_BAND_LAUNCH={4: (32, 8192), 2: (8, 8192)}),
-    "plain_fp32_band_16K_w8": dict(PLAIN_EDGES_BAND_LAUNCH={4: (8, 4096), 2: (8, 8192)}),
-    "plain_fp32_all_16K_w8": dict(PLAIN_EDGES_BAND_LAUNCH={4: (8, 4096), 2: (8, 8192)},
+    "plain_fp32_band_32K_w32": dict(PLAIN_EDGES_BAND_LAUNCH={4: (262143, 32, 8192), 2: (110592, 8, 8192)}),
+    "plain_fp32_band_16K_w8": dict(PLAIN_EDGES_BAND_LAUNCH={4: (262143, 8, 4096), 2: (110592, 8, 8192)}),
+    "plain_fp32_all_16K_w8": dict(PLAIN_EDGES_BAND_LAUNCH={4: (262143, 8, 4096), 2: (110592, 8, 8192)},
                                   **_plain_fp32((204800, 8, 4096), (1 << 62, 32, 16384))),
+    # bf16 rows with edges of 108-192 KB on 8 warps over 16 KB tiles up to 129 KB and the general
+    # kernel from there (the plan before their 32-warp programs under a cap of 32); on 16 warps over 16
+    # KB tiles (40 registers, three programs an SM); on the 32-warp programs uncapped (52 registers,
+    # one program); and the bf16 32-warp programs uncapped, aligned rows too.
+    "plain_band_bf16_before_w32": dict(PLAIN_EDGES_UP_TO={4: 262143, 2: 132096},
+                                       PLAIN_EDGES_BAND_LAUNCH={4: (262143, 16, 8192), 2: (196608, 8, 8192)}),
+    "plain_band_bf16_w16": dict(PLAIN_EDGES_BAND_LAUNCH={4: (262143, 16, 8192), 2: (1 << 62, 16, 8192)}),
+    "plain_band_bf16_w32_uncapped": dict(PLAIN_MAX_REGISTERS={
+        k: v for k, v in ce_plan.PLAIN_MAX_REGISTERS.items() if k != (2, 32, True)}),
+    # Under any cap, the kernel's one masked loop where a row has no last part of its own (the plan
+    # splits it into whole and half tiles under caps below PLAIN_ONE_LOOP_MIN_REGISTERS).
+    "plain_one_loop_any": dict(PLAIN_ONE_LOOP_MIN_REGISTERS=0),
+    "plain_w32_uncapped": dict(PLAIN_MAX_REGISTERS={
+        k: v for k, v in ce_plan.PLAIN_MAX_REGISTERS.items() if k[1] != 32}),
     "stream_runs128": dict(STREAM_RUN_BYTES={4: 128, 2: 128}),
     "stream_runs64": dict(STREAM_RUN_BYTES={4: 64, 2: 64}),
     # Label smoothing and softcap rows on TWO_PASS_LAUNCH (before their own tables).

@@ -185,9 +185,8 @@ TWO_PASS_OPTIONS_LAUNCH = {
 # they keep 64 KB tiles, which the H100 measured 3% faster at 128256 (the H200 4% slower).
 # Once the target's term left the kernel's loops, fp32's 16 warps took 40 registers (three programs
 # an SM; 50 and two before): faster on rows of up to 112 KB, slower from 120 KB, where 32 warps (29
-# registers, two programs) are faster (8192 x 32000 0.631 -> 0.589 ms; but 28000 0.524 -> 0.541).
-# Likely, not profiled: three programs' rows of 120 KB (48 MB) crowd the 50 MB of L2 that their
-# second read hits (docs/perf-h200.md, "The target's term after the kernel's loops").
+# registers, two programs) are faster (8192 x 32000 0.631 -> 0.589 ms; but 28000 0.524 -> 0.541):
+# likely (not profiled) three programs' rows of 120 KB, 48 MB, crowd the 50 MB of L2 (perf-h200).
 TWO_PASS_PLAIN_LAUNCH = {4: ((114688, 16, 8192), (204800, 32, 8192), (1 << 62, 32, 16384)),
                          2: ((110592, 8, 8192), (245760, 32, 16384), (1 << 62, 32, 32768))}
 # The kernel for plain rows takes a row's last part, where it is at most this share of a tile, in
@@ -218,17 +217,15 @@ PLAIN_EDGES = {4: (262144, 128), 2: (196608 + 1, 16)}
 # fp32 8192 x 50257 1.381 -> 1.158 (50304: 1.095), 8192 x 40001 1.140 -> 0.844, 8192 x 32001 0.711 ->
 # 0.648, 8192 x 16001 0.475 -> 0.347, 1024 x 50257 0.180 -> 0.157. Runs of 16 bytes took fp32 32001,
 # 24001 and 16001 1-5% further and 50257, 40001 and 1024 x 50257 3-11% back.
-# Then longer rows on the same programs (PLAIN_EDGES_BAND_LAUNCH; the table's for aligned rows are
-# larger), fp32 up to PLAIN_EDGES' 256 KB, bf16 up to 129 KB (run 5, ms, the general kernel -> these:
-# fp32 8192 x 51203 1.340 -> 1.171, 8192 x 60001 1.459 -> 1.300, 8192 x 65535 1.492 -> 1.470; bf16
-# 8192 x 57347 0.804 -> 0.743 (57344: 0.673), 8192 x 65537 0.962 -> 0.877 (65536: 0.748), 4096 and
-# 16384 x 65537 10% faster; but bf16 8192 x 80001 1.043 -> 1.130 and 8192 x 98303 1.398 -> 1.437,
-# so bf16 rows from 129 KB to PLAIN_EDGES' 192 KB keep the general kernel: the boundary between the
-# 128 KB and 156 KB rows measured is a choice).
-PLAIN_EDGES_UP_TO = {4: 262143, 2: 132096}
-# Rows with edges up to PLAIN_EDGES_UP_TO: (warps, tile columns), in place of TWO_PASS_PLAIN_LAUNCH's
-# (0, as there: warps by the tile, the stream's tile).
-PLAIN_EDGES_BAND_LAUNCH = {4: (16, 8192), 2: (8, 8192)}
+# Then longer rows: fp32 up to PLAIN_EDGES' 256 KB on those programs (8192 x 51203 1.340 -> 1.171,
+# 60001 1.459 -> 1.300); bf16 to 129 KB there, which lost from 156 KB (80001 1.043 -> 1.130; run 5).
+# Since the target's term left the kernel's loops, bf16 rows with edges of 108-192 KB take the
+# table's 32-warp programs under a cap of 32 registers (PLAIN_MAX_REGISTERS; two programs an SM, as
+# aligned rows): 8192 x 65537 0.865 -> 0.737 (65536: 0.720), 98303 1.396 -> 1.192 (uncapped, 52
+# registers and one program: 0.987 at 65537; docs/perf-h200.md, "bf16 rows of 108-192 KB").
+PLAIN_EDGES_UP_TO = {4: 262143, 2: 196608}
+# Rows with edges of at most (bytes): (warps, tile columns; 0 as there) in place of TWO_PASS_PLAIN_LAUNCH's.
+PLAIN_EDGES_BAND_LAUNCH = {4: (262143, 16, 8192), 2: (110592, 8, 8192)}
 # A cap on the kernel for plain rows' registers a thread (Triton's maxnreg), by (element size, warps
 # a program, rows with edges): (the cap, most bytes a row it applies to); absent: the compiler's
 # choice. bf16 rows with edges on 8 warps took 80 registers uncapped (three programs an SM where
@@ -241,8 +238,11 @@ PLAIN_EDGES_BAND_LAUNCH = {4: (16, 8192), 2: (8, 8192)}
 # 1.304; but 8192 x 53000 (106 KB rows, 80 registers uncapped: three programs an SM) 0.665 ->
 # 0.705 (not explained; 55000 0.733 -> 0.748), and 1024 x 50304 0.0887 -> 0.0906-0.0921 (1024 rows
 # are one and a half waves of five programs an SM, two of four). Since the target left the loops:
-# edges 63-64 uncapped, 48 without spills but slower (50257 0.610 -> 0.639); 53000 at 48 still loses.
-PLAIN_MAX_REGISTERS = {(2, 8, False): (48, 102400), (2, 8, True): (64, 1 << 62)}
+# edges 63-64 uncapped, 48 without spills but slower (50257 0.610 -> 0.639); 53000 at 48 still loses;
+# bf16's 32-warp programs over 32 KB tiles take 59 where a row has a last part (32 before; 8192 x
+# 57344: one program an SM, 0.673 -> 0.857 ms), capped at 32 (aligned to 240 KB, edges to 192 KB).
+PLAIN_MAX_REGISTERS = {(2, 8, False): (48, 102400), (2, 8, True): (64, 1 << 62),
+                       (2, 32, False): (32, 245760), (2, 32, True): (32, 196608)}
 # The kernel's one masked loop (rows without a tail, or whose last part is over PLAIN_TAIL_MAX_SHARE
 # of a tile) spilled under caps below this (8 bytes at 48); there it takes its loop over whole tiles
 # and one over half tiles for the rest, which did not (since the target left the loops: no spills).
@@ -545,8 +545,9 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         options = "softcap" if softcap else ("weighted smoothing" if weighted else "smoothing") if smoothing else ""
         table = (TWO_PASS_PLAIN_LAUNCH if plain else TWO_PASS_OPTIONS_LAUNCH.get(options, TWO_PASS_LAUNCH))[elem]
         _, num_warps, columns = next((r for r in table if row_bytes <= r[0]), table[-1])
-        if plain and shape["edges"] and edges_from > row_bytes:  # the band's rows
-            num_warps, columns = PLAIN_EDGES_BAND_LAUNCH[elem]
+        band_bytes, band_warps, band_columns = PLAIN_EDGES_BAND_LAUNCH[elem]
+        if plain and shape["edges"] and row_bytes <= band_bytes:
+            num_warps, columns = band_warps, band_columns
         block = stream_block if interpreting or not columns else tile(columns)
         num_warps = num_warps or warps(block)
         # The tail's width: the kernel's whole runs a row (with edges, from the row's first one) are

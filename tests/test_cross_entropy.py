@@ -297,8 +297,10 @@ def test_two_pass_plain_rows_with_a_narrow_tail(dtype, cols, tail, gen):
 @gpu_only
 @pytest.mark.parametrize("dtype,cols,cap,edges", [(torch.bfloat16, 50257, 64, True), (torch.bfloat16, 65537, 32, True),
                                                   (torch.bfloat16, 98303, 32, True), (torch.bfloat16, 57344, 32, False),
-                                                  (torch.bfloat16, 32768, 48, False), (torch.float32, 60001, 0, True)],
-                         ids=["bf16_50257", "bf16_65537", "bf16_98303", "bf16_57344", "bf16_32768", "fp32_60001"])
+                                                  (torch.bfloat16, 110001, 32, True), (torch.bfloat16, 32768, 48, False),
+                                                  (torch.float32, 60001, 0, True)],
+                         ids=["bf16_50257", "bf16_65537", "bf16_98303", "bf16_57344", "bf16_110001", "bf16_32768",
+                              "fp32_60001"])
 def test_two_pass_plain_rows_under_the_band_and_caps(dtype, cols, cap, edges, gen):
     # The GPU's plans for rows off vectors (on PLAIN_EDGES_BAND_LAUNCH's programs, and bf16's 32-warp
     # ones from 108 KB) and under PLAIN_MAX_REGISTERS (bf16 32768: the two loops, no row's rest); ignored
@@ -717,7 +719,7 @@ def test_plans_for_the_gpu():
     assert gpt2_rows.compile_options == {"maxnreg": 64} and "64 registers" in gpt2_rows.describe()
     band = choose("forward_grad", 8192, 53003, torch.bfloat16, plain=True)
     assert (band.plain, band.edges, band.num_warps, band.block, band.max_registers) == (True, True, 8, 8192, 64)
-    for cols, edges in ((57347, True), (57344, False), (98303, True), (120000, False)):
+    for cols, edges in ((57347, True), (57344, False), (98303, True), (120000, False), (110001, True)):
         wide = choose("forward_grad", 8192, cols, torch.bfloat16, plain=True)
         assert (wide.plain, wide.edges, wide.num_warps, wide.block, wide.max_registers) == (
             True, edges, 32, 16384, 32), cols

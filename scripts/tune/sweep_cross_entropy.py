@@ -161,6 +161,8 @@ VARIANTS = {
     # Under any cap, the kernel's one masked loop where a row has no last part of its own (the plan
     # splits it into whole and half tiles under caps below PLAIN_ONE_LOOP_MIN_REGISTERS).
     "plain_one_loop_any": dict(PLAIN_ONE_LOOP_MIN_REGISTERS=0),
+    # bf16 rows with edges of 192-240 KB (PLAIN_EDGES' over 16-byte runs, 32 KB tiles) at 32 registers too.
+    "plain_edges_w32_cap_to_240K": _plain_caps({(2, 32, True): (32, 245760)}),
     "plain_w32_uncapped": dict(PLAIN_MAX_REGISTERS={
         k: v for k, v in ce_plan.PLAIN_MAX_REGISTERS.items() if k[1] != 32}),
     "stream_runs128": dict(STREAM_RUN_BYTES={4: 128, 2: 128}),

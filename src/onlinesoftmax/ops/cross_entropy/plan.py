@@ -240,9 +240,9 @@ PLAIN_EDGES_BAND_LAUNCH = {4: (262143, 16, 8192), 2: (110592, 8, 8192)}
 # are one and a half waves of five programs an SM, two of four). Since the target left the loops:
 # edges 63-64 uncapped, 48 without spills but slower (50257 0.610 -> 0.639); 53000 at 48 still loses;
 # bf16's 32-warp programs over 32 KB tiles take 59 where a row has a last part (32 before; 8192 x
-# 57344: one program an SM, 0.673 -> 0.857 ms), capped at 32 (aligned to 240 KB, edges to 192 KB).
+# 57344: one program an SM, 0.673 -> 0.857 ms), capped at 32 to 240 KB (edges' 100003 1.527 -> 1.242).
 PLAIN_MAX_REGISTERS = {(2, 8, False): (48, 102400), (2, 8, True): (64, 1 << 62),
-                       (2, 32, False): (32, 245760), (2, 32, True): (32, 196608)}
+                       (2, 32, False): (32, 245760), (2, 32, True): (32, 245760)}
 # The kernel's one masked loop (rows without a tail, or whose last part is over PLAIN_TAIL_MAX_SHARE
 # of a tile) spilled under caps below this (8 bytes at 48); there it takes its loop over whole tiles
 # and one over half tiles for the rest, which did not (since the target left the loops: no spills).

@@ -297,8 +297,8 @@ def test_two_pass_plain_rows_with_a_narrow_tail(dtype, cols, tail, gen):
 @gpu_only
 @pytest.mark.parametrize("dtype,cols,cap,edges", [(torch.bfloat16, 50257, 64, True), (torch.bfloat16, 65537, 32, True),
                                                   (torch.bfloat16, 98303, 32, True), (torch.bfloat16, 57344, 32, False),
-                                                  (torch.bfloat16, 110001, 32, True), (torch.bfloat16, 32768, 48, False),
-                                                  (torch.float32, 60001, 0, True)],
+                                                  (torch.bfloat16, 110001, 32, True),
+                                                  (torch.bfloat16, 32768, 48, False), (torch.float32, 60001, 0, True)],
                          ids=["bf16_50257", "bf16_65537", "bf16_98303", "bf16_57344", "bf16_110001", "bf16_32768",
                               "fp32_60001"])
 def test_two_pass_plain_rows_under_the_band_and_caps(dtype, cols, cap, edges, gen):
@@ -726,7 +726,7 @@ def test_plans_for_the_gpu():
     assert choose("forward_grad", 8192, 128257, torch.bfloat16, plain=True).max_registers == 0
     assert choose("forward_grad", 8192, 50304, torch.bfloat16, plain=True).compile_options == {"maxnreg": 48}
     assert choose("forward_grad", 8192, 128256, torch.bfloat16, plain=True).compile_options == {}
-    # Under a cap, a loop over whole tiles and one over half tiles for the rest (the one masked loop spilled).
+    # Under a cap, a loop over whole tiles and one over half tiles for the rest (the one masked loop had spilled).
     for cols, tail in ((32768, 4096), (32000, 4096), (50304, 2048)):
         assert choose("forward_grad", 8192, cols, torch.bfloat16, plain=True).tail == tail, cols
     fp32_rows = choose("forward_grad", 8192, 50257, torch.float32, plain=True)

@@ -8,7 +8,16 @@ import triton
 import triton.language as tl
 
 from ..._triton import NEG_INF, known_multiple, split_lse
-from .kernels import gradient, gradient_scales, gradient_terms, load_row_target, merge_pair, row_loss, target_column, tile_normalizer
+from .kernels import (
+    gradient,
+    gradient_scales,
+    gradient_terms,
+    load_row_target,
+    merge_pair,
+    row_loss,
+    target_column,
+    tile_normalizer,
+)
 
 
 @triton.jit
@@ -167,7 +176,8 @@ def plain_edge_gradient(x_row, first, n_whole, n_cols, scale, lse, lse_low, vali
     cols, mask = plain_edge_columns(first, n_whole, n_cols, ALIGN)
     a, b, e, lse_g, lse_low_g = gradient_terms(scale, scale, 0.0, lse, lse_low, valid, bad, inv_temperature)
     x = tl.load(x_row + cols, mask=mask & valid, other=0.0)
-    # The target's -a is the kernel's to write, after its loops: no column here is the target.
+    # The target's -a is the kernel's to write, after its loops: no column here is the target (and no
+    # class weights: x_row stands for their pointer).
     g = gradient(x.to(tl.float32) * inv_temperature, cols, -1 - first, lse_g, lse_low_g, a, b, e, x_row, mask,
                  1.0, False, False, False)
     tl.store(x_row + cols, g.to(x_row.dtype.element_ty), mask=mask)

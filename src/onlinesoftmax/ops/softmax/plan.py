@@ -222,9 +222,10 @@ SPLIT_ON_CHIP_MISALIGNED_BACKWARD_WARP_BYTES = {4: 8192, 2: 4096}
 # ... and the 2-byte softmax backward (not log_softmax's) of other rows from this many rows an SM: bf16
 # a warp per 2048 bytes (8 warps an 8192-element tile), fp16 a warp per 4096 (4 warps). H200, CUDA
 # graphs, GB/s, 16 -> 8 warps (scripts/tune/tune_softmax.py --backward --variants
-# aligned_backward_warps, docs/notes/2026-11/tune_softmax-aligned_backward_warps-h200.log): bf16 8192 x 65536 3385 -> 3840, 8192 x 50304 3149
-# -> 3670, 1024 x 128256 3177 -> 3567, 528 x 65536 2988 -> 3157; fp16 8192 x 65536 3390 -> 3818; but
-# 256 x 151936 3277 -> 3163 (two rows an SM); log_softmax's lost at most of them (8192 x 65536 3555 -> 3332).
+# aligned_backward_warps, docs/notes/2026-11/tune_softmax-aligned_backward_warps-h200.log): bf16
+# 8192 x 65536 3385 -> 3840, 8192 x 50304 3149 -> 3670, 1024 x 128256 3177 -> 3567, 528 x 65536
+# 2988 -> 3157; fp16 8192 x 65536 3390 -> 3818; but 256 x 151936 3277 -> 3163 (two rows an SM);
+# log_softmax's lost at most of them (8192 x 65536 3555 -> 3332).
 # By dtype: fp16 ran 2-6% faster on 4 warps (a warp per 4096 bytes) at each of six shapes (8192 x 50304
 # 3642 -> 3846, 8192 x 131072 3770 -> 3960, 1024 x 128256 3497 -> 3655), where bf16 lost up to 11% on 4
 # (1024 x 128256 3553 -> 3168). 0: the chunks' warps as SPLIT_ON_CHIP_WARP_BYTES gives them.

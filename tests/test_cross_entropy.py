@@ -29,14 +29,16 @@ FORWARD_STRATEGIES = ("stream",) if TRITON_RUNS else ("torch",)
 # Losses are sums of many rounded terms: a reduced bf16/fp16 loss is one rounding of an fp32 sum,
 # within the table's bound; the gradients are elementwise, within it too.
 
-def _check_loss_and_grad(x, target, dtype, upstream=None, strategy=None, inplace=False, what="", **options):
+def _check_loss_and_grad(x, target, dtype, upstream=None, strategy=None, inplace=False, what="", in_forward=False,
+                         **options):
     """Loss and gradient of ours against the float64 reference on the same (rounded) logits; returns the
     plans of the forward and of the backward."""
     x64 = x.detach().double().requires_grad_()
     ref = reference(x64, target, **options)
     leaf = x.detach().clone().requires_grad_()
     logits = leaf * 1  # a non-leaf: in place, it is overwritten with the gradient
-    out = cross_entropy(logits, target, strategy=strategy, inplace_backward=inplace, **options)
+    out = cross_entropy(logits, target, strategy=strategy, inplace_backward=inplace, gradient_in_forward=in_forward,
+                        **options)
     chosen = plan.last_plan()
     # The upstream gradient as ours receives it (in the loss's dtype), for both: a reference given
     # the unrounded one would differ by that rounding, which is not ours.
@@ -624,6 +626,72 @@ def test_inplace_without_grad_leaves_the_logits_alone(gen):
     assert torch.equal(x, before)
 
 
+# gradient_in_forward=True: a training step that keeps its logits writes their gradient in its
+# forward where the plan says (plan.gradient_in_forward); these tables let it at any size.
+GRADIENT_IN_FORWARD_ALWAYS = dict(GRADIENT_IN_FORWARD_MIN_BYTES=0, GRADIENT_IN_FORWARD_MIN_ROWS_PER_SM=0)
+
+
+@needs_triton
+@pytest.mark.parametrize("shape, strategy", [
+    ((7, 203), "on_chip"),
+    pytest.param((140, 20011), "two_pass", marks=gpu_only),  # at least a row an SM
+    pytest.param((7, 20011), "split_on_chip", marks=gpu_only),
+], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("upstream", [1.0, 0.7, -4.0])
+@pytest.mark.parametrize("options", [OPTIONS[0], OPTIONS[-1]], ids=option_ids)
+def test_kept_logits_gradient_written_by_the_forward(shape, strategy, dtype, reduction, upstream, options, gen):
+    # The forward writes the gradient for an upstream gradient of 1 into a new tensor (the logits
+    # untouched: _check_loss_and_grad); the backward hands it on for 1 and writes it again from the
+    # logits for any other (0.7 scaled after a first rounding would be two roundings of a bf16
+    # gradient). Ignored rows included (make_targets).
+    x = make_logits(shape, dtype, gen, outliers=False)
+    target = make_targets(*shape, gen)
+    options = resolve_options(options, shape[1], gen)
+    with onlinesoftmax.override_plan("cross_entropy", **GRADIENT_IN_FORWARD_ALWAYS):
+        forward, _ = _check_loss_and_grad(x, target, dtype, torch.tensor(upstream, device=DEVICE),
+                                          reduction=reduction, what=f"{strategy} x {upstream}", in_forward=True,
+                                          **options)
+    assert (forward.op, forward.strategy) == ("forward_grad", strategy if TRITON_RUNS and ON_GPU else "on_chip")
+
+
+@needs_triton
+@pytest.mark.parametrize("upstream", [1.0, 0.7])
+def test_kept_logits_gradient_of_a_second_backward(upstream, gen):
+    # A kept graph's second backward cannot take the forward's gradient again (the first handed it
+    # on, and autograd may have added to it): it takes the backward kernel, from the saved lse.
+    x = make_logits((6, 300), torch.bfloat16, gen, outliers=False)
+    target = make_targets(6, 300, gen)
+    leaf = x.clone().requires_grad_()
+    with onlinesoftmax.override_plan("cross_entropy", **GRADIENT_IN_FORWARD_ALWAYS):
+        loss = cross_entropy(leaf * 1, target, label_smoothing=0.1, gradient_in_forward=True)
+        assert plan.last_plan().op == "forward_grad"
+        (loss * upstream).backward(retain_graph=True)
+        first = leaf.grad.clone()
+        (loss * upstream).backward()
+    x64 = x.double().requires_grad_()
+    (reference(x64, target, label_smoothing=0.1) * upstream).backward()
+    assert_matches(first, x64.grad, torch.bfloat16, "first backward")
+    assert_matches(leaf.grad - first, x64.grad, torch.bfloat16, "second backward")
+    if upstream != 1.0:  # both from the backward kernel's arithmetic on the same lse
+        assert torch.equal(leaf.grad - first, first)
+
+
+@needs_triton
+@pytest.mark.parametrize("case", ["default", "none", "strategy", "no_grad"])
+def test_kept_logits_gradient_left_to_the_backward(case, gen):
+    # Not asked for, "none" (a gradient a row to scale would be another pass), a forced strategy and
+    # a call without autograd keep the stream forward.
+    x = make_logits((6, 300), torch.float32, gen, outliers=False)
+    target = make_targets(6, 300, gen)
+    options = dict(gradient_in_forward=case != "default")
+    options.update(dict(reduction="none") if case == "none" else dict(strategy="stream") if case == "strategy" else {})
+    with onlinesoftmax.override_plan("cross_entropy", **GRADIENT_IN_FORWARD_ALWAYS):
+        cross_entropy(x.clone().requires_grad_(case != "no_grad"), target, **options)
+    assert plan.last_plan().op == "forward"
+
+
 def test_return_lse_covers_every_row(gen):
     x = make_logits((7, 45), torch.float32, gen)
     target = make_targets(7, 45, gen)
@@ -839,6 +907,9 @@ def test_checks_run_once_a_signature_but_not_only_once(gen):
     cross_entropy(x, target, return_lse=True, weight=weight[:30])
     with pytest.raises(TypeError, match="return_lse must be a bool"):
         cross_entropy(x, target, return_lse=1, weight=weight[:30])
+    cross_entropy(x, target, gradient_in_forward=False)
+    with pytest.raises(TypeError, match="gradient_in_forward must be a bool"):
+        cross_entropy(x, target, gradient_in_forward=0)
     ref = reference(x.double(), target, weight=weight[::2])
     assert_matches(cross_entropy(x, target, return_lse=True, weight=weight[::2])[0], ref, torch.float32, "loss")
     if target.device.type == "cpu":

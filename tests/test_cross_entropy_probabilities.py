@@ -121,7 +121,8 @@ def test_probability_targets_lse_one_row_and_empty_batch(gen):
 def test_probability_targets_refuse_what_needs_class_indices(gen):
     x = make_logits((4, 10), torch.float32, gen)
     p = torch.softmax(torch.randn((4, 10), generator=gen), -1).to(DEVICE)
-    for option in (dict(ignore_index=3), dict(inplace_backward=True), dict(strategy="stream")):
+    for option in (dict(ignore_index=3), dict(inplace_backward=True), dict(gradient_in_forward=True),
+                   dict(strategy="stream")):
         with pytest.raises(ValueError, match="needs class-index targets"):
             cross_entropy(x, p, **option)
     with pytest.raises(ValueError, match="probability targets must have the logits' shape"):

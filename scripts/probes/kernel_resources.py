@@ -248,7 +248,8 @@ def decode_cases(dtype, shapes=None):
 
 def cross_entropy_cases(dtype, shapes=None, options=None):
     """(case, run) per mode and shape of the cross-entropy bench grid (or of ``shapes``): the
-    separate forward and backward, and the forward with the gradient in place (a "mean" loss).
+    separate forward and backward, and the forward with the gradient in place or into a new tensor (a
+    "mean" loss).
     ``options``: label_smoothing, z_loss, softcap (0: none), temperature, weight (True: class
     weights), as --ce-options gives them."""
     options = options or {}
@@ -262,6 +263,8 @@ def cross_entropy_cases(dtype, shapes=None, options=None):
         yield f"forward {rows}x{cols}", lambda x=x, t=target, o=forward: cross_entropy_launch.launch_forward(x, t, *o)
         yield f"in place {rows}x{cols}", lambda x=x, t=target, o=forward: cross_entropy_launch.launch_forward(
             x, t, *o, inplace=True)
+        yield f"gradient in forward {rows}x{cols}", lambda x=x, t=target, o=forward: cross_entropy_launch.ForwardCall(
+            x, t, *o, None, True, out_of_place=True)(x, t, o[0], torch.empty_like(x))
         lse = torch.empty(rows)
         yield f"backward {rows}x{cols}", lambda x=x, t=target, lse=lse, w=weight: (
             cross_entropy_launch.launch_backward(x, t, w, lse, lse, torch.empty(3), torch.ones(()), -100, "mean",

@@ -81,7 +81,7 @@ def main():
         ("prepared backward (call.backward)", lambda: call.backward(logits, target, None, lse, lse_low, denom, upstream)),
         # (The rows' kernel reduces the loss in the same launch: its last row finds itself at a counter.)
         ("the rows' launch", lambda: call.main(logits, target, logits, denom, lse_low, lse, lse_low,
-                                               *launch._exchange(call.chosen, logits.device), loss)),
+                                               *launch._exchange(call.chosen, logits.device), loss, logits)),
         ("one torch.empty_like", lambda: torch.empty_like(lse)),
         ("Function of 2 outputs, materialized", lambda: _TwoOutputs.apply(x, True)[0].backward()),
         ("Function of 2 outputs, not materialized", lambda: _TwoOutputs.apply(x, False)[0].backward()),

@@ -328,6 +328,16 @@ def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target_col, lse, lse_low, 
     tl.store(out_ptr + base + cols, g.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def gradient_destination(x_ptr, dx_ptr, OUT_OF_PLACE: tl.constexpr):
+    """Where a forward that writes the gradient stores it: over the logits, or (OUT_OF_PLACE) into dx_ptr,
+    addressed with x's offsets. In place dx_ptr is not used, so the compiled kernel is the one without it."""
+    if OUT_OF_PLACE:
+        return dx_ptr
+    else:
+        return x_ptr
+
+
 # --------------------------------------------------------------------------------------------
 # Forward: loss and lse from one read (strategies "stream" and, with WRITE_GRAD, "two_pass")
 # --------------------------------------------------------------------------------------------
@@ -335,7 +345,7 @@ def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target_col, lse, lse_low, 
 
 @triton.jit
 def cross_entropy_stream_kernel(
-    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr, out_ptr,
+    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr, out_ptr, dx_ptr,
     n_cols, x_stride, col_stride, target_stride, ignore_index, class_offset, n_classes,
     label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, tiles_per_chunk,
     BLOCK: tl.constexpr, TAIL: tl.constexpr, TAIL_ORDER: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr,
@@ -343,7 +353,7 @@ def cross_entropy_stream_kernel(
     SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr, Z: tl.constexpr, Z_IN_ROW: tl.constexpr, MEAN: tl.constexpr,
     READ_IGNORED: tl.constexpr, WRITE_GRAD: tl.constexpr, STATS: tl.constexpr,
     FIRST_EVICTION: tl.constexpr = "", SECOND_EVICTION: tl.constexpr = "", REDUCE: tl.constexpr = False,
-    COUNT: tl.constexpr = False, REDUCE_BLOCK: tl.constexpr = 1024,
+    COUNT: tl.constexpr = False, REDUCE_BLOCK: tl.constexpr = 1024, OUT_OF_PLACE: tl.constexpr = False,
 ):
     # Program (row, chunk) reads tiles [chunk * tiles_per_chunk, ...) of its row (one tile, but for
     # the longest rows): each tile's maximum, then its sum, merged as scalars. (Per-lane online
@@ -362,7 +372,9 @@ def cross_entropy_stream_kernel(
     # its last chunk as one more tile of TAIL (plan.STREAM_TAIL_MAX_SHARE), reduced before its own
     # tiles ("first"), after them ("last"), or between its first tile's load and that tile's reduction
     # ("overlap": the two loads in flight together) by TAIL_ORDER (plan.STREAM_TAIL_ORDER).
+    # OUT_OF_PLACE: WRITE_GRAD's gradient goes to dx_ptr (x's strides) instead of over the logits.
     tl.static_assert(TAIL == BLOCK or not WRITE_GRAD)
+    g_ptr = gradient_destination(x_ptr, dx_ptr, OUT_OF_PLACE)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     num_chunks = tl.num_programs(1)
@@ -462,10 +474,10 @@ def cross_entropy_stream_kernel(
                     y = transform(x, softcap, inv_temperature, SOFTCAP)
                     g = gradient(y, cols, target_col, lse_g, lse_low_g, a, b, e, weight_ptr, full, tanh_scale,
                                  HAS_WEIGHT, SMOOTH, SOFTCAP)
-                    tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full,
+                    tl.store(g_ptr + start + offs, g.to(g_ptr.dtype.element_ty), mask=full,
                              eviction_policy=SECOND_EVICTION)
                 if EDGES:
-                    write_edge_gradient(x_ptr, x_ptr, base, n_cols, target_col, lse_g, lse_low_g, a, b, e, valid,
+                    write_edge_gradient(x_ptr, g_ptr, base, n_cols, target_col, lse_g, lse_low_g, a, b, e, valid,
                                         weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH,
                                         SOFTCAP)
         if REDUCE:  # (ordering as in _triton.wait_for_row: stores, barrier, releasing arrival; acquire, barrier, loads)
@@ -486,20 +498,22 @@ def cross_entropy_stream_kernel(
 
 @triton.jit
 def cross_entropy_on_chip_kernel(
-    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr, out_ptr,
+    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr, out_ptr, dx_ptr,
     n_cols, x_stride, col_stride, target_stride, ignore_index, n_classes,
     label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, num_chunks,
     BLOCK: tl.constexpr, CHUNKS_POW2: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,
     EDGES: tl.constexpr, SPLIT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
     SOFTCAP: tl.constexpr, Z: tl.constexpr, Z_IN_ROW: tl.constexpr, MEAN: tl.constexpr,
-    READ_IGNORED: tl.constexpr,
+    READ_IGNORED: tl.constexpr, OUT_OF_PLACE: tl.constexpr = False,
 ):
     # A program holds one tile of BLOCK columns of its row in registers (the whole row without
     # SPLIT). With SPLIT, num_chunks programs hold one row: each publishes its tile's (m, d) (and
     # smoothing sum), waits at the row's counter until all have, merges them in chunk order and
     # writes its tile's gradient over the logits from registers, as the softmax's
     # split_row_on_chip kernel does (tickets: see _triton.take_ticket). Chunk 0 writes the loss,
-    # the lse and the row's partial first and last vectors (EDGES).
+    # the lse and the row's partial first and last vectors (EDGES). OUT_OF_PLACE: the gradient goes
+    # to dx_ptr (x's strides) instead of over the logits.
+    g_ptr = gradient_destination(x_ptr, dx_ptr, OUT_OF_PLACE)
     if SPLIT:
         ticket = take_ticket(sync_ptr)
         row = ticket // num_chunks
@@ -556,14 +570,14 @@ def cross_entropy_on_chip_kernel(
     y = tl.where(valid, transform(b_in, softcap, inv_temperature, SOFTCAP), 0.0)
     g = gradient(y, cols, target_column(target, n_cols), lse_g, lse_low_g, a, b, e, weight_ptr, live, tanh_scale,
                  HAS_WEIGHT, SMOOTH, SOFTCAP)
-    tl.store(x_ptr + start + offs, g.to(x_ptr.dtype.element_ty), mask=full)
+    tl.store(g_ptr + start + offs, g.to(g_ptr.dtype.element_ty), mask=full)
     if chunk == 0:
         loss = row_loss(lse, lse_low, y_t, s, w_t, w_sum, valid, bad, label_smoothing, z_loss, n_classes, SMOOTH, Z_IN_ROW)
         tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
         tl.store(lse_ptr + row, lse)
         tl.store(lse_low_ptr + row, lse_low)
         if EDGES:
-            write_edge_gradient(x_ptr, x_ptr, base, n_cols, target_column(target, n_cols), lse_g, lse_low_g, a, b, e,
+            write_edge_gradient(x_ptr, g_ptr, base, n_cols, target_column(target, n_cols), lse_g, lse_low_g, a, b, e,
                                 valid, weight_ptr, softcap, tanh_scale, inv_temperature, ALIGN, HAS_WEIGHT, SMOOTH,
                                 SOFTCAP)
 
@@ -577,17 +591,42 @@ def cross_entropy_on_chip_kernel(
 def cross_entropy_backward_kernel(
     x_ptr, dx_ptr, target_ptr, weight_ptr, denom_ptr, lse_ptr, lse_low_ptr, grad_ptr,
     n_cols, x_stride, col_stride, target_stride, grad_stride, ignore_index, class_offset, n_classes,
-    label_smoothing, z_loss, softcap, tanh_scale, inv_temperature,
+    label_smoothing, z_loss, softcap, tanh_scale, inv_temperature, tiles_per_row, n_tiles,
     BLOCK: tl.constexpr, TAIL: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr, EDGES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr, Z: tl.constexpr, MEAN: tl.constexpr,
-    UNIT_GRAD: tl.constexpr,
+    UNIT_GRAD: tl.constexpr, SKIP_UNIT: tl.constexpr = False,
 ):
     # Elementwise: program (row, k) writes tile k of the row. dx has x's strides (or is x: each element
     # is read before the same program writes it). An ignored row is not read. UNIT_GRAD: grad_ptr unread.
     # TAIL < BLOCK: the grid holds the rows' whole tiles, and the row's last program writes its columns
-    # past them too, at most TAIL (plan.STREAM_TAIL_MAX_SHARE).
-    row = tl.program_id(0)
-    k = tl.program_id(1)
+    # past them too, at most TAIL (plan.STREAM_TAIL_MAX_SHARE). SKIP_UNIT (a 0-d upstream gradient):
+    # dx already holds the gradient for an upstream gradient of 1 (a forward wrote it), which is then
+    # left alone; persistent programs loop over the n_tiles (row, tile) pairs, so that leaving it
+    # costs a handful of programs, not one a tile (as scale_rows_kernel).
+    if SKIP_UNIT:
+        stop = tl.where(tl.load(grad_ptr).to(tl.float32) == 1.0, 0, n_tiles)
+        for tile in range(tl.program_id(0), stop, tl.num_programs(0)):
+            backward_tile(x_ptr, dx_ptr, target_ptr, weight_ptr, denom_ptr, lse_ptr, lse_low_ptr, grad_ptr,
+                          tile // tiles_per_row, tile % tiles_per_row, tiles_per_row, n_cols, x_stride, col_stride,
+                          target_stride, grad_stride, ignore_index, class_offset, n_classes, label_smoothing,
+                          z_loss, softcap, tanh_scale, inv_temperature, BLOCK, TAIL, ALIGN, CONTIGUOUS, EDGES,
+                          HAS_WEIGHT, SMOOTH, SOFTCAP, Z, MEAN, UNIT_GRAD)
+    else:
+        backward_tile(x_ptr, dx_ptr, target_ptr, weight_ptr, denom_ptr, lse_ptr, lse_low_ptr, grad_ptr,
+                      tl.program_id(0), tl.program_id(1), tl.num_programs(1), n_cols, x_stride, col_stride,
+                      target_stride, grad_stride, ignore_index, class_offset, n_classes, label_smoothing, z_loss,
+                      softcap, tanh_scale, inv_temperature, BLOCK, TAIL, ALIGN, CONTIGUOUS, EDGES, HAS_WEIGHT,
+                      SMOOTH, SOFTCAP, Z, MEAN, UNIT_GRAD)
+
+
+@triton.jit
+def backward_tile(x_ptr, dx_ptr, target_ptr, weight_ptr, denom_ptr, lse_ptr, lse_low_ptr, grad_ptr, row, k, n_tiles,
+                  n_cols, x_stride, col_stride, target_stride, grad_stride, ignore_index, class_offset, n_classes,
+                  label_smoothing, z_loss, softcap, tanh_scale, inv_temperature,
+                  BLOCK: tl.constexpr, TAIL: tl.constexpr, ALIGN: tl.constexpr, CONTIGUOUS: tl.constexpr,
+                  EDGES: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr,
+                  Z: tl.constexpr, MEAN: tl.constexpr, UNIT_GRAD: tl.constexpr):
+    """The backward kernel's tile ``k`` of ``row`` (of ``n_tiles`` a row; the last takes the row's tail too)."""
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_classes)
     target_col = target_column(target - class_offset, n_cols)
     lse = tl.load(lse_ptr + row)
@@ -602,7 +641,6 @@ def cross_entropy_backward_kernel(
                   weight_ptr + class_offset, softcap, tanh_scale, inv_temperature, BLOCK, ALIGN, CONTIGUOUS, EDGES,
                   HAS_WEIGHT, SMOOTH, SOFTCAP)
     if TAIL < BLOCK:
-        n_tiles = tl.num_programs(1)
         if k == n_tiles - 1:  # a branch: the other programs do not compute an empty tile
             tile_gradient(x_ptr, dx_ptr, base, n_tiles * (BLOCK // TAIL), n_cols, col_stride, target_col, lse,
                           lse_low, a, b, e, valid, weight_ptr + class_offset, softcap, tanh_scale, inv_temperature,

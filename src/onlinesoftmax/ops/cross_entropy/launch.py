@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ... import _buffers, cpu
-from ..._device import interpreter_active, next_power_of_2, plan_cache, remember, triton_runs_on
+from ..._device import interpreter_active, next_power_of_2, plan_cache, remember, sm_count, triton_runs_on
 from ..._launch import Launcher, aligned
 from ..._triton import COUNTER_STRIDE
 from ..._validate import KERNEL_DTYPES
@@ -70,7 +70,7 @@ def _exchange(chosen: planner.Plan, device: torch.device):
     return _buffers.row_exchange(3 * chosen.rows * chosen.num_chunks, COUNTER_STRIDE.value * (1 + chosen.rows), device)
 
 
-def _same_layout_buffer(x: torch.Tensor) -> torch.Tensor:
+def same_layout_buffer(x: torch.Tensor) -> torch.Tensor:
     """A new (rows, cols) tensor of x's dtype and strides (the kernels address both with one set of offsets)."""
     if x.is_contiguous():
         return _buffers.empty_like(x)  # no view to make (a view costs about as much host time as an allocation)
@@ -165,12 +165,13 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
                    label_smoothing: float, z_loss: float, softcap: float, temperature: float, read_ignored: bool,
                    class_offset: int = 0, n_classes: Optional[int] = None, stats: bool = False,
                    reduce_into: bool = False, count_too: bool = False,
-                   out_dtype: Optional[torch.dtype] = None) -> Recipe:
+                   out_dtype: Optional[torch.dtype] = None, out_of_place: bool = False) -> Recipe:
     """The main forward kernel of ``chosen`` over x's rows; tensors (x, target, w, denom, loss, lse,
-    lse_low, parts, counters, out), ``w`` the class weights or x (a valid pointer never read).
+    lse_low, parts, counters, out, dx), ``w`` the class weights or x (a valid pointer never read).
     ``reduce_into`` (the stream kernel's plans): the loss reduced into ``out`` (of ``out_dtype``)
     too, as reduce_recipe's launch would (``count_too``: the denominators first); else ``out`` is
-    not used."""
+    not used. "forward_grad" plans write the gradient over x, or with ``out_of_place`` into ``dx``
+    (x's strides, a new tensor: the key holds no alignment of it); else ``dx`` is not used."""
     n_rows, n_cols = x.shape
     n_classes = n_cols if n_classes is None else n_classes
     inv_t = 1.0 / temperature
@@ -180,7 +181,7 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
     key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, loss.dtype, aligned(x),
            aligned(target), aligned(w), aligned(loss), aligned(lse), aligned(lse_low), ignore_index, class_offset,
            n_classes, reduction, tuple(flags.values()), read_ignored, stats, reduce_into, count_too,
-           out_dtype if reduce_into else None)
+           out_dtype if reduce_into else None, out_of_place)
     meta = dict(ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
                 Z_IN_ROW=z_loss > 0 and reduction == "none", READ_IGNORED=read_ignored, BLOCK=chosen.block,
                 CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=splits_rows(chosen),
@@ -193,19 +194,20 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
             raise AssertionError("cross_entropy: a plan for plain rows met a call with options they exclude")
         return Recipe(_two_pass_plain, chosen.grid, key, (n_cols, x.stride(0), target.stride(0), ignore_index, inv_t),
                       dict(BLOCK=chosen.block, TAIL=chosen.tail, ALIGN=chosen.align, EDGES=chosen.edges,
-                           MEAN=flags["MEAN"], num_warps=chosen.num_warps, **eviction, **chosen.compile_options))
+                           MEAN=flags["MEAN"], OUT_OF_PLACE=out_of_place, num_warps=chosen.num_warps, **eviction,
+                           **chosen.compile_options))
     if chosen.strategy in ("stream", "two_pass"):
         scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, class_offset, n_classes,
                    label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.tiles_per_chunk)
         return Recipe(_stream, chosen.grid, key, scalars, dict(
             meta, TAIL=chosen.tail or chosen.block, TAIL_ORDER=chosen.tail_order,
             WRITE_GRAD=chosen.strategy == "two_pass", STATS=stats, REDUCE=reduce_into, COUNT=count_too,
-            REDUCE_BLOCK=planner.REDUCE_BLOCK, **eviction))
+            REDUCE_BLOCK=planner.REDUCE_BLOCK, OUT_OF_PLACE=out_of_place, **eviction))
     if reduce_into:
         raise AssertionError("cross_entropy: only the stream kernel reduces the loss in its launch")
     scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, n_classes,
                label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.num_chunks)
-    return Recipe(_on_chip, chosen.grid, key, scalars, meta)
+    return Recipe(_on_chip, chosen.grid, key, scalars, dict(meta, OUT_OF_PLACE=out_of_place))
 
 
 def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
@@ -228,15 +230,18 @@ def rows_forward(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, we
                             label_smoothing, z_loss, softcap, temperature, read_ignored, class_offset, n_classes,
                             stats)
     parts, counters = _exchange(chosen, x.device) if splits_rows(chosen) else (lse, lse)
-    recipe(x, target, w, denom, loss, lse, lse_low, parts, counters, lse)
+    recipe(x, target, w, denom, loss, lse, lse_low, parts, counters, lse, x)
 
 
 def backward_recipe(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, target: torch.Tensor, w: torch.Tensor,
                     has_weight: bool, lse: torch.Tensor, lse_low: torch.Tensor, grad: torch.Tensor, ignore_index: int,
                     reduction: str, label_smoothing: float, z_loss: float, softcap: float, temperature: float,
-                    class_offset: int = 0, n_classes: Optional[int] = None, unit_grad: bool = False) -> Recipe:
+                    class_offset: int = 0, n_classes: Optional[int] = None, unit_grad: bool = False,
+                    skip_unit: bool = False) -> Recipe:
     """The backward kernel of ``chosen``; tensors (x, dx, target, w, denom, lse, lse_low, grad), ``w``
-    the class weights or x; ``unit_grad``: for an upstream gradient of 1, ``grad`` not read."""
+    the class weights or x; ``unit_grad``: for an upstream gradient of 1, ``grad`` not read;
+    ``skip_unit``: dx holds the gradient for an upstream gradient of 1 already, left as it is where
+    ``grad`` (0-d) is 1 (persistent programs: planner.SCALE_PROGRAMS_PER_SM an SM)."""
     n_rows, n_cols = x.shape
     n_classes = n_cols if n_classes is None else n_classes
     inv_t = 1.0 / temperature
@@ -245,12 +250,16 @@ def backward_recipe(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, tar
     grad_stride = grad.stride(0) if grad.dim() else 0
     key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, dx.dtype, grad.dtype,
            grad_stride, aligned(x), aligned(dx), aligned(target), aligned(w), aligned(grad), aligned(lse),
-           aligned(lse_low), ignore_index, class_offset, n_classes, tuple(flags.values()), unit_grad)
+           aligned(lse_low), ignore_index, class_offset, n_classes, tuple(flags.values()), unit_grad, skip_unit)
+    tiles_per_row = chosen.grid[1]
+    grid = chosen.grid
+    if skip_unit:
+        grid = (max(1, min(n_rows * tiles_per_row, planner.SCALE_PROGRAMS_PER_SM * sm_count(x.device))),)
     scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), grad_stride, ignore_index, class_offset, n_classes,
-               label_smoothing, z_loss, softcap, tanh_scale, inv_t)
-    return Recipe(_backward, chosen.grid, key, scalars, dict(
+               label_smoothing, z_loss, softcap, tanh_scale, inv_t, tiles_per_row, n_rows * tiles_per_row)
+    return Recipe(_backward, grid, key, scalars, dict(
         BLOCK=chosen.block, TAIL=chosen.tail or chosen.block, ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous,
-        EDGES=chosen.edges, num_warps=chosen.num_warps, UNIT_GRAD=unit_grad, **flags))
+        EDGES=chosen.edges, num_warps=chosen.num_warps, UNIT_GRAD=unit_grad, SKIP_UNIT=skip_unit, **flags))
 
 
 def rows_backward(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, target: torch.Tensor,
@@ -278,16 +287,20 @@ def _weight_signature(weight: Optional[torch.Tensor]):
 class ForwardCall:
     """One forward signature (shapes, strides, dtypes, alignment, options), decided once: its plan,
     its launches bound (_launch.BoundLaunch) and its buffers' templates (_buffers.template). An
-    eager call is then its allocations and launches: a small call is the host's time."""
+    eager call is then its allocations and launches: a small call is the host's time.
+    ``inplace``: the gradient (for an upstream gradient of 1) written over x, or with ``out_of_place``
+    into a tensor of x's layout that each call is given (gradient_call)."""
 
     def __init__(self, x, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, temperature,
-                 return_lse, strategy, inplace, float32_loss=False):
+                 return_lse, strategy, inplace, float32_loss=False, out_of_place=False):
         n_rows, n_cols = x.shape
         device = x.device
         self.options = (ignore_index, reduction, label_smoothing, z_loss, softcap, temperature)
         self.loss_dtype = loss_dtype = torch.float32 if float32_loss else x.dtype
         self.inplace, self.strategy = inplace, strategy
+        self.signature = (return_lse, float32_loss)
         self.backward_calls: dict = {}  # upstream gradient's signature -> BackwardCall
+        self.fused: Optional[tuple] = None  # gradient_call's answer, once asked
         has_weight = weight is not None
         self.chosen = chosen = planner.choose("forward_grad" if inplace else "forward", n_rows, n_cols, x.dtype,
                                               device, strategy, x.stride(0), x.stride(1),
@@ -316,16 +329,18 @@ class ForwardCall:
         w = weight if has_weight else x
         self.main = forward_recipe(first, x, target, w, has_weight, loss_rows, lse, lse_low, ignore_index, reduction,
                                    label_smoothing, z_loss, softcap, temperature, return_lse, reduce_into=self.folded,
-                                   count_too=count_too, out_dtype=loss_dtype).bind()
+                                   count_too=count_too, out_dtype=loss_dtype, out_of_place=out_of_place).bind()
+        dx = same_layout_buffer(x) if out_of_place and second is not None else x
         self.write_grad = None if second is None else backward_recipe(
-            second, x, x, target, w, has_weight, lse, lse_low, lse, *self.options, unit_grad=True).bind()
+            second, x, dx, target, w, has_weight, lse, lse_low, lse, *self.options, unit_grad=True).bind()
         self.exchange = splits_rows(first) or self.folded
         self.reduce = None if self.loss is None or self.folded else reduce_recipe(
             loss_rows, lse, target, weight if has_weight else loss_rows, has_weight, _buffers.empty_like(self.loss),
             n_cols, ignore_index, reduction, z_loss, count_too, label_smoothing > 0).bind()
 
-    def __call__(self, x, target, weight):
-        """(loss, lse, lse_low, denom) of these logits (see launch_forward)."""
+    def __call__(self, x, target, weight, dx=None):
+        """(loss, lse, lse_low, denom) of these logits (see launch_forward); ``dx``: the gradient's
+        tensor of an ``out_of_place`` call."""
         planner.record(self.chosen)
         denom = _buffers.empty_like(self.denom)
         if self.torch_path:
@@ -336,14 +351,44 @@ class ForwardCall:
             self.count(denom, denom, target, denom if weight is None else weight, denom, denom)
         parts, counters = _exchange(self.chosen, x.device) if self.exchange else (lse, lse)
         loss = lse if self.loss is None else _buffers.empty_like(self.loss)
-        self.main(x, target, x if weight is None else weight, denom, loss_rows, lse, lse_low, parts, counters, loss)
+        dx = x if dx is None else dx
+        self.main(x, target, x if weight is None else weight, denom, loss_rows, lse, lse_low, parts, counters, loss, dx)
         if self.write_grad is not None:
-            self.write_grad(x, x, target, x if weight is None else weight, denom, lse, lse_low, lse)
+            self.write_grad(x, dx, target, x if weight is None else weight, denom, lse, lse_low, lse)
         if self.loss is None:
             return loss_rows, lse, lse_low, denom
         if self.reduce is not None:
             self.reduce(loss_rows, lse, target, loss_rows if weight is None else weight, denom, loss)
         return loss, lse, lse_low, denom
+
+    def gradient_call(self, x, target, weight) -> Optional[tuple]:
+        """For a call that keeps its logits (not ``inplace``), where its gradient is best computed in
+        the forward (planner.gradient_in_forward): (the ForwardCall writing it into a new tensor,
+        that tensor's template). Else None. Decided at the first call that needs a gradient."""
+        if self.fused is None:
+            call = None
+            if not self.inplace and self.strategy is None and not self.torch_path and dense(x):
+                call = ForwardCall(x, target, weight, *self.options, *self.signature[:1], None, True,
+                                   self.signature[1], out_of_place=True)
+                call = call if planner.gradient_in_forward(call.chosen, self.options[1], x.device) else None
+            template = None if call is None or not x.is_contiguous() else _buffers.template(x.shape, x.dtype, x.device)
+            self.fused = (call, template)
+        return None if self.fused[0] is None else self.fused
+
+    def backward_over(self, dx, x, target, weight, lse, lse_low, denom, grad):
+        """The backward of a call of this ``out_of_place`` forward, which wrote ``dx`` for an upstream
+        gradient of 1: for ``grad`` (0-d) of 1 dx as it is, else dx written again from the logits (so
+        the gradient is rounded once, as the backward kernel's, not scaled after a first rounding)."""
+        key = (grad.dtype, aligned(grad))
+        recipe = self.backward_calls.get(key)
+        if recipe is None:
+            n_rows, n_cols = x.shape
+            chosen = planner.choose("backward", n_rows, n_cols, x.dtype, x.device, None, x.stride(0), x.stride(1))
+            recipe = remember(self.backward_calls, key, backward_recipe(
+                chosen, x, dx, target, x if weight is None else weight, weight is not None, lse, lse_low, grad,
+                *self.options, skip_unit=True).bind())
+        recipe(x, dx, target, x if weight is None else weight, denom, lse, lse_low, grad)
+        return dx
 
     def backward(self, x, target, weight, lse, lse_low, denom, grad):
         """launch_backward for the tensors of a call of this forward (x, target and weight as given
@@ -382,7 +427,7 @@ class BackwardCall:
 
     def _gradient_buffer(self, x):
         # The kernel addresses x and dx with one set of offsets.
-        return _buffers.empty_like(self.dx) if self.dx is not None else _same_layout_buffer(x)
+        return _buffers.empty_like(self.dx) if self.dx is not None else same_layout_buffer(x)
 
     def __call__(self, x, target, weight, lse, lse_low, denom, grad):
         planner.record(self.chosen)

@@ -10,6 +10,7 @@ import triton.language as tl
 from ..._triton import NEG_INF, known_multiple, split_lse
 from .kernels import (
     gradient,
+    gradient_destination,
     gradient_scales,
     gradient_terms,
     load_row_target,
@@ -22,10 +23,10 @@ from .kernels import (
 
 @triton.jit
 def cross_entropy_two_pass_plain_kernel(
-    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr, out_ptr,
+    x_ptr, target_ptr, weight_ptr, denom_ptr, loss_ptr, lse_ptr, lse_low_ptr, parts_ptr, sync_ptr, out_ptr, dx_ptr,
     n_cols, x_stride, target_stride, ignore_index, inv_temperature,
     BLOCK: tl.constexpr, TAIL: tl.constexpr, ALIGN: tl.constexpr, EDGES: tl.constexpr, MEAN: tl.constexpr,
-    FIRST_EVICTION: tl.constexpr, SECOND_EVICTION: tl.constexpr,
+    FIRST_EVICTION: tl.constexpr, SECOND_EVICTION: tl.constexpr, OUT_OF_PLACE: tl.constexpr = False,
 ):
     # two_pass (one program a row: its (m, d), then the gradient over it from a second read) for
     # plain rows: no class weights, label smoothing, softcap or z-loss; contiguous rows. At 64 KB
@@ -46,8 +47,9 @@ def cross_entropy_two_pass_plain_kernel(
     # element after them. Compared with each lane's column inside the loop, the target took 4-5
     # registers a thread in 64-bit arithmetic (SASS for sm_90): 80 registers with edges, spills at a
     # cap of 48, one load in flight fewer (docs/perf-h200.md, "The target's term after the kernel's
-    # loops"). weight_ptr, parts_ptr, sync_ptr and out_ptr are not used: the tensors are the general
-    # kernel's.
+    # loops"). OUT_OF_PLACE: the gradient goes to dx_ptr (x's strides), g_row its row as x_row is x's.
+    # weight_ptr, parts_ptr, sync_ptr and out_ptr are not used: the tensors are the general kernel's.
+    g_ptr = gradient_destination(x_ptr, dx_ptr, OUT_OF_PLACE)
     row = tl.program_id(0)
     target, valid, bad = load_row_target(target_ptr, row, target_stride, ignore_index, n_cols)
     in_row = valid & ~bad
@@ -57,11 +59,13 @@ def cross_entropy_two_pass_plain_kernel(
         base = row.to(tl.int64) * x_stride
         first = ((ALIGN - base % ALIGN) % ALIGN).to(tl.int32)  # the row's elements before its first whole run
         x_row = x_ptr + known_multiple(base + first, ALIGN)
+        g_row = g_ptr + known_multiple(base + first, ALIGN)
         n_whole = known_multiple(tl.maximum(n_cols - first, 0), ALIGN)
     else:
         # Rows and their length in whole vectors, as Triton's alignment analysis can see (see row_tile).
         first = 0
         x_row = x_ptr + row.to(tl.int64) * known_multiple(x_stride, ALIGN)
+        g_row = g_ptr + row.to(tl.int64) * known_multiple(x_stride, ALIGN)
         n_whole = known_multiple(n_cols, ALIGN)
     # The target's column from x_row (negative in the row's partial first run; -1 - first: none).
     target_whole = target_column(target, n_cols) - first
@@ -96,27 +100,27 @@ def cross_entropy_two_pass_plain_kernel(
     tl.store(lse_low_ptr + row, lse_low)
     scale = gradient_scales(denom_ptr, 1.0, MEAN)[0]
     if EDGES:  # before the tiles' loop, whose stores do not touch these elements
-        plain_edge_gradient(x_row, first, n_whole, n_cols, scale, lse, lse_low, valid, bad,
+        plain_edge_gradient(x_row, g_row, first, n_whole, n_cols, scale, lse, lse_low, valid, bad,
                             inv_temperature, ALIGN)
     a = tl.where(bad, float("nan"), scale) * inv_temperature
     if TAIL < BLOCK:
         for k in range(0, n_full):
-            plain_tile_gradient(x_row, k * BLOCK + lanes, n_whole, a, lse, lse_low, inv_temperature,
+            plain_tile_gradient(x_row, g_row, k * BLOCK + lanes, n_whole, a, lse, lse_low, inv_temperature,
                                 False, SECOND_EVICTION)
         for k in range(0, n_tail):
-            plain_tile_gradient(x_row, tail_from + k * TAIL + tail_lanes, n_whole, a, lse, lse_low, inv_temperature,
+            plain_tile_gradient(x_row, g_row, tail_from + k * TAIL + tail_lanes, n_whole, a, lse, lse_low, inv_temperature,
                                 True, SECOND_EVICTION)
     else:
         for k in range(0, read_tiles):
-            plain_tile_gradient(x_row, k * BLOCK + lanes, n_whole, a, lse, lse_low, inv_temperature,
+            plain_tile_gradient(x_row, g_row, k * BLOCK + lanes, n_whole, a, lse, lse_low, inv_temperature,
                                 True, SECOND_EVICTION)
     for k in range(0, n_tiles - read_tiles):  # an ignored row's gradient: 0
         cols = k * BLOCK + lanes
-        tl.store(x_row + cols, tl.zeros((BLOCK,), x_ptr.dtype.element_ty), mask=cols < n_whole)
+        tl.store(g_row + cols, tl.zeros((BLOCK,), g_ptr.dtype.element_ty), mask=cols < n_whole)
     # The target's -a last, over what the loops wrote there, after every warp's stores (see above).
     tl.debug_barrier()
     g_t = a * tl.exp((x_t * inv_temperature - lse) - lse_low) - a
-    tl.store(x_row + target_whole, g_t.to(x_ptr.dtype.element_ty), mask=in_row)
+    tl.store(g_row + target_whole, g_t.to(g_ptr.dtype.element_ty), mask=in_row)
 
 
 @triton.jit
@@ -134,9 +138,9 @@ def plain_tile_stats(x_row, cols, n_live, m, d, inv_temperature, MASKED: tl.cons
 
 
 @triton.jit
-def plain_tile_gradient(x_row, cols, n_live, a, lse, lse_low, inv_temperature, MASKED: tl.constexpr,
+def plain_tile_gradient(x_row, g_row, cols, n_live, a, lse, lse_low, inv_temperature, MASKED: tl.constexpr,
                         EVICTION: tl.constexpr):
-    """The plain kernel's gradient over one tile of columns ``cols``, written over them."""
+    """The plain kernel's gradient over one tile of columns ``cols``, written to g_row's (x_row's in place)."""
     if MASKED:
         live = cols < n_live
         y = tl.load(x_row + cols, mask=live, other=0.0, eviction_policy=EVICTION)
@@ -144,9 +148,9 @@ def plain_tile_gradient(x_row, cols, n_live, a, lse, lse_low, inv_temperature, M
         y = tl.load(x_row + cols, eviction_policy=EVICTION)
     g = a * tl.exp((y.to(tl.float32) * inv_temperature - lse) - lse_low)  # the target's -a: after the loops
     if MASKED:
-        tl.store(x_row + cols, g.to(x_row.dtype.element_ty), mask=live, eviction_policy=EVICTION)
+        tl.store(g_row + cols, g.to(g_row.dtype.element_ty), mask=live, eviction_policy=EVICTION)
     else:
-        tl.store(x_row + cols, g.to(x_row.dtype.element_ty), eviction_policy=EVICTION)
+        tl.store(g_row + cols, g.to(g_row.dtype.element_ty), eviction_policy=EVICTION)
 
 
 @triton.jit
@@ -170,9 +174,9 @@ def plain_edge_stats(x_row, first, n_whole, n_cols, valid, inv_temperature, ALIG
 
 
 @triton.jit
-def plain_edge_gradient(x_row, first, n_whole, n_cols, scale, lse, lse_low, valid, bad,
+def plain_edge_gradient(x_row, g_row, first, n_whole, n_cols, scale, lse, lse_low, valid, bad,
                         inv_temperature, ALIGN: tl.constexpr):
-    """The gradient of the row's partial runs, written over them (no loop stores there; the target's store may)."""
+    """The gradient of the row's partial runs, written to g_row's (no loop stores there; the target's store may)."""
     cols, mask = plain_edge_columns(first, n_whole, n_cols, ALIGN)
     a, b, e, lse_g, lse_low_g = gradient_terms(scale, scale, 0.0, lse, lse_low, valid, bad, inv_temperature)
     x = tl.load(x_row + cols, mask=mask & valid, other=0.0)
@@ -180,4 +184,4 @@ def plain_edge_gradient(x_row, first, n_whole, n_cols, scale, lse, lse_low, vali
     # class weights: x_row stands for their pointer).
     g = gradient(x.to(tl.float32) * inv_temperature, cols, -1 - first, lse_g, lse_low_g, a, b, e, x_row, mask,
                  1.0, False, False, False)
-    tl.store(x_row + cols, g.to(x_row.dtype.element_ty), mask=mask)
+    tl.store(g_row + cols, g.to(g_row.dtype.element_ty), mask=mask)

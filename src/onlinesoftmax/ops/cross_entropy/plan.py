@@ -6,7 +6,8 @@ Ops (what a launch must produce) and the strategies that serve them:
     ``stream`` reads each row once: one program per row, or, when rows alone cannot fill the GPU,
     several programs per row, whose partial (m, d) the row's last program to finish merges.
 ``forward_grad``: the loss, the lse and the gradient written over the logits (inplace_backward,
-linear_cross_entropy's chunks).
+linear_cross_entropy's chunks), or into a new tensor (a training step keeping its logits, where
+gradient_in_forward says).
     ``on_chip``: one program holds the whole row in registers: one read, one write.
     ``split_on_chip``: a row too long for one program is held by several at once, which exchange
     their (m, d) through device memory (as the softmax's split_row_on_chip): one read, one write.
@@ -254,6 +255,27 @@ PLAIN_ONE_LOOP_MIN_REGISTERS = 56
 SPLIT_TILE_BYTES = 16384
 SPLIT_MAX_CHUNKS_PER_SM = 0.5
 SPLIT_MAX_TILE = 16384
+
+# gradient_in_forward=True: a training step that keeps its logits writes their gradient in the
+# forward, into a new tensor, by the in-place forward's plan (on_chip, split_on_chip, two_pass),
+# where that is faster than the stream forward and the backward kernel (reading the logits again).
+# On the H200 (scripts/probes/probe_cross_entropy_gradient_in_forward.py, docs/notes/2026-11/
+# probe_cross_entropy_gradient_in_forward-h200.log), bf16 steps for an upstream gradient of 1, eager,
+# default -> gradient in forward, ms: 8192 x 128256 1.884 -> 1.486, 32768 x 32000 1.923 -> 1.236,
+# 528 x 128256 (4 rows an SM) 0.192 -> 0.151; but 333 x 256003 (2.5 rows an SM) 0.209 -> 0.313,
+# and rows of 4097 (on_chip, 16-64 MB) slower under CUDA graphs too (8192 x 4097 0.138 -> 0.148).
+# Not "none" (a gradient a row to scale is a pass over it anyway).
+GRADIENT_IN_FORWARD_MIN_ROWS_PER_SM = 4
+GRADIENT_IN_FORWARD_MIN_BYTES = 128 * 2**20
+
+
+def gradient_in_forward(chosen: Plan, reduction: str, device: torch.device) -> bool:
+    """Whether a training step keeping its logits that asks for it (gradient_in_forward=True) writes
+    the gradient in the forward, by ``chosen``, the forward_grad plan of its logits (see above)."""
+    return (reduction != "none" and chosen.strategy in ("on_chip", "split_on_chip", "two_pass")
+            and chosen.rows >= GRADIENT_IN_FORWARD_MIN_ROWS_PER_SM * _device.sm_count(device)
+            and chosen.rows * chosen.cols * chosen.dtype.itemsize >= GRADIENT_IN_FORWARD_MIN_BYTES)
+
 
 # Eager training steps of logits under this many bytes took longer than F.cross_entropy's on the
 # H100 machine, their time our host's (bf16 512 x 65537, 67 MB: 0.71-0.76x torch; 8192 x 4097, 67

@@ -296,7 +296,8 @@ def _check(logits, target, weight, ignore_index, reduction, label_smoothing, z_l
         # What torch refuses with them (ignore_index), and what only the kernels' path has.
         for option, value, default in (("ignore_index", ignore_index, -100),
                                        ("inplace_backward", inplace_backward, False),
-                                       ("gradient_in_forward", gradient_in_forward, False), ("strategy", strategy, None)):
+                                       ("gradient_in_forward", gradient_in_forward, False),
+                                       ("strategy", strategy, None)):
             if value != default:
                 raise ValueError(f"{name}: {option}={value!r} needs class-index targets, got probability targets")
     options = (ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, float(temperature), return_lse)

@@ -108,8 +108,8 @@ def cross_entropy_two_pass_plain_kernel(
             plain_tile_gradient(x_row, g_row, k * BLOCK + lanes, n_whole, a, lse, lse_low, inv_temperature,
                                 False, SECOND_EVICTION)
         for k in range(0, n_tail):
-            plain_tile_gradient(x_row, g_row, tail_from + k * TAIL + tail_lanes, n_whole, a, lse, lse_low, inv_temperature,
-                                True, SECOND_EVICTION)
+            plain_tile_gradient(x_row, g_row, tail_from + k * TAIL + tail_lanes, n_whole, a, lse, lse_low,
+                                inv_temperature, True, SECOND_EVICTION)
     else:
         for k in range(0, read_tiles):
             plain_tile_gradient(x_row, g_row, k * BLOCK + lanes, n_whole, a, lse, lse_low, inv_temperature,

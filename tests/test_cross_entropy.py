@@ -1082,7 +1082,7 @@ def test_bench_cases_check_against_their_reference():
     from onlinesoftmax.bench import cross_entropy_suite as suite
     from onlinesoftmax.bench import harness
 
-    ours = ("torch", "onlinesoftmax", "onlinesoftmax inplace")
+    ours = ("torch", "onlinesoftmax", "onlinesoftmax inplace", "onlinesoftmax gradient_in_forward")
     for dtype in (torch.float32, torch.bfloat16):
         impls = [i for group in suite.implementation_groups() for i in group if i.name in ours]
         rows = harness.run_case(suite.case((40, 300), dtype, "cpu"), impls, torch.Generator().manual_seed(0),

@@ -1,11 +1,12 @@
 """A training step that keeps its logits: the gradient from the saved lse, or written by the forward? (GPU)
 
 cross_entropy(inplace_backward=False) keeps the logits. Its training step either reads them twice
-(the stream forward, then the backward kernel writing a new gradient tensor) or once with the
-in-place forward's plan, writing the gradient into a new tensor in the forward; the backward then
-leaves it for an upstream gradient of 1 and writes it again from the logits for any other
-(plan.gradient_in_forward, GRADIENT_IN_FORWARD_*). Each shape both ways, forced through the plan's
-tables, for a loss backed by 1 and by 0.5 (``x0.5``):
+(the default: the stream forward, then the backward kernel writing a new gradient tensor) or, with
+gradient_in_forward=True, once with the in-place forward's plan, writing the gradient into a new
+tensor in the forward; the backward then leaves it for an upstream gradient of 1 and writes it
+again from the logits for any other. Each shape both ways, the second at any size (the plan's
+GRADIENT_IN_FORWARD_* tables set to let it; 'default' says what plan.gradient_in_forward answers),
+for a loss backed by 1 and by 0.5 (``x0.5``):
 
     eager: calls back to back between CUDA events (harness.back_to_back_ms): the host included;
     GPU:   do_bench medians with the L2 flushed before each call (harness.time_ms);
@@ -27,8 +28,10 @@ from probe_cross_entropy_off_grid import shapes as off_grid_shapes  # (scripts/p
 
 SHAPES = ("8192x128256,16384x128256,8192x50257,8192x32000,32768x32000,1024x128256,528x128256,777x151937,"
           "333x256003,3000x32003,12000x50257,2048x50257,512x65537,8192x4097,2048x4097,100x128256")
-MODES = {"separate": dict(GRADIENT_IN_FORWARD_MIN_BYTES=1 << 62),
-         "forward": dict(GRADIENT_IN_FORWARD_MIN_BYTES=0, GRADIENT_IN_FORWARD_MIN_ROWS_PER_SM=0)}
+# Each mode: the call's options, the plan's tables.
+MODES = {"separate": ({}, {}),
+         "forward": (dict(gradient_in_forward=True),
+                     dict(GRADIENT_IN_FORWARD_MIN_BYTES=0, GRADIENT_IN_FORWARD_MIN_ROWS_PER_SM=0))}
 
 
 def main():
@@ -61,9 +64,9 @@ def main():
         strategy = plan.choose("forward_grad", rows, cols, dtype, "cuda").strategy
         times = {}
         for scale in (1.0, 0.5):
-            step = suite._step(lambda x, t, s=scale: onlinesoftmax.cross_entropy(x, t) * s if s != 1.0
-                               else onlinesoftmax.cross_entropy(x, t))
-            for mode, tables in MODES.items():
+            for mode, (options, tables) in MODES.items():
+                step = suite._step(lambda x, t, s=scale, o=options: onlinesoftmax.cross_entropy(x, t, **o) * s
+                                   if s != 1.0 else onlinesoftmax.cross_entropy(x, t, **o))
                 with onlinesoftmax.override_plan("cross_entropy", **tables):
                     step(*sets[0])
                     name = f"{mode}{'' if scale == 1.0 else ' x0.5'}"

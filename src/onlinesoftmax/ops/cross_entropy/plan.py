@@ -53,9 +53,17 @@ MAX_WARPS = 16
 # Elements a program reads per tile, by element size: 16 KB (the softmax's looped kernels'
 # measured setting on the H100, and its split_row_on_chip forward tile).
 STREAM_BLOCK = {4: 4096, 2: 8192}
-# stream: one tile a program (rows x tiles programs, like an elementwise kernel), the row's last
-# program to finish merging its partials; rows of more than STREAM_MAX_CHUNKS tiles give each
-# program several (the merge loads a row's partials as one tile).
+# stream: a row's tiles in as few chunks as give the grid STREAM_MIN_PROGRAMS_PER_SM programs an
+# SM (rows x chunks), a program a chunk, the row's last program to finish merging its partials; at
+# most STREAM_MAX_CHUNKS (the merge loads a row's partials as one tile). One tile a program, as
+# before, cost each tile a program's partial, its arrival and, for the row's last, the merge: H200,
+# the forward alone, ms, one tile a program -> one chunk a row
+# (docs/notes/2026-11/probe_cross_entropy_stream_chunks-h200.log): bf16 8192 x 128256 0.795 -> 0.582,
+# 8192 x 32000 0.223 -> 0.168, 32768 x 32000 0.847 -> 0.623, 4096 x 256000 0.777 -> 0.584, 528 x
+# 128256 0.059 -> 0.054; fp32 8192 x 128256 1.131 -> 0.947, 32768 x 32000 1.306 -> 0.975. Few rows
+# need the programs: 132 x 128256 bf16 0.0229 at 16 chunks, 0.0220 at 4, 0.0346 at 1; 64 x 151937
+# 0.0178 at 19, 0.0164-0.0167 at 7-10, 0.0367 at 1.
+STREAM_MIN_PROGRAMS_PER_SM = 4
 STREAM_MAX_CHUNKS = 256
 # stream and backward: where a row's last tile would hold at most this share of a tile's columns,
 # the row's last program takes them too, in one tile of their next power of two (no narrower than a
@@ -529,7 +537,8 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         return Plan(op, "backward", block=block, num_warps=num_warps, grid=(rows, n_tiles), tail=tail, **shape)
     if op in ("forward", "stats"):
         num_warps, n_tiles, tail = streamed(stream_block)
-        per_chunk = _device.cdiv(n_tiles, min(n_tiles, STREAM_MAX_CHUNKS))
+        wanted = _device.cdiv(STREAM_MIN_PROGRAMS_PER_SM * sms, max(rows, 1))
+        per_chunk = _device.cdiv(n_tiles, max(1, min(n_tiles, STREAM_MAX_CHUNKS, wanted)))
         chunks = _device.cdiv(n_tiles, per_chunk)
         return Plan(op, "stream", block=stream_block, num_warps=num_warps, num_chunks=chunks,
                     tiles_per_chunk=per_chunk, grid=(rows, chunks), tail=tail,

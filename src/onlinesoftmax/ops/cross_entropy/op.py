@@ -434,9 +434,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
         that the backward hands on: the logits are read as ``inplace_backward`` reads them (once,
         or twice with L2's help) and kept, and the gradient's memory is held from the forward on.
         For the loss's own ``backward()`` (or ``torch.autograd.grad``) that is the in-place step's
-        time, 1.27x the default step at 8192 x 128256 bf16 on the H200; **any other upstream
-        gradient** (a loss divided by accumulation steps, a GradScaler's scale) makes the backward
-        write it again from the logits, exact and 1.38x the default step's time. Where the plan
+        time: on the H200 1.12x faster than the default step at 8192 x 128256 bf16, 1.17-1.36x at
+        vocabularies of 32000-50257. **Any other upstream gradient** (a loss divided by
+        accumulation steps, a GradScaler's scale) makes the backward write it again from the
+        logits: exact, and slower than the default step (docs/perf-cross_entropy.md). Where the plan
         expects the default to be faster (reduction "none", few rows an SM, calls under about
         128 MiB of logits: ``plan.gradient_in_forward``), under torch.compile, and with a
         ``strategy``, the step is the default one: the same results either way. A second backward

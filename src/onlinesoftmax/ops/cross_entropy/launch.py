@@ -299,7 +299,8 @@ class ForwardCall:
         self.loss_dtype = loss_dtype = torch.float32 if float32_loss else x.dtype
         self.inplace, self.strategy = inplace, strategy
         self.signature = (return_lse, float32_loss)
-        self.backward_calls: dict = {}  # upstream gradient's signature -> BackwardCall
+        # upstream gradient's signature -> BackwardCall (out of place: -> backward_over's bound launch)
+        self.backward_calls: dict = {}
         self.fused: Optional[tuple] = None  # gradient_call's answer, once asked
         has_weight = weight is not None
         self.chosen = chosen = planner.choose("forward_grad" if inplace else "forward", n_rows, n_cols, x.dtype,

@@ -268,10 +268,11 @@ SPLIT_MAX_TILE = 16384
 # forward, into a new tensor, by the in-place forward's plan (on_chip, split_on_chip, two_pass),
 # where that is faster than the stream forward and the backward kernel (reading the logits again).
 # On the H200 (scripts/probes/probe_cross_entropy_gradient_in_forward.py, docs/notes/2026-11/
-# probe_cross_entropy_gradient_in_forward-h200.log), bf16 steps for an upstream gradient of 1, eager,
-# default -> gradient in forward, ms: 8192 x 128256 1.884 -> 1.486, 32768 x 32000 1.923 -> 1.236,
-# 528 x 128256 (4 rows an SM) 0.192 -> 0.151; but 333 x 256003 (2.5 rows an SM) 0.209 -> 0.313,
-# and rows of 4097 (on_chip, 16-64 MB) slower under CUDA graphs too (8192 x 4097 0.138 -> 0.148).
+# probe_cross_entropy_gradient_in_forward-h200.log, before STREAM_MIN_PROGRAMS_PER_SM), bf16 steps
+# for an upstream gradient of 1, eager, default -> gradient in forward, ms: 8192 x 128256 1.884 ->
+# 1.486, 32768 x 32000 1.923 -> 1.236, 528 x 128256 (4 rows an SM) 0.192 -> 0.151; but 333 x
+# 256003 (2.5 rows an SM) 0.209 -> 0.313, and rows of 4097 (on_chip, 16-64 MB) slower under CUDA
+# graphs too (8192 x 4097 0.138 -> 0.148).
 # Not "none" (a gradient a row to scale is a pass over it anyway).
 GRADIENT_IN_FORWARD_MIN_ROWS_PER_SM = 4
 GRADIENT_IN_FORWARD_MIN_BYTES = 128 * 2**20

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from onlinesoftmax.ops.cross_entropy import linear_compile, linear_cross_entropy, plan
+from onlinesoftmax.ops.cross_entropy import linear_compile, linear_cross_entropy, linear_plan, plan
 
 from conftest import DEVICE, ON_GPU, TOLERANCE, assert_matches, needs_triton, relative_error
 from cross_entropy_cases import OPTIONS, make_targets, option_ids, reference, resolve_options
@@ -21,37 +21,37 @@ def test_linear_chunk_rows():
     # accumulator + the larger of a chunk and grad W): 3.15 GB each at 8192 x 128256, H 4096; 1.23
     # against 1.35 GB at 8192 x 50257; 3.6 against 3.15 GB at 10000 x 128256. Chunks with the
     # accumulator take as many rows as grad W's bytes (1.05 GB: 4096 rows), at no higher peak.
-    assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, "auto") == 8192
-    assert plan.linear_chunk_rows(8192, 50257, 4096, torch.bfloat16, True, "auto") == 8192
-    assert plan.linear_chunk_rows(10000, 128256, 4096, torch.bfloat16, True, "auto") == 4096
-    assert plan.linear_chunk_rows(16384, 128256, 4096, torch.bfloat16, True, "auto") == 4096
-    assert plan.linear_chunk_rows(16384, 32000, 4096, torch.bfloat16, True, "auto") == 8320  # the 512 MiB budget
+    assert linear_plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, "auto") == 8192
+    assert linear_plan.linear_chunk_rows(8192, 50257, 4096, torch.bfloat16, True, "auto") == 8192
+    assert linear_plan.linear_chunk_rows(10000, 128256, 4096, torch.bfloat16, True, "auto") == 4096
+    assert linear_plan.linear_chunk_rows(16384, 128256, 4096, torch.bfloat16, True, "auto") == 4096
+    assert linear_plan.linear_chunk_rows(16384, 32000, 4096, torch.bfloat16, True, "auto") == 8320  # the 512 MiB budget
     # No accumulator (no weight gradient, or an fp32 weight whose gradient accumulates in place):
     # chunks of the budget.
-    assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, False, "auto") == 2048
-    assert plan.linear_chunk_rows(8192, 32000, 4096, torch.float32, False, "auto") == 4096
-    assert plan.linear_chunk_rows(100, 128256, 4096, torch.bfloat16, False, "auto") == 100
-    assert plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, 300) == 300
+    assert linear_plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, False, "auto") == 2048
+    assert linear_plan.linear_chunk_rows(8192, 32000, 4096, torch.float32, False, "auto") == 4096
+    assert linear_plan.linear_chunk_rows(100, 128256, 4096, torch.bfloat16, False, "auto") == 100
+    assert linear_plan.linear_chunk_rows(8192, 128256, 4096, torch.bfloat16, True, 300) == 300
 
 
 def test_linear_vocab_chunk():
     # "auto": the most classes (a multiple of 64) whose logits over all the rows take 256 MiB.
-    assert plan.linear_vocab_chunk(8192, 128256, torch.bfloat16, "auto") == 16384
-    assert plan.linear_vocab_chunk(8192, 128256, torch.float32, "auto") == 8192
-    assert plan.linear_vocab_chunk(100, 128256, torch.bfloat16, "auto") == 128256  # one slice
-    assert plan.linear_vocab_chunk(10**7, 128256, torch.bfloat16, "auto") == 64  # at least one multiple
-    assert plan.linear_vocab_chunk(8192, 128256, torch.bfloat16, 1000) == 1000
-    assert plan.linear_vocab_chunk(8192, 300, torch.bfloat16, 1000) == 300
+    assert linear_plan.linear_vocab_chunk(8192, 128256, torch.bfloat16, "auto") == 16384
+    assert linear_plan.linear_vocab_chunk(8192, 128256, torch.float32, "auto") == 8192
+    assert linear_plan.linear_vocab_chunk(100, 128256, torch.bfloat16, "auto") == 128256  # one slice
+    assert linear_plan.linear_vocab_chunk(10**7, 128256, torch.bfloat16, "auto") == 64  # at least one multiple
+    assert linear_plan.linear_vocab_chunk(8192, 128256, torch.bfloat16, 1000) == 1000
+    assert linear_plan.linear_vocab_chunk(8192, 300, torch.bfloat16, 1000) == 300
 
 
 def test_linear_vocab_parts():
     # The matmuls take a vocabulary of no multiple of 64 as its aligned part and a tail (the tests'
     # V = 75 runs both: 64 + 11); the logits buffer's rows are padded to the multiple.
-    assert plan.linear_vocab_parts(50257) == ((0, 50240), (50240, 50257))
-    assert plan.linear_vocab_parts(75) == ((0, 64), (64, 75))
-    assert plan.linear_vocab_parts(128256) == ((0, 128256),)
-    assert plan.linear_vocab_parts(40) == ((0, 40),)
-    assert plan.linear_logits_width(50257) == 50304 and plan.linear_logits_width(128256) == 128256
+    assert linear_plan.linear_vocab_parts(50257) == ((0, 50240), (50240, 50257))
+    assert linear_plan.linear_vocab_parts(75) == ((0, 64), (64, 75))
+    assert linear_plan.linear_vocab_parts(128256) == ((0, 128256),)
+    assert linear_plan.linear_vocab_parts(40) == ((0, 40),)
+    assert linear_plan.linear_logits_width(50257) == 50304 and linear_plan.linear_logits_width(128256) == 128256
 
 
 def _linear_case(rows, hidden, vocab, dtype, gen, bias=True):
@@ -255,7 +255,7 @@ def test_linear_chunks_use_the_in_place_kernel(gen, monkeypatch):
     # V = 203: the logits buffer's rows are padded to 256 elements (the matmuls' leading dimension),
     # and each chunk's kernel is planned for the strides it runs on.
     x, w, b, target = _linear_case(10, 8, 203, torch.bfloat16, gen)
-    assert plan.linear_logits_width(203) == 256 and plan.linear_logits_width(256) == 256
+    assert linear_plan.linear_logits_width(203) == 256 and linear_plan.linear_logits_width(256) == 256
     strides = []
     choose = plan.choose
 

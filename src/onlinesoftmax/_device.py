@@ -125,6 +125,7 @@ PLAN_MODULES = {
     "attention": "onlinesoftmax.ops.attention.plan",
     "decode": "onlinesoftmax.ops.decode.plan",
     "cross_entropy": "onlinesoftmax.ops.cross_entropy.plan",
+    "linear_cross_entropy": "onlinesoftmax.ops.cross_entropy.linear_plan",
 }
 
 

@@ -14,14 +14,14 @@ the grad_W matmul: the forward keeps only the lse, and the backward recomputes e
 logits (four matmuls in all).
 
 Extra memory (beyond x, weight, target and the gradients themselves): one chunk of logits, chunk
-x V in x's dtype (chunk="auto" keeps it within plan.LINEAR_CHUNK_BYTES, 512 MiB, or grad_W's
+x V in x's dtype (chunk="auto" keeps it within linear_plan.LINEAR_CHUNK_BYTES, 512 MiB, or grad_W's
 bytes where they are more and the chunks accumulate grad_W), and the fp32
 grad_W accumulator, V x H x 4 bytes (2.1 GB at 128256 x 4096), held from the forward to the
 backward, where grad_W (V x H in the weight's dtype) is written from it; with an fp32 weight the
 accumulator is grad_W itself, and where the rows make one chunk there is no accumulation to do
 (grad_W is that chunk's one matmul, written in the weight's dtype). chunk="auto" therefore takes
 all the rows as one chunk where that peak (all logits beside grad_W) is no higher than the
-chunks' (``plan.linear_chunk_rows``): three whole matmuls, no accumulator traffic. On CUDA the accumulation runs
+chunks' (``linear_plan.linear_chunk_rows``): three whole matmuls, no accumulator traffic. On CUDA the accumulation runs
 inside cuBLAS (``aten::mm.dtype_out`` for the first chunk, ``aten::addmm.dtype_out`` after it:
 bf16 operands, the fp32 output read and written in place with beta = 1), with no temporary and no
 zero fill; where torch lacks those overloads, slices of dlogits are multiplied in fp32.
@@ -37,7 +37,7 @@ from typing import Optional
 import torch
 
 from ... import _autocast, _buffers, _validate
-from . import plan as planner
+from . import linear_plan, plan as planner
 from .launch import count, kernels_take, launch_scale, merge_shard_loss, merge_shard_stats, needs_denom, row_options, \
     reduce, rows_backward, rows_forward, shard_loss, shard_stats
 from .torch_path import RowTerms, compute_dtype, torch_denom
@@ -163,9 +163,9 @@ class _Pass:
         rows, vocab = x2.shape[0], weight.shape[0]
         self.chunks = [(start, min(start + chunk_rows, rows)) for start in range(0, rows, chunk_rows)]
         # The matmuls take the vocabulary in aligned parts, the logits buffer's rows padded (see
-        # planner.LINEAR_VOCAB_MULTIPLE); the kernels and the bias gradient take the V columns.
-        self.vocab_parts = planner.linear_vocab_parts(vocab)
-        padded = _buffers.empty((min(chunk_rows, rows), planner.linear_logits_width(vocab)), x2.dtype, x2.device)
+        # linear_plan.LINEAR_VOCAB_MULTIPLE); the kernels and the bias gradient take the V columns.
+        self.vocab_parts = linear_plan.linear_vocab_parts(vocab)
+        padded = _buffers.empty((min(chunk_rows, rows), linear_plan.linear_logits_width(vocab)), x2.dtype, x2.device)
         zero_for_cpu_matmul(padded[:, vocab:])
         self.logits = padded[:, :vocab]
 
@@ -313,7 +313,7 @@ class _VocabSlices:
         vocab = self.vocab = weight.shape[0]
         self.slices = [(lo, min(lo + vocab_chunk, vocab)) for lo in range(0, vocab, vocab_chunk)]
         self.triton = strategy != "torch" and kernels_take(x2)
-        width = planner.linear_logits_width(vocab_chunk)
+        width = linear_plan.linear_logits_width(vocab_chunk)
         self.padded = _buffers.empty((x2.shape[0], width), x2.dtype, x2.device)
         # Past a slice's classes: here for the full slices, in logits() for a narrower last one.
         zero_for_cpu_matmul(self.padded[:, vocab_chunk:])
@@ -325,7 +325,7 @@ class _VocabSlices:
         if hi - lo < self.vocab_chunk:  # the last slice, after full ones that wrote past its classes
             zero_for_cpu_matmul(self.padded[:, hi - lo:])
         bias = None if self.bias is None else self.bias[lo:hi]
-        return _chunk_logits(self.x2, self.weight[lo:hi], bias, out, planner.linear_vocab_parts(hi - lo))
+        return _chunk_logits(self.x2, self.weight[lo:hi], bias, out, linear_plan.linear_vocab_parts(hi - lo))
 
     def forward(self, denom, loss_dtype):
         """(loss in ``loss_dtype``, lse, lse_low) of every row."""
@@ -352,7 +352,7 @@ class _VocabSlices:
             logits = self.logits(lo, hi)
             _chunk_gradient(logits, self.target, self.class_weight, denom, (lse, lse_low), grad, self.options,
                             self.strategy, lo, self.vocab)
-            for j, (a, b) in enumerate(planner.linear_vocab_parts(hi - lo)):
+            for j, (a, b) in enumerate(linear_plan.linear_vocab_parts(hi - lo)):
                 if want_w:
                     torch.mm(logits[:, a:b].t(), x2, out=grad_w[lo + a:lo + b])
                 if want_x:
@@ -385,11 +385,11 @@ def _slice_classes(x2, weight, vocab_chunk):
     """The classes a vocabulary slice takes, or None where the call takes chunks of rows."""
     if vocab_chunk is None or not x2.shape[0]:
         return None
-    return planner.linear_vocab_chunk(x2.shape[0], weight.shape[0], x2.dtype, vocab_chunk)
+    return linear_plan.linear_vocab_chunk(x2.shape[0], weight.shape[0], x2.dtype, vocab_chunk)
 
 
 def _chunk_rows(x2, weight, chunk, accumulates_weight: bool) -> int:
-    return planner.linear_chunk_rows(x2.shape[0], weight.shape[0], x2.shape[1], x2.dtype, accumulates_weight, chunk)
+    return linear_plan.linear_chunk_rows(x2.shape[0], weight.shape[0], x2.shape[1], x2.dtype, accumulates_weight, chunk)
 
 
 def _loss(x2, weight, bias, target, class_weight, options, chunk, vocab_chunk, strategy, loss_dtype):

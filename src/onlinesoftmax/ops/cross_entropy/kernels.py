@@ -355,10 +355,11 @@ def cross_entropy_stream_kernel(
     FIRST_EVICTION: tl.constexpr = "", SECOND_EVICTION: tl.constexpr = "", REDUCE: tl.constexpr = False,
     COUNT: tl.constexpr = False, REDUCE_BLOCK: tl.constexpr = 1024, OUT_OF_PLACE: tl.constexpr = False,
 ):
-    # Program (row, chunk) reads tiles [chunk * tiles_per_chunk, ...) of its row (one tile, but for
-    # the longest rows): each tile's maximum, then its sum, merged as scalars. (Per-lane online
-    # accumulators, as the softmax's looped kernel keeps, took 162 registers a thread at 8192 bf16
-    # columns and 8 warps, ptxas for sm_90: one program an SM.) A row of one chunk is
+    # Program (row, chunk) reads tiles [chunk * tiles_per_chunk, ...) of its row (the whole row
+    # where rows are many: plan.STREAM_MIN_PROGRAMS_PER_SM): each tile's maximum, then its sum,
+    # merged as scalars. (Per-lane online accumulators, as the softmax's looped kernel keeps, took
+    # 162 registers a thread at 8192 bf16 columns and 8 warps, ptxas for sm_90: one program an SM.)
+    # A row of one chunk is
     # finished by its program; with SPLIT, each program publishes its partial and the row's last
     # to arrive merges them in chunk order (no program waits, so any grid size runs, the
     # interpreter's one program at a time included). WRITE_GRAD (one chunk a row, "two_pass"):

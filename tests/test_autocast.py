@@ -73,7 +73,10 @@ def test_softmax_family_takes_torchs_dtype(op, dtype, autocast_dtype, route, gen
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_softmax_topk_takes_the_dtype_of_torchs_pair(dtype, gen):
     # torch.topk(torch.softmax(x, -1), k): float32 values of a half x on CUDA, x's dtype on the CPU.
-    x = make_logits((5, 97), dtype, gen).requires_grad_()
+    # Logits without outliers: a row that one outlier saturates (its top value 1 - 1e-6) makes the
+    # gradient p (dv - <dv, p>) cancel: with seed 8034427493830015835 ours and torch's own float32
+    # gradient were both 2.5e-2 off float64's. This test is about the dtypes.
+    x = make_logits((5, 97), dtype, gen, outliers=False).requires_grad_()
     with _region(torch.bfloat16):
         expected = torch.topk(torch.softmax(x.detach(), -1), 6, -1).values.dtype
         values, indices = onlinesoftmax.softmax_topk(x, 6)

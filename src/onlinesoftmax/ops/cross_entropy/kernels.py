@@ -330,8 +330,7 @@ def write_edge_gradient(x_ptr, out_ptr, base, n_cols, target_col, lse, lse_low, 
 
 @triton.jit
 def gradient_destination(x_ptr, dx_ptr, OUT_OF_PLACE: tl.constexpr):
-    """Where a forward that writes the gradient stores it: over the logits, or (OUT_OF_PLACE) into dx_ptr,
-    addressed with x's offsets. In place dx_ptr is not used, so the compiled kernel is the one without it."""
+    """The logits or (OUT_OF_PLACE) dx_ptr, at x's offsets: where a forward writes the gradient."""
     if OUT_OF_PLACE:
         return dx_ptr
     else:
@@ -359,10 +358,9 @@ def cross_entropy_stream_kernel(
     # where rows are many: plan.STREAM_MIN_PROGRAMS_PER_SM): each tile's maximum, then its sum,
     # merged as scalars. (Per-lane online accumulators, as the softmax's looped kernel keeps, took
     # 162 registers a thread at 8192 bf16 columns and 8 warps, ptxas for sm_90: one program an SM.)
-    # A row of one chunk is
-    # finished by its program; with SPLIT, each program publishes its partial and the row's last
-    # to arrive merges them in chunk order (no program waits, so any grid size runs, the
-    # interpreter's one program at a time included). WRITE_GRAD (one chunk a row, "two_pass"):
+    # A row of one chunk is finished by its program; with SPLIT, each program publishes its partial
+    # and the row's last to arrive merges them in chunk order (no program waits, so any grid size
+    # runs, the interpreter's one program at a time included). WRITE_GRAD (one chunk a row, "two_pass"):
     # a second pass over the row writes the gradient over the logits. STATS (distributed): the row's
     # (m, d, smoothing sum, target logit or -inf) go to loss_ptr's four planes instead of a loss.
     # FIRST_EVICTION / SECOND_EVICTION: the cache eviction hints of the first read and of the
@@ -600,10 +598,9 @@ def cross_entropy_backward_kernel(
     # Elementwise: program (row, k) writes tile k of the row. dx has x's strides (or is x: each element
     # is read before the same program writes it). An ignored row is not read. UNIT_GRAD: grad_ptr unread.
     # TAIL < BLOCK: the grid holds the rows' whole tiles, and the row's last program writes its columns
-    # past them too, at most TAIL (plan.STREAM_TAIL_MAX_SHARE). SKIP_UNIT (a 0-d upstream gradient):
-    # dx already holds the gradient for an upstream gradient of 1 (a forward wrote it), which is then
-    # left alone; persistent programs loop over the n_tiles (row, tile) pairs, so that leaving it
-    # costs a handful of programs, not one a tile (as scale_rows_kernel).
+    # past them too, at most TAIL (plan.STREAM_TAIL_MAX_SHARE). SKIP_UNIT: dx holds a forward's gradient
+    # for an upstream gradient of 1, left alone where grad (0-d) is 1; persistent programs loop over
+    # the n_tiles (row, tile) pairs, so that leaving it costs a handful of programs (as scale_rows_kernel).
     if SKIP_UNIT:
         stop = tl.where(tl.load(grad_ptr).to(tl.float32) == 1.0, 0, n_tiles)
         for tile in range(tl.program_id(0), stop, tl.num_programs(0)):

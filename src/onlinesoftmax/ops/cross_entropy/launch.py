@@ -331,9 +331,10 @@ class ForwardCall:
         self.main = forward_recipe(first, x, target, w, has_weight, loss_rows, lse, lse_low, ignore_index, reduction,
                                    label_smoothing, z_loss, softcap, temperature, return_lse, reduce_into=self.folded,
                                    count_too=count_too, out_dtype=loss_dtype, out_of_place=out_of_place).bind()
-        dx = same_layout_buffer(x) if out_of_place and second is not None else x
+        if out_of_place and second is not None:  # planner.gradient_in_forward keeps separate's plans in place
+            raise AssertionError("cross_entropy: an out-of-place forward met the plan 'separate'")
         self.write_grad = None if second is None else backward_recipe(
-            second, x, dx, target, w, has_weight, lse, lse_low, lse, *self.options, unit_grad=True).bind()
+            second, x, x, target, w, has_weight, lse, lse_low, lse, *self.options, unit_grad=True).bind()
         self.exchange = splits_rows(first) or self.folded
         self.reduce = None if self.loss is None or self.folded else reduce_recipe(
             loss_rows, lse, target, weight if has_weight else loss_rows, has_weight, _buffers.empty_like(self.loss),

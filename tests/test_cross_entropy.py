@@ -692,6 +692,19 @@ def test_kept_logits_gradient_left_to_the_backward(case, gen):
     assert plan.last_plan().op == "forward"
 
 
+@gpu_only
+@pytest.mark.parametrize("shape", [(64, 151937), (100, 128256)], ids=lambda v: "x".join(map(str, v)))
+def test_kept_logits_gradient_in_forward_where_the_plan_refuses_it(shape, gen):
+    # Rows fewer than one an SM over 4 MiB take 'separate' in place (the stream, then the backward
+    # kernel over the logits), which writes no gradient into a new tensor: asked for it, the step
+    # keeps the stream forward and the backward kernel (it had raised an AssertionError).
+    x = make_logits(shape, torch.bfloat16, gen, outliers=False)
+    with onlinesoftmax.override_plan("cross_entropy", **GRADIENT_IN_FORWARD_ALWAYS):
+        forward, backward = _check_loss_and_grad(x, make_targets(*shape, gen), torch.bfloat16, in_forward=True,
+                                                 what="refused", label_smoothing=0.1)
+    assert (forward.op, backward.op) == ("forward", "backward")
+
+
 def test_return_lse_covers_every_row(gen):
     x = make_logits((7, 45), torch.float32, gen)
     target = make_targets(7, 45, gen)

@@ -284,6 +284,13 @@ def _weight_signature(weight: Optional[torch.Tensor]):
     return None if weight is None else (weight.dtype, aligned(weight))
 
 
+def forward_plan(x, weight, label_smoothing, z_loss, softcap, return_lse, strategy, inplace) -> planner.Plan:
+    """The plan of a forward over ``x`` (2-D): "forward_grad" where it writes the gradient, else "forward"."""
+    return planner.choose("forward_grad" if inplace else "forward", x.shape[0], x.shape[1], x.dtype, x.device,
+                          strategy, x.stride(0), x.stride(1),
+                          **row_options(weight is not None, label_smoothing, softcap, z_loss, return_lse))
+
+
 class ForwardCall:
     """One forward signature (shapes, strides, dtypes, alignment, options), decided once: its plan,
     its launches bound (_launch.BoundLaunch) and its buffers' templates (_buffers.template). An
@@ -303,9 +310,7 @@ class ForwardCall:
         self.backward_calls: dict = {}
         self.fused: Optional[tuple] = None  # gradient_call's answer, once asked
         has_weight = weight is not None
-        self.chosen = chosen = planner.choose("forward_grad" if inplace else "forward", n_rows, n_cols, x.dtype,
-                                              device, strategy, x.stride(0), x.stride(1),
-                                              **row_options(has_weight, label_smoothing, softcap, z_loss, return_lse))
+        self.chosen = chosen = forward_plan(x, weight, label_smoothing, z_loss, softcap, return_lse, strategy, inplace)
         self.denom = _buffers.template((3 if needs_denom(reduction, has_weight, label_smoothing) else 0,),
                                        compute_dtype(x.dtype), device)
         self.torch_path = chosen.strategy == "torch" or n_rows == 0
@@ -369,10 +374,13 @@ class ForwardCall:
         that tensor's template). Else None. Decided at the first call that needs a gradient."""
         if self.fused is None:
             call = None
-            if not self.inplace and self.strategy is None and not self.torch_path and dense(x):
+            _, reduction, label_smoothing, z_loss, softcap, _ = self.options
+            # The gate first: an out-of-place ForwardCall takes no plan it refuses ('separate').
+            if (not self.inplace and self.strategy is None and not self.torch_path and dense(x)
+                    and planner.gradient_in_forward(forward_plan(x, weight, label_smoothing, z_loss, softcap,
+                                                                 self.signature[0], None, True), reduction, x.device)):
                 call = ForwardCall(x, target, weight, *self.options, *self.signature[:1], None, True,
                                    self.signature[1], out_of_place=True)
-                call = call if planner.gradient_in_forward(call.chosen, self.options[1], x.device) else None
             template = None if call is None or not x.is_contiguous() else _buffers.template(x.shape, x.dtype, x.device)
             self.fused = (call, template)
         return None if self.fused[0] is None else self.fused

@@ -879,6 +879,16 @@ def test_plans_for_the_gpu():
     assert choose("forward_grad", 8, 128256, torch.float32).strategy == "split_on_chip"
     fwd = choose("forward", 8192, 128256, torch.bfloat16)
     assert (fwd.strategy, fwd.num_chunks, fwd.tiles_per_chunk, fwd.num_warps) == ("stream", 1, 16, 8)
+    # The stream's programs in waves (plan.STREAM_BALANCE_*): bf16 333 rows at 2 chunks would be 666
+    # programs where 660 fit at once, 6 of them left to run alone; fp32 1100 rows at 1, 1100 of 1056.
+    # A second wave over half full (1000 rows at 1 chunk), or whole (1320), or a third, stays.
+    for dtype, rows, cols, chunks in [(torch.bfloat16, 333, 256003, 11), (torch.float32, 1100, 128256, 8),
+                                      (torch.bfloat16, 700, 128256, 4), (torch.bfloat16, 1000, 50257, 1),
+                                      (torch.bfloat16, 1320, 128256, 1), (torch.bfloat16, 1539, 65550, 1),
+                                      (torch.float32, 333, 256003, 2)]:
+        chosen = choose("forward", rows, cols, dtype)
+        assert chosen.num_chunks == chunks and chosen.grid == (rows, chunks), (dtype, rows, cols)
+        assert chosen.num_chunks * chosen.tiles_per_chunk >= choose("backward", rows, cols, dtype).grid[1]
     # The stream's and the backward's last program a row takes the row's last part where it is at most
     # 0.4 of a tile, in a tile no narrower than a vector a thread: fp32 128256 = 31 x 4096 + 1312; not
     # fp32 256000 = 62 x 4096 + 2048.

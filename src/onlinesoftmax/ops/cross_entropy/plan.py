@@ -65,6 +65,22 @@ STREAM_BLOCK = {4: 4096, 2: 8192}
 # 0.0178 at 19, 0.0164-0.0167 at 7-10, 0.0367 at 1.
 STREAM_MIN_PROGRAMS_PER_SM = 4
 STREAM_MAX_CHUNKS = 256
+# stream: its programs an SM at once (ptxas, sm_90, Triton 3.6, 8 warps: 48 registers a thread in
+# 2-byte dtypes, 32 in fp32; scripts/probes/kernel_resources.py). Where the chunks above give between
+# 1 and STREAM_BALANCE_MAX_WAVES waves of programs, the last under STREAM_BALANCE_MAX_FILL full, a row
+# takes the chunk count (up to STREAM_BALANCE_MAX_CHUNKS) of least (whole waves) x (tiles a chunk +
+# STREAM_PROGRAM_COST_TILES): a wave's programs finish together, and the few left over run alone at a
+# program's latency-bound rate. H200, the forward under CUDA graphs, ms, the chunks above ->
+# balanced (docs/notes/2026-11/probe_cross_entropy_stream_waves-h200.log; fitted on 14 shapes, checked
+# on 22 others): bf16 333 x 256003 (2 chunks: 666 programs, 660 at once) 0.0739 -> 0.0616, 354 x
+# 200032 0.0605 -> 0.0534, 777 x 151937 0.0887 -> 0.0823; fp32 1172 x 200019 0.2880 -> 0.2257, 1346 x
+# 65537 0.1175 -> 0.0981; none slower by over 0.2%. Up to 3 waves, rows of 4-8 tiles at 2-2.5 waves
+# lost 2-5% (bf16 1644 x 32007 0.0448 -> 0.0472).
+STREAM_PROGRAMS_PER_SM = {2: 5, 4: 8}
+STREAM_BALANCE_MAX_WAVES = 2
+STREAM_BALANCE_MAX_FILL = 0.5
+STREAM_BALANCE_MAX_CHUNKS = 16
+STREAM_PROGRAM_COST_TILES = 0.5
 # stream and backward: where a row's last tile would hold at most this share of a tile's columns,
 # the row's last program takes them too, in one tile of their next power of two (no narrower than a
 # vector a thread): a program costs about as much however few of its columns are live (a ninth
@@ -438,6 +454,25 @@ def _clear():
     _choose.cache_clear()
 
 
+def stream_chunks(rows: int, n_tiles: int, sms: int, elem: int) -> tuple:
+    """(chunks a row, tiles a chunk) of the stream forward over ``rows`` rows of ``n_tiles`` tiles of
+    ``elem``-byte elements on ``sms`` SMs (STREAM_MIN_PROGRAMS_PER_SM, STREAM_PROGRAMS_PER_SM)."""
+    def split(cap):
+        per_chunk = _device.cdiv(n_tiles, max(1, min(n_tiles, STREAM_MAX_CHUNKS, cap)))
+        return _device.cdiv(n_tiles, per_chunk), per_chunk
+
+    chunks, per_chunk = split(_device.cdiv(STREAM_MIN_PROGRAMS_PER_SM * sms, max(rows, 1)))
+    slots = STREAM_PROGRAMS_PER_SM[elem] * sms
+    waves = rows * chunks / slots
+    if 1 < waves < STREAM_BALANCE_MAX_WAVES and waves % 1 < STREAM_BALANCE_MAX_FILL:
+        def cost(c):
+            n, per = split(c)
+            return _device.cdiv(rows * n, slots) * (per + STREAM_PROGRAM_COST_TILES)
+        best = min(range(chunks, max(chunks, STREAM_BALANCE_MAX_CHUNKS) + 1), key=lambda c: (cost(c), c))
+        chunks, per_chunk = split(best)
+    return chunks, per_chunk
+
+
 @functools.lru_cache(maxsize=4096)  # on every call's path; a frozen result, so sharing it is safe
 def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguous, stride_mod, sms, interpreting,
             plain=False, smoothing=False, softcap=False, weighted=False) -> Plan:
@@ -508,9 +543,7 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         return Plan(op, "backward", block=block, num_warps=num_warps, grid=(rows, n_tiles), tail=tail, **shape)
     if op in ("forward", "stats"):
         num_warps, n_tiles, tail = streamed(stream_block)
-        wanted = _device.cdiv(STREAM_MIN_PROGRAMS_PER_SM * sms, max(rows, 1))
-        per_chunk = _device.cdiv(n_tiles, max(1, min(n_tiles, STREAM_MAX_CHUNKS, wanted)))
-        chunks = _device.cdiv(n_tiles, per_chunk)
+        chunks, per_chunk = stream_chunks(rows, n_tiles, sms, elem)
         return Plan(op, "stream", block=stream_block, num_warps=num_warps, num_chunks=chunks,
                     tiles_per_chunk=per_chunk, grid=(rows, chunks), tail=tail,
                     tail_order=STREAM_TAIL_ORDER[elem] if tail < stream_block else "", **shape)

@@ -18,6 +18,10 @@ OPTIONS = [
     {"label_smoothing": 0.05, "z_loss": 1e-3, "softcap": 8.0, "temperature": 1.3, "weight": True},
 ]
 
+# gradient_in_forward=True: a training step that keeps its logits writes their gradient in its
+# forward where the plan says (plan.gradient_in_forward); these tables let it at any size.
+GRADIENT_IN_FORWARD_ALWAYS = dict(GRADIENT_IN_FORWARD_MIN_BYTES=0, GRADIENT_IN_FORWARD_MIN_ROWS_PER_SM=0)
+
 
 def option_ids(options):
     return "-".join(f"{k}" for k in options) or "plain"

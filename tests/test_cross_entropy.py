@@ -21,7 +21,8 @@ from onlinesoftmax.ops.cross_entropy import op as ce_op
 
 from conftest import (DEVICE, ON_GPU, TRITON_RUNS, assert_matches, compiled_for_sm90, gpu_only, make_logits,
                       needs_triton)
-from cross_entropy_cases import OPTIONS, make_targets, option_ids, reference, resolve_options
+from cross_entropy_cases import (GRADIENT_IN_FORWARD_ALWAYS, OPTIONS, make_targets, option_ids, reference,
+                                 resolve_options)
 
 # Strategies of the forward with the gradient in place, and where each one runs.
 INPLACE_STRATEGIES = ("on_chip", "split_on_chip", "two_pass", "separate") if TRITON_RUNS else ("torch",)
@@ -624,11 +625,6 @@ def test_inplace_without_grad_leaves_the_logits_alone(gen):
     before = x.clone()
     cross_entropy(x, make_targets(4, 30, gen), inplace_backward=True)
     assert torch.equal(x, before)
-
-
-# gradient_in_forward=True: a training step that keeps its logits writes their gradient in its
-# forward where the plan says (plan.gradient_in_forward); these tables let it at any size.
-GRADIENT_IN_FORWARD_ALWAYS = dict(GRADIENT_IN_FORWARD_MIN_BYTES=0, GRADIENT_IN_FORWARD_MIN_ROWS_PER_SM=0)
 
 
 @needs_triton

@@ -454,9 +454,10 @@ def _clear():
     _choose.cache_clear()
 
 
-def stream_chunks(rows: int, n_tiles: int, sms: int, elem: int) -> tuple:
+def stream_chunks(rows: int, n_tiles: int, sms: int, elem: int, balance: bool = True) -> tuple:
     """(chunks a row, tiles a chunk) of the stream forward over ``rows`` rows of ``n_tiles`` tiles of
-    ``elem``-byte elements on ``sms`` SMs (STREAM_MIN_PROGRAMS_PER_SM, STREAM_PROGRAMS_PER_SM)."""
+    ``elem``-byte elements on ``sms`` SMs (STREAM_MIN_PROGRAMS_PER_SM); ``balance``: its waves too
+    (STREAM_PROGRAMS_PER_SM: not under the interpreter, which runs one program after another)."""
     def split(cap):
         per_chunk = _device.cdiv(n_tiles, max(1, min(n_tiles, STREAM_MAX_CHUNKS, cap)))
         return _device.cdiv(n_tiles, per_chunk), per_chunk
@@ -464,7 +465,7 @@ def stream_chunks(rows: int, n_tiles: int, sms: int, elem: int) -> tuple:
     chunks, per_chunk = split(_device.cdiv(STREAM_MIN_PROGRAMS_PER_SM * sms, max(rows, 1)))
     slots = STREAM_PROGRAMS_PER_SM[elem] * sms
     waves = rows * chunks / slots
-    if 1 < waves < STREAM_BALANCE_MAX_WAVES and waves % 1 < STREAM_BALANCE_MAX_FILL:
+    if balance and 1 < waves < STREAM_BALANCE_MAX_WAVES and waves % 1 < STREAM_BALANCE_MAX_FILL:
         def cost(c):
             n, per = split(c)
             return _device.cdiv(rows * n, slots) * (per + STREAM_PROGRAM_COST_TILES)
@@ -543,7 +544,7 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         return Plan(op, "backward", block=block, num_warps=num_warps, grid=(rows, n_tiles), tail=tail, **shape)
     if op in ("forward", "stats"):
         num_warps, n_tiles, tail = streamed(stream_block)
-        chunks, per_chunk = stream_chunks(rows, n_tiles, sms, elem)
+        chunks, per_chunk = stream_chunks(rows, n_tiles, sms, elem, balance=not interpreting)
         return Plan(op, "stream", block=stream_block, num_warps=num_warps, num_chunks=chunks,
                     tiles_per_chunk=per_chunk, grid=(rows, chunks), tail=tail,
                     tail_order=STREAM_TAIL_ORDER[elem] if tail < stream_block else "", **shape)

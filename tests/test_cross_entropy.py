@@ -885,6 +885,14 @@ def test_plans_for_the_gpu():
         chosen = choose("forward", rows, cols, dtype)
         assert chosen.num_chunks == chunks and chosen.grid == (rows, chunks), (dtype, rows, cols)
         assert chosen.num_chunks * chosen.tiles_per_chunk >= choose("backward", rows, cols, dtype).grid[1]
+    # In place, two_pass's programs of 32 warps run one an SM: rows just past a wave of them take
+    # separate (plan.TWO_PASS_SEPARATE_*), unless two_pass is asked for.
+    for rows, kw, strategy in [(132, {}, "two_pass"), (133, {}, "separate"), (180, dict(plain=True), "separate"),
+                               (190, {}, "two_pass"), (265, {}, "two_pass"), (133, dict(strategy="two_pass"), "two_pass"),
+                               (133, dict(weighted=True), "separate")]:
+        for dtype in (torch.bfloat16, torch.float32):
+            assert choose("forward_grad", rows, 128256, dtype, **kw).strategy == strategy, (rows, kw, dtype)
+    assert choose("forward_grad", 133, 50257, torch.bfloat16).strategy == "two_pass"  # 8 warps a program
     # The stream's and the backward's last program a row takes the row's last part where it is at most
     # 0.4 of a tile, in a tile no narrower than a vector a thread: fp32 128256 = 31 x 4096 + 1312; not
     # fp32 256000 = 62 x 4096 + 2048.

@@ -54,28 +54,23 @@ MAX_WARPS = 16
 # measured setting on the H100, and its split_row_on_chip forward tile).
 STREAM_BLOCK = {4: 4096, 2: 8192}
 # stream: a row's tiles in as few chunks as give the grid STREAM_MIN_PROGRAMS_PER_SM programs an
-# SM (rows x chunks), a program a chunk, the row's last program to finish merging its partials; at
-# most STREAM_MAX_CHUNKS (the merge loads a row's partials as one tile). One tile a program, as
-# before, cost each tile a program's partial, its arrival and, for the row's last, the merge: H200,
-# the forward alone, ms, one tile a program -> one chunk a row
-# (docs/notes/2026-11/probe_cross_entropy_stream_chunks-h200.log): bf16 8192 x 128256 0.795 -> 0.582,
-# 8192 x 32000 0.223 -> 0.168, 32768 x 32000 0.847 -> 0.623, 4096 x 256000 0.777 -> 0.584, 528 x
-# 128256 0.059 -> 0.054; fp32 8192 x 128256 1.131 -> 0.947, 32768 x 32000 1.306 -> 0.975. Few rows
-# need the programs: 132 x 128256 bf16 0.0229 at 16 chunks, 0.0220 at 4, 0.0346 at 1; 64 x 151937
-# 0.0178 at 19, 0.0164-0.0167 at 7-10, 0.0367 at 1.
+# SM (rows x chunks), the row's last program to finish merging its partials; at most STREAM_MAX_CHUNKS
+# (the merge loads a row's partials as one tile). H200, the forward, ms, one tile a program -> one
+# chunk a row (docs/notes/2026-11/probe_cross_entropy_stream_chunks-h200.log): bf16 8192 x 128256 0.795 ->
+# 0.582, 32768 x 32000 0.847 -> 0.623; fp32 8192 x 128256 1.131 -> 0.947. Few rows need the
+# programs: bf16 132 x 128256 0.0229 at 16 chunks, 0.0220 at 4, 0.0346 at 1.
 STREAM_MIN_PROGRAMS_PER_SM = 4
 STREAM_MAX_CHUNKS = 256
-# stream: its programs an SM at once (ptxas, sm_90, Triton 3.6, 8 warps: 48 registers a thread in
-# 2-byte dtypes, 32 in fp32; scripts/probes/kernel_resources.py). Where the chunks above give between
-# 1 and STREAM_BALANCE_MAX_WAVES waves of programs, the last under STREAM_BALANCE_MAX_FILL full, a row
-# takes the chunk count (up to STREAM_BALANCE_MAX_CHUNKS) of least (whole waves) x (tiles a chunk +
-# STREAM_PROGRAM_COST_TILES): a wave's programs finish together, and the few left over run alone at a
-# program's latency-bound rate. H200, the forward under CUDA graphs, ms, the chunks above ->
-# balanced (docs/notes/2026-11/probe_cross_entropy_stream_waves-h200.log; fitted on 14 shapes, checked
-# on 22 others): bf16 333 x 256003 (2 chunks: 666 programs, 660 at once) 0.0739 -> 0.0616, 354 x
-# 200032 0.0605 -> 0.0534, 777 x 151937 0.0887 -> 0.0823; fp32 1172 x 200019 0.2880 -> 0.2257, 1346 x
-# 65537 0.1175 -> 0.0981; none slower by over 0.2%. Up to 3 waves, rows of 4-8 tiles at 2-2.5 waves
-# lost 2-5% (bf16 1644 x 32007 0.0448 -> 0.0472).
+# stream: its programs an SM at once (sm_90, Triton 3.6, 8 warps: 48 registers a thread in 2-byte
+# dtypes, 32 in fp32; kernel_resources.py). Where the chunks above give 1 to STREAM_BALANCE_MAX_WAVES
+# waves of programs, the last under STREAM_BALANCE_MAX_FILL full, a row takes the chunk count (up to
+# STREAM_BALANCE_MAX_CHUNKS) of least (whole waves) x (tiles a chunk + STREAM_PROGRAM_COST_TILES): the
+# programs left over past a wave run alone, at a program's latency-bound rate. H200, the forward under
+# CUDA graphs, ms, unbalanced -> balanced (docs/notes/2026-11/probe_cross_entropy_stream_waves-h200.log;
+# fitted on 14 shapes, checked on 22): bf16 333 x 256003 (666 programs, 660 at once) 0.0739 ->
+# 0.0616, 354 x 200032 0.0605 -> 0.0534, 777 x 151937 0.0887 -> 0.0823; fp32 1172 x 200019 0.2880 ->
+# 0.2257, 1346 x 65537 0.1175 -> 0.0981; none slower by over 0.2%. Up to 3 waves, rows of 4-8 tiles
+# at 2-2.5 waves lost 2-5% (bf16 1644 x 32007 0.0448 -> 0.0472).
 STREAM_PROGRAMS_PER_SM = {2: 5, 4: 8}
 STREAM_BALANCE_MAX_WAVES = 2
 STREAM_BALANCE_MAX_FILL = 0.5
@@ -134,6 +129,17 @@ TWO_PASS_MIN_ROWS_PER_SM = {4: 1, 2: 1}
 # x 256003 0.0819 -> 0.0682, but 64 x 32001 (8 MB) 0.0154 -> 0.0164; below: bf16 16 x 128256 0.0142
 # -> 0.0144, 16 x 50257 0.0134 -> 0.0140.
 SEPARATE_MIN_BYTES = 4 * 2**20
+# two_pass programs of this many warps run one an SM (63 registers a thread); where their rows fill
+# a wave and under TWO_PASS_SEPARATE_MAX_FILL of the next, the rows left over run alone, a row read
+# twice at one program's rate: separate (programs of tiles) is faster. H200, the in-place forward
+# under graphs, ms, two_pass -> separate (docs/notes/2026-11/probe_cross_entropy_inplace_waves-h200.log):
+# bf16 x 128256 at 133 rows 0.0480 -> 0.0372 (132: two_pass 0.0331), 140 0.0491 -> 0.0389, 170
+# 0.0506 -> 0.0468; bf16 133 x 200019 0.0793 -> 0.0571; fp32 140 x 65537 0.0446 -> 0.0376; at 190
+# rows (0.44 of a wave) 0.0517 against 0.0515, kept. A third wave: bf16 275 x 200019 12% faster,
+# fp32 270-285 x 65537 and 280 x 32000 1.2-5.5% slower: not taken.
+TWO_PASS_ONE_AN_SM_WARPS = 32
+TWO_PASS_SEPARATE_MAX_WAVES = 2
+TWO_PASS_SEPARATE_MAX_FILL = 0.4
 # two_pass: the first read asks L2 to keep the row for the second, which, with the gradient's
 # stores, asks it to drop the lines (eviction hints). Same sweep, bf16 8192 x 128256 2.373 ->
 # 2.236 ms, 8192 x 50257 0.960 -> 0.926; fp32 8192 x 32000 1.095 -> 1.032.
@@ -552,6 +558,7 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
     # forward_grad
     split_tile = max(SPLIT_TILE_BYTES // elem,
                      _device.next_power_of_2(_device.cdiv(span, max(1, int(sms * SPLIT_MAX_CHUNKS_PER_SM)))))
+    chosen_here = strategy is None
     if strategy is None:
         if interpreting or span <= ON_CHIP_MAX_COLS[elem]:
             strategy = "on_chip"
@@ -598,6 +605,11 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         max_registers = cap if row_bytes <= up_to else 0
         if max_registers and max_registers < PLAIN_ONE_LOOP_MIN_REGISTERS and tail == block:
             tail = block // 2
+        waves = rows / sms  # programs of TWO_PASS_ONE_AN_SM_WARPS: one an SM
+        if (chosen_here and num_warps >= TWO_PASS_ONE_AN_SM_WARPS and 1 < waves < TWO_PASS_SEPARATE_MAX_WAVES
+                and waves % 1 < TWO_PASS_SEPARATE_MAX_FILL and rows * cols * elem >= SEPARATE_MIN_BYTES):
+            return _choose(op, rows, cols, dtype, device_type, "separate", align, edges, contiguous, stride_mod, sms,
+                           interpreting, plain, smoothing, softcap, weighted)
         return Plan(op, strategy, block=block, num_warps=num_warps,
                     tiles_per_chunk=_device.cdiv(span, block), grid=(rows, 1), hold_l2=TWO_PASS_HOLD_L2,
                     plain=plain, tail=tail, max_registers=max_registers, **shape)

@@ -65,12 +65,11 @@ STREAM_MAX_CHUNKS = 256
 # dtypes, 32 in fp32; kernel_resources.py). Where the chunks above give 1 to STREAM_BALANCE_MAX_WAVES
 # waves of programs, the last under STREAM_BALANCE_MAX_FILL full, a row takes the chunk count (up to
 # STREAM_BALANCE_MAX_CHUNKS) of least (whole waves) x (tiles a chunk + STREAM_PROGRAM_COST_TILES): the
-# programs left over past a wave run alone, at a program's latency-bound rate. H200, the forward under
+# programs left over past a wave run alone, at one program's rate (why: not profiled). H200, the forward under
 # CUDA graphs, ms, unbalanced -> balanced (docs/notes/2026-11/probe_cross_entropy_stream_waves-h200.log;
 # fitted on 14 shapes, checked on 22): bf16 333 x 256003 (666 programs, 660 at once) 0.0739 ->
 # 0.0616, 354 x 200032 0.0605 -> 0.0534, 777 x 151937 0.0887 -> 0.0823; fp32 1172 x 200019 0.2880 ->
-# 0.2257, 1346 x 65537 0.1175 -> 0.0981; none slower by over 0.2%. Up to 3 waves, rows of 4-8 tiles
-# at 2-2.5 waves lost 2-5% (bf16 1644 x 32007 0.0448 -> 0.0472).
+# 0.2257; none slower by over 0.2%. Up to 3 waves, rows of 4-8 tiles lost 2-5% at 2-2.5 waves.
 STREAM_PROGRAMS_PER_SM = {2: 5, 4: 8}
 STREAM_BALANCE_MAX_WAVES = 2
 STREAM_BALANCE_MAX_FILL = 0.5
@@ -134,9 +133,8 @@ SEPARATE_MIN_BYTES = 4 * 2**20
 # twice at one program's rate: separate (programs of tiles) is faster. H200, the in-place forward
 # under graphs, ms, two_pass -> separate (docs/notes/2026-11/probe_cross_entropy_inplace_waves-h200.log):
 # bf16 x 128256 at 133 rows 0.0480 -> 0.0372 (132: two_pass 0.0331), 140 0.0491 -> 0.0389, 170
-# 0.0506 -> 0.0468; bf16 133 x 200019 0.0793 -> 0.0571; fp32 140 x 65537 0.0446 -> 0.0376; at 190
-# rows (0.44 of a wave) 0.0517 against 0.0515, kept. A third wave: bf16 275 x 200019 12% faster,
-# fp32 270-285 x 65537 and 280 x 32000 1.2-5.5% slower: not taken.
+# 0.0506 -> 0.0468; fp32 140 x 65537 0.0446 -> 0.0376. In a third wave: 12% faster at bf16 275 x
+# 200019, 1.2-5.5% slower at fp32 270-285 x 65537 and 280 x 32000; not taken.
 TWO_PASS_ONE_AN_SM_WARPS = 32
 TWO_PASS_SEPARATE_MAX_WAVES = 2
 TWO_PASS_SEPARATE_MAX_FILL = 0.4
@@ -605,7 +603,7 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         max_registers = cap if row_bytes <= up_to else 0
         if max_registers and max_registers < PLAIN_ONE_LOOP_MIN_REGISTERS and tail == block:
             tail = block // 2
-        waves = rows / sms  # programs of TWO_PASS_ONE_AN_SM_WARPS: one an SM
+        waves = rows / sms  # programs of TWO_PASS_ONE_AN_SM_WARPS, one an SM
         if (chosen_here and num_warps >= TWO_PASS_ONE_AN_SM_WARPS and 1 < waves < TWO_PASS_SEPARATE_MAX_WAVES
                 and waves % 1 < TWO_PASS_SEPARATE_MAX_FILL and rows * cols * elem >= SEPARATE_MIN_BYTES):
             return _choose(op, rows, cols, dtype, device_type, "separate", align, edges, contiguous, stride_mod, sms,

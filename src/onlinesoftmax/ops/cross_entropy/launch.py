@@ -308,7 +308,7 @@ class ForwardCall:
         self.signature = (return_lse, float32_loss)
         # upstream gradient's signature -> BackwardCall (out of place: -> backward_over's bound launch)
         self.backward_calls: dict = {}
-        self.fused: Optional[tuple] = None  # gradient_call's answer, once asked
+        self.fused: Optional[list] = None  # [gradient_call's answer], once asked
         has_weight = weight is not None
         self.chosen = chosen = forward_plan(x, weight, label_smoothing, z_loss, softcap, return_lse, strategy, inplace)
         self.denom = _buffers.template((3 if needs_denom(reduction, has_weight, label_smoothing) else 0,),
@@ -368,10 +368,10 @@ class ForwardCall:
             self.reduce(loss_rows, lse, target, loss_rows if weight is None else weight, denom, loss)
         return loss, lse, lse_low, denom
 
-    def gradient_call(self, x, target, weight) -> Optional[tuple]:
+    def gradient_call(self, x, target, weight) -> Optional["ForwardCall"]:
         """For a call that keeps its logits (not ``inplace``), where its gradient is best computed in
-        the forward (planner.gradient_in_forward): (the ForwardCall writing it into a new tensor,
-        that tensor's template). Else None. Decided at the first call that needs a gradient."""
+        the forward (planner.gradient_in_forward): the ForwardCall writing it into a new tensor of
+        x's layout (same_layout_buffer). Else None. Decided at the first call that needs a gradient."""
         if self.fused is None:
             call = None
             _, reduction, label_smoothing, z_loss, softcap, _ = self.options
@@ -381,9 +381,8 @@ class ForwardCall:
                                                                  self.signature[0], None, True), reduction, x.device)):
                 call = ForwardCall(x, target, weight, *self.options, *self.signature[:1], None, True,
                                    self.signature[1], out_of_place=True)
-            template = None if call is None or not x.is_contiguous() else _buffers.template(x.shape, x.dtype, x.device)
-            self.fused = (call, template)
-        return None if self.fused[0] is None else self.fused
+            self.fused = [call]
+        return self.fused[0]
 
     def backward_over(self, dx, x, target, weight, lse, lse_low, denom, grad):
         """The backward of a call of this ``out_of_place`` forward, which wrote ``dx`` for an upstream
@@ -429,15 +428,10 @@ class BackwardCall:
         self.torch_path = self.chosen.strategy == "torch" or n_rows == 0 or n_cols == 0
         if self.torch_path:
             return
-        self.dx = _buffers.template(x.shape, x.dtype, x.device) if x.is_contiguous() else None
         w = x if weight is None else weight
-        self.main = backward_recipe(self.chosen, x, self._gradient_buffer(x), target, w, weight is not None, lse,
+        self.main = backward_recipe(self.chosen, x, same_layout_buffer(x), target, w, weight is not None, lse,
                                     lse_low, grad, ignore_index, reduction, label_smoothing, z_loss, softcap,
                                     temperature, class_offset, n_classes).bind()
-
-    def _gradient_buffer(self, x):
-        # The kernel addresses x and dx with one set of offsets.
-        return _buffers.empty_like(self.dx) if self.dx is not None else same_layout_buffer(x)
 
     def __call__(self, x, target, weight, lse, lse_low, denom, grad):
         planner.record(self.chosen)
@@ -445,7 +439,7 @@ class BackwardCall:
             x = x.contiguous()
         if self.torch_path:
             return torch_backward(x, target, weight, denom, lse, lse_low, grad, *self.options, *self.shard)
-        dx = self._gradient_buffer(x)
+        dx = same_layout_buffer(x)
         self.main(x, dx, target, x if weight is None else weight, denom, lse, lse_low, grad)
         return dx
 

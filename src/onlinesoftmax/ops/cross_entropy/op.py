@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ... import _autocast, _buffers, _validate
+from ... import _autocast, _validate
 from ..._autocast import any_enabled as _any_autocast
 from ..._device import interpreter_active, plan_cache, remember
 from ..._launch import op_when_compiling
@@ -109,18 +109,17 @@ class _CrossEntropyFunction(torch.autograd.Function):
         # work grows with the number of arguments.
         inplace, strategy, float32_loss, gradient_in_forward = launch
         args = (x2, target, weight, *options, strategy, float32_loss)
-        call = fused = ctx.gradient = None
+        call = ctx.gradient = None
         if torch.compiler.is_compiling():
             loss, lse, lse_low, denom = (_forward_inplace if inplace else _forward)(*args)
         else:
             # The eager forward's prepared call also finds its backward (by the upstream gradient alone).
             call = forward_call(*args, inplace=inplace)
-            fused = call.gradient_call(x2, target, weight) if gradient_in_forward and not inplace else None
-            if fused is None:
+            fused_call = call.gradient_call(x2, target, weight) if gradient_in_forward and not inplace else None
+            if fused_call is None:
                 loss, lse, lse_low, denom = call(x2, target, weight)
             else:  # the gradient now, into a new tensor (plan.gradient_in_forward), for the backward
-                fused_call, template = fused
-                dx = _buffers.empty_like(template) if template is not None else same_layout_buffer(x2)
+                dx = same_layout_buffer(x2)
                 loss, lse, lse_low, denom = fused_call(x2, target, weight, dx)
                 ctx.gradient = (fused_call, dx)
         if inplace:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from conftest import DEVICE
+from onlinesoftmax.ops.cross_entropy import cross_entropy, plan
+
+from conftest import DEVICE, assert_matches
 
 OPTIONS = [
     {},
@@ -59,3 +61,42 @@ def resolve_options(options, classes, gen):
     if options.get("weight"):
         options["weight"] = (torch.rand(classes, generator=gen, dtype=torch.float64) + 0.5).float().to(DEVICE)
     return options
+
+
+# Losses are sums of many rounded terms: a reduced bf16/fp16 loss is one rounding of an fp32 sum,
+# within the table's bound; the gradients are elementwise, within it too.
+
+def check_loss_and_grad(x, target, dtype, upstream=None, strategy=None, inplace=False, what="", in_forward=False,
+                         **options):
+    """Loss and gradient of ours against the float64 reference on the same (rounded) logits; returns the
+    plans of the forward and of the backward."""
+    x64 = x.detach().double().requires_grad_()
+    ref = reference(x64, target, **options)
+    leaf = x.detach().clone().requires_grad_()
+    logits = leaf * 1  # a non-leaf: in place, it is overwritten with the gradient
+    out = cross_entropy(logits, target, strategy=strategy, inplace_backward=inplace, gradient_in_forward=in_forward,
+                        **options)
+    chosen = plan.last_plan()
+    # The upstream gradient as ours receives it (in the loss's dtype), for both: a reference given
+    # the unrounded one would differ by that rounding, which is not ours.
+    g = (upstream if upstream is not None else torch.ones_like(ref)).to(out.dtype)
+    (ref * g.double()).sum().backward()
+    (out * g).sum().backward()
+    assert_matches(out.detach(), ref.detach(), dtype, f"{what} loss")
+    assert_matches(leaf.grad, x64.grad, dtype, f"{what} grad")
+    if inplace:
+        assert torch.equal(logits.detach(), leaf.grad), f"{what}: the logits do not hold the gradient"
+    else:
+        assert torch.equal(logits.detach(), x.detach()), f"{what}: the forward changed the logits"
+    return chosen, plan.last_plan()
+
+
+def inplace_upstream(rows, gen):
+    """A per-row upstream gradient for in-place tests: random signs and powers of two. In place the
+    gradient is stored for an upstream of 1 and then scaled by the row's: two roundings to the
+    logits' dtype, which took a bf16 gradient to 1.02e-2 (the table's bound 1e-2) in about one
+    interpreter run in twenty while its casts truncated (conftest now rounds them to nearest, as
+    the GPU does). Scaling by a power of two is exact, so the test sees the kernels' one rounding,
+    whatever the row's upstream."""
+    sign = torch.randint(0, 2, (rows,), generator=gen, dtype=torch.float64) * 2 - 1
+    return (sign * 2.0 ** torch.randint(-2, 3, (rows,), generator=gen).double()).to(DEVICE)

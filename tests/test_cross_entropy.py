@@ -21,51 +21,12 @@ from onlinesoftmax.ops.cross_entropy import op as ce_op
 
 from conftest import (DEVICE, ON_GPU, TRITON_RUNS, assert_matches, compiled_for_sm90, gpu_only, make_logits,
                       needs_triton)
-from cross_entropy_cases import (GRADIENT_IN_FORWARD_ALWAYS, OPTIONS, make_targets, option_ids, reference,
-                                 resolve_options)
+from cross_entropy_cases import (GRADIENT_IN_FORWARD_ALWAYS, OPTIONS, check_loss_and_grad, inplace_upstream,
+                                 make_targets, option_ids, reference, resolve_options)
 
 # Strategies of the forward with the gradient in place, and where each one runs.
 INPLACE_STRATEGIES = ("on_chip", "split_on_chip", "two_pass", "separate") if TRITON_RUNS else ("torch",)
 FORWARD_STRATEGIES = ("stream",) if TRITON_RUNS else ("torch",)
-# Losses are sums of many rounded terms: a reduced bf16/fp16 loss is one rounding of an fp32 sum,
-# within the table's bound; the gradients are elementwise, within it too.
-
-def _check_loss_and_grad(x, target, dtype, upstream=None, strategy=None, inplace=False, what="", in_forward=False,
-                         **options):
-    """Loss and gradient of ours against the float64 reference on the same (rounded) logits; returns the
-    plans of the forward and of the backward."""
-    x64 = x.detach().double().requires_grad_()
-    ref = reference(x64, target, **options)
-    leaf = x.detach().clone().requires_grad_()
-    logits = leaf * 1  # a non-leaf: in place, it is overwritten with the gradient
-    out = cross_entropy(logits, target, strategy=strategy, inplace_backward=inplace, gradient_in_forward=in_forward,
-                        **options)
-    chosen = plan.last_plan()
-    # The upstream gradient as ours receives it (in the loss's dtype), for both: a reference given
-    # the unrounded one would differ by that rounding, which is not ours.
-    g = (upstream if upstream is not None else torch.ones_like(ref)).to(out.dtype)
-    (ref * g.double()).sum().backward()
-    (out * g).sum().backward()
-    assert_matches(out.detach(), ref.detach(), dtype, f"{what} loss")
-    assert_matches(leaf.grad, x64.grad, dtype, f"{what} grad")
-    if inplace:
-        assert torch.equal(logits.detach(), leaf.grad), f"{what}: the logits do not hold the gradient"
-    else:
-        assert torch.equal(logits.detach(), x.detach()), f"{what}: the forward changed the logits"
-    return chosen, plan.last_plan()
-
-
-def inplace_upstream(rows, gen):
-    """A per-row upstream gradient for in-place tests: random signs and powers of two. In place the
-    gradient is stored for an upstream of 1 and then scaled by the row's: two roundings to the
-    logits' dtype, which took a bf16 gradient to 1.02e-2 (the table's bound 1e-2) in about one
-    interpreter run in twenty while its casts truncated (conftest now rounds them to nearest, as
-    the GPU does). Scaling by a power of two is exact, so the test sees the kernels' one rounding,
-    whatever the row's upstream."""
-    sign = torch.randint(0, 2, (rows,), generator=gen, dtype=torch.float64) * 2 - 1
-    return (sign * 2.0 ** torch.randint(-2, 3, (rows,), generator=gen).double()).to(DEVICE)
-
-
 # --------------------------------------------------------------------------------------------
 # Strategies, shapes, dtypes
 # --------------------------------------------------------------------------------------------
@@ -82,7 +43,7 @@ def test_separate_backward_matches_torch(shape, dtype, reduction, forced, gen):
     x = make_logits(shape, dtype, gen, outliers=False)
     target = make_targets(shape[0], shape[1], gen)
     upstream = torch.randn(shape[0], generator=gen, dtype=torch.float64).to(DEVICE) if reduction == "none" else None
-    forward, backward = _check_loss_and_grad(x, target, dtype, upstream, reduction=reduction, what=reduction,
+    forward, backward = check_loss_and_grad(x, target, dtype, upstream, reduction=reduction, what=reduction,
                                              strategy=FORWARD_STRATEGIES[0] if forced else None)
     assert (forward.op, forward.strategy) == ("forward", FORWARD_STRATEGIES[0])
     # Without Triton a planned call this small is F.cross_entropy itself, whose backward is torch's
@@ -106,7 +67,7 @@ def test_separate_kernels_over_runs_wider_than_a_vector(dtype, run_bytes, option
     target[1], target[2] = 0, shape[1] - 1
     upstream = torch.randn(shape[0], generator=gen, dtype=torch.float64).to(DEVICE)
     with onlinesoftmax.override_plan("cross_entropy", STREAM_RUN_BYTES={4: run_bytes, 2: run_bytes}):
-        forward, backward = _check_loss_and_grad(x, target, dtype, upstream, reduction="none", what=f"runs {run_bytes}",
+        forward, backward = check_loss_and_grad(x, target, dtype, upstream, reduction="none", what=f"runs {run_bytes}",
                                                  **resolve_options(options, shape[1], gen))
     widest = plan.INTERPRETER_BLOCK if not ON_GPU else 1 << 30  # the tile bounds the run
     run = run_bytes // dtype.itemsize if run_bytes // dtype.itemsize <= widest else 16 // dtype.itemsize
@@ -142,7 +103,7 @@ def test_separate_kernels_take_a_rows_last_part_with_its_last_tile(dtype, cols, 
     target = make_targets(*shape, gen, ignore_every=3)
     target[1], target[2] = cols - 1, 0
     upstream = torch.randn(shape[0], generator=gen, dtype=torch.float64).to(DEVICE)
-    forward, backward = _check_loss_and_grad(x, target, dtype, upstream, reduction="none", what=f"{cols}",
+    forward, backward = check_loss_and_grad(x, target, dtype, upstream, reduction="none", what=f"{cols}",
                                              **resolve_options(options, cols, gen))
     assert (forward.strategy, backward.strategy, forward.tail, backward.tail) == ("stream", "backward", tail, tail)
     assert forward.tail_order == order
@@ -159,7 +120,7 @@ def test_inplace_strategies_match_torch(strategy, dtype, reduction, gen):
     x = make_logits(shape, dtype, gen, outliers=False)
     target = make_targets(*shape, gen)
     upstream = inplace_upstream(shape[0], gen) if reduction == "none" else None
-    _check_loss_and_grad(x, target, dtype, upstream, strategy=strategy, inplace=True, reduction=reduction,
+    check_loss_and_grad(x, target, dtype, upstream, strategy=strategy, inplace=True, reduction=reduction,
                          what=strategy)
     # The plan of the forward is the one recorded before the backward's.
     x2 = x.detach().clone()
@@ -179,7 +140,7 @@ def test_gradient_at_large_logits(strategy, inplace, offset, gen):
     shape = (6, 203)
     x = make_logits(shape, torch.float32, gen, scale=2.0, outliers=False) + offset
     target = make_targets(*shape, gen)
-    _check_loss_and_grad(x, target, torch.float32, strategy=strategy, inplace=inplace, reduction="sum",
+    check_loss_and_grad(x, target, torch.float32, strategy=strategy, inplace=inplace, reduction="sum",
                          what=f"{strategy} at {offset}")
 
 
@@ -193,7 +154,7 @@ def test_strided_class_weight(strategy, inplace, gen):
     x = make_logits(shape, torch.float32, gen, outliers=False)
     target = make_targets(*shape, gen, ignore_every=4)
     weight = torch.rand(2 * shape[1], generator=gen).to(DEVICE)[::2]
-    _check_loss_and_grad(x, target, torch.float32, strategy=strategy, inplace=inplace, weight=weight,
+    check_loss_and_grad(x, target, torch.float32, strategy=strategy, inplace=inplace, weight=weight,
                          label_smoothing=0.1, what=f"{strategy} with strided weights")
 
 
@@ -209,7 +170,7 @@ def test_two_pass_tables(hold_l2, warps, gen):
     band = {4: (1 << 62, warps, 0), 2: (1 << 62, warps, 0)}
     with onlinesoftmax.override_plan("cross_entropy", TWO_PASS_HOLD_L2=hold_l2, TWO_PASS_LAUNCH=table,
                                      TWO_PASS_PLAIN_LAUNCH=table, PLAIN_EDGES_BAND_LAUNCH=band):
-        _check_loss_and_grad(x, target, torch.bfloat16, strategy="two_pass", inplace=True, what="two_pass")
+        check_loss_and_grad(x, target, torch.bfloat16, strategy="two_pass", inplace=True, what="two_pass")
         cross_entropy(x.detach().clone().requires_grad_(), target, strategy="two_pass", inplace_backward=True)
         chosen = plan.last_plan()
     assert (chosen.strategy, chosen.hold_l2, chosen.grid) == ("two_pass", hold_l2, (shape[0], 1))
@@ -230,7 +191,7 @@ def test_two_pass_option_tables_over_several_tiles(options, dtype, gen):
     options = dict(options)  # (the parameter's dict is shared by its test ids)
     if options.pop("weight", False):
         options["weight"] = torch.rand(shape[1], generator=gen).to(DEVICE) + 0.5
-    chosen, _ = _check_loss_and_grad(x, target, dtype, inplace_upstream(shape[0], gen), strategy="two_pass",
+    chosen, _ = check_loss_and_grad(x, target, dtype, inplace_upstream(shape[0], gen), strategy="two_pass",
                                      inplace=True, what=f"two_pass {options}", reduction="none", **options)
     assert chosen.strategy == "two_pass" and not chosen.plain and chosen.tiles_per_chunk >= 3
 
@@ -248,7 +209,7 @@ def _check_plain_rows(dtype, reduction, options, cols, run_bytes, gen):
     target[2] = 160
     target[4], target[5] = 1, cols - 1
     upstream = inplace_upstream(shape[0], gen) if reduction == "none" else None
-    forward, _ = _check_loss_and_grad(x, target, dtype, upstream, strategy="two_pass", inplace=True,
+    forward, _ = check_loss_and_grad(x, target, dtype, upstream, strategy="two_pass", inplace=True,
                                       reduction=reduction, what="two_pass plain", **options)
     runs = run_bytes // dtype.itemsize
     assert (forward.strategy, forward.plain, forward.edges) == ("two_pass", True, cols % runs != 0)
@@ -279,7 +240,7 @@ def _check_two_pass_rows(dtype, cols, gen):
     x = make_logits(shape, dtype, gen, outliers=False)
     target = make_targets(*shape, gen, ignore_every=3)
     target[1] = cols - 3
-    forward, _ = _check_loss_and_grad(x, target, dtype, inplace_upstream(shape[0], gen), strategy="two_pass",
+    forward, _ = check_loss_and_grad(x, target, dtype, inplace_upstream(shape[0], gen), strategy="two_pass",
                                       inplace=True, what=f"two_pass plain {cols}", reduction="none")
     return forward
 
@@ -321,7 +282,7 @@ def test_two_pass_plain_rows_shorter_than_a_few_vectors(cols, gen):
     target = make_targets(7, cols, gen)
     target[3] = -100
     with plain_edges():
-        forward, _ = _check_loss_and_grad(x, target, torch.bfloat16, strategy="two_pass", inplace=True,
+        forward, _ = check_loss_and_grad(x, target, torch.bfloat16, strategy="two_pass", inplace=True,
                                           what=f"two_pass plain {cols}", reduction="none")
     assert (forward.plain, forward.edges) == (True, True)
 
@@ -335,7 +296,7 @@ def test_two_pass_plain_rows_only_where_nothing_needs_the_general_kernel(gen):
     for options, classes in (({"weight": weight}, 96), ({"label_smoothing": 0.1}, 96), ({"softcap": 5.0}, 96),
                              ({"z_loss": 1e-2}, 95)):
         x = make_logits((6, classes), torch.bfloat16, gen, outliers=False)
-        forward, _ = _check_loss_and_grad(x, target % classes, torch.bfloat16, strategy="two_pass", inplace=True,
+        forward, _ = check_loss_and_grad(x, target % classes, torch.bfloat16, strategy="two_pass", inplace=True,
                                           what=f"two_pass {options} {classes}", **options)
         assert not forward.plain, (options, classes)
     rows = make_logits((6, 96), torch.float32, gen, outliers=False)
@@ -375,7 +336,7 @@ def test_options_match_torch(options, inplace, dtype, gen):
     target = make_targets(*shape, gen, ignore_every=3)
     for reduction in ("mean", "none"):
         upstream = torch.randn(shape[0], generator=gen, dtype=torch.float64).to(DEVICE) if reduction == "none" else None
-        forward, backward = _check_loss_and_grad(x, target, dtype, upstream, inplace=inplace, reduction=reduction,
+        forward, backward = check_loss_and_grad(x, target, dtype, upstream, inplace=inplace, reduction=reduction,
                                                  what=f"{options} {reduction}", **resolve_options(options, shape[1], gen))
         if dtype == torch.float64:
             assert forward.strategy == "torch" and (inplace or backward.strategy == "torch")
@@ -399,14 +360,14 @@ def test_all_options_in_half_precision(dtype, gen):
     x = make_logits(shape, dtype, gen, outliers=False)
     target = make_targets(*shape, gen)
     for inplace in (False, True):
-        _check_loss_and_grad(x, target, dtype, inplace=inplace, what=f"inplace={inplace}", **options)
+        check_loss_and_grad(x, target, dtype, inplace=inplace, what=f"inplace={inplace}", **options)
 
 
 def test_ignore_index_other_than_default(gen):
     x = make_logits((6, 50), torch.float32, gen, outliers=False)
     target = make_targets(6, 50, gen, ignore_every=2, ignore_index=3)
     for inplace in (False, True):
-        _check_loss_and_grad(x, target, torch.float32, ignore_index=3, inplace=inplace, label_smoothing=0.1)
+        check_loss_and_grad(x, target, torch.float32, ignore_index=3, inplace=inplace, label_smoothing=0.1)
 
 
 def test_outliers_in_the_forward(gen):
@@ -456,7 +417,7 @@ def test_one_class(gen):
     x = make_logits((5, 1), torch.float32, gen, outliers=False)
     target = torch.zeros(5, dtype=torch.int64, device=DEVICE)
     for inplace in (False, True):
-        _check_loss_and_grad(x, target, torch.float32, inplace=inplace, reduction="none")
+        check_loss_and_grad(x, target, torch.float32, inplace=inplace, reduction="none")
 
 
 def test_vector_logits_with_scalar_target(gen):
@@ -472,7 +433,7 @@ def test_leading_dims_are_flattened_and_the_class_dim_is_last(gen):
     x = make_logits((2, 3, 40), torch.float32, gen, outliers=False)
     target = torch.randint(0, 40, (2, 3), generator=gen).to(DEVICE)
     target[0, 1] = -100
-    _check_loss_and_grad(x, target, torch.float32, reduction="none",
+    check_loss_and_grad(x, target, torch.float32, reduction="none",
                          upstream=torch.randn(2, 3, generator=gen, dtype=torch.float64).to(DEVICE))
     # torch's F.cross_entropy takes dim 1 as the class dim: the same numbers after a movedim.
     ref = F.cross_entropy(x.double().movedim(-1, 1), target)
@@ -535,7 +496,7 @@ def test_misaligned_rows_take_the_edge_path(gen):
     x = make_logits((5, 53), torch.bfloat16, gen, outliers=False)
     target = make_targets(5, 53, gen)
     for strategy in INPLACE_STRATEGIES:
-        _check_loss_and_grad(x, target, torch.bfloat16, strategy=strategy, inplace=True, what=strategy)
+        check_loss_and_grad(x, target, torch.bfloat16, strategy=strategy, inplace=True, what=strategy)
     cross_entropy(x, target)
     # The forward's tiles cover 16-byte vectors, or runs of STREAM_RUN_BYTES where its tile is as wide.
     runs = plan.STREAM_RUN_BYTES[2] // 2 if ON_GPU else 8
@@ -646,7 +607,7 @@ def test_kept_logits_gradient_written_by_the_forward(shape, strategy, dtype, red
     target = make_targets(*shape, gen)
     options = resolve_options(options, shape[1], gen)
     with onlinesoftmax.override_plan("cross_entropy", **GRADIENT_IN_FORWARD_ALWAYS):
-        forward, _ = _check_loss_and_grad(x, target, dtype, torch.tensor(upstream, device=DEVICE),
+        forward, _ = check_loss_and_grad(x, target, dtype, torch.tensor(upstream, device=DEVICE),
                                           reduction=reduction, what=f"{strategy} x {upstream}", in_forward=True,
                                           **options)
     assert (forward.op, forward.strategy) == ("forward_grad", strategy if TRITON_RUNS and ON_GPU else "on_chip")
@@ -696,7 +657,7 @@ def test_kept_logits_gradient_in_forward_where_the_plan_refuses_it(shape, gen):
     # keeps the stream forward and the backward kernel (it had raised an AssertionError).
     x = make_logits(shape, torch.bfloat16, gen, outliers=False)
     with onlinesoftmax.override_plan("cross_entropy", **GRADIENT_IN_FORWARD_ALWAYS):
-        forward, backward = _check_loss_and_grad(x, make_targets(*shape, gen), torch.bfloat16, in_forward=True,
+        forward, backward = check_loss_and_grad(x, make_targets(*shape, gen), torch.bfloat16, in_forward=True,
                                                  what="refused", label_smoothing=0.1)
     assert (forward.op, backward.op) == ("forward", "backward")
 
@@ -1203,8 +1164,8 @@ def test_small_cpu_calls_run_torchs_own_loss(gen, monkeypatch):
     with onlinesoftmax.override_plan("cross_entropy", CPU_TORCH_MAX_LOGITS=dict.fromkeys((2, 4, 8), 3 * 4 * 37 - 1)):
         cross_entropy(x.float(), target, label_smoothing=0.2)
         assert len(calls) == before
-        _check_loss_and_grad(x.float(), target, torch.float32, label_smoothing=0.2)
-    _check_loss_and_grad(x.float(), target, torch.float32, z_loss=1e-3)
+        check_loss_and_grad(x.float(), target, torch.float32, label_smoothing=0.2)
+    check_loss_and_grad(x.float(), target, torch.float32, z_loss=1e-3)
     # A target out of range: our ValueError, which names it, not torch's IndexError.
     with pytest.raises(ValueError, match="target 37 is out of range for 37 classes"):
         cross_entropy(x.float(), torch.full((3, 4), 37))

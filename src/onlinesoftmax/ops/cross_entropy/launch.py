@@ -27,6 +27,7 @@ from .kernels import (
     cross_entropy_stream_kernel,
 )
 from .plain_kernel import cross_entropy_two_pass_plain_kernel
+from .rows_kernel import cross_entropy_rows_backward_kernel, cross_entropy_rows_forward_kernel
 from .small_kernels import cross_entropy_reduce_kernel, cross_entropy_shard_merge_kernel, scale_rows_kernel
 from .torch_path import RowTerms, compute_dtype, row_losses, row_normalizer, torch_backward, torch_forward
 
@@ -34,6 +35,8 @@ _stream = Launcher(cross_entropy_stream_kernel)
 _two_pass_plain = Launcher(cross_entropy_two_pass_plain_kernel)
 _on_chip = Launcher(cross_entropy_on_chip_kernel)
 _backward = Launcher(cross_entropy_backward_kernel)
+_rows_forward = Launcher(cross_entropy_rows_forward_kernel)
+_rows_backward = Launcher(cross_entropy_rows_backward_kernel)
 _reduce = Launcher(cross_entropy_reduce_kernel)
 _scale = Launcher(scale_rows_kernel)
 _shard_merge = Launcher(cross_entropy_shard_merge_kernel)
@@ -63,6 +66,13 @@ def row_options(has_weight: bool, label_smoothing: float, softcap: float, z_loss
 def _flags(has_weight: bool, reduction: str, label_smoothing: float, z_loss: float, softcap: float) -> dict:
     return dict(HAS_WEIGHT=has_weight, SMOOTH=label_smoothing > 0, SOFTCAP=softcap > 0, Z=z_loss > 0,
                 MEAN=reduction == "mean")
+
+
+def _rows_meta(chosen: planner.Plan, x: torch.Tensor) -> dict:
+    # Rows of unit stride with strided classes (torch's class dim 1 through a view): loads along the rows.
+    rows_unit = x.stride(0) == 1 and x.stride(1) != 1 and x.shape[0] > 1
+    return dict(ROWS=chosen.rows_per_program, BLOCK=chosen.block, CONTIGUOUS=chosen.contiguous, ROWS_UNIT=rows_unit,
+                num_warps=chosen.num_warps)
 
 
 def _exchange(chosen: planner.Plan, device: torch.device):
@@ -111,16 +121,22 @@ class Recipe(NamedTuple):
         return lambda *tensors: bound(*tensors, *scalars)
 
 
+def _reduce_launch_block() -> int:
+    # Under the interpreter the test sizes' rows take several steps (as the probability kernels' reduction).
+    return 16 if interpreter_active() else planner.REDUCE_LAUNCH_BLOCK
+
+
 def count_recipe(target: torch.Tensor, w: torch.Tensor, has_weight: bool, n_classes: int, ignore_index: int,
                  smooth: bool) -> Recipe:
     """denom <- (valid rows, sum of their targets' weights, sum of all class weights: with label
     smoothing (``smooth``) alone, else 0); tensors (denom, denom, target, w, denom, denom), ``w`` the
     weights or denom."""
+    # The launchers' compiled kernels are found by key alone: the tables' values are in it (override_plan).
     key = ("count", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), n_classes, ignore_index,
-           target.shape[0], has_weight, smooth)
+           target.shape[0], has_weight, smooth, _reduce_launch_block(), planner.REDUCE_LAUNCH_WARPS)
     return Recipe(_reduce, (1,), key, (target.shape[0], n_classes, target.stride(0), ignore_index, 0.0),
-                  dict(BLOCK=planner.REDUCE_BLOCK, COUNT=True, SUM=False, MEAN=False, HAS_WEIGHT=has_weight,
-                       SMOOTH=smooth, Z=False, num_warps=planner.REDUCE_WARPS))
+                  dict(BLOCK=_reduce_launch_block(), COUNT=True, SUM=False, MEAN=False, HAS_WEIGHT=has_weight,
+                       SMOOTH=smooth, Z=False, num_warps=planner.REDUCE_LAUNCH_WARPS))
 
 
 def reduce_recipe(loss_rows: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, w: torch.Tensor,
@@ -131,10 +147,10 @@ def reduce_recipe(loss_rows: torch.Tensor, lse: torch.Tensor, target: torch.Tens
     ``smooth``: the denominators first, as count_recipe's."""
     key = ("reduce", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), aligned(loss_rows),
            aligned(lse), out.dtype, n_classes, ignore_index, target.shape[0], has_weight, reduction,
-           z_loss > 0, count_too, smooth)
+           z_loss > 0, count_too, smooth, _reduce_launch_block(), planner.REDUCE_LAUNCH_WARPS)
     return Recipe(_reduce, (1,), key, (target.shape[0], n_classes, target.stride(0), ignore_index, z_loss),
-                  dict(BLOCK=planner.REDUCE_BLOCK, COUNT=count_too, SUM=True, MEAN=reduction == "mean",
-                       HAS_WEIGHT=has_weight, SMOOTH=smooth, Z=z_loss > 0, num_warps=planner.REDUCE_WARPS))
+                  dict(BLOCK=_reduce_launch_block(), COUNT=count_too, SUM=True, MEAN=reduction == "mean",
+                       HAS_WEIGHT=has_weight, SMOOTH=smooth, Z=z_loss > 0, num_warps=planner.REDUCE_LAUNCH_WARPS))
 
 
 def count(target: torch.Tensor, weight: Optional[torch.Tensor], denom: torch.Tensor, n_classes: int,
@@ -181,7 +197,7 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
     key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, loss.dtype, aligned(x),
            aligned(target), aligned(w), aligned(loss), aligned(lse), aligned(lse_low), ignore_index, class_offset,
            n_classes, reduction, tuple(flags.values()), read_ignored, stats, reduce_into, count_too,
-           out_dtype if reduce_into else None, out_of_place)
+           out_dtype if reduce_into else None, out_of_place, planner.REDUCE_BLOCK if reduce_into else None)
     meta = dict(ALIGN=chosen.align, CONTIGUOUS=chosen.contiguous, EDGES=chosen.edges,
                 Z_IN_ROW=z_loss > 0 and reduction == "none", READ_IGNORED=read_ignored, BLOCK=chosen.block,
                 CHUNKS_POW2=next_power_of_2(chosen.num_chunks), SPLIT=splits_rows(chosen),
@@ -205,6 +221,14 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
             REDUCE_BLOCK=planner.REDUCE_BLOCK, OUT_OF_PLACE=out_of_place, **eviction))
     if reduce_into:
         raise AssertionError("cross_entropy: only the stream kernel reduces the loss in its launch")
+    if chosen.strategy == "rows":
+        if stats or class_offset or n_classes != n_cols:
+            raise AssertionError("cross_entropy: the short rows' forward met a shard's statistics")
+        scalars = (n_rows, n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, n_classes,
+                   label_smoothing, z_loss, softcap, tanh_scale, inv_t)
+        return Recipe(_rows_forward, chosen.grid, key, scalars, dict(
+            _rows_meta(chosen, x), Z_IN_ROW=meta["Z_IN_ROW"], READ_IGNORED=read_ignored,
+            WRITE_GRAD=chosen.op == "forward_grad", OUT_OF_PLACE=out_of_place, **flags))
     scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, n_classes,
                label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.num_chunks)
     return Recipe(_on_chip, chosen.grid, key, scalars, dict(meta, OUT_OF_PLACE=out_of_place))
@@ -251,6 +275,13 @@ def backward_recipe(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, tar
     key = (chosen, x.stride(0), x.stride(1), target.dtype, target.stride(0), w.dtype, dx.dtype, grad.dtype,
            grad_stride, aligned(x), aligned(dx), aligned(target), aligned(w), aligned(grad), aligned(lse),
            aligned(lse_low), ignore_index, class_offset, n_classes, tuple(flags.values()), unit_grad, skip_unit)
+    if chosen.strategy == "rows":
+        if skip_unit:
+            raise AssertionError("cross_entropy: the short rows' backward has no persistent programs (skip_unit)")
+        scalars = (n_rows, n_cols, x.stride(0), x.stride(1), target.stride(0), grad_stride, ignore_index, class_offset,
+                   n_classes, label_smoothing, z_loss, softcap, tanh_scale, inv_t)
+        return Recipe(_rows_backward, chosen.grid, key, scalars,
+                      dict(_rows_meta(chosen, x), UNIT_GRAD=unit_grad, **flags))
     tiles_per_row = chosen.grid[1]
     grid = chosen.grid
     if skip_unit:

@@ -33,9 +33,9 @@ from ..._launch import RegisterCap
 from ..._validate import KERNEL_DTYPES
 
 OPS = ("forward", "forward_grad", "backward", "stats")
-STRATEGIES = ("stream", "on_chip", "split_on_chip", "two_pass", "separate", "backward", "torch")
-SERVES = {"forward": ("stream",), "stats": ("stream",), "backward": ("backward",),
-          "forward_grad": ("on_chip", "split_on_chip", "two_pass", "separate")}
+STRATEGIES = ("stream", "on_chip", "split_on_chip", "two_pass", "separate", "backward", "rows", "torch")
+SERVES = {"forward": ("stream", "rows"), "stats": ("stream",), "backward": ("backward", "rows"),
+          "forward_grad": ("on_chip", "split_on_chip", "two_pass", "separate", "rows")}
 
 # Every kernel's tiles give a thread this many elements. ptxas for sm_90 (Triton 3.6), registers
 # a thread at 16 / 32 elements: split_on_chip bf16 32 / 80 (8 / 3 programs an SM at 8192
@@ -166,21 +166,8 @@ TWO_PASS_LAUNCH = {4: ((98304, 32, 0), (131072, 32, 8192), (1 << 62, 32, 16384))
                    2: ((32768, 8, 4096), (65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 16384))}
 # The general kernel's launches with label smoothing (without and with class weights) and with a
 # softcap (with any other option), the same form of table; other options take TWO_PASS_LAUNCH. At 32
-# warps these options take 42-64 registers a thread, one program an SM (bf16 label smoothing 42,
-# softcap 48; scripts/probes/kernel_resources.py --ce-options); 8 warps over 8 KB tiles take 40 in
-# bf16 (six programs), 16 warps over 16 KB tiles 32-40 in fp32. Measured in place on the H200
-# (scripts/tune/sweep_cross_entropy.py, docs/notes/2026-11/sweep_cross_entropy-options-h200.log),
-# ms, TWO_PASS_LAUNCH -> these, 8192 x 128256, 4096 x 256000, 8192 x 50257, 8192 x 32000:
-#   bf16 label smoothing 2.095 -> 1.684, 2.105 -> 1.700, 0.758 -> 0.757, 0.477 -> 0.434 (50257's
-#     rows of 64-128 KB on 8 KB tiles: 0.833); with class weights (on 4 KB tiles at 4 warps) 2.587
-#     -> 1.970, 2.792 -> 2.094, 1.515 -> 1.243, 0.648 -> 0.508; softcap 2.941 -> 2.350, 2.961 ->
-#     2.363, 1.270 -> 0.999, 0.887 -> 0.613;
-#   fp32 label smoothing 3.033 -> 3.026, 3.225 -> 3.076, 1.399 -> 1.277, 0.704 -> 0.649; with class
-#     weights 3.834 -> 3.395, 3.906 -> 3.564, 1.747 -> 1.702, 0.859 -> 0.759 (16 warps over 32 KB
-#     tiles, as without weights, took 50257 to 2.037: 98 registers, its weights' loads unaligned);
-#     softcap 3.590 -> 3.094, 3.735 -> 3.131, 1.722 -> 1.555, 0.823 -> 0.777.
-# Class weights alone and z-loss stay on TWO_PASS_LAUNCH (8 KB tiles took bf16 8192 x 50257 with
-# weights 0.701 -> 0.794, 8192 x 128256 with z-loss 1.566 -> 1.624).
+# warps these options take 42-64 registers a thread, one program an SM; smaller programs run several
+# (docs/perf-cross_entropy.md, "The two_pass launch tables": what each row measured).
 TWO_PASS_OPTIONS_LAUNCH = {
     "smoothing": {4: ((1 << 62, 16, 8192),), 2: ((65536, 8, 4096), (131072, 16, 0), (1 << 62, 8, 4096))},
     "weighted smoothing": {4: ((131072, 16, 8192), (1 << 62, 16, 4096)), 2: ((1 << 62, 4, 2048),)},
@@ -188,34 +175,10 @@ TWO_PASS_OPTIONS_LAUNCH = {
 }
 # two_pass over plain rows (no class weights, label smoothing, softcap or z-loss; see
 # cross_entropy_two_pass_plain_kernel and, for rows of partial vectors, PLAIN_EDGES), the same form
-# of table, measured on rows of whole vectors.
-# Measured in place against the general kernel's table (scripts/tune/sweep_cross_entropy.py,
-# docs/notes/2026-11/sweep_cross_entropy-plain-h100.log), ms: bf16 rows over 192 KB at 32 warps
-# over 64 KB tiles (8192 x 128256 1.976 -> 1.846, 4096 x 256000 2.156 -> 1.989; 32 KB tiles
-# 1.907, 2.097); up to 192 KB at 32 warps over 32 KB tiles (8192 x 50304 0.833 -> 0.772, 2048 x
-# 65544 0.928 -> 0.268; 64 KB tiles 0.851, 0.319); up to 64 KB at 8 warps over 16 KB tiles (8192 x
-# 32000 0.491 -> 0.425); fp32 at 32 warps over 64 KB tiles (8192 x 128256 4.280 -> 3.790, 8192 x
-# 32000 0.884 -> 0.773; 32 KB tiles 4.251, 0.909). On the H200 (no H100 lent since;
-# docs/notes/2026-11/sweep_cross_entropy-plain_fp32-h200.log), fp32 rows of up to 200 KB at 16 warps
-# over 32 KB tiles: 50 registers a thread, two programs an SM with 3 of 4 loads in flight in the
-# second loop, where 32 warps over 64 KB tiles run one with 1 of 4 (8192 x 24000 0.613 -> 0.452 ms,
-# 8192 x 32000 0.666 -> 0.611, 16384 x 32000 1.302 -> 1.198, 8192 x 50304 1.181 -> 1.097; but
-# 4096 x 48000 0.499 -> 0.518); longer rows went both ways (4096 x 65536 0.680 -> 0.742, 264 x
-# 65536 0.248 -> 0.427, 4096 x 256000 3.216 -> 3.147, 8192 x 128256 3.040 -> 3.053) and stay.
-# bf16 rows of up to 108 KB at 8 warps over 16 KB tiles, as those of up to 64 KB; timed under CUDA
-# graphs (docs/notes/2026-11/sweep_cross_entropy-plain_tail-h200.log: an eager step of these is
-# largely the host's), with PLAIN_TAIL_MAX_SHARE, ms, 32 warps over 32 KB tiles -> these: 8192 x
-# 32776 0.550 -> 0.389, 8192 x 40000 0.570 -> 0.467, 8192 x 50304 0.729 -> 0.610, 8192 x 53000
-# 0.743 -> 0.667; the losses over 1%: 48000 columns, 16384 rows 1.141 -> 1.154, 2048 rows 0.162 ->
-# 0.166. Longer rows lost on smaller programs (8192 x 57344 0.710 at 8 over 16 KB, 0.679 here; 65536
-# and 96000 7-14%). bf16 rows of 192-240 KB at 32 warps over 32 KB tiles too (H200, CUDA graphs,
-# 64 KB tiles -> 32 KB, ms: 8192 x 100352 1.386 -> 1.223, 16384 x 100352 2.759 -> 2.414, 8192 x
-# 110000 1.510 -> 1.458, 8192 x 120000 1.589 -> 1.450, 8192 x 98312 1.348 -> 1.286); from 240 KB
-# they keep 64 KB tiles, which the H100 measured 3% faster at 128256 (the H200 4% slower).
-# Once the target's term left the kernel's loops, fp32's 16 warps took 40 registers (three programs
-# an SM; 50 and two before): faster on rows of up to 112 KB, slower from 120 KB, where 32 warps (29
-# registers, two programs) are faster (8192 x 32000 0.631 -> 0.589 ms; but 28000 0.524 -> 0.541):
-# likely (not profiled) three programs' rows of 120 KB, 48 MB, crowd the 50 MB of L2 (perf-h200).
+# of table, measured on rows of whole vectors: bf16 over 32-64 KB tiles at 32 warps from 108 KB, 8
+# warps over 16 KB below; fp32 at 16 warps over 32 KB tiles up to 112 KB, 32 warps above (more
+# programs an SM where their rows do not crowd L2). Each row's measurements: docs/perf-cross_entropy.md,
+# "The two_pass launch tables".
 TWO_PASS_PLAIN_LAUNCH = {4: ((114688, 16, 8192), (204800, 32, 8192), (1 << 62, 32, 16384)),
                          2: ((110592, 8, 8192), (245760, 32, 16384), (1 << 62, 32, 32768))}
 # The kernel for plain rows takes a row's last part, where it is at most this share of a tile, in
@@ -343,6 +306,12 @@ SCALE_PROGRAMS_PER_SM = 4
 # The denominators and the reduction: one program (rows in a fixed order, reproducible).
 REDUCE_BLOCK = 1024
 REDUCE_WARPS = 4
+# ... in launches of their own (count, reduce): 16 warps over 4096 rows a step. At 4 warps over 1024 the
+# reduction was most of a short-row step: H200, bf16, under CUDA graphs, ms, 524288 x 19 0.462 -> 0.310,
+# 1048576 x 2 0.551 -> 0.270, 65536 x 150 0.117 -> 0.097 (probe_cross_entropy_short_rows-reduce_launch-h200.log).
+# Not in the stream kernel's own reduction, at its warps: 100000 x 1000 lost 10% (0.459 -> 0.506).
+REDUCE_LAUNCH_BLOCK = 4096
+REDUCE_LAUNCH_WARPS = 16
 # The separate forward's stream kernel reduces the loss ("mean", "sum") in its last row to finish,
 # in place of a reduce launch after it: one launch less a call, for small calls the host's time
 # (scripts/probes/probe_cross_entropy_host.py; docs/perf-cross_entropy.md#host-time).
@@ -350,6 +319,17 @@ REDUCE_IN_ROWS_LAUNCH = True
 
 # Under the interpreter: small tiles so that test rows span several tiles and chunks.
 INTERPRETER_BLOCK = 32
+
+# Short rows (rows_kernel.py): whole rows a program, ROWS_TILE_ELEMENTS by the tile's width, where rows
+# have at most ROWS_MAX_COLS columns and number at least ROWS_MIN_ROWS_PER_SM an SM (a program a row:
+# bf16 524288 x 19 1.74 ms a step on the H200 under CUDA graphs, torch 0.82; docs/perf-cross_entropy.md,
+# "Short rows"). Tiles of 1024 and 4096 elements went both ways against 2048 (same log).
+# Under the interpreter only where ROWS_INTERPRETED (tests), keeping the other kernels' paths there.
+ROWS_MAX_COLS = 512
+ROWS_MIN_ROWS_PER_SM = 4
+ROWS_TILE_ELEMENTS = {16: 2048, 32: 1024, 64: 1024, 128: 1024, 256: 1024, 512: 2048}
+ROWS_WARPS = 4
+ROWS_INTERPRETED = False
 
 # Tiles are at least this wide: a multiple of every ALIGN (16 bytes of any dtype).
 MIN_BLOCK = 16
@@ -380,6 +360,7 @@ class Plan(RegisterCap):
     tail_order: str = ""  # stream: where the last chunk reduces the row's last part (STREAM_TAIL_ORDER)
     parts: tuple = ()  # separate: the plans of its two launches, the forward's stream and the backward
     max_registers: int = 0  # two_pass for plain rows: a cap on registers a thread (PLAIN_MAX_REGISTERS)
+    rows_per_program: int = 1  # rows: whole rows a program holds
 
     @property
     def reads(self) -> int:
@@ -399,6 +380,7 @@ class Plan(RegisterCap):
         lines = [
             f"op:          cross_entropy {self.op}  ({self.rows} rows x {self.cols} classes, {dtype})",
             f"strategy:    {self.strategy}, grid {self.grid}, {self.num_warps} warps a program"
+            + (f", {self.rows_per_program} rows a program" if self.strategy == "rows" else "")
             + (f", at most {self.max_registers} registers a thread" if self.max_registers else ""),
             f"tiles:       {self.block} columns"
             + ((f" (a row's last part in a tile of {self.tail}, by its last program)" if self.strategy != "two_pass"
@@ -513,6 +495,15 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         return max(MIN_BLOCK, min(limit, _device.next_power_of_2(span if columns is None else columns)))
 
     warps = _warps
+    short_rows = cols <= ROWS_MAX_COLS and rows >= ROWS_MIN_ROWS_PER_SM * sms and (ROWS_INTERPRETED or not interpreting)
+    if op != "stats" and (strategy == "rows" or (strategy is None and short_rows)):
+        block = tile(ROWS_MAX_COLS, cols)
+        if cols > block:
+            raise ValueError(f"cross_entropy: strategy 'rows' holds rows of at most {ROWS_MAX_COLS} columns, got "
+                             f"{cols}; use strategy=None")
+        per_program = max(1, ROWS_TILE_ELEMENTS[block] // block)
+        return Plan(op, "rows", block=block, num_warps=ROWS_WARPS, grid=(_device.cdiv(rows, per_program),),
+                    rows_per_program=per_program, **shape)
 
     run = STREAM_RUN_BYTES[elem] // elem
     if edges and op in ("forward", "backward") and run > align:

@@ -1,0 +1,73 @@
+"""Inputs with the classes at dim 1, as torch.nn.CrossEntropyLoss takes them (N, C, d1, ...): one
+training step through onlinesoftmax.CrossEntropyLoss against torch's module. (GPU)
+
+The module reads such an input through a view with the classes last: rows (the pixels) of stride 1
+and classes of stride d1 * d2 * ...; where N > 1 the rows do not merge into one dim and the view is
+copied. Segmentation-sized shapes, eager (back to back, the host included) and under CUDA graphs, ms;
+and the step's error against float64. "copied": the classes made last by a copy before the loss.
+
+    python scripts/probes/probe_cross_entropy_class_dim_1.py [--dtype bf16] [--shapes 8x21x256x256,...]
+"""
+
+import argparse
+
+import torch
+
+import onlinesoftmax
+from onlinesoftmax.bench.harness import back_to_back_ms, graph_time_ms, relative_error, rotation_count
+
+SHAPES = "1x19x512x1024,2x19x512x1024,8x21x256x256,4x150x128x128,16x10x32x32,4096x1000x1,64x32000x2"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _step(module):
+    def step(x, target):
+        loss = module(x, target)
+        (grad,) = torch.autograd.grad(loss, x)
+        return loss, grad
+    return step
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="bf16", choices=DTYPES)
+    parser.add_argument("--shapes", default=SHAPES)
+    args = parser.parse_args()
+    dtype = DTYPES[args.dtype]
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; one training step, ms")
+    print(f"{'shape':>18s} | {'eager: torch':>12s} {'ours':>7s} {'copied':>7s} {'ratio':>5s} | {'graph: torch':>12s} "
+          f"{'ours':>7s} {'copied':>7s} {'ratio':>5s} | rel err loss, grad")
+    steps = {"torch": _step(torch.nn.CrossEntropyLoss()), "ours": _step(onlinesoftmax.CrossEntropyLoss()),
+             # the classes made last by a copy before the loss, whatever the view would be
+             "copied": _step(lambda x, t: onlinesoftmax.cross_entropy(x.movedim(1, -1).contiguous(), t))}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for item in args.shapes.split(","):
+        shape = tuple(map(int, item.split("x")))
+        classes = shape[1]
+        count = min(rotation_count(2 * torch.Size(shape).numel() * dtype.itemsize), 4)
+        sets = []
+        for _ in range(count):
+            x = (torch.randn(shape, device="cuda", generator=gen) * 3).to(dtype).requires_grad_()
+            target = torch.randint(0, classes, shape[:1] + shape[2:], device="cuda", generator=gen)
+            sets.append((x, target))
+        # The error on copies: a graph kept alive from the timed inputs' own eager step makes their
+        # capture on another stream fail.
+        x, target = sets[0]
+        want = steps["torch"](x.detach().double().requires_grad_(), target)
+        got = steps["ours"](x.detach().clone().requires_grad_(), target)
+        errors = [relative_error(g.double(), w) for g, w in zip(got, want)]
+        del got, want
+        eager = {name: back_to_back_ms(step, sets) for name, step in steps.items()}
+        graph = {name: graph_time_ms(step, sets) for name, step in steps.items()}
+        graph_ratio = f"{graph['torch'] / graph['ours']:5.2f}" if None not in graph.values() else "    -"
+        graph = {name: "-" if ms is None else f"{ms:.3f}" for name, ms in graph.items()}
+        print(f"{item:>18s} | {eager['torch']:12.3f} {eager['ours']:7.3f} {eager['copied']:7.3f} "
+              f"{eager['torch'] / eager['ours']:5.2f} | {graph['torch']:>12s} {graph['ours']:>7s} "
+              f"{graph['copied']:>7s} {graph_ratio} | "
+              f"{errors[0]:.1e} {errors[1]:.1e}", flush=True)
+        del sets, x
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""cross_entropy's short rows (plan strategy "rows": several whole rows a program) against torch in
+float64: forward, backward and in place over the options grid, rows that do not fill the last
+program, torch's class dim 1 through a view (rows of unit stride), strided classes, edge values,
+and the plan that takes them on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import onlinesoftmax
+from onlinesoftmax.ops.cross_entropy import cross_entropy, plan
+from onlinesoftmax.ops.cross_entropy import launch as ce_launch
+
+from conftest import TRITON_RUNS, assert_matches, make_logits
+from cross_entropy_cases import (OPTIONS, check_loss_and_grad, inplace_upstream, make_targets, option_ids, reference,
+                                 resolve_options)
+
+pytestmark = pytest.mark.skipif(not TRITON_RUNS, reason="the Triton kernels need a GPU or TRITON_INTERPRET=1")
+
+
+@pytest.fixture
+def short_rows_plan():
+    """Rows of the test sizes on the rows kernel: under the interpreter it is taken only where asked,
+    and the GPU's plan takes it from 4 rows an SM."""
+    with onlinesoftmax.override_plan("cross_entropy", ROWS_INTERPRETED=True, ROWS_MIN_ROWS_PER_SM=0):
+        yield
+
+
+# 70 rows of 37: tiles of 64 columns, 16 rows a program, the fifth program three eighths full.
+@pytest.mark.parametrize("options", OPTIONS, ids=option_ids)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_short_rows_match_torch(dtype, reduction, options, gen, short_rows_plan):
+    print(f"seed {gen.initial_seed()}")
+    x = make_logits((70, 37), dtype, gen)
+    target = make_targets(70, 37, gen)
+    opts = resolve_options(options, 37, gen)
+    upstream = inplace_upstream(70, gen) if reduction == "none" else None
+    forward, backward = check_loss_and_grad(x, target, dtype, upstream, reduction=reduction, what="kept", **opts)
+    assert (forward.strategy, backward.strategy, forward.rows_per_program) == ("rows", "rows", 16)
+    forward, _ = check_loss_and_grad(x, target, dtype, upstream, inplace=True, reduction=reduction, what="in place",
+                                     **opts)
+    assert (forward.op, forward.strategy) == ("forward_grad", "rows")
+
+
+def test_short_rows_return_lse_reads_ignored_rows(gen, short_rows_plan):
+    x = make_logits((40, 19), torch.float32, gen)
+    target = make_targets(40, 19, gen, ignore_every=3)
+    loss, lse = cross_entropy(x, target, reduction="none", return_lse=True)
+    assert plan.last_plan().strategy == "rows"
+    assert_matches(lse, torch.logsumexp(x.double(), -1), torch.float32, "lse of every row, ignored ones too")
+    assert_matches(loss, reference(x, target, reduction="none"), torch.float32, "loss")
+
+
+@pytest.mark.parametrize("batch", [1, 3], ids=["rows-of-unit-stride", "copied"])
+def test_class_dim_1_through_the_module(batch, gen, short_rows_plan):
+    # torch's (N, C, d1, d2): N = 1 is a view whose rows (pixels) have unit stride and whose classes
+    # stride d1 * d2 (the kernel's loads along the rows: ROWS_UNIT); N = 3 is copied by the reshape.
+    x = make_logits((batch, 11, 6, 7), torch.float32, gen).requires_grad_()
+    target = make_targets(batch * 42, 11, gen).reshape(batch, 6, 7)
+    got = onlinesoftmax.CrossEntropyLoss(label_smoothing=0.1)(x, target)
+    assert plan.last_plan().strategy == "rows"
+    x64 = x.detach().double().requires_grad_()
+    want = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(x64, target)
+    assert_matches(got, want, torch.float32, "loss")
+    got.backward()
+    want.backward()
+    assert_matches(x.grad, x64.grad, torch.float32, "gradient")
+
+
+def test_strided_classes(gen, short_rows_plan):
+    base = make_logits((30, 2 * 23), torch.bfloat16, gen).requires_grad_()
+    target = make_targets(30, 23, gen)
+    loss = cross_entropy(base[:, ::2], target, label_smoothing=0.1)
+    forward = plan.last_plan()
+    loss.backward()
+    assert (forward.strategy, forward.contiguous, plan.last_plan().strategy) == ("rows", False, "rows")
+    x64 = base.detach()[:, ::2].double().requires_grad_()
+    want = reference(x64, target, label_smoothing=0.1)
+    want.backward()
+    assert_matches(loss, want, torch.bfloat16, "loss")
+    assert_matches(base.grad[:, ::2], x64.grad, torch.bfloat16, "gradient")
+    assert not base.grad[:, 1::2].any()
+
+
+def test_short_rows_edge_values(gen, short_rows_plan):
+    # -inf logits, a row of -inf but its target, an all -inf row (NaN loss, as torch), a NaN, huge
+    # magnitudes, and a target out of range (its row NaN, the others untouched).
+    x = make_logits((24, 13), torch.float32, gen)
+    x[0, 3] = float("-inf")
+    x[1] = float("-inf")
+    x[2] = float("-inf")
+    x[4, 5] = float("nan")
+    x[6] *= 1e4
+    target = make_targets(24, 13, gen, ignore_every=7)
+    target[1], target[2], target[6] = 4, 4, 2
+    x[1, 4] = 0.0
+    loss = cross_entropy(x, target, reduction="none")
+    assert plan.last_plan().strategy == "rows"
+    want = reference(x, target, reduction="none")
+    assert torch.equal(loss.isnan(), want.isnan()) and torch.equal(loss.isinf(), want.isinf())
+    finite = want.isfinite()
+    assert_matches(loss[finite], want[finite], torch.float32, "finite rows")
+    # A target out of range, as the kernels see it (CPU calls raise first): its row's loss and
+    # gradient NaN, the other rows untouched.
+    bad = target.clone()
+    bad[8] = 13
+    grad = x.clone()
+    loss, _, _, _ = ce_launch.launch_forward(grad, bad, None, -100, "none", 0.0, 0.0, 0.0, 1.0, False, "rows",
+                                             inplace=True)
+    assert loss[8].isnan() and grad[8].isnan().all()
+    assert torch.equal(loss[9:].isnan(), want[9:].isnan()) and not grad[9:].isnan().any()
+
+
+def test_short_rows_plans_for_the_gpu():
+    def choose(op, rows, cols, strategy=None):
+        return plan.choose(op, rows, cols, torch.bfloat16, "cuda", strategy, sms=132, interpreting=False)
+
+    # segmentation's 19 classes: tiles of 32 columns, 32 rows a program, for every op
+    for op in ("forward", "forward_grad", "backward"):
+        chosen = choose(op, 524288, 19)
+        assert (chosen.strategy, chosen.block, chosen.rows_per_program, chosen.grid) == ("rows", 32, 32, (16384,))
+    assert choose("forward", 1048576, 2).rows_per_program == 128
+    assert choose("forward", 528, 512).strategy == "rows"  # the longest rows at 4 an SM
+    assert choose("forward", 527, 512).strategy == "stream"  # fewer rows: a program a row
+    assert choose("forward", 4096, 513).strategy == "stream"
+    assert choose("stats", 524288, 19).strategy == "stream"  # the shards' statistics keep their kernel
+    with pytest.raises(ValueError, match="at most 512 columns"):
+        choose("forward", 8, 600, "rows")

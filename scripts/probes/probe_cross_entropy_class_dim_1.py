@@ -14,18 +14,11 @@ import argparse
 import torch
 
 import onlinesoftmax
+from onlinesoftmax.bench import cross_entropy_suite as suite
 from onlinesoftmax.bench.harness import back_to_back_ms, graph_time_ms, relative_error, rotation_count
 
 SHAPES = "1x19x512x1024,2x19x512x1024,8x21x256x256,4x150x128x128,16x10x32x32,4096x1000x1,64x32000x2"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def _step(module):
-    def step(x, target):
-        loss = module(x, target)
-        (grad,) = torch.autograd.grad(loss, x)
-        return loss, grad
-    return step
 
 
 def main():
@@ -37,9 +30,9 @@ def main():
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; one training step, ms")
     print(f"{'shape':>18s} | {'eager: torch':>12s} {'ours':>7s} {'copied':>7s} {'ratio':>5s} | {'graph: torch':>12s} "
           f"{'ours':>7s} {'copied':>7s} {'ratio':>5s} | rel err loss, grad")
-    steps = {"torch": _step(torch.nn.CrossEntropyLoss()), "ours": _step(onlinesoftmax.CrossEntropyLoss()),
+    steps = {"torch": suite._step(torch.nn.CrossEntropyLoss()), "ours": suite._step(onlinesoftmax.CrossEntropyLoss()),
              # the classes made last by a copy before the loss, whatever the view would be
-             "copied": _step(lambda x, t: onlinesoftmax.cross_entropy(x.movedim(1, -1).contiguous(), t))}
+             "copied": suite._step(lambda x, t: onlinesoftmax.cross_entropy(x.movedim(1, -1).contiguous(), t))}
     gen = torch.Generator(device="cuda").manual_seed(0)
     for item in args.shapes.split(","):
         shape = tuple(map(int, item.split("x")))

@@ -15,19 +15,13 @@ import torch
 import torch.nn.functional as F
 
 import onlinesoftmax
+from onlinesoftmax.bench import cross_entropy_suite as suite
 from onlinesoftmax.bench.harness import back_to_back_ms, graph_time_ms, rotation_count
 
 SHAPES = ("524288x19,131072x21,65536x150,1048576x2,262144x9,16384x10,4096x100,65536x257,32768x512,8192x512,"
           "2048x37,100000x1000")
 TILES = ((1024, 4), (2048, 4), (4096, 4), (4096, 8))
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def _step(loss_fn):
-    def step(x, target):
-        loss = loss_fn(x, target)
-        return torch.autograd.grad(loss, x)[0]
-    return step
 
 
 def main():
@@ -40,7 +34,7 @@ def main():
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; a training step, ms")
     print(f"# graph: torch | plan (strategy) | a program a row | rows kernel at {tiles}, the plan with its reduction "
           "launches at 4 warps over 1024 rows a step || eager: torch | plan")
-    ours, theirs = _step(onlinesoftmax.cross_entropy), _step(F.cross_entropy)
+    ours, theirs = suite._step(onlinesoftmax.cross_entropy), suite._step(F.cross_entropy)
     gen = torch.Generator(device="cuda").manual_seed(0)
     for item in args.shapes.split(","):
         rows, cols = map(int, item.split("x"))
@@ -62,7 +56,8 @@ def main():
             variants.append(graph_time_ms(ours, sets))
         eager = [back_to_back_ms(theirs, sets), back_to_back_ms(ours, sets)]
         print(f"{item:>14s} | {torch_ms:.4f} | {plan_ms:.4f} ({strategy}) | {per_row_ms:.4f} | "
-              + " ".join("-" if ms is None else f"{ms:.4f}" for ms in variants) + f" || {eager[0]:.4f} | {eager[1]:.4f}", flush=True)
+              + " ".join("-" if ms is None else f"{ms:.4f}" for ms in variants)
+              + f" || {eager[0]:.4f} | {eager[1]:.4f}", flush=True)
         del sets
         torch.cuda.empty_cache()
 

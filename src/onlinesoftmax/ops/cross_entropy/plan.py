@@ -387,8 +387,9 @@ class Plan(RegisterCap):
                 else f" (a row's last part {self.tail} a tile)") if self.tail and self.tail != self.block else "")
             + (f"; {self.num_chunks} chunks a row" if self.num_chunks > 1 else "")
             + (f", {self.tiles_per_chunk} tiles a chunk" if self.strategy == "stream" else ""),
-            f"alignment:   tiles over runs of {self.align} elements from multiples of them"
-            + ("; rows' partial first/last runs element-wise" if self.edges else ""),
+            ("alignment:   none: each row whole in its tile, masked" if self.strategy == "rows" else
+             f"alignment:   tiles over runs of {self.align} elements from multiples of them"
+             + ("; rows' partial first/last runs element-wise" if self.edges else "")),
             f"reads:       {self.reads} of the logits"
             + (", gradient written over them" if self.op == "forward_grad" else "")
             + ("; L2 asked to keep each row between its reads" if self.hold_l2 else "")
@@ -497,8 +498,8 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
     warps = _warps
     short_rows = cols <= ROWS_MAX_COLS and rows >= ROWS_MIN_ROWS_PER_SM * sms and (ROWS_INTERPRETED or not interpreting)
     if op != "stats" and (strategy == "rows" or (strategy is None and short_rows)):
-        block = tile(ROWS_MAX_COLS, cols)
-        if cols > block:
+        block = max(MIN_BLOCK, _device.next_power_of_2(cols))
+        if block > _device.next_power_of_2(ROWS_MAX_COLS):
             raise ValueError(f"cross_entropy: strategy 'rows' holds rows of at most {ROWS_MAX_COLS} columns, got "
                              f"{cols}; use strategy=None")
         per_program = max(1, ROWS_TILE_ELEMENTS[block] // block)

@@ -1,7 +1,8 @@
 """cross_entropy's short rows (plan strategy "rows": several whole rows a program) against torch in
 float64: forward, backward and in place over the options grid, rows that do not fill the last
 program, torch's class dim 1 through a view (rows of unit stride), strided classes, edge values,
-and the plan that takes them on the GPU."""
+linear_cross_entropy's chunks and vocabulary slices over few classes, and the plan that takes them
+on the GPU."""
 
 from __future__ import annotations
 
@@ -128,3 +129,33 @@ def test_short_rows_plans_for_the_gpu():
     assert choose("stats", 524288, 19).strategy == "stream"  # the shards' statistics keep their kernel
     with pytest.raises(ValueError, match="at most 512 columns"):
         choose("forward", 8, 600, "rows")
+
+
+@pytest.mark.parametrize("options", [{}, {"reduction": "none"}, {"vocab_chunk": 32},
+                                     {"label_smoothing": 0.1, "class_weight": True}],
+                         ids=["chunks", "none", "vocabulary-slices", "options"])
+def test_linear_cross_entropy_on_short_rows(options, gen, short_rows_plan, monkeypatch):
+    # A classifier head's few classes: linear_cross_entropy's chunks (and, by vocabulary slices, their
+    # backward at a class offset) take the rows kernel too.
+    seen, choose = [], plan.choose
+    monkeypatch.setattr(plan, "choose", lambda *args, **kwargs: seen.append(choose(*args, **kwargs)) or seen[-1])
+    x = make_logits((40, 16), torch.float32, gen, scale=1.0).requires_grad_()
+    w = (make_logits((75, 16), torch.float32, gen, scale=1.0) * 0.75).requires_grad_()
+    b = make_logits((75,), torch.float32, gen, scale=1.0).requires_grad_()
+    target = make_targets(40, 75, gen, ignore_every=5)
+    opts = dict(options)
+    class_weight = (torch.rand(75, generator=gen) + 0.5).to(x.device) if opts.pop("class_weight", False) else None
+    loss = onlinesoftmax.linear_cross_entropy(x, w, target, b, class_weight=class_weight, **opts)
+    upstream = inplace_upstream(40, gen).to(loss.dtype) if loss.dim() else torch.ones(())
+    (loss * upstream).sum().backward()
+    assert "rows" in {chosen.strategy for chosen in seen}, [chosen.strategy for chosen in seen]
+    if "vocab_chunk" in options:
+        assert any(c.strategy == "rows" and c.op == "backward" and c.cols == 32 for c in seen)
+    params64 = [p.detach().double().requires_grad_() for p in (x, w, b)]
+    ref_options = {k: v for k, v in opts.items() if k != "vocab_chunk"}
+    want = reference(params64[0] @ params64[1].T + params64[2], target,
+                     weight=None if class_weight is None else class_weight.double(), **ref_options)
+    (want * upstream.double()).sum().backward()
+    assert_matches(loss, want, torch.float32, "loss")
+    for name, got, ref in zip(("x", "w", "b"), (x, w, b), params64):
+        assert_matches(got.grad, ref.grad, torch.float32, f"grad {name}")

@@ -18,15 +18,14 @@ from onlinesoftmax.bench import cross_entropy_suite as suite
 from onlinesoftmax.bench.harness import back_to_back_ms, graph_time_ms, relative_error, rotation_count
 
 SHAPES = "1x19x512x1024,2x19x512x1024,8x21x256x256,4x150x128x128,16x10x32x32,4096x1000x1,64x32000x2"
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="bf16", choices=DTYPES)
+    parser.add_argument("--dtype", default="bf16", choices=suite.DTYPES)
     parser.add_argument("--shapes", default=SHAPES)
     args = parser.parse_args()
-    dtype = DTYPES[args.dtype]
+    dtype = suite.DTYPES[args.dtype]
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; one training step, ms")
     print(f"{'shape':>18s} | {'eager: torch':>12s} {'ours':>7s} {'copied':>7s} {'ratio':>5s} | {'graph: torch':>12s} "
           f"{'ours':>7s} {'copied':>7s} {'ratio':>5s} | rel err loss, grad")

@@ -21,15 +21,14 @@ from onlinesoftmax.bench.harness import back_to_back_ms, graph_time_ms, rotation
 SHAPES = ("524288x19,131072x21,65536x150,1048576x2,262144x9,16384x10,4096x100,65536x257,32768x512,8192x512,"
           "2048x37,100000x1000")
 TILES = ((1024, 4), (2048, 4), (4096, 4), (4096, 8))
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="bf16", choices=DTYPES)
+    parser.add_argument("--dtype", default="bf16", choices=suite.DTYPES)
     parser.add_argument("--shapes", default=SHAPES)
     args = parser.parse_args()
-    dtype = DTYPES[args.dtype]
+    dtype = suite.DTYPES[args.dtype]
     tiles = " ".join(f"{e}x{w}" for e, w in TILES)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; a training step, ms")
     print(f"# graph: torch | plan (strategy) | a program a row | rows kernel at {tiles}, the plan with its reduction "

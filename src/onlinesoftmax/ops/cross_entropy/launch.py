@@ -131,11 +131,12 @@ def count_recipe(target: torch.Tensor, w: torch.Tensor, has_weight: bool, n_clas
     """denom <- (valid rows, sum of their targets' weights, sum of all class weights: with label
     smoothing (``smooth``) alone, else 0); tensors (denom, denom, target, w, denom, denom), ``w`` the
     weights or denom."""
+    block = _reduce_launch_block()
     # The launchers' compiled kernels are found by key alone: the tables' values are in it (override_plan).
     key = ("count", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), n_classes, ignore_index,
-           target.shape[0], has_weight, smooth, _reduce_launch_block(), planner.REDUCE_LAUNCH_WARPS)
+           target.shape[0], has_weight, smooth, block, planner.REDUCE_LAUNCH_WARPS)
     return Recipe(_reduce, (1,), key, (target.shape[0], n_classes, target.stride(0), ignore_index, 0.0),
-                  dict(BLOCK=_reduce_launch_block(), COUNT=True, SUM=False, MEAN=False, HAS_WEIGHT=has_weight,
+                  dict(BLOCK=block, COUNT=True, SUM=False, MEAN=False, HAS_WEIGHT=has_weight,
                        SMOOTH=smooth, Z=False, num_warps=planner.REDUCE_LAUNCH_WARPS))
 
 
@@ -145,11 +146,12 @@ def reduce_recipe(loss_rows: torch.Tensor, lse: torch.Tensor, target: torch.Tens
     """out <- the rows' losses summed (over the denominators for "mean"), plus the z term; tensors
     (loss_rows, lse, target, w, denom, out), ``w`` the weights or loss_rows. ``count_too``,
     ``smooth``: the denominators first, as count_recipe's."""
+    block = _reduce_launch_block()
     key = ("reduce", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), aligned(loss_rows),
            aligned(lse), out.dtype, n_classes, ignore_index, target.shape[0], has_weight, reduction,
-           z_loss > 0, count_too, smooth, _reduce_launch_block(), planner.REDUCE_LAUNCH_WARPS)
+           z_loss > 0, count_too, smooth, block, planner.REDUCE_LAUNCH_WARPS)
     return Recipe(_reduce, (1,), key, (target.shape[0], n_classes, target.stride(0), ignore_index, z_loss),
-                  dict(BLOCK=_reduce_launch_block(), COUNT=count_too, SUM=True, MEAN=reduction == "mean",
+                  dict(BLOCK=block, COUNT=count_too, SUM=True, MEAN=reduction == "mean",
                        HAS_WEIGHT=has_weight, SMOOTH=smooth, Z=z_loss > 0, num_warps=planner.REDUCE_LAUNCH_WARPS))
 
 

@@ -323,7 +323,7 @@ INTERPRETER_BLOCK = 32
 # Short rows (rows_kernel.py): whole rows a program, ROWS_TILE_ELEMENTS by the tile's width, where rows
 # have at most ROWS_MAX_COLS columns and number at least ROWS_MIN_ROWS_PER_SM an SM (a program a row:
 # bf16 524288 x 19 1.74 ms a step on the H200 under CUDA graphs, torch 0.82; docs/perf-cross_entropy.md,
-# "Short rows"). Tiles of 1024 and 4096 elements went both ways against 2048 (same log).
+# "Short rows"). The tiles: by width, the best of 1024, 2048 and 4096 elements over two runs (its log).
 # Under the interpreter only where ROWS_INTERPRETED (tests), keeping the other kernels' paths there.
 ROWS_MAX_COLS = 512
 ROWS_MIN_ROWS_PER_SM = 4

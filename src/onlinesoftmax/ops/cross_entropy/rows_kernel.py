@@ -97,6 +97,7 @@ def short_rows(
     target_col = target_column(target - class_offset, n_cols)[:, None]
     w_t, w_sum = class_weights(weight_ptr, target, valid, bad, denom_ptr, n_classes, HAS_WEIGHT, SMOOTH)
     shard_weight_ptr = weight_ptr + class_offset
+    upstream = 1.0
     if FORWARD:
         read = live & (valid | READ_IGNORED)[:, None]
         x = tl.load(x_ptr + offs, mask=read, other=0.0)
@@ -115,11 +116,9 @@ def short_rows(
         tl.store(loss_ptr + rows, loss.to(loss_ptr.dtype.element_ty), mask=row_in)
         tl.store(lse_ptr + rows, lse, mask=row_in)
         tl.store(lse_low_ptr + rows, lse_low, mask=row_in)
-        upstream = 1.0
     else:
         lse = tl.load(lse_ptr + rows, mask=row_in, other=0.0)
         lse_low = tl.load(lse_low_ptr + rows, mask=row_in, other=0.0)
-        upstream = 1.0
         if not UNIT_GRAD:
             upstream = tl.load(grad_ptr + rows.to(tl.int64) * grad_stride, mask=row_in, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + offs, mask=live & valid[:, None], other=0.0)

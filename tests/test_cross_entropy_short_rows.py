@@ -28,18 +28,24 @@ def short_rows_plan():
         yield
 
 
-# 70 rows of 37: tiles of 64 columns, 16 rows a program, the fifth program three eighths full.
+# 70 rows of 37: tiles of 64 columns in groups, 16 rows a program, the fifth program three eighths
+# full; of 3 and of 2: tiles of 4 and 2 columns, 16 and 32 rows a program.
 @pytest.mark.parametrize("options", OPTIONS, ids=option_ids)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_short_rows_match_torch(dtype, reduction, options, gen, short_rows_plan):
+@pytest.mark.parametrize("cols", [37, 3, 2])
+def test_short_rows_match_torch(cols, dtype, reduction, options, gen, short_rows_plan):
     print(f"seed {gen.initial_seed()}")
-    x = make_logits((70, 37), dtype, gen)
-    target = make_targets(70, 37, gen)
-    opts = resolve_options(options, 37, gen)
+    x = make_logits((70, cols), dtype, gen)
+    target = make_targets(70, cols, gen)
+    opts = resolve_options(options, cols, gen)
     upstream = inplace_upstream(70, gen) if reduction == "none" else None
-    forward, backward = check_loss_and_grad(x, target, dtype, upstream, reduction=reduction, what="kept", **opts)
-    assert (forward.strategy, backward.strategy, forward.rows_per_program) == ("rows", "rows", 16)
+    with onlinesoftmax.override_plan("cross_entropy", ROWS_TILE_ELEMENTS={**plan.ROWS_TILE_ELEMENTS, 4: 64, 2: 64}):
+        forward, backward = check_loss_and_grad(x, target, dtype, upstream, reduction=reduction, what="kept",
+                                                **opts)
+    assert (forward.strategy, backward.strategy) == ("rows", "rows")
+    groups = plan.ROWS_COLUMN_GROUPS.get(64, 1) if cols == 37 else 1
+    assert (forward.rows_per_program, forward.column_groups) == ({37: 16, 3: 16, 2: 32}[cols], groups)
     forward, _ = check_loss_and_grad(x, target, dtype, upstream, inplace=True, reduction=reduction, what="in place",
                                      **opts)
     assert (forward.op, forward.strategy) == ("forward_grad", "rows")
@@ -118,11 +124,13 @@ def test_short_rows_plans_for_the_gpu():
     def choose(op, rows, cols, strategy=None):
         return plan.choose(op, rows, cols, torch.bfloat16, "cuda", strategy, sms=132, interpreting=False)
 
-    # segmentation's 19 classes: tiles of 32 columns, 32 rows a program, for every op
+    # segmentation's 19 classes: tiles of 32 columns in groups, 32 rows a program, for every op
     for op in ("forward", "forward_grad", "backward"):
         chosen = choose(op, 524288, 19)
-        assert (chosen.strategy, chosen.block, chosen.rows_per_program, chosen.grid) == ("rows", 32, 32, (16384,))
-    assert choose("forward", 1048576, 2).rows_per_program == 128
+        assert (chosen.strategy, chosen.block, chosen.column_groups, chosen.rows_per_program, chosen.grid) == (
+            "rows", 32, plan.ROWS_COLUMN_GROUPS[32], 32, (16384,))
+    two = choose("forward", 1048576, 2)  # tiles as narrow as the rows
+    assert (two.block, two.column_groups, two.rows_per_program) == (2, 1, 512)
     assert choose("forward", 528, 512).strategy == "rows"  # the longest rows at 4 an SM
     assert choose("forward", 527, 512).strategy == "stream"  # fewer rows: a program a row
     assert choose("forward", 4096, 513).strategy == "stream"
@@ -159,3 +167,37 @@ def test_linear_cross_entropy_on_short_rows(options, gen, short_rows_plan, monke
     assert_matches(loss, want, torch.float32, "loss")
     for name, got, ref in zip(("x", "w", "b"), (x, w, b), params64):
         assert_matches(got.grad, ref.grad, torch.float32, f"grad {name}")
+
+
+@pytest.mark.parametrize("rows, max_programs", [(20, 1024), (300, 1024), (300, 4)],
+                         ids=["one-program", "a-step-a-program", "steps-a-program"])
+@pytest.mark.parametrize("options", [{}, {"weight": True, "label_smoothing": 0.1, "z_loss": 1e-2}],
+                         ids=["plain", "weights-smoothing-z"])
+def test_count_and_reduce_launches_over_programs(rows, max_programs, options, gen):
+    # The denominators and the loss over many rows: programs of a chunk of rows each, which the last to
+    # arrive sums (a step of 16 rows, as the interpreter's; one program up to two steps). Each launch
+    # runs twice: its programs' meeting counter must be left at zero for the next.
+    classes = 37
+    target = make_targets(rows, classes, gen, ignore_every=4)
+    weight = (torch.rand(classes, generator=gen) + 0.5).to(target.device) if options.get("weight") else None
+    smoothing, z_loss = options.get("label_smoothing", 0.0), options.get("z_loss", 0.0)
+    loss_rows = torch.rand(rows, generator=gen).to(target.device)
+    lse = torch.randn(rows, generator=gen).to(target.device) * 3
+    valid = target != -100
+    w_t = weight[target[valid]].double() if weight is not None else valid[valid].double()
+    want_denom = [valid.sum().item(), w_t.sum().item(), weight.double().sum().item() if weight is not None else classes]
+    want_loss = loss_rows.double().sum() / want_denom[1] + z_loss * (lse.double()[valid] ** 2).sum() / want_denom[0]
+    with onlinesoftmax.override_plan("cross_entropy", REDUCE_LAUNCH_BLOCK=16, REDUCE_LAUNCH_MAX_PROGRAMS=max_programs):
+        assert ce_launch.count_recipe(target, target, weight is not None, classes, -100, True).grid[0] == (
+            1 if rows == 20 else -(-rows // (16 if max_programs > 100 else 16 * 5)))
+        for _ in range(2):
+            denom = torch.full((3,), float("nan"), device=target.device)
+            ce_launch.count(target, weight, denom, classes, -100, smoothing)
+            assert denom.tolist() == pytest.approx(want_denom, rel=1e-6)
+            for count_too in (False, True):
+                out = torch.full((), float("nan"), device=target.device)
+                counted = torch.full((3,), float("nan"), device=target.device) if count_too else denom
+                ce_launch.reduce(loss_rows, lse, target, weight, counted, out, classes, -100, "mean", z_loss,
+                                 count_too, smoothing)
+                assert out.item() == pytest.approx(want_loss.item(), rel=1e-6)
+                assert counted[:2].tolist() == pytest.approx(want_denom[:2], rel=1e-6)

@@ -312,12 +312,14 @@ def test_backward_makes_no_gradient_for_the_lse(op, gen):
 @pytest.mark.parametrize("options", [dict(reduction="mean"), dict(reduction="sum", z_loss=1e-3),
                                      dict(reduction="mean", label_smoothing=0.1, weight=True)],
                          ids=["mean", "sum_z", "mean_weighted_smoothed"])
-def test_forward_reduces_the_loss_in_its_one_launch(cols, options, gen, monkeypatch):
+@pytest.mark.parametrize("max_rows", [None, 4], ids=["few_rows", "many_rows"])
+def test_forward_reduces_the_loss_in_its_one_launch(cols, options, max_rows, gen, monkeypatch):
     # The separate forward's stream kernel reduces the rows' losses in its last row to finish
     # (REDUCE: one launch a call where a reduce launch followed), the denominators too unless a
     # count launch had to go first. That row is found at a counter the kernel leaves at zero, kept
     # between launches on a GPU (_buffers.row_exchange): calls in a row on one stream must each
-    # write the loss (the output starts as NaN).
+    # write the loss (the output starts as NaN). Past REDUCE_IN_ROWS_MAX_ROWS rows the reduce
+    # launch follows.
     _every_bound_launch_through_its_launcher(monkeypatch)
     names = []
     call = _launch.Launcher.__call__
@@ -335,10 +337,13 @@ def test_forward_reduces_the_loss_in_its_one_launch(cols, options, gen, monkeypa
         lse = torch.logsumexp(x.double()[target != -100], -1)
         expected = expected + z_loss * (lse * lse).sum()
     losses = []
+    table = {} if max_rows is None else dict(REDUCE_IN_ROWS_MAX_ROWS=max_rows)
     for _ in range(3):
         names.clear()
-        losses.append(onlinesoftmax.cross_entropy(x, target, z_loss=z_loss, **kwargs))
+        with onlinesoftmax.override_plan("cross_entropy", **table):
+            losses.append(onlinesoftmax.cross_entropy(x, target, z_loss=z_loss, **kwargs))
         count = ["cross_entropy_reduce_kernel"] if weight is not None else []  # the count goes first there
-        assert names == count + ["cross_entropy_stream_kernel"], names
+        reduce = [] if max_rows is None else ["cross_entropy_reduce_kernel"]
+        assert names == count + ["cross_entropy_stream_kernel"] + reduce, names
     assert torch.allclose(losses[0].double(), expected, rtol=1e-5), (losses[0], expected)
     assert all(torch.equal(loss, losses[0]) for loss in losses), losses

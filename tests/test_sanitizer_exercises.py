@@ -332,7 +332,7 @@ def test_cross_entropy_shard_merge(reduction):
     # row's chunk partials merged into the (m, d) pair a sharded softmax sends. Against float64 torch.
     from cross_entropy_cases import reference
 
-    from onlinesoftmax.ops.cross_entropy import launch as ce_launch
+    from onlinesoftmax.ops.cross_entropy import shards as ce_shards
     from onlinesoftmax.ops.softmax import launch as softmax_launch
 
     gen = torch.Generator().manual_seed(0)
@@ -343,9 +343,9 @@ def test_cross_entropy_shard_merge(reduction):
     target = target.to(DEVICE)
     weight = (torch.rand(cols, generator=gen) + 0.5).to(DEVICE)
     options = (-100, reduction, 0.1, 1e-3, 0.0, 1.0)
-    stats = torch.stack([ce_launch.shard_stats(x[:, a:b], target, weight, a, cols, options, True, False)
+    stats = torch.stack([ce_shards.shard_stats(x[:, a:b], target, weight, a, cols, options, True, False)
                          for a, b in ((0, 1200), (1200, 1200), (1200, cols))])
-    loss, lse, _, _ = ce_launch.merge_shard_loss(stats, target, weight, cols, options, torch.float32)
+    loss, lse, _, _ = ce_shards.merge_shard_loss(stats, target, weight, cols, options, torch.float32)
     # The references on the CPU: racecheck reports torch's own float64 reduction kernels.
     x64, target_cpu = x.cpu().double(), target.cpu()
     ref = reference(x64, target_cpu, reduction=reduction, label_smoothing=0.1, z_loss=1e-3,

@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from .. import _autocast, _validate
 from .._device import triton_runs_on
-from ..ops.cross_entropy.launch import launch_backward, merge_shard_loss, merge_shard_stats, needs_denom, shard_loss, \
-    shard_stats
+from ..ops.cross_entropy.launch import launch_backward, needs_denom
+from ..ops.cross_entropy.shards import merge_shard_loss, merge_shard_stats, shard_loss, shard_stats
 from ..ops.cross_entropy.torch_path import torch_denom
 from ..ops.cross_entropy.op import REDUCTIONS, check_call, check_class_weight, class_weights, \
     check_targets_in_range

@@ -10,13 +10,12 @@ needs them ("mean", or class weights with label smoothing), and is empty otherwi
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Optional
 
 import torch
 
-from ... import _buffers, cpu
-from ..._device import interpreter_active, next_power_of_2, plan_cache, remember, sm_count, triton_runs_on
+from ... import _buffers
+from ..._device import cdiv, interpreter_active, next_power_of_2, plan_cache, remember, sm_count, triton_runs_on
 from ..._launch import Launcher, aligned
 from ..._triton import COUNTER_STRIDE
 from ..._validate import KERNEL_DTYPES
@@ -28,8 +27,8 @@ from .kernels import (
 )
 from .plain_kernel import cross_entropy_two_pass_plain_kernel
 from .rows_kernel import cross_entropy_rows_backward_kernel, cross_entropy_rows_forward_kernel
-from .small_kernels import cross_entropy_reduce_kernel, cross_entropy_shard_merge_kernel, scale_rows_kernel
-from .torch_path import RowTerms, compute_dtype, row_losses, row_normalizer, torch_backward, torch_forward
+from .small_kernels import cross_entropy_reduce_kernel, scale_rows_kernel
+from .torch_path import compute_dtype, torch_backward, torch_forward
 
 _stream = Launcher(cross_entropy_stream_kernel)
 _two_pass_plain = Launcher(cross_entropy_two_pass_plain_kernel)
@@ -39,7 +38,6 @@ _rows_forward = Launcher(cross_entropy_rows_forward_kernel)
 _rows_backward = Launcher(cross_entropy_rows_backward_kernel)
 _reduce = Launcher(cross_entropy_reduce_kernel)
 _scale = Launcher(scale_rows_kernel)
-_shard_merge = Launcher(cross_entropy_shard_merge_kernel)
 
 
 def kernels_take(x: torch.Tensor, dtype: Optional[torch.dtype] = None) -> bool:
@@ -71,8 +69,8 @@ def _flags(has_weight: bool, reduction: str, label_smoothing: float, z_loss: flo
 def _rows_meta(chosen: planner.Plan, x: torch.Tensor) -> dict:
     # Rows of unit stride with strided classes (torch's class dim 1 through a view): loads along the rows.
     rows_unit = x.stride(0) == 1 and x.stride(1) != 1 and x.shape[0] > 1
-    return dict(ROWS=chosen.rows_per_program, BLOCK=chosen.block, CONTIGUOUS=chosen.contiguous, ROWS_UNIT=rows_unit,
-                num_warps=chosen.num_warps)
+    return dict(ROWS=chosen.rows_per_program, BLOCK=chosen.block, GROUPS=1 if rows_unit else chosen.column_groups,
+                CONTIGUOUS=chosen.contiguous, ROWS_UNIT=rows_unit, num_warps=chosen.num_warps)
 
 
 def _exchange(chosen: planner.Plan, device: torch.device):
@@ -121,22 +119,34 @@ class Recipe(NamedTuple):
         return lambda *tensors: bound(*tensors, *scalars)
 
 
-def _reduce_launch_block() -> int:
-    # Under the interpreter the test sizes' rows take several steps (as the probability kernels' reduction).
-    return 16 if interpreter_active() else planner.REDUCE_LAUNCH_BLOCK
+def _reduce_launch(n_rows: int) -> tuple[int, int, int]:
+    """(block, chunk, programs) of a count or reduce launch over ``n_rows`` rows: chunk 0 is one program."""
+    # Under the interpreter the test sizes' rows take several steps and programs (as the probability
+    # kernels' reduction).
+    block = 16 if interpreter_active() else planner.REDUCE_LAUNCH_BLOCK
+    if n_rows <= block * planner.REDUCE_LAUNCH_ONE_PROGRAM_STEPS:
+        return block, 0, 1
+    chunk = block * cdiv(n_rows, block * planner.REDUCE_LAUNCH_MAX_PROGRAMS)
+    return block, chunk, cdiv(n_rows, chunk)
+
+
+def reduce_scratch(programs: int, device: torch.device, spare: torch.Tensor) -> tuple:
+    """(parts, sync) of a count or reduce launch of ``programs``: the stream's exchange where its
+    programs meet, else ``spare`` twice (never read)."""
+    return _buffers.row_exchange(4 * programs, 1, device) if programs > 1 else (spare, spare)
 
 
 def count_recipe(target: torch.Tensor, w: torch.Tensor, has_weight: bool, n_classes: int, ignore_index: int,
                  smooth: bool) -> Recipe:
     """denom <- (valid rows, sum of their targets' weights, sum of all class weights: with label
-    smoothing (``smooth``) alone, else 0); tensors (denom, denom, target, w, denom, denom), ``w`` the
-    weights or denom."""
-    block = _reduce_launch_block()
+    smoothing (``smooth``) alone, else 0); tensors (denom, denom, target, w, denom, denom, parts, sync),
+    ``w`` the weights or denom, (parts, sync) reduce_scratch's."""
+    block, chunk, programs = _reduce_launch(target.shape[0])
     # The launchers' compiled kernels are found by key alone: the tables' values are in it (override_plan).
     key = ("count", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), n_classes, ignore_index,
-           target.shape[0], has_weight, smooth, block, planner.REDUCE_LAUNCH_WARPS)
-    return Recipe(_reduce, (1,), key, (target.shape[0], n_classes, target.stride(0), ignore_index, 0.0),
-                  dict(BLOCK=block, COUNT=True, SUM=False, MEAN=False, HAS_WEIGHT=has_weight,
+           target.shape[0], has_weight, smooth, block, chunk, planner.REDUCE_LAUNCH_WARPS)
+    return Recipe(_reduce, (programs,), key, (target.shape[0], n_classes, target.stride(0), ignore_index, 0.0),
+                  dict(BLOCK=block, CHUNK=chunk, COUNT=True, SUM=False, MEAN=False, HAS_WEIGHT=has_weight,
                        SMOOTH=smooth, Z=False, num_warps=planner.REDUCE_LAUNCH_WARPS))
 
 
@@ -144,14 +154,14 @@ def reduce_recipe(loss_rows: torch.Tensor, lse: torch.Tensor, target: torch.Tens
                   has_weight: bool, out: torch.Tensor, n_classes: int, ignore_index: int, reduction: str,
                   z_loss: float, count_too: bool, smooth: bool) -> Recipe:
     """out <- the rows' losses summed (over the denominators for "mean"), plus the z term; tensors
-    (loss_rows, lse, target, w, denom, out), ``w`` the weights or loss_rows. ``count_too``,
-    ``smooth``: the denominators first, as count_recipe's."""
-    block = _reduce_launch_block()
+    (loss_rows, lse, target, w, denom, out, parts, sync), ``w`` the weights or loss_rows, (parts, sync)
+    reduce_scratch's. ``count_too``, ``smooth``: the denominators first, as count_recipe's."""
+    block, chunk, programs = _reduce_launch(target.shape[0])
     key = ("reduce", target.dtype, target.stride(0), aligned(target), w.dtype, aligned(w), aligned(loss_rows),
            aligned(lse), out.dtype, n_classes, ignore_index, target.shape[0], has_weight, reduction,
-           z_loss > 0, count_too, smooth, block, planner.REDUCE_LAUNCH_WARPS)
-    return Recipe(_reduce, (1,), key, (target.shape[0], n_classes, target.stride(0), ignore_index, z_loss),
-                  dict(BLOCK=block, COUNT=count_too, SUM=True, MEAN=reduction == "mean",
+           z_loss > 0, count_too, smooth, block, chunk, planner.REDUCE_LAUNCH_WARPS)
+    return Recipe(_reduce, (programs,), key, (target.shape[0], n_classes, target.stride(0), ignore_index, z_loss),
+                  dict(BLOCK=block, CHUNK=chunk, COUNT=count_too, SUM=True, MEAN=reduction == "mean",
                        HAS_WEIGHT=has_weight, SMOOTH=smooth, Z=z_loss > 0, num_warps=planner.REDUCE_LAUNCH_WARPS))
 
 
@@ -160,8 +170,8 @@ def count(target: torch.Tensor, weight: Optional[torch.Tensor], denom: torch.Ten
     """denom <- (valid rows, sum of their targets' weights, sum of all class weights: with label
     smoothing alone, else 0)."""
     w = weight if weight is not None else denom
-    count_recipe(target, w, weight is not None, n_classes, ignore_index, label_smoothing > 0)(
-        denom, denom, target, w, denom, denom)
+    recipe = count_recipe(target, w, weight is not None, n_classes, ignore_index, label_smoothing > 0)
+    recipe(denom, denom, target, w, denom, denom, *reduce_scratch(recipe.grid[0], denom.device, denom))
 
 
 def reduce(loss_rows: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
@@ -169,8 +179,9 @@ def reduce(loss_rows: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, wei
            z_loss: float, count_too: bool, label_smoothing: float) -> None:
     """out <- the rows' losses summed (over the denominators for "mean"), plus the z term."""
     w = weight if weight is not None else loss_rows
-    reduce_recipe(loss_rows, lse, target, w, weight is not None, out, n_classes, ignore_index, reduction, z_loss,
-                  count_too, label_smoothing > 0)(loss_rows, lse, target, w, denom, out)
+    recipe = reduce_recipe(loss_rows, lse, target, w, weight is not None, out, n_classes, ignore_index, reduction,
+                           z_loss, count_too, label_smoothing > 0)
+    recipe(loss_rows, lse, target, w, denom, out, *reduce_scratch(recipe.grid[0], out.device, lse))
 
 
 def splits_rows(chosen: planner.Plan) -> bool:
@@ -357,14 +368,14 @@ class ForwardCall:
                                                                              self.lse))
         # The gradient's scale (mean) and the loss (W, with label smoothing) need the denominators first.
         count_first = denom.numel() > 0 and (inplace or (has_weight and label_smoothing > 0))
-        self.count = (count_recipe(target, weight if has_weight else denom, has_weight, n_cols, ignore_index,
-                                   label_smoothing > 0).bind() if count_first else None)
+        count = (count_recipe(target, weight if has_weight else denom, has_weight, n_cols, ignore_index,
+                              label_smoothing > 0) if count_first else None)
         count_too = denom.numel() > 0 and not count_first
         # "separate": the stream's launch (its plan the main one), then the backward kernel's over x.
         first, second = chosen.parts if chosen.strategy == "separate" else (chosen, None)
-        # The stream kernel's last row to finish reduces the loss (planner.REDUCE_IN_ROWS_LAUNCH).
-        self.folded = (planner.REDUCE_IN_ROWS_LAUNCH and self.loss is not None and first.strategy in ("stream", "two_pass")
-                       and not first.plain)
+        # The stream kernel's last row to finish reduces the loss (planner.REDUCE_IN_ROWS_LAUNCH), over few rows.
+        self.folded = (planner.REDUCE_IN_ROWS_LAUNCH and n_rows <= planner.REDUCE_IN_ROWS_MAX_ROWS
+                       and self.loss is not None and first.strategy in ("stream", "two_pass") and not first.plain)
         w = weight if has_weight else x
         self.main = forward_recipe(first, x, target, w, has_weight, loss_rows, lse, lse_low, ignore_index, reduction,
                                    label_smoothing, z_loss, softcap, temperature, return_lse, reduce_into=self.folded,
@@ -374,9 +385,12 @@ class ForwardCall:
         self.write_grad = None if second is None else backward_recipe(
             second, x, x, target, w, has_weight, lse, lse_low, lse, *self.options, unit_grad=True).bind()
         self.exchange = splits_rows(first) or self.folded
-        self.reduce = None if self.loss is None or self.folded else reduce_recipe(
+        reduce = None if self.loss is None or self.folded else reduce_recipe(
             loss_rows, lse, target, weight if has_weight else loss_rows, has_weight, _buffers.empty_like(self.loss),
-            n_cols, ignore_index, reduction, z_loss, count_too, label_smoothing > 0).bind()
+            n_cols, ignore_index, reduction, z_loss, count_too, label_smoothing > 0)
+        # (the bound launches and their programs, for reduce_scratch)
+        self.count, self.count_programs = (count.bind(), count.grid[0]) if count else (None, 1)
+        self.reduce, self.reduce_programs = (reduce.bind(), reduce.grid[0]) if reduce else (None, 1)
 
     def __call__(self, x, target, weight, dx=None):
         """(loss, lse, lse_low, denom) of these logits (see launch_forward); ``dx``: the gradient's
@@ -388,7 +402,8 @@ class ForwardCall:
         loss_rows, lse, lse_low = (_buffers.empty_like(self.loss_rows), _buffers.empty_like(self.lse),
                                    _buffers.empty_like(self.lse))
         if self.count is not None:
-            self.count(denom, denom, target, denom if weight is None else weight, denom, denom)
+            self.count(denom, denom, target, denom if weight is None else weight, denom, denom,
+                       *reduce_scratch(self.count_programs, x.device, denom))
         parts, counters = _exchange(self.chosen, x.device) if self.exchange else (lse, lse)
         loss = lse if self.loss is None else _buffers.empty_like(self.loss)
         dx = x if dx is None else dx
@@ -398,7 +413,8 @@ class ForwardCall:
         if self.loss is None:
             return loss_rows, lse, lse_low, denom
         if self.reduce is not None:
-            self.reduce(loss_rows, lse, target, loss_rows if weight is None else weight, denom, loss)
+            self.reduce(loss_rows, lse, target, loss_rows if weight is None else weight, denom, loss,
+                        *reduce_scratch(self.reduce_programs, x.device, lse))
         return loss, lse, lse_low, denom
 
     def gradient_call(self, x, target, weight) -> Optional["ForwardCall"]:
@@ -563,86 +579,3 @@ def launch_scale(x: torch.Tensor, grad: torch.Tensor, out: Optional[torch.Tensor
         call = remember(_CALLS, key, scale_recipe(x, out, grad, in_place).bind())
     call(x, out, grad)
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# Classes in shards (vocabulary-parallel ranks, linear_cross_entropy's vocabulary slices):
-# statistics a shard, merged in class order, and the loss from them
-# --------------------------------------------------------------------------------------------
-
-
-def shard_stats(x2, target, weight, offset, total, options, triton, read_ignored):
-    """(4, rows) float32 (float64 for float64 logits on torch's path): the m, d, smoothing sum and
-    target logit (-inf where the target is not here) of the classes [offset, offset + cols) of
-    ``total``, held by x2's columns. Ignored rows are (-inf, 0, 0, -inf) unless ``read_ignored``
-    (their lse is wanted). ``options``: (ignore_index, reduction, label_smoothing, z_loss, softcap,
-    temperature)."""
-    ignore_index, _, label_smoothing, _, softcap, temperature = options
-    rows, cols = x2.shape
-    if triton and cols:
-        chosen = planner.choose("stats", rows, cols, x2.dtype, x2.device, None, x2.stride(0), x2.stride(1))
-        planner.record(chosen)
-        stats = _buffers.empty((4, rows), torch.float32, x2.device)
-        rows_forward(chosen, x2, target, weight, stats, stats, stats, stats, ignore_index, "sum", label_smoothing, 0.0,
-                     softcap, temperature, read_ignored, class_offset=offset, n_classes=total, stats=True)
-        return stats
-    terms = RowTerms(x2, target, weight, ignore_index, softcap, temperature, offset, total)
-    m, d = row_normalizer(terms.y)
-    s = terms.smoothing_sum() if label_smoothing > 0 and cols else torch.zeros_like(m)
-    return torch.stack([m, d, s, terms.target_logit()])
-
-
-def merge_shard_stats(gathered: torch.Tensor):
-    """(lse, lse_low, smoothing sum, target logit) per row from every shard's (4, rows) stacked in
-    class order (shards, 4, rows), merged in that order; lse_low is the lse's rounding error (see
-    cpu.split_lse), for the backward."""
-    m, d, s, y_t = gathered.unbind(1)  # each (world, rows)
-    m_all = m.amax(0)
-    ref = torch.where(m_all == -math.inf, 0.0, m_all)  # all -inf: d stays 0, no -inf - -inf
-    d_all = (d * torch.exp(m - ref)).sum(0)
-    log_d = torch.log(d_all)
-    return m_all + log_d, cpu.split_lse(m_all, log_d)[1], s.sum(0), y_t.amax(0)
-
-
-def merge_shard_loss(gathered: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], total: int,
-                     options: tuple, dtype: torch.dtype, denom: Optional[torch.Tensor] = None):
-    """(loss, lse, lse_low, denom) from every shard's statistics stacked in class order (shards, 4,
-    rows), in one launch: merge_shard_stats, the denominators and shard_loss in a Triton kernel
-    (cross_entropy_shard_merge_kernel). The loss in ``dtype``, reduced as ``options[1]`` says.
-    ``denom``: the denominators already counted (linear_cross_entropy's), else counted here."""
-    ignore_index, reduction, label_smoothing, z_loss = options[:4]
-    n_shards, _, rows = gathered.shape
-    device, has_weight = gathered.device, weight is not None
-    count = denom is None and needs_denom(reduction, has_weight, label_smoothing)
-    if denom is None:
-        denom = _buffers.empty((3 if count else 0,), torch.float32, device)
-    lse, lse_low = _buffers.empty((rows,), torch.float32, device), _buffers.empty((rows,), torch.float32, device)
-    reduced = reduction != "none"
-    loss = _buffers.empty(() if reduced else (rows,), dtype, device)
-    w = weight if has_weight else lse
-    key = ("shard_merge", rows, n_shards, total, target.dtype, target.stride(0), aligned(target), aligned(gathered),
-           has_weight, w.dtype, aligned(w), dtype, ignore_index, reduction, count, label_smoothing > 0, z_loss > 0)
-    _shard_merge((1,), key, gathered, target, w, denom if denom.numel() else lse, loss, lse, lse_low, loss,
-                 rows, n_shards, total, target.stride(0), ignore_index, float(label_smoothing), float(z_loss),
-                 BLOCK=planner.REDUCE_BLOCK, COUNT=count, REDUCE=reduced, MEAN=reduction == "mean",
-                 HAS_WEIGHT=has_weight, SMOOTH=label_smoothing > 0, Z=z_loss > 0, num_warps=planner.REDUCE_WARPS)
-    return loss, lse, lse_low, denom
-
-
-def shard_loss(lse, lse_low, s, y_t, target, weight, denom, total, options, dtype):
-    """The loss, reduced as ``options[1]`` says, from the merged statistics of all ``total`` classes."""
-    ignore_index, reduction, label_smoothing, z_loss = options[:4]
-    valid = target != ignore_index
-    bad = valid & ((target < 0) | (target >= total))
-    if weight is None:
-        w_t, w_sum = torch.ones_like(lse), float(total)
-    else:
-        w = weight.to(lse.dtype)
-        w_t, w_sum = w[torch.where(valid & ~bad, target, 0)], w.sum()
-    loss = row_losses(lse, lse_low, y_t, s, w_t, w_sum, total, label_smoothing, valid, bad)
-    z_term = torch.where(valid, z_loss * lse * lse, 0.0)
-    if reduction == "none":
-        return (loss + z_term).to(dtype)
-    if reduction == "sum":
-        return (loss.sum() + z_term.sum()).to(dtype)
-    return (loss.sum() / denom[1] + z_term.sum() / denom[0]).to(dtype)

@@ -38,8 +38,8 @@ import torch
 
 from ... import _autocast, _buffers, _validate
 from . import linear_plan, plan as planner
-from .launch import count, kernels_take, launch_scale, merge_shard_loss, merge_shard_stats, needs_denom, row_options, \
-    reduce, rows_backward, rows_forward, shard_loss, shard_stats
+from .launch import count, kernels_take, launch_scale, needs_denom, reduce, row_options, rows_backward, rows_forward
+from .shards import merge_shard_loss, merge_shard_stats, shard_loss, shard_stats
 from .torch_path import RowTerms, compute_dtype, torch_denom
 from .op import LOGIT_DTYPES, check_class_weight, check_options, check_target, check_targets_in_range, class_weights
 

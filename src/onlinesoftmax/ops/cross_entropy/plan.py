@@ -288,10 +288,9 @@ CPU_TORCH_MAX_LOGITS = {8: 1 << 21, 4: 1 << 21, 2: 1 << 19}
 
 # The forward that keeps the logits (stream) and the backward over rows that are not whole 16-byte
 # vectors: their tiles cover the row's whole runs of this many bytes from absolute multiples of
-# them (at least a vector; the partial first and last runs element-wise). Measured against runs of
-# 16 bytes (docs/notes/2026-11/sweep_cross_entropy-plain_edges-h100.log), a training step keeping
-# the logits, ms: bf16 8192 x 128257 2.531 -> 2.497 (128256: 2.341), 8192 x 50257 1.080 -> 1.071;
-# fp32 8192 x 128257 4.697 -> 4.615 (64-byte runs: 2.507, 1.075, 4.635).
+# them (at least a vector; the partial first and last runs element-wise). Against runs of 16 bytes
+# (sweep_cross_entropy-plain_edges-h100.log), a step keeping the logits, ms: bf16 8192 x 128257 2.531
+# -> 2.497, 8192 x 50257 1.080 -> 1.071; fp32 8192 x 128257 4.697 -> 4.615 (64-byte runs: 2.507, 1.075, 4.635).
 STREAM_RUN_BYTES = {4: 128, 2: 128}
 
 # backward: elementwise tiles of 16 KB, one program a tile (bandwidth-bound; the per-program row
@@ -306,29 +305,35 @@ SCALE_PROGRAMS_PER_SM = 4
 # The denominators and the reduction: one program (rows in a fixed order, reproducible).
 REDUCE_BLOCK = 1024
 REDUCE_WARPS = 4
-# ... in launches of their own (count, reduce): 16 warps over 4096 rows a step. At 4 warps over 1024 the
-# reduction was most of a short-row step: H200, bf16, under CUDA graphs, ms, 524288 x 19 0.462 -> 0.310,
-# 1048576 x 2 0.551 -> 0.270, 65536 x 150 0.117 -> 0.097 (probe_cross_entropy_short_rows-reduce_launch-h200.log).
-# Not in the stream kernel's own reduction, at its warps: 100000 x 1000 lost 10% (0.459 -> 0.506).
+# ... in launches of their own (count, reduce): 16 warps over 4096 rows a step, one program up to
+# REDUCE_LAUNCH_ONE_PROGRAM_STEPS steps, then programs of a step each (up to REDUCE_LAUNCH_MAX_PROGRAMS,
+# then of several) that meet in the last to arrive (docs/perf-cross_entropy.md, "Short rows").
 REDUCE_LAUNCH_BLOCK = 4096
 REDUCE_LAUNCH_WARPS = 16
-# The separate forward's stream kernel reduces the loss ("mean", "sum") in its last row to finish,
-# in place of a reduce launch after it: one launch less a call, for small calls the host's time
-# (scripts/probes/probe_cross_entropy_host.py; docs/perf-cross_entropy.md#host-time).
+REDUCE_LAUNCH_ONE_PROGRAM_STEPS = 8
+REDUCE_LAUNCH_MAX_PROGRAMS = 1024
+# The stream kernel's last row to finish reduces the loss, over at most REDUCE_IN_ROWS_MAX_ROWS rows: a
+# launch less a call, for small calls the host's time (docs/perf-cross_entropy.md#host-time); over many
+# that one program's loop was the launch's tail (bf16 100000 x 1000, H200: the kernel 353 µs, 76 without).
 REDUCE_IN_ROWS_LAUNCH = True
+REDUCE_IN_ROWS_MAX_ROWS = 1024
 
 # Under the interpreter: small tiles so that test rows span several tiles and chunks.
 INTERPRETER_BLOCK = 32
 
-# Short rows (rows_kernel.py): whole rows a program, ROWS_TILE_ELEMENTS by the tile's width, where rows
-# have at most ROWS_MAX_COLS columns and number at least ROWS_MIN_ROWS_PER_SM an SM (a program a row:
-# bf16 524288 x 19 1.74 ms a step on the H200 under CUDA graphs, torch 0.82; docs/perf-cross_entropy.md,
-# "Short rows"). The tiles: by width, the best of 1024, 2048 and 4096 elements over two runs (its log).
-# Under the interpreter only where ROWS_INTERPRETED (tests), keeping the other kernels' paths there.
+# Short rows (rows_kernel.py; docs/perf-cross_entropy.md, "Short rows"): whole rows a program, where rows
+# have at most ROWS_MAX_COLS columns and number at least ROWS_MIN_ROWS_PER_SM an SM; ROWS_TILE_ELEMENTS by
+# width, the best of 1024, 2048 and 4096 over three runs. Under the interpreter only where ROWS_INTERPRETED
+# (tests), keeping the other kernels' paths there.
 ROWS_MAX_COLS = 512
 ROWS_MIN_ROWS_PER_SM = 4
-ROWS_TILE_ELEMENTS = {16: 2048, 32: 1024, 64: 1024, 128: 1024, 256: 1024, 512: 2048}
+ROWS_TILE_ELEMENTS = {2: 1024, 4: 1024, 8: 1024, 16: 1024, 32: 1024, 64: 1024, 128: 1024, 256: 1024, 512: 2048}
 ROWS_WARPS = 4
+# Tiles as narrow as the rows (MIN_BLOCK is for aligned runs, which rows do not take), their columns in
+# ROWS_COLUMN_GROUPS groups by width: a warp's lanes span several rows (bf16 524288 x 19, H200: 0.142 ms a
+# step at one group, 0.058 at 8).
+ROWS_MIN_BLOCK = 2
+ROWS_COLUMN_GROUPS = {16: 8, 32: 8, 64: 8, 128: 8, 256: 8}
 ROWS_INTERPRETED = False
 
 # Tiles are at least this wide: a multiple of every ALIGN (16 bytes of any dtype).
@@ -361,6 +366,7 @@ class Plan(RegisterCap):
     parts: tuple = ()  # separate: the plans of its two launches, the forward's stream and the backward
     max_registers: int = 0  # two_pass for plain rows: a cap on registers a thread (PLAIN_MAX_REGISTERS)
     rows_per_program: int = 1  # rows: whole rows a program holds
+    column_groups: int = 1  # rows: the groups its tile's columns are in (ROWS_COLUMN_GROUPS)
 
     @property
     def reads(self) -> int:
@@ -380,7 +386,8 @@ class Plan(RegisterCap):
         lines = [
             f"op:          cross_entropy {self.op}  ({self.rows} rows x {self.cols} classes, {dtype})",
             f"strategy:    {self.strategy}, grid {self.grid}, {self.num_warps} warps a program"
-            + (f", {self.rows_per_program} rows a program" if self.strategy == "rows" else "")
+            + (f", {self.rows_per_program} rows a program, its {self.block} columns in {self.column_groups} groups"
+               if self.strategy == "rows" else "")
             + (f", at most {self.max_registers} registers a thread" if self.max_registers else ""),
             f"tiles:       {self.block} columns"
             + ((f" (a row's last part in a tile of {self.tail}, by its last program)" if self.strategy != "two_pass"
@@ -498,13 +505,14 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
     warps = _warps
     short_rows = cols <= ROWS_MAX_COLS and rows >= ROWS_MIN_ROWS_PER_SM * sms and (ROWS_INTERPRETED or not interpreting)
     if op != "stats" and (strategy == "rows" or (strategy is None and short_rows)):
-        block = max(MIN_BLOCK, _device.next_power_of_2(cols))
+        block = max(ROWS_MIN_BLOCK, _device.next_power_of_2(cols))
         if block > _device.next_power_of_2(ROWS_MAX_COLS):
             raise ValueError(f"cross_entropy: strategy 'rows' holds rows of at most {ROWS_MAX_COLS} columns, got "
                              f"{cols}; use strategy=None")
         per_program = max(1, ROWS_TILE_ELEMENTS[block] // block)
         return Plan(op, "rows", block=block, num_warps=ROWS_WARPS, grid=(_device.cdiv(rows, per_program),),
-                    rows_per_program=per_program, **shape)
+                    rows_per_program=per_program, column_groups=min(block, ROWS_COLUMN_GROUPS.get(block, 1)),
+                    **shape)
 
     run = STREAM_RUN_BYTES[elem] // elem
     if edges and op in ("forward", "backward") and run > align:

@@ -9,19 +9,25 @@ import triton.language as tl
 
 from ..._triton import NEG_INF, nan_max, split_lse
 from .kernels import class_weights, edge_columns, row_loss, row_tile
-from .reductions import reduce_rows, store_reduced_loss
+from .reductions import reduce_rows, reduce_rows_split, store_reduced_loss
 
 
 @triton.jit
 def cross_entropy_reduce_kernel(
-    loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr,
+    loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, parts_ptr, sync_ptr,
     n_rows, n_classes, target_stride, ignore_index, z_loss,
-    BLOCK: tl.constexpr, COUNT: tl.constexpr, SUM: tl.constexpr, MEAN: tl.constexpr,
+    BLOCK: tl.constexpr, CHUNK: tl.constexpr, COUNT: tl.constexpr, SUM: tl.constexpr, MEAN: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z: tl.constexpr,
 ):
-    # One program (see reductions.reduce_rows; the stream kernel's last row to finish runs the same).
-    reduce_rows(loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, n_rows, n_classes, target_stride,
-                ignore_index, z_loss, BLOCK, COUNT, SUM, MEAN, HAS_WEIGHT, SMOOTH, Z, False)
+    # CHUNK 0: one program (see reductions.reduce_rows; the stream kernel's last row to finish runs the
+    # same); else programs of CHUNK rows that meet in parts_ptr and sync_ptr (reductions.reduce_rows_split).
+    if CHUNK == 0:
+        reduce_rows(loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, n_rows, n_classes, target_stride,
+                    ignore_index, z_loss, BLOCK, COUNT, SUM, MEAN, HAS_WEIGHT, SMOOTH, Z, False)
+    else:
+        reduce_rows_split(loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, parts_ptr, sync_ptr, n_rows,
+                          n_classes, target_stride, ignore_index, z_loss, BLOCK, CHUNK, COUNT, SUM, MEAN, HAS_WEIGHT,
+                          SMOOTH, Z)
 
 
 @triton.jit
@@ -68,7 +74,7 @@ def cross_entropy_shard_merge_kernel(
     # One program: every shard's (4, rows) statistics (m, d, smoothing sum, target logit; stacked in
     # class order, (shards, 4, rows)) merged into the rows' lse and loss, then the loss reduced, rows
     # and shards in a fixed order: every rank gets the same bits. In torch ops this was some forty
-    # launches, the host's time of a sharded training step (launch.merge_shard_stats, shard_loss).
+    # launches, the host's time of a sharded training step (shards.merge_shard_stats, shard_loss).
     if COUNT:  # denom first: the mean's denominators, and W for class weights with smoothing
         reduce_rows(loss_ptr, lse_ptr, target_ptr, weight_ptr, denom_ptr, out_ptr, n_rows, n_classes, target_stride,
                     ignore_index, 0.0, BLOCK, True, False, False, HAS_WEIGHT, SMOOTH, False, False)

@@ -44,8 +44,9 @@ def test_short_rows_match_torch(cols, dtype, reduction, options, gen, short_rows
         forward, backward = check_loss_and_grad(x, target, dtype, upstream, reduction=reduction, what="kept",
                                                 **opts)
     assert (forward.strategy, backward.strategy) == ("rows", "rows")
-    groups = plan.ROWS_COLUMN_GROUPS.get(64, 1) if cols == 37 else 1
-    assert (forward.rows_per_program, forward.column_groups) == ({37: 16, 3: 16, 2: 32}[cols], groups)
+    block = {37: 64, 3: 4, 2: 2}[cols]
+    assert (forward.block, forward.rows_per_program, forward.column_groups) == (
+        block, 1024 // block if cols == 37 else 64 // block, plan.ROWS_COLUMN_GROUPS.get(block, 1))
     forward, _ = check_loss_and_grad(x, target, dtype, upstream, inplace=True, reduction=reduction, what="in place",
                                      **opts)
     assert (forward.op, forward.strategy) == ("forward_grad", "rows")
@@ -130,7 +131,7 @@ def test_short_rows_plans_for_the_gpu():
         assert (chosen.strategy, chosen.block, chosen.column_groups, chosen.rows_per_program, chosen.grid) == (
             "rows", 32, plan.ROWS_COLUMN_GROUPS[32], 32, (16384,))
     two = choose("forward", 1048576, 2)  # tiles as narrow as the rows
-    assert (two.block, two.column_groups, two.rows_per_program) == (2, 1, 512)
+    assert (two.block, two.column_groups, two.rows_per_program) == (2, plan.ROWS_COLUMN_GROUPS.get(2, 1), 512)
     assert choose("forward", 528, 512).strategy == "rows"  # the longest rows at 4 an SM
     assert choose("forward", 527, 512).strategy == "stream"  # fewer rows: a program a row
     assert choose("forward", 4096, 513).strategy == "stream"

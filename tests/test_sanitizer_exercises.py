@@ -257,6 +257,16 @@ def test_cross_entropy_plain_rows_under_a_register_cap(cols):
     assert chosen.max_registers and chosen.tail < chosen.block
 
 
+@pytest.mark.parametrize("cols", [19, 2, 300], ids=["groups", "narrow", "one-group"])
+@pytest.mark.parametrize("inplace", [False, True], ids=["kept", "in-place"])
+def test_cross_entropy_short_rows_and_reductions_over_programs(cols, inplace):
+    # The rows kernel (tiles of 32 columns in groups, of 2, of 512 in one group) over 40000 rows: the
+    # count and reduce launches past their one program's steps (programs that meet in the last).
+    _check_cross_entropy(torch.bfloat16, 40000, cols, "rows", inplace)
+    chosen = ce_plan.last_plan()
+    assert chosen.strategy == "rows" and chosen.column_groups == ce_plan.ROWS_COLUMN_GROUPS.get(chosen.block, 1)
+
+
 def _check_cross_entropy(dtype, rows, cols, strategy, inplace):
     """Loss and gradient of (rows, cols) logits, one row in five ignored, against float64 torch."""
     gen = torch.Generator().manual_seed(0)

@@ -313,10 +313,10 @@ REDUCE_LAUNCH_WARPS = 16
 REDUCE_LAUNCH_ONE_PROGRAM_STEPS = 8
 REDUCE_LAUNCH_MAX_PROGRAMS = 1024
 # The stream kernel's last row to finish reduces the loss, over at most REDUCE_IN_ROWS_MAX_ROWS rows: a
-# launch less a call, for small calls the host's time (docs/perf-cross_entropy.md#host-time); over many
-# that one program's loop was the launch's tail (bf16 100000 x 1000, H200: the kernel 353 µs, 76 without).
+# launch less a call (docs/perf-cross_entropy.md#host-time), 2% of a bf16 step at 8192 x 50257 (H200); over
+# more, that program's loop was the tail (100000 x 1000: the kernel 353 µs, 76 without; 32768 x 4096 +15%).
 REDUCE_IN_ROWS_LAUNCH = True
-REDUCE_IN_ROWS_MAX_ROWS = 1024
+REDUCE_IN_ROWS_MAX_ROWS = 16384
 
 # Under the interpreter: small tiles so that test rows span several tiles and chunks.
 INTERPRETER_BLOCK = 32
@@ -333,7 +333,7 @@ ROWS_WARPS = 4
 # ROWS_COLUMN_GROUPS groups by width: a warp's lanes span several rows (bf16 524288 x 19, H200: 0.142 ms a
 # step at one group, 0.058 at 8).
 ROWS_MIN_BLOCK = 2
-ROWS_COLUMN_GROUPS = {16: 8, 32: 8, 64: 8, 128: 8, 256: 8}
+ROWS_COLUMN_GROUPS = {4: 2, 8: 4, 16: 8, 32: 8, 64: 8, 128: 8, 256: 8}
 ROWS_INTERPRETED = False
 
 # Tiles are at least this wide: a multiple of every ALIGN (16 bytes of any dtype).

@@ -84,6 +84,7 @@ def test_strided_classes(gen, short_rows_plan):
     forward = plan.last_plan()
     loss.backward()
     assert (forward.strategy, forward.contiguous, plan.last_plan().strategy) == ("rows", False, "rows")
+    assert forward.column_groups == 1  # (strided classes: the tile's columns in one group)
     x64 = base.detach()[:, ::2].double().requires_grad_()
     want = reference(x64, target, label_smoothing=0.1)
     want.backward()

@@ -69,7 +69,7 @@ def _flags(has_weight: bool, reduction: str, label_smoothing: float, z_loss: flo
 def _rows_meta(chosen: planner.Plan, x: torch.Tensor) -> dict:
     # Rows of unit stride with strided classes (torch's class dim 1 through a view): loads along the rows.
     rows_unit = x.stride(0) == 1 and x.stride(1) != 1 and x.shape[0] > 1
-    return dict(ROWS=chosen.rows_per_program, BLOCK=chosen.block, GROUPS=1 if rows_unit else chosen.column_groups,
+    return dict(ROWS=chosen.rows_per_program, BLOCK=chosen.block, GROUPS=chosen.column_groups,
                 CONTIGUOUS=chosen.contiguous, ROWS_UNIT=rows_unit, num_warps=chosen.num_warps)
 
 

@@ -510,9 +510,9 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
             raise ValueError(f"cross_entropy: strategy 'rows' holds rows of at most {ROWS_MAX_COLS} columns, got "
                              f"{cols}; use strategy=None")
         per_program = max(1, ROWS_TILE_ELEMENTS[block] // block)
+        groups = min(block, ROWS_COLUMN_GROUPS.get(block, 1)) if contiguous else 1  # (strided classes: none)
         return Plan(op, "rows", block=block, num_warps=ROWS_WARPS, grid=(_device.cdiv(rows, per_program),),
-                    rows_per_program=per_program, column_groups=min(block, ROWS_COLUMN_GROUPS.get(block, 1)),
-                    **shape)
+                    rows_per_program=per_program, column_groups=groups, **shape)
 
     run = STREAM_RUN_BYTES[elem] // elem
     if edges and op in ("forward", "backward") and run > align:

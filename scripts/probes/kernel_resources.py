@@ -251,12 +251,14 @@ def cross_entropy_cases(dtype, shapes=None, options=None):
     separate forward and backward, and the forward with the gradient in place or into a new tensor (a
     "mean" loss).
     ``options``: label_smoothing, z_loss, softcap (0: none), temperature, weight (True: class
-    weights), as --ce-options gives them."""
+    weights), class_dim_1 (True: the logits as torch's class dim 1 read through a view, rows of unit
+    stride), as --ce-options gives them."""
     options = options or {}
     smoothing, z_loss, softcap, temperature = (float(options.get(name, default)) for name, default in (
         ("label_smoothing", 0.0), ("z_loss", 0.0), ("softcap", 0.0), ("temperature", 1.0)))
     for rows, cols in shapes or cross_entropy_suite.GRID.get(dtype, cross_entropy_suite.GRID[torch.float32]):
-        x = torch.empty((rows, cols), dtype=dtype)
+        x = torch.empty((cols, rows), dtype=dtype).t() if options.get("class_dim_1") else torch.empty((rows, cols),
+                                                                                                        dtype=dtype)
         target = torch.zeros(rows, dtype=torch.int64)
         weight = torch.ones(cols, dtype=dtype) if options.get("weight") else None
         forward = (weight, -100, "mean", smoothing, z_loss, softcap, temperature, False)
@@ -288,7 +290,7 @@ def main():
     parser.add_argument("--table", action="append", default=[], metavar="OP:NAME=VALUE",
                         help="another value of a plan table, e.g. attention:ATTENTION_CONFIGS={...}")
     parser.add_argument("--ce-options", default="", metavar="NAME=VALUE,...",
-                        help="cross_entropy: label_smoothing, z_loss, softcap, temperature, weight=1")
+                        help="cross_entropy: label_smoothing, z_loss, softcap, temperature, weight=1, class_dim_1=1")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         for text in args.table:

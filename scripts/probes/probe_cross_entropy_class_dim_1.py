@@ -5,11 +5,15 @@ The module reads such an input through a view with the classes last: rows (the p
 and classes of stride d1 * d2 * ...; where N > 1 the rows do not merge into one dim and the view is
 copied. Segmentation-sized shapes, eager (back to back, the host included) and under CUDA graphs, ms;
 and the step's error against float64. "copied": the classes made last by a copy before the loss.
+``--override NAME=VALUE``: every run of ours under that plan table value (a Python literal).
 
     python scripts/probes/probe_cross_entropy_class_dim_1.py [--dtype bf16] [--shapes 8x21x256x256,...]
+        [--override "ROWS_TILE_ELEMENTS={32: 4096}"]
 """
 
 import argparse
+import ast
+import contextlib
 
 import torch
 
@@ -24,16 +28,25 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bf16", choices=suite.DTYPES)
     parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--override", action="append", default=[], help="NAME=VALUE, a Python literal")
     args = parser.parse_args()
     dtype = suite.DTYPES[args.dtype]
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; one training step, ms")
+    overrides = {name: ast.literal_eval(value) for name, value in (item.split("=", 1) for item in args.override)}
+    with onlinesoftmax.override_plan("cross_entropy", **overrides) if overrides else contextlib.nullcontext():
+        if overrides:
+            print(f"# under {args.override}")
+        run(args.shapes, dtype)
+
+
+def run(shapes: str, dtype: torch.dtype):
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {dtype}; one training step, ms")
     print(f"{'shape':>18s} | {'eager: torch':>12s} {'ours':>7s} {'copied':>7s} {'ratio':>5s} | {'graph: torch':>12s} "
           f"{'ours':>7s} {'copied':>7s} {'ratio':>5s} | rel err loss, grad")
     steps = {"torch": suite._step(torch.nn.CrossEntropyLoss()), "ours": suite._step(onlinesoftmax.CrossEntropyLoss()),
              # the classes made last by a copy before the loss, whatever the view would be
              "copied": suite._step(lambda x, t: onlinesoftmax.cross_entropy(x.movedim(1, -1).contiguous(), t))}
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for item in args.shapes.split(","):
+    for item in shapes.split(","):
         shape = tuple(map(int, item.split("x")))
         classes = shape[1]
         count = min(rotation_count(2 * torch.Size(shape).numel() * dtype.itemsize), 4)

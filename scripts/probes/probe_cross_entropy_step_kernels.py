@@ -10,7 +10,6 @@ copy bandwidth measured in the same run. ``--override NAME=VALUE``: ours under t
 """
 
 import argparse
-import ast
 from collections import defaultdict
 
 import torch
@@ -19,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import onlinesoftmax
 from onlinesoftmax.bench import cross_entropy_suite as suite
-from onlinesoftmax.bench.harness import copy_bandwidth_gbs
+from onlinesoftmax.bench.harness import copy_bandwidth_gbs, plan_tables
 
 SHAPES = "524288x19,1048576x2,262144x9,65536x150,32768x512,8192x512,100000x1000"
 STEPS = 10
@@ -48,7 +47,7 @@ def main():
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--override", action="append", default=[], help="NAME=VALUE, a Python literal")
     args = parser.parse_args()
-    overrides = {name: ast.literal_eval(value) for name, value in (item.split("=", 1) for item in args.override)}
+    overrides = plan_tables(args.override)
     dtype = suite.DTYPES[args.dtype]
     copy_gbs = copy_bandwidth_gbs()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; copy {copy_gbs:.0f} GB/s;"

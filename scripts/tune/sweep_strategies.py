@@ -12,14 +12,13 @@ written once, and is set against a device copy measured in the same run.
 """
 
 import argparse
-import ast
 import json
 
 import torch
 
 import onlinesoftmax
 from onlinesoftmax._device import next_power_of_2
-from onlinesoftmax.bench.harness import copy_bandwidth_gbs, rotation_count, time_ms
+from onlinesoftmax.bench.harness import copy_bandwidth_gbs, plan_tables, rotation_count, time_ms
 from onlinesoftmax.bench.softmax_suite import GRID
 from onlinesoftmax.ops.softmax.launch import launch_backward
 
@@ -35,7 +34,7 @@ def main():
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--table", action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args()
-    tables = {name: ast.literal_eval(value) for name, value in (t.split("=", 1) for t in args.table)}
+    tables = plan_tables(args.table)
     with onlinesoftmax.override_plan("softmax", **tables):
         sweep(args)
 

@@ -8,6 +8,7 @@ runs every implementation on the same inputs in the same process.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import gc
@@ -199,6 +200,12 @@ def peak_memory_mb(fn: Callable, inputs: tuple) -> float:
     peak = torch.cuda.max_memory_allocated() - before
     del out
     return peak / 2**20
+
+
+def plan_tables(assignments: list) -> dict:
+    """{NAME: value} from "NAME=VALUE" strings whose values are Python literals: the tuning scripts'
+    and probes' plan tables for override_plan."""
+    return {name: ast.literal_eval(value) for name, value in (item.split("=", 1) for item in assignments)}
 
 
 def copy_bandwidth_gbs(device="cuda", nbytes: int = COPY_BYTES) -> float:

@@ -65,14 +65,19 @@ def test_short_rows_return_lse_reads_ignored_rows(gen, short_rows_plan):
 def test_class_dim_1_through_the_module(batch, gen, short_rows_plan):
     # torch's (N, C, d1, d2): N = 1 is a view whose rows (pixels) have unit stride and whose classes
     # stride d1 * d2 (the kernel's loads along the rows: ROWS_UNIT); N = 3 is copied by the reshape.
+    # Rows of unit stride at 4 a program: several programs, the last one part full.
     x = make_logits((batch, 11, 6, 7), torch.float32, gen).requires_grad_()
     target = make_targets(batch * 42, 11, gen).reshape(batch, 6, 7)
-    got = onlinesoftmax.CrossEntropyLoss(label_smoothing=0.1)(x, target)
-    assert plan.last_plan().strategy == "rows"
+    with onlinesoftmax.override_plan("cross_entropy", ROWS_UNIT_TILE_ELEMENTS={4: {16: 64}},
+                                     ROWS_UNIT_MIN_PROGRAMS_PER_SM=0):
+        got = onlinesoftmax.CrossEntropyLoss(label_smoothing=0.1)(x, target)
+        forward = plan.last_plan()
+        assert (forward.strategy, forward.rows_unit) == ("rows", batch == 1)
+        assert forward.rows_per_program == (4 if batch == 1 else 1024 // 16)
+        got.backward()
     x64 = x.detach().double().requires_grad_()
     want = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(x64, target)
     assert_matches(got, want, torch.float32, "loss")
-    got.backward()
     want.backward()
     assert_matches(x.grad, x64.grad, torch.float32, "gradient")
 
@@ -137,6 +142,14 @@ def test_short_rows_plans_for_the_gpu():
     assert choose("forward", 527, 512).strategy == "stream"  # fewer rows: a program a row
     assert choose("forward", 4096, 513).strategy == "stream"
     assert choose("stats", 524288, 19).strategy == "stream"  # the shards' statistics keep their kernel
+    # torch's class dim 1 at N = 1 (rows of unit stride): tiles of their own, fewer rows where few programs
+    for dtype in (torch.bfloat16, torch.float32):
+        table = plan.ROWS_UNIT_TILE_ELEMENTS[dtype.itemsize]
+        for rows, cols in ((524288, 19), (1048576, 2), (16384, 150), (4096, 19)):
+            unit = plan.choose("forward", rows, cols, dtype, "cuda", None, 1, rows, sms=132, interpreting=False)
+            block = max(2, 1 << (cols - 1).bit_length())
+            assert (unit.strategy, unit.rows_unit, unit.num_warps) == ("rows", True, plan.ROWS_UNIT_WARPS)
+            assert unit.rows_per_program == min(table[block] // block, 1 << (rows // 264).bit_length() - 1)
     with pytest.raises(ValueError, match="at most 512 columns"):
         choose("forward", 8, 600, "rows")
 

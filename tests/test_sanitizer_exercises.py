@@ -267,10 +267,24 @@ def test_cross_entropy_short_rows_and_reductions_over_programs(cols, inplace):
     assert chosen.strategy == "rows" and chosen.column_groups == ce_plan.ROWS_COLUMN_GROUPS.get(chosen.block, 1)
 
 
-def _check_cross_entropy(dtype, rows, cols, strategy, inplace):
-    """Loss and gradient of (rows, cols) logits, one row in five ignored, against float64 torch."""
+@pytest.mark.parametrize("cols", [19, 2, 300])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_cross_entropy_rows_of_unit_stride(dtype, cols):
+    # torch's class dim 1 at N = 1 (the classes strided, the rows of unit stride): the rows kernel's
+    # loads along the rows, at their own tiles, over 40000 rows.
+    _check_cross_entropy(dtype, 40000, cols, "rows", False, rows_unit=True)
+    chosen = ce_plan.last_plan()
+    assert chosen.strategy == "rows" and chosen.rows_unit
+
+
+def _check_cross_entropy(dtype, rows, cols, strategy, inplace, rows_unit=False):
+    """Loss and gradient of (rows, cols) logits, one row in five ignored, against float64 torch;
+    ``rows_unit``: logits of strides (1, rows)."""
     gen = torch.Generator().manual_seed(0)
-    x = (3 * torch.randn(rows, cols, generator=gen)).to(dtype).to(DEVICE)
+    if rows_unit:
+        x = (3 * torch.randn(cols, rows, generator=gen)).to(dtype).to(DEVICE).t()
+    else:
+        x = (3 * torch.randn(rows, cols, generator=gen)).to(dtype).to(DEVICE)
     target = torch.randint(0, cols, (rows,), generator=gen)
     target[::5] = -100
     target = target.to(DEVICE)

@@ -66,11 +66,10 @@ def _flags(has_weight: bool, reduction: str, label_smoothing: float, z_loss: flo
                 MEAN=reduction == "mean")
 
 
-def _rows_meta(chosen: planner.Plan, x: torch.Tensor) -> dict:
-    # Rows of unit stride with strided classes (torch's class dim 1 through a view): loads along the rows.
-    rows_unit = x.stride(0) == 1 and x.stride(1) != 1 and x.shape[0] > 1
+def _rows_meta(chosen: planner.Plan) -> dict:
+    # ROWS_UNIT: rows of unit stride with strided classes (torch's class dim 1 through a view), loads along the rows.
     return dict(ROWS=chosen.rows_per_program, BLOCK=chosen.block, GROUPS=chosen.column_groups,
-                CONTIGUOUS=chosen.contiguous, ROWS_UNIT=rows_unit, num_warps=chosen.num_warps)
+                CONTIGUOUS=chosen.contiguous, ROWS_UNIT=chosen.rows_unit, num_warps=chosen.num_warps)
 
 
 def _exchange(chosen: planner.Plan, device: torch.device):
@@ -240,7 +239,7 @@ def forward_recipe(chosen: planner.Plan, x: torch.Tensor, target: torch.Tensor, 
         scalars = (n_rows, n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, n_classes,
                    label_smoothing, z_loss, softcap, tanh_scale, inv_t)
         return Recipe(_rows_forward, chosen.grid, key, scalars, dict(
-            _rows_meta(chosen, x), Z_IN_ROW=meta["Z_IN_ROW"], READ_IGNORED=read_ignored,
+            _rows_meta(chosen), Z_IN_ROW=meta["Z_IN_ROW"], READ_IGNORED=read_ignored,
             WRITE_GRAD=chosen.op == "forward_grad", OUT_OF_PLACE=out_of_place, **flags))
     scalars = (n_cols, x.stride(0), x.stride(1), target.stride(0), ignore_index, n_classes,
                label_smoothing, z_loss, softcap, tanh_scale, inv_t, chosen.num_chunks)
@@ -294,7 +293,7 @@ def backward_recipe(chosen: planner.Plan, x: torch.Tensor, dx: torch.Tensor, tar
         scalars = (n_rows, n_cols, x.stride(0), x.stride(1), target.stride(0), grad_stride, ignore_index, class_offset,
                    n_classes, label_smoothing, z_loss, softcap, tanh_scale, inv_t)
         return Recipe(_rows_backward, chosen.grid, key, scalars,
-                      dict(_rows_meta(chosen, x), UNIT_GRAD=unit_grad, **flags))
+                      dict(_rows_meta(chosen), UNIT_GRAD=unit_grad, **flags))
     tiles_per_row = chosen.grid[1]
     grid = chosen.grid
     if skip_unit:

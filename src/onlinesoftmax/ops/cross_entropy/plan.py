@@ -142,26 +142,9 @@ TWO_PASS_SEPARATE_MAX_FILL = 0.4
 # stores, asks it to drop the lines (eviction hints). Same sweep, bf16 8192 x 128256 2.373 ->
 # 2.236 ms, 8192 x 50257 0.960 -> 0.926; fp32 8192 x 32000 1.095 -> 1.032.
 TWO_PASS_HOLD_L2 = True
-# two_pass launches by element size: rows (most bytes a row, warps a program (0: by the tile), tile
-# columns (0: STREAM_BLOCK)), the first whose bytes hold the row applying. Warps and tiles decide
-# how many rows an SM has in flight and how many bytes each keeps loading. Measured in place
-# (scripts/tune/sweep_cross_entropy.py, docs/notes/2026-11/sweep_cross_entropy-two_pass-h100.log
-# and sweep_cross_entropy-tiles-h100.log), with the hints: bf16 rows of at most 64 KB at 8 warps
-# (8192 x 32000 0.563 -> 0.491 ms against 16); up to 128 KB at 16 (8192 x 50257 0.926 against 1.010
-# at 32 and 0.985 at 8); longer at 32 warps over 32 KB tiles (8192 x 128256 2.231 -> 1.995, 16384 x
-# 128256 4.426 -> 3.944; 64 KB tiles 2.750, 16 warps over 32 KB 2.260); fp32 at 32 warps
-# (8192 x 128256 4.312 -> 4.279, 8192 x 32000 1.032 -> 0.884). Since the int32 target column
-# (gradient(): no spills), fp32 rows over 96 KB take larger tiles, as the kernel for plain rows does
-# (docs/notes/2026-11/sweep_cross_entropy-general_tiles-h100.log; this kernel's rows are those not
-# of whole vectors, or with per-class options), in place, ms, plain options / label smoothing:
-# 32 KB tiles up to 128 KB (8192 x 32001 0.939 -> 0.803 / 1.010 -> 0.829), 64 KB above (8192 x 50257
-# 1.777 -> 1.472 / 1.820 -> 1.454, 8192 x 128257 5.214 -> 4.409 / 5.365 -> 4.400, 8192 x 128256 with
-# smoothing 4.441 -> 3.924); at 4096 x 24001 (96 KB) 32 KB tiles went both ways (0.375 -> 0.399 /
-# 0.408 -> 0.329): unchanged there. bf16 unchanged: 64 KB tiles took 8192 x 128257 from 2.286 to
-# 2.058 ms but 4096 x 100003 from 0.878 to 1.017 and 8192 x 128256 with smoothing from 2.449 to 2.519.
-# bf16 rows of up to 32 KB over 8 KB tiles (on the H200, docs/notes/2026-11/sweep_cross_entropy-options-h200.log:
-# 16384 x 16001 0.494 -> 0.395 ms, with class weights 0.514 -> 0.416, z-loss 0.495 -> 0.410; at 64 KB
-# rows those tiles went both ways: 8192 x 32000 with z-loss 0.450 -> 0.401, 8192 x 32001 with z-loss 0.454 -> 0.475).
+# two_pass launches by element size: rows (most bytes a row, warps a program (0: by the tile), tile columns (0:
+# STREAM_BLOCK)), the first whose bytes hold the row applying: how many rows an SM has in flight and how many bytes
+# each keeps loading (docs/perf-cross_entropy.md, "The two_pass launch tables": what each row measured).
 TWO_PASS_LAUNCH = {4: ((98304, 32, 0), (131072, 32, 8192), (1 << 62, 32, 16384)),
                    2: ((32768, 8, 4096), (65536, 8, 0), (131072, 16, 0), (1 << 62, 32, 16384))}
 # The general kernel's launches with label smoothing (without and with class weights) and with a
@@ -335,6 +318,17 @@ ROWS_WARPS = 4
 ROWS_MIN_BLOCK = 2
 ROWS_COLUMN_GROUPS = {4: 2, 8: 4, 16: 8, 32: 8, 64: 8, 128: 8, 256: 8}
 ROWS_INTERPRETED = False
+# Rows of unit stride (torch's class dim 1 through a view at N = 1) load along the rows, a tile's column one run
+# of its rows: tiles of their own by element size and width, of fewer rows where the grid would have under
+# ROWS_UNIT_MIN_PROGRAMS_PER_SM programs an SM. A step under CUDA graphs, H200, ms, ROWS_TILE_ELEMENTS -> these
+# (docs/notes/2026-11/probe_cross_entropy_class_dim_1-unit_tiles-h200.log): bf16 1x3x1024x1024 0.138 -> 0.027,
+# 1x19x512x1024 0.144 -> 0.084, 1x150x128x128 0.034 -> 0.022; fp32 0.042 -> 0.029, 0.090 -> 0.075, 0.035 -> 0.023.
+ROWS_UNIT_TILE_ELEMENTS = {2: {2: 2048, 4: 4096, 8: 8192, 16: 16384, 32: 16384, 64: 8192, 128: 8192, 256: 8192,
+                               512: 8192},
+                           4: {2: 1024, 4: 2048, 8: 4096, 16: 8192, 32: 8192, 64: 2048, 128: 2048, 256: 4096,
+                               512: 4096}}
+ROWS_UNIT_WARPS = 4
+ROWS_UNIT_MIN_PROGRAMS_PER_SM = 2
 
 # Tiles are at least this wide: a multiple of every ALIGN (16 bytes of any dtype).
 MIN_BLOCK = 16
@@ -367,6 +361,7 @@ class Plan(RegisterCap):
     max_registers: int = 0  # two_pass for plain rows: a cap on registers a thread (PLAIN_MAX_REGISTERS)
     rows_per_program: int = 1  # rows: whole rows a program holds
     column_groups: int = 1  # rows: the groups its tile's columns are in (ROWS_COLUMN_GROUPS)
+    rows_unit: bool = False  # rows of unit stride, the classes strided (ROWS_UNIT_TILE_ELEMENTS)
 
     @property
     def reads(self) -> int:
@@ -387,6 +382,7 @@ class Plan(RegisterCap):
             f"op:          cross_entropy {self.op}  ({self.rows} rows x {self.cols} classes, {dtype})",
             f"strategy:    {self.strategy}, grid {self.grid}, {self.num_warps} warps a program"
             + (f", {self.rows_per_program} rows a program, its {self.block} columns in {self.column_groups} groups"
+               + (", loads along the rows (rows of unit stride)" if self.rows_unit else "")
                if self.strategy == "rows" else "")
             + (f", at most {self.max_registers} registers a thread" if self.max_registers else ""),
             f"tiles:       {self.block} columns"
@@ -438,9 +434,10 @@ def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.devi
     align, edges, contiguous = layout(rows, cols, dtype, row_stride, col_stride)
     # A row's start within 128 elements (every run a kernel aligns its tiles to divides 128).
     stride_mod = row_stride % 128 if contiguous and rows > 1 else 0
+    rows_unit = not contiguous and rows > 1 and row_stride == 1
     return _choose(op, rows, cols, dtype, device.type, strategy, align, edges, contiguous, stride_mod,
                    sms or _device.sm_count(device), interpreting, plain, smoothing, softcap,
-                   weighted)
+                   weighted, rows_unit)
 
 
 @_device.plan_cache
@@ -470,7 +467,7 @@ def stream_chunks(rows: int, n_tiles: int, sms: int, elem: int, balance: bool = 
 
 @functools.lru_cache(maxsize=4096)  # on every call's path; a frozen result, so sharing it is safe
 def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguous, stride_mod, sms, interpreting,
-            plain=False, smoothing=False, softcap=False, weighted=False) -> Plan:
+            plain=False, smoothing=False, softcap=False, weighted=False, rows_unit=False) -> Plan:
     if op not in OPS:
         raise ValueError(f"cross_entropy plan: op must be one of {OPS}, got {op!r}")
     if strategy is not None and strategy not in STRATEGIES:
@@ -509,10 +506,13 @@ def _choose(op, rows, cols, dtype, device_type, strategy, align, edges, contiguo
         if block > _device.next_power_of_2(ROWS_MAX_COLS):
             raise ValueError(f"cross_entropy: strategy 'rows' holds rows of at most {ROWS_MAX_COLS} columns, got "
                              f"{cols}; use strategy=None")
-        per_program = max(1, ROWS_TILE_ELEMENTS[block] // block)
+        per_program = max(1, (ROWS_UNIT_TILE_ELEMENTS[elem] if rows_unit else ROWS_TILE_ELEMENTS)[block] // block)
+        while rows_unit and per_program > 1 and rows < per_program * ROWS_UNIT_MIN_PROGRAMS_PER_SM * sms:
+            per_program //= 2
+        warps = ROWS_UNIT_WARPS if rows_unit else ROWS_WARPS
         groups = min(block, ROWS_COLUMN_GROUPS.get(block, 1)) if contiguous else 1  # (strided classes: none)
-        return Plan(op, "rows", block=block, num_warps=ROWS_WARPS, grid=(_device.cdiv(rows, per_program),),
-                    rows_per_program=per_program, column_groups=groups, **shape)
+        return Plan(op, "rows", block=block, num_warps=warps, grid=(_device.cdiv(rows, per_program),),
+                    rows_per_program=per_program, column_groups=groups, rows_unit=rows_unit, **shape)
 
     run = STREAM_RUN_BYTES[elem] // elem
     if edges and op in ("forward", "backward") and run > align:

@@ -2,13 +2,14 @@
 other values, on the decode bench's rows.
 
     python scripts/tune/sweep_decode.py [--rows B1-H8/1 ...] [--shapes 1x32x8x1x131072x72x0 ...]
-        [--variants default waves8 ...]
+        [--variants default waves8 ...] [--peer sdpa-cudnn]
 
 Each line: one bench row under one variant, CUDA-graph replays over rotated inputs (the kernels
 alone) and do_bench with L2 flushes (what the bench's eager column reports), GB/s of the visible
 K/V plus q and out, the plan's splits and programs, and the relative error against the float32
 reference on the first input set. Variants change tables only through
-``onlinesoftmax.override_plan("decode", ...)``.
+``onlinesoftmax.override_plan("decode", ...)``. ``--peer``: an SDPA backend timed the same way on
+each row first, in the same process.
 """
 
 import argparse
@@ -24,6 +25,8 @@ VARIANTS = {
     "default": {},
     "waves1": dict(TARGET_WAVES=1),
     "waves2": dict(TARGET_WAVES=2),
+    "waves3": dict(TARGET_WAVES=3),
+    "waves4": dict(TARGET_WAVES=4),
     "waves8": dict(TARGET_WAVES=8),
     "min_keys128": dict(MIN_SPLIT_KEYS=128),
     "min_keys512": dict(MIN_SPLIT_KEYS=512),
@@ -47,6 +50,8 @@ def main():
     parser.add_argument("--shapes", nargs="*", default=[],
                         help="rows off the grid, as bench decode's --shape: BxHqxHkvxSqxSxDxPAGE")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--peer", choices=("sdpa-cudnn", "sdpa-flash"),
+                        help="also time this SDPA backend on each row, in the same process")
     args = parser.parse_args()
     copy = copy_bandwidth_gbs()
     print(f"{torch.cuda.get_device_name()}, copy {copy:.0f} GB/s", flush=True)
@@ -60,6 +65,8 @@ def main():
         reference = case.reference(sets[0])
         floor_us = case.bytes_moved / copy / 1e3
         print(f"\n{shape.label()}: {case.bytes_moved / 1e6:.0f} MB, floor {floor_us:.1f} us", flush=True)
+        if args.peer:
+            time_peer(args.peer, sets, case)
         for name in args.variants:
             with onlinesoftmax.override_plan("decode", **VARIANTS[name]):
                 fn = decode_suite.ours
@@ -74,6 +81,18 @@ def main():
                   f"x{chosen.block_n} programs<= {programs}  err {err:.1e}", flush=True)
         del sets
         torch.cuda.empty_cache()
+
+
+def time_peer(name: str, sets, case) -> None:
+    """One SDPA backend on the row's input sets, timed as ours (its views of the cache built untimed)."""
+    _, sdpa, _ = decode_suite.implementations()
+    peer = sdpa[name]
+    for inputs in sets:  # build the gathered views (inputs[-1]) before any timing
+        peer(*inputs)
+    graph = graph_time_ms(peer, sets)
+    eager = time_ms(peer, sets)
+    graph_text = f"{graph * 1e3:7.1f} us {case.bytes_moved / graph / 1e6:5.0f} GB/s" if graph else "graph failed"
+    print(f"  {name:20s} graph {graph_text}  eager {eager * 1e3:7.1f} us", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,9 @@ class CrossEntropyLoss(torch.nn.Module):
     The arguments torch's module takes, in its order, then this library's options (keyword-only).
     As torch's, ``forward(input, target)`` takes the classes at dim 1 of an input of more than two
     dims ((N, C, d1, ...), targets (N, d1, ...)), through a view that puts them last (the functional
-    ``cross_entropy`` takes the class dim last). With N = 1 the kernels read that view as it is;
-    with N > 1 its rows do not merge into one dim and it is copied first, which makes such calls
-    slower than torch's (docs/perf-cross_entropy.md, "Short rows").
+    ``cross_entropy`` takes the class dim last). With N = 1 the kernels read that view as it is
+    (rows of unit stride, at tiles of their own); with N > 1 its rows do not merge into one dim and
+    it is copied first (docs/perf-cross_entropy.md, "Short rows").
 
     Parameters
     ----------

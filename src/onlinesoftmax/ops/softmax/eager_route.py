@@ -26,14 +26,38 @@ def torch_kernel_us(rows: int, cols: int, bytes_moved: int, sms: int,
 
 
 def eager_torch(chosen: plan.Plan, train: bool = False, out_dtype: torch.dtype | None = None,
-                sms: int | None = None) -> bool:
-    """Whether an eager CUDA call planned as ``chosen`` runs torch's kernel instead (see plan.EAGER_HOST_US)."""
+                sms: int | None = None, inner: int = 1) -> bool:
+    """Whether an eager CUDA call planned as ``chosen`` runs torch's kernel instead (see plan.EAGER_HOST_US).
+    ``inner``: the elements of the input's dims after the softmax dim (torch's spatial kernel above 1)."""
     if chosen.strategy not in plan.TRITON_STRATEGIES:
         return False
+    if inner > 1 and chosen.op in ("softmax", "log_softmax"):
+        host_us = plan.EAGER_HOST_US["train"] if train else plan.EAGER_HOST_US["forward"][chosen.launches]
+        return torch_spatial_us(chosen, inner, train, out_dtype) < host_us
     if train:
         return torch_step_us(chosen, out_dtype) < plan.EAGER_HOST_US["train"]
     forward = torch_kernel_us(chosen.rows, chosen.cols, chosen.bytes_moved(out_dtype), sms or sm_count(torch.device("cuda")))
     return chosen.op not in plan.EAGER_ROUTE_FORWARD_OFF and forward < plan.EAGER_HOST_US["forward"][chosen.launches]
+
+
+def torch_spatial_us(chosen: plan.Plan, inner: int, train: bool = False, out_dtype: torch.dtype | None = None) -> float:
+    """At least what torch's softmax or log_softmax takes on the GPU over a dim followed by ``inner`` > 1
+    elements (its spatial kernels; with ``train`` the backward's too): each of its threads walks the dim
+    (``chosen.cols``) in turn, a few threads of a block sharing it only where ``inner`` is at most 64
+    (torch's SpatialSoftMax_getBlockSize), three passes forward and two backward, at no less than
+    plan.TORCH_SPATIAL_STEP_NS a step, and its bytes at no more than plan.TORCH_SPATIAL_GBS."""
+    inner_threads, dim_threads = min(inner, 1024), 1
+    if inner_threads <= 64 and chosen.cols >= 64:
+        while inner_threads * dim_threads <= 1024 and dim_threads <= chosen.cols:
+            dim_threads *= 2
+        dim_threads //= 2
+    steps = cdiv(chosen.cols, dim_threads) * plan.TORCH_SPATIAL_STEP_NS / 1e3
+    out_size = (out_dtype or chosen.dtype).itemsize
+    forward = max(3 * steps, chosen.bytes_moved(out_dtype) / plan.TORCH_SPATIAL_GBS / 1e3)
+    if not train:
+        return forward
+    return forward + max(2 * steps, chosen.rows * chosen.cols * (2 * out_size + chosen.dtype.itemsize)
+                         / plan.TORCH_SPATIAL_GBS / 1e3)
 
 
 def torch_step_us(chosen: plan.Plan, out_dtype: torch.dtype | None = None) -> float:

@@ -12,6 +12,8 @@ eager CUDA calls: plan.EAGER_HOST_US) call torch directly, autograd included.
 
 from __future__ import annotations
 
+import math
+
 from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
@@ -196,7 +198,9 @@ def _eager_torch(name, x, dim, strategy, algorithm, dtype, out_dtype) -> tuple[b
     cols = x.shape[dim] if x.dim() else 1
     rows = x.numel() // cols if cols else 0
     chosen = planner.choose(name, rows, cols, dtype, x.device, algorithm)
-    return eager_route.eager_torch(chosen, False, out_dtype), eager_route.eager_torch(chosen, True, out_dtype)
+    inner = math.prod(x.shape[dim + 1:]) if x.dim() else 1  # torch's kernels over the dim's inner elements
+    return (eager_route.eager_torch(chosen, False, out_dtype, inner=inner),
+            eager_route.eager_torch(chosen, True, out_dtype, inner=inner))
 
 
 _compiling = torch.compiler.is_compiling

@@ -287,6 +287,12 @@ TORCH_ROWS_PER_SM = 4
 # ... except softmax's backward, whose long rows stream at 1224-1233 GB/s at every long-row cell of
 # the sweeps (log_softmax's at 2017-2102): docs/perf-softmax.md, "The eager route's model".
 TORCH_SOFTMAX_BACKWARD_LONG_ROW_GBS = 1230.0
+# torch over a dim that is not the last (inner elements after it: its spatial kernels; eager_route.torch_spatial_us):
+# lower bounds, below every measured call (H200, graph replays, 1-17M elements: up to 2950 GB/s over short dims
+# of many inner elements, a walk along long dims at 0.23-0.33 µs a step; bf16 4096 x 1000 over dim 0 2.8 ms, 34x
+# ours: perf-softmax, "Over a dim that is not the last").
+TORCH_SPATIAL_GBS = 4000.0
+TORCH_SPATIAL_STEP_NS = 100.0
 # A training step's kernels, fitted to torch's alone (graph replays, 1-1056 rows of 4097-1048577
 # elements, fp32 and bf16; perf-softmax, "The eager route's model of few long rows"): rows side by
 # side slow one another, so a long row costs TORCH_ROW_US + TORCH_STEP_NS_PER_ELEMENT an element, the

@@ -116,6 +116,25 @@ def test_softmax_backward_chunks_of_fewer_warps(dtype, warps):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_softmax_rows_of_unit_stride(dtype):
+    # Rows read along the rows (plan.unit_rows), forward and backward: the channels of (2, 19, 64, 64),
+    # and dim 0 of (7, 3000), whose last program is part full.
+    gen = torch.Generator().manual_seed(0)
+    bad = []
+    tiles = {32: 4096, 8: 4096}  # (the forward's at 32 and both at 8 forced: widths the plan leaves off)
+    with onlinesoftmax.override_plan("softmax", ROW_UNIT_MIN_PROGRAMS_PER_SM=0, ROW_UNIT_FORWARD_MIN_WIDTH=0,
+                                     ROW_UNIT_TILE_ELEMENTS={4: tiles, 2: tiles},
+                                     EAGER_HOST_US=softmax_plan.EAGER_ROUTE_OFF):
+        for shape, dim in (((2, 19, 64, 64), 1), ((7, 3000), 0)):
+            x = (torch.randn(shape, generator=gen) * 3).to(dtype).to(DEVICE).requires_grad_()
+            for ours, ref in SOFTMAX_OPS:
+                forward_plan, backward_plan, off = _softmax_step(ours, ref, x, dim)
+                assert forward_plan.unit_rows and backward_plan.unit_rows
+                bad += [off] if off else []
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_softmax_row_on_chip_head_and_tail(dtype):
     # Rows held as a power-of-two head and a tail tile, forced on every row (off 16-byte boundaries
     # too): the tail's masked loads and stores end at the tensor's last element.

@@ -295,6 +295,58 @@ def test_strided_views_are_read_in_place(kind, dim, gen):
     assert_matches(onlinesoftmax.softmax(x, dim), torch.softmax(x.double(), dim), torch.float32)
 
 
+@needs_triton
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape, dim", [((3, 7, 32, 4), 1), ((5, 600), 0)], ids=["channels", "dim-0"])
+def test_rows_of_unit_stride_read_along_the_rows(op, dtype, shape, dim, gen, plan_override):
+    # A dim that is not the last: consecutive rows are consecutive elements, 128 of them in each
+    # channel slice of (3, 7, 32, 4) (two programs of 64 a slice), 600 in (5, 600) over dim 0 (the last
+    # program part full), read as a program's run of rows (plan.unit_rows), forward and backward, with
+    # a dy of another layout (its rows not of unit stride: the backward reads them as before) and a
+    # contiguous one.
+    print(f"seed {gen.initial_seed()}")
+    plan_override(ROW_UNIT_MIN_PROGRAMS_PER_SM=0, ROW_UNIT_TILE_ELEMENTS={4: {8: 64 * 8}, 2: {8: 64 * 8}},
+                  ROW_UNIT_FORWARD_MIN_WIDTH=0, EAGER_HOST_US=plan.EAGER_ROUTE_OFF)
+    x = make_logits(shape, dtype, gen).requires_grad_()
+    fn = getattr(onlinesoftmax, op)
+    y = fn(x, dim)
+    forward = plan.last_plan()
+    assert (forward.strategy, forward.unit_rows) == ("row_on_chip", True)
+    assert forward.rows_per_program == 64
+    x64 = x.detach().double().requires_grad_()
+    want = getattr(torch, op)(x64, dim)
+    assert_matches(y, want, dtype, "forward")
+    dy = make_logits(shape[::-1], dtype, gen).permute(*reversed(range(len(shape))))  # strides of another order
+    (dx,) = torch.autograd.grad(y, x, dy)
+    (want_dx,) = torch.autograd.grad(want, x64, dy.double(), retain_graph=True)
+    assert_matches(dx, want_dx, dtype, "gradient")
+    dy = make_logits(shape, dtype, gen)
+    (dx,) = torch.autograd.grad(fn(x, dim), x, dy)
+    assert plan.last_plan().unit_rows
+    (want_dx,) = torch.autograd.grad(want, x64, dy.double())
+    assert_matches(dx, want_dx, dtype, "gradient, dy contiguous")
+
+
+def test_rows_of_unit_stride_plans_for_the_gpu():
+    # Rows of unit stride take their tiles at the widths measured ahead: the backward at 32 columns,
+    # both directions at 128 (bf16 (64, 128, 32, 32) over dim 1: 64 rows a program), not the
+    # forward at 32 nor either at 4 (unmeasured).
+    def choose(op, shape, dtype=torch.bfloat16):
+        layout = torch.empty(shape, dtype=dtype, device="meta")
+        return softmax_launch._make_recipe(layout, 1, op, "auto", None, torch.device("cuda"), sms=132,
+                                           interpreting=False).plan
+
+    assert not choose("softmax", (8, 21, 256, 256)).unit_rows
+    assert choose("softmax_backward", (8, 21, 256, 256)).rows_per_program == 512
+    assert choose("softmax", (64, 128, 32, 32)).rows_per_program == choose("log_softmax_backward",
+                                                                           (64, 128, 32, 32)).rows_per_program == 64
+    assert choose("softmax", (16, 1024, 1024)).unit_rows
+    assert not choose("softmax", (16, 1024, 1024), torch.float32).unit_rows
+    assert not choose("softmax_backward", (4, 3, 1000, 1000)).unit_rows
+    assert not choose("softmax", (64, 128)).unit_rows  # the last dim: rows of cols elements
+
+
 def test_uncollapsible_view_is_copied_and_correct(gen):
     # Rows that need three strides (a permuted 4-d tensor) fall back to one documented copy.
     x = make_logits((4, 5, 6, 7), torch.float32, gen).permute(2, 0, 3, 1)

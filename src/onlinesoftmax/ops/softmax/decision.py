@@ -32,6 +32,7 @@ class Plan(RegisterCap):
     launches: int = 1
     hold_input: bool = False  # row_on_chip forward: the tile waits in the input dtype
     tail_cols: int = 0  # a second tile after the block_cols head (row_on_chip, split_row_on_chip's one chunk)
+    unit_rows: bool = False  # row_on_chip: a program's rows are consecutive elements, read along the rows
     max_registers: int = 0  # a cap on registers a thread (Triton's maxnreg); 0: the compiler's choice
     reason: str = ""  # why a non-kernel strategy was taken
 
@@ -69,6 +70,7 @@ class Plan(RegisterCap):
                 + (f", at most {self.max_registers} registers a thread" if self.max_registers else ""),
                 f"blocks:      {self.block_cols} cols x {self.rows_per_program} rows per tile"
                 + (f", then a tail tile of {self.tail_cols} cols" if self.tail_cols else "")
+                + (", read along the rows (rows of unit stride)" if self.unit_rows else "")
                 + (f"; {self.num_chunks} chunks of {self.chunk_size} per row"
                    if self.strategy.startswith("split_row") else ""),
                 f"passes:      {self.passes} read(s) of the input from device memory",

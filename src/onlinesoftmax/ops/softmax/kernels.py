@@ -58,8 +58,14 @@ from ..._triton import (
 
 @triton.jit
 def _tile_ptrs(ptr, rows, cols, inner, stride_outer, stride_col, stride_inner, CONTIGUOUS: tl.constexpr,
-               ROW_ALIGN: tl.constexpr):
-    """Pointers of a [rows, cols] tile of row_on_chip's layout (rows starting at ROW_ALIGN multiples)."""
+               ROW_ALIGN: tl.constexpr, UNIT_ROWS: tl.constexpr = 0):
+    """Pointers of a [rows, cols] tile of row_on_chip's layout (rows starting at ROW_ALIGN multiples).
+    UNIT_ROWS > 0: the program's UNIT_ROWS rows are consecutive elements from a multiple of 16 (the
+    plan's unit_rows), addressed from the first, so that Triton sees them contiguous: loads along the
+    rows, where row_offset's division hides it."""
+    if UNIT_ROWS > 0:
+        first = known_multiple(row_offset(tl.program_id(0) * UNIT_ROWS, inner, stride_outer, stride_inner), 16)
+        return ptr + (first + tl.arange(0, UNIT_ROWS))[:, None] + col_offset(cols, stride_col, CONTIGUOUS)[None, :]
     return ptr + known_multiple(row_offset(rows, inner, stride_outer, stride_inner), ROW_ALIGN)[:, None] \
         + col_offset(cols, stride_col, CONTIGUOUS)[None, :]
 
@@ -74,6 +80,7 @@ def row_on_chip_softmax_kernel(
     BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr,
     LOG: tl.constexpr, WRITE_Y: tl.constexpr, WRITE_LSE: tl.constexpr,
     HOLD_INPUT: tl.constexpr, OPAQUE_WIDEN: tl.constexpr, ROW_ALIGN: tl.constexpr, TAIL_COLS: tl.constexpr = 0,
+    UNIT_ROWS: tl.constexpr = False,
 ):
     # One read and one write per element: the [rows, cols] tile stays in registers between the
     # max, the sum and the write; one program per block of rows. HOLD_INPUT keeps the tile in the
@@ -82,12 +89,14 @@ def row_on_chip_softmax_kernel(
     # 4-byte one for rows that are not whole granules (see known_multiple, launch._row_align).
     # TAIL_COLS > 0: the row is a full power-of-two head of BLOCK_COLS and a second, smaller tile of
     # TAIL_COLS after it, so that a row just past a power of two does not idle half of a tile twice
-    # its size (not with HOLD_INPUT).
+    # its size (not with HOLD_INPUT). UNIT_ROWS: see _tile_ptrs.
+    UNIT: tl.constexpr = ROWS_PER_PROGRAM if UNIT_ROWS else 0
     cols = tl.arange(0, BLOCK_COLS)
     n_cols = known_multiple(n_cols, ROW_ALIGN)
     rows = tl.program_id(0) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-    p_x = _tile_ptrs(x_ptr, rows, cols, inner, x_stride_outer, x_stride_col, x_stride_inner, CONTIGUOUS, ROW_ALIGN)
+    p_x = _tile_ptrs(x_ptr, rows, cols, inner, x_stride_outer, x_stride_col, x_stride_inner, CONTIGUOUS, ROW_ALIGN,
+                     UNIT)
     b_in = tl.load(p_x, mask=mask, other=NEG_INF)  # [R, C]
     if HOLD_INPUT:
         # Unscaled maximum, then scaled: the same number (see split_row_on_chip_softmax_kernel).
@@ -110,7 +119,7 @@ def row_on_chip_softmax_kernel(
         t_cols = BLOCK_COLS + tl.arange(0, TAIL_COLS)
         t_mask = (rows < n_rows)[:, None] & (t_cols < n_cols)[None, :]
         p_xt = _tile_ptrs(x_ptr, rows, t_cols, inner, x_stride_outer, x_stride_col, x_stride_inner, CONTIGUOUS,
-                          ROW_ALIGN)
+                          ROW_ALIGN, UNIT)
         t_x = tl.load(p_xt, mask=t_mask, other=NEG_INF).to(tl.float32) * inv_temperature
         if WRITE_LSE:
             t_m = max_keep_nan(t_x, 1)
@@ -135,7 +144,8 @@ def row_on_chip_softmax_kernel(
             b_y = (b_x - b_m[:, None]) - tl.log(b_d)[:, None]
         else:
             b_y = b_e * (1.0 / b_d)[:, None]
-        p_y = _tile_ptrs(y_ptr, rows, cols, inner, y_stride_outer, y_stride_col, y_stride_inner, CONTIGUOUS, ROW_ALIGN)
+        p_y = _tile_ptrs(y_ptr, rows, cols, inner, y_stride_outer, y_stride_col, y_stride_inner, CONTIGUOUS,
+                         ROW_ALIGN, UNIT)
         tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=mask)
         if TAIL_COLS > 0:
             if LOG:
@@ -143,7 +153,7 @@ def row_on_chip_softmax_kernel(
             else:
                 t_y = t_e * (1.0 / b_d)[:, None]
             p_yt = _tile_ptrs(y_ptr, rows, t_cols, inner, y_stride_outer, y_stride_col, y_stride_inner, CONTIGUOUS,
-                              ROW_ALIGN)
+                              ROW_ALIGN, UNIT)
             tl.store(p_yt, t_y.to(y_ptr.dtype.element_ty), mask=t_mask)
 
 
@@ -351,16 +361,18 @@ def row_on_chip_backward_kernel(
     dx_stride_outer, dx_stride_col, dx_stride_inner,
     inv_temperature,
     BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, CONTIGUOUS: tl.constexpr, LOG: tl.constexpr,
-    OPAQUE_WIDEN: tl.constexpr, ROW_ALIGN: tl.constexpr, TAIL_COLS: tl.constexpr = 0,
+    OPAQUE_WIDEN: tl.constexpr, ROW_ALIGN: tl.constexpr, TAIL_COLS: tl.constexpr = 0, UNIT_ROWS: tl.constexpr = False,
 ):
-    # ROW_ALIGN and TAIL_COLS as in row_on_chip_softmax_kernel.
+    # ROW_ALIGN, TAIL_COLS and UNIT_ROWS as in row_on_chip_softmax_kernel.
+    UNIT: tl.constexpr = ROWS_PER_PROGRAM if UNIT_ROWS else 0
     cols = tl.arange(0, BLOCK_COLS)
     n_cols = known_multiple(n_cols, ROW_ALIGN)
     rows = tl.program_id(0) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-    p_y = _tile_ptrs(y_ptr, rows, cols, inner, y_stride_outer, y_stride_col, y_stride_inner, CONTIGUOUS, ROW_ALIGN)
+    p_y = _tile_ptrs(y_ptr, rows, cols, inner, y_stride_outer, y_stride_col, y_stride_inner, CONTIGUOUS, ROW_ALIGN,
+                     UNIT)
     p_dy = _tile_ptrs(dy_ptr, rows, cols, inner, dy_stride_outer, dy_stride_col, dy_stride_inner, CONTIGUOUS,
-                      ROW_ALIGN)
+                      ROW_ALIGN, UNIT)
     # A tile of at most 32 columns may leave one element of a row to a lane: its products are
     # rounded before the sum, which is then the same on every lane (see rounded_product). Wider
     # tiles sum within each lane first (rounding every product there cost bf16 32768 x 1024 eight
@@ -375,19 +387,19 @@ def row_on_chip_backward_kernel(
         t_cols = BLOCK_COLS + tl.arange(0, TAIL_COLS)
         t_mask = (rows < n_rows)[:, None] & (t_cols < n_cols)[None, :]
         t_y = tl.load(_tile_ptrs(y_ptr, rows, t_cols, inner, y_stride_outer, y_stride_col, y_stride_inner,
-                                 CONTIGUOUS, ROW_ALIGN), mask=t_mask, other=0.0)
+                                 CONTIGUOUS, ROW_ALIGN, UNIT), mask=t_mask, other=0.0)
         t_dy = tl.load(_tile_ptrs(dy_ptr, rows, t_cols, inner, dy_stride_outer, dy_stride_col, dy_stride_inner,
-                                  CONTIGUOUS, ROW_ALIGN), mask=t_mask, other=0.0)
+                                  CONTIGUOUS, ROW_ALIGN, UNIT), mask=t_mask, other=0.0)
         b_dot += grad_dot(t_y, t_dy, 1, LOG, ROUND_TAIL)
     b_dx = grad_from_dot(widen_opaque(b_y, OPAQUE_WIDEN), widen_opaque(b_dy, OPAQUE_WIDEN), b_dot[:, None],
                          inv_temperature, LOG)
     p_dx = _tile_ptrs(dx_ptr, rows, cols, inner, dx_stride_outer, dx_stride_col, dx_stride_inner, CONTIGUOUS,
-                      ROW_ALIGN)
+                      ROW_ALIGN, UNIT)
     tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=mask)
     if TAIL_COLS > 0:
         t_dx = grad_from_dot(t_y.to(tl.float32), t_dy.to(tl.float32), b_dot[:, None], inv_temperature, LOG)
         tl.store(_tile_ptrs(dx_ptr, rows, t_cols, inner, dx_stride_outer, dx_stride_col, dx_stride_inner,
-                            CONTIGUOUS, ROW_ALIGN), t_dx.to(dx_ptr.dtype.element_ty), mask=t_mask)
+                            CONTIGUOUS, ROW_ALIGN, UNIT), t_dx.to(dx_ptr.dtype.element_ty), mask=t_mask)
 
 
 @triton.jit

@@ -132,6 +132,18 @@ def _row_granule(elem: int, n_cols: int, inner: int, in_strides: tuple, out_stri
     return granule, misaligned, min(granule, common & -common) if common else granule
 
 
+def _unit_rows(inner: int, in_strides: tuple, out_strides: tuple) -> int:
+    """The most consecutive rows (a power of two, 16 or more), from any multiple of it, that are
+    consecutive elements of the input and of a contiguous output, their first on a multiple of 16
+    elements: those of one inner slice of unit stride, or rows of unit stride outright; else 0."""
+    if inner > 1:
+        unit = (inner & -inner) if in_strides[2] == out_strides[2] == 1 and not (in_strides[0] % 16 or
+                                                                                  out_strides[0] % 16) else 0
+    else:
+        unit = 1 << 30 if in_strides[0] == out_strides[0] == 1 else 0
+    return unit if unit >= 16 else 0
+
+
 def _make_recipe(t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: Optional[str],
                  device: Optional[torch.device] = None, **choose_args) -> _Recipe:
     n_rows, n_cols = _shape_rows(t.shape, dim)
@@ -142,7 +154,8 @@ def _make_recipe(t: torch.Tensor, dim: int, op: str, algorithm: str, strategy: O
                                                      contiguous)
     chosen = planner.choose(op, n_rows, n_cols, t.dtype, device or t.device, algorithm, strategy,
                             misaligned_rows=granule > 1 and misaligned, granule_rows=granule > 1,
-                            row_multiple=row_multiple, **choose_args)
+                            row_multiple=row_multiple, unit_rows=_unit_rows(inner, in_strides, out_strides),
+                            **choose_args)
     return _Recipe(chosen, laid_out is not t, inner, in_strides, out_strides, contiguous,
                    t.shape[:dim] + t.shape[dim + 1:], inline_ptx_allowed(), granule, row_multiple)
 
@@ -270,7 +283,7 @@ class ForwardCall:
             bound = _by_alignment(_row_on_chip_softmax, chosen.grid, recipe, lambda align: dict(
                 BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program, HOLD_INPUT=chosen.hold_input,
                 OPAQUE_WIDEN=recipe.opaque_widen, ROW_ALIGN=_row_align(recipe, align), TAIL_COLS=chosen.tail_cols,
-                num_warps=chosen.num_warps, **common))
+                UNIT_ROWS=chosen.unit_rows, num_warps=chosen.num_warps, **common))
             return _one_launch(bound, (chosen.rows, n_cols, inner, *strides))
         if chosen.strategy == "looped":
             bound = _by_alignment(_looped_softmax, chosen.grid, recipe, lambda align: dict(
@@ -377,7 +390,7 @@ class BackwardCall:
             bound = _by_alignment(_row_on_chip_backward, chosen.grid, recipe, lambda align: dict(
                 BLOCK_COLS=chosen.block_cols, ROWS_PER_PROGRAM=chosen.rows_per_program,
                 OPAQUE_WIDEN=recipe.opaque_widen, ROW_ALIGN=_row_align(recipe, align), TAIL_COLS=chosen.tail_cols,
-                **base))
+                UNIT_ROWS=chosen.unit_rows, **base))
             launch = _one_launch(bound, (chosen.rows, n_cols, inner, *strides))
         elif chosen.strategy == "looped":
             bound = _by_alignment(_looped_backward, chosen.grid, recipe, lambda align: dict(

@@ -164,6 +164,11 @@ ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS = 16
 # 273 / 187 -> 265 (229 / 263), fp32 1024 x 256 775 -> 871; lost: bf16 16384 x 128 2123 -> 1973
 # (torch 1395) (docs/notes/2026-11/tune_softmax-row_on_chip_tile-h100.json, -short_rows-, -forward_tile_512-).
 ROW_TILE_ELEMENTS = {"forward": 512, "backward": 4096}
+# Rows of unit stride (launch._unit_rows), ROW_UNIT_MIN_ROWS or more a program and ROW_UNIT_MIN_PROGRAMS_PER_SM programs
+# an SM, read along the rows (kernels._tile_ptrs): tiles by element size and the widths measured ahead, the forward's
+# from ROW_UNIT_FORWARD_MIN_WIDTH (perf-softmax, "Over a dim that is not the last").
+ROW_UNIT_TILE_ELEMENTS = {2: {32: 16384, 128: 8192, 256: 8192, 1024: 16384}, 4: {32: 4096, 128: 4096, 256: 4096}}
+ROW_UNIT_WARPS, ROW_UNIT_MIN_ROWS, ROW_UNIT_MIN_PROGRAMS_PER_SM, ROW_UNIT_FORWARD_MIN_WIDTH = 4, 16, 2, 64
 # ... and, in the forward, no more rows a program than leave every SM one (a power of two at most
 # rows / SMs). Under CUDA graphs, µs a call, packed -> spread (torch): bf16 softmax 10 x 221 4.70 ->
 # 3.00 (3.59); faster in 30 of the 36 cells it changes, the largest loss 0.15 µs (bf16 softmax 16 x
@@ -419,7 +424,7 @@ def _warps_for_tile(elements: int) -> int:
 def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device,
            algorithm: str = "auto", strategy: str | None = None, sms: int | None = None,
            interpreting: bool | None = None, misaligned_rows: bool = False, granule_rows: bool = False,
-           row_multiple: int = 1) -> Plan:
+           row_multiple: int = 1, unit_rows: int = 0) -> Plan:
     """Pick the strategy and launch parameters for ``rows`` independent rows of ``cols`` elements.
 
     ``sms`` overrides the device's multiprocessor count (to plan for a GPU this machine lacks);
@@ -428,14 +433,15 @@ def choose(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.devi
     of memory (split_row_on_chip then covers up to 15 more elements a row); ``granule_rows``
     whether the kernels read rows in 16-byte granules (misaligned rows, and rows whose length or
     stride is no multiple of 16 elements: see ops/softmax/launch.py's _row_granule); ``row_multiple``
-    there, the most elements up to a granule that every row's start and length are multiples of.
-    Decisions are cached: planning is on every call's path, ahead of a kernel of a few microseconds.
+    there, the most elements up to a granule that every row's start and length are multiples of;
+    ``unit_rows`` the most consecutive rows, from any multiple of it, that are consecutive elements (0:
+    none). Decisions are cached: planning is on every call's path, ahead of a kernel of a few microseconds.
     """
     device = torch.device(device)
     if interpreting is None:
         interpreting = interpreter_active()
     return _choose(op, rows, cols, dtype, device, algorithm, strategy, sms or sm_count(device), interpreting,
-                   misaligned_rows, granule_rows, row_multiple)
+                   misaligned_rows, granule_rows, row_multiple, unit_rows)
 
 
 @plan_cache
@@ -445,7 +451,7 @@ def _clear():
 
 @functools.lru_cache(maxsize=4096)
 def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpreting, misaligned_rows=False,
-            granule_rows=False, row_multiple=1) -> Plan:
+            granule_rows=False, row_multiple=1, unit_rows=0) -> Plan:
     granule_rows = granule_rows or misaligned_rows  # misaligned rows are read in granules
     if op not in FORWARD_OPS + BACKWARD_OPS:
         raise ValueError(f"unknown op {op!r}")
@@ -549,6 +555,12 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
                                    1 << max(0, (rows // (ROW_TILE_SPREAD_PROGRAMS_PER_SM * sms)).bit_length() - 1))
         if tail and not short_tail:
             warps = ROW_ON_CHIP_TAIL_WARPS
+        unit_tile = ROW_UNIT_TILE_ELEMENTS[elem].get(width, 0) if backward or width >= ROW_UNIT_FORWARD_MIN_WIDTH else 0
+        unit = min(unit_rows, unit_tile // width, next_power_of_2(rows))
+        while unit >= ROW_UNIT_MIN_ROWS and rows < unit * ROW_UNIT_MIN_PROGRAMS_PER_SM * sms:
+            unit //= 2
+        if unit >= ROW_UNIT_MIN_ROWS:
+            rows_per_program, warps = unit, ROW_UNIT_WARPS
         warps = warps or _warps_for_tile(width * rows_per_program)
         if not backward and not tail and _many_misaligned_rows(op, rows, elem, sms, misaligned_rows):
             warps = ROW_ON_CHIP_MISALIGNED_FORWARD_WARPS.get(width * rows_per_program, warps)
@@ -556,7 +568,8 @@ def _choose(op, rows, cols, dtype, device, algorithm, strategy, sms, interpretin
         if hold_input:
             warps = min(warps, ROW_ON_CHIP_HOLD_INPUT_MAX_WARPS)
         return Plan(op, strategy, "one_pass", rows, cols, dtype, block, rows_per_program, warps,
-                    (cdiv(rows, rows_per_program),), hold_input=hold_input, tail_cols=tail)
+                    (cdiv(rows, rows_per_program),), hold_input=hold_input, tail_cols=tail,
+                    unit_rows=unit >= ROW_UNIT_MIN_ROWS)
 
     if strategy == "split_row_on_chip":
         tile = _split_on_chip_tile(backward, cols, elem, sms)

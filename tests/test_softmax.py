@@ -328,6 +328,43 @@ def test_rows_of_unit_stride_read_along_the_rows(op, dtype, shape, dim, gen, pla
     assert_matches(dx, want_dx, dtype, "gradient, dy contiguous")
 
 
+@needs_triton
+def test_rows_of_unit_stride_over_random_layouts(gen, plan_override):
+    # Random shapes, dims and layouts (contiguous, a transposed copy viewed back, every other column),
+    # dy contiguous or of the reversed order, with the unit-rows path at every width from 2 to 128:
+    # wherever a program's rows are consecutive elements it reads them along the rows, elsewhere as before.
+    tiles = {width: 64 * width for width in (2, 4, 8, 16, 32, 64, 128)}
+    plan_override(ROW_UNIT_MIN_PROGRAMS_PER_SM=0, ROW_UNIT_FORWARD_MIN_WIDTH=0,
+                  ROW_UNIT_TILE_ELEMENTS={4: tiles, 2: tiles}, EAGER_HOST_US=plan.EAGER_ROUTE_OFF)
+    pick = lambda choices: choices[int(torch.randint(len(choices), (), generator=gen))]  # noqa: E731
+    unit_plans = 0
+    for case in range(12):  # the first case's channels are rows of unit stride whatever the seed
+        shape = [3, 5, 48] if case == 0 else [pick((1, 3, 5, 16, 32, 48, 96)) for _ in range(pick((2, 3, 4)))]
+        dim = 1 if case == 0 else pick(range(len(shape)))
+        dtype, op = pick((torch.float32, torch.bfloat16)), pick(("softmax", "log_softmax"))
+        layout_kind = "contiguous" if case == 0 else pick(("contiguous", "transposed", "sliced"))
+        x = make_logits(shape[:-1] + [2 * shape[-1]] if layout_kind == "sliced" else shape, dtype, gen)
+        if layout_kind == "sliced":
+            x = x[..., ::2]
+        elif layout_kind == "transposed" and len(shape) > 1:
+            x = x.transpose(0, -1).contiguous().transpose(0, -1)
+        x.requires_grad_()
+        what = f"{op} {tuple(x.shape)} strides {x.stride()} dim {dim} {dtype}"
+        y = getattr(onlinesoftmax, op)(x, dim)
+        unit_plans += plan.last_plan().unit_rows
+        dy = make_logits(shape[::-1], dtype, gen).permute(*reversed(range(len(shape)))) if pick((0, 1)) else \
+            make_logits(shape, dtype, gen)
+        (dx,) = torch.autograd.grad(y, x, dy)
+        unit_plans += plan.last_plan().unit_rows
+        x64 = x.detach().double().requires_grad_()
+        want = getattr(torch, op)(x64, dim)
+        (want_dx,) = torch.autograd.grad(want, x64, dy.double())
+        assert_matches(y, want, dtype, what)
+        assert_matches(dx, want_dx, dtype, what + " gradient")
+    print(f"{unit_plans} of 24 launches read rows of unit stride")
+    assert unit_plans >= 1
+
+
 def test_rows_of_unit_stride_plans_for_the_gpu():
     # Rows of unit stride take their tiles at the widths measured ahead: the backward at 32 columns,
     # both directions at 128 (bf16 (64, 128, 32, 32) over dim 1: 64 rows a program), not the

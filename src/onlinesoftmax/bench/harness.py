@@ -114,7 +114,26 @@ def back_to_back_ms(fn: Callable, input_sets: list, min_ms: float = 20.0, repeat
     exceeds the GPU's (do_bench flushes the L2 before each call, and that flush hides the host).
     Python's garbage collector is held off while it times (see garbage_collector_held_off)."""
     with garbage_collector_held_off():
-        return _back_to_back_ms(fn, input_sets, min_ms, repeats)
+        for inputs in input_sets[:3]:
+            fn(*inputs)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        calls = len(input_sets)
+        start.record()
+        for i in range(calls):
+            fn(*input_sets[i])
+        end.record()
+        end.synchronize()
+        calls = max(calls, int(calls * min_ms / max(start.elapsed_time(end), 1e-3)))
+        samples = []
+        for _ in range(repeats):
+            start.record()
+            for i in range(calls):
+                fn(*input_sets[i % len(input_sets)])
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / calls)
+        return statistics.median(samples)
 
 
 @contextlib.contextmanager
@@ -129,29 +148,6 @@ def garbage_collector_held_off():
     finally:
         if collecting:
             gc.enable()
-
-
-def _back_to_back_ms(fn: Callable, input_sets: list, min_ms: float, repeats: int) -> float:
-    for inputs in input_sets[:3]:
-        fn(*inputs)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    calls = len(input_sets)
-    start.record()
-    for i in range(calls):
-        fn(*input_sets[i])
-    end.record()
-    end.synchronize()
-    calls = max(calls, int(calls * min_ms / max(start.elapsed_time(end), 1e-3)))
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        for i in range(calls):
-            fn(*input_sets[i % len(input_sets)])
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / calls)
-    return statistics.median(samples)
 
 
 def graph_time_ms(fn: Callable, input_sets: list, replays: int = 10) -> Optional[float]:
